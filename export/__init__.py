@@ -1,0 +1,1 @@
+"""Training, evaluation and ONNX export (needs torch: `pip install .[train]`)."""

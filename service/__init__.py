@@ -1,0 +1,1 @@
+"""The serving runtime: bundle, ONNX Runtime, beam search, engine, scheduler, server. Never imports torch."""
