@@ -1,0 +1,272 @@
+"""The RNN encoder-decoder with attention, in PyTorch.
+
+One decoder step is written once (`Seq2Seq.decode_step`) and used by training (teacher forcing, a
+loop over steps), by the reference decoder, and by the ONNX decoder-step graph, so the exported graph
+is the trained computation itself.
+
+Hypotheses are laid out sentence-major: with B sentences and K hypotheses each, row n = b*K + k.
+Encoder tensors stay once per sentence, (B, S, ·); queries are reshaped to (B, K, ·) to attend, so
+encoder states are never copied per hypothesis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from service.architecture import ModelConfig
+
+
+@dataclass
+class Encoded:
+    """What the encoder hands the decoder, once per sentence."""
+
+    values: Tensor  # (B, S, 2*He) encoder states
+    keys: Tensor  # (B, S, Dk) precomputed source-side attention projections ((B, 1, 2*He) for "none")
+    mask: Tensor  # (B, S) bool, True on real source tokens
+    state: Tensor  # (B, state_dim) initial packed decoder state
+
+
+def make_rnn(kind: str, input_size: int, hidden: int, layers: int, dropout: float, bidirectional: bool) -> nn.RNNBase:
+    cls = nn.GRU if kind == "gru" else nn.LSTM
+    return cls(
+        input_size,
+        hidden,
+        num_layers=layers,
+        batch_first=True,
+        dropout=dropout if layers > 1 else 0.0,
+        bidirectional=bidirectional,
+    )
+
+
+class Encoder(nn.Module):
+    """Embeddings and a bidirectional RNN over packed sequences (padding never enters the states)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(cfg.src_vocab_size, cfg.emb_dim, padding_idx=cfg.pad_id)
+        self.rnn = make_rnn(cfg.rnn, cfg.emb_dim, cfg.enc_hidden, cfg.enc_layers, cfg.dropout, True)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, src: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) ids, lengths (B,) → states (B, S, 2*He), summary (B, 2*He) of the top layer."""
+        B, S = src.shape
+        emb = self.dropout(self.embed(src))  # (B, S, E)
+        packed = pack_padded_sequence(emb, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, final = self.rnn(packed)
+        states, _ = pad_packed_sequence(out, batch_first=True, total_length=S)  # (B, S, 2*He)
+        h_n = final[0] if isinstance(final, tuple) else final  # (layers*2, B, He)
+        summary = torch.cat([h_n[-2], h_n[-1]], dim=-1)  # (B, 2*He): last forward and backward states
+        return states, summary
+
+
+class Attention(nn.Module):
+    """Score functions of Bahdanau (additive) and Luong (dot, general, concat), plus scaled dot.
+
+    `project_keys` runs once per sentence (W_h h, W h); `forward` runs at every decoder step.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.kind = cfg.attention
+        H, D, A = cfg.dec_hidden, cfg.enc_out_dim, cfg.attn_dim
+        if self.kind == "additive":  # v^T tanh(W_s s + W_h h)
+            self.w_query = nn.Linear(H, A, bias=False)
+            self.w_key = nn.Linear(D, A, bias=True)
+            self.v = nn.Linear(A, 1, bias=False)
+        elif self.kind == "concat":  # v^T tanh(W [s; h]); W split column-wise into its s and h parts
+            self.w = nn.Linear(H + D, A, bias=True)
+            self.v = nn.Linear(A, 1, bias=False)
+        elif self.kind == "general":  # s^T W h
+            self.w_key = nn.Linear(D, H, bias=False)
+        self.scale = 1.0 / math.sqrt(H) if self.kind == "scaled_dot" else 1.0
+        self.hidden = H
+
+    def project_keys(self, values: Tensor) -> Tensor:
+        """values (B, S, D) → keys (B, S, A) for additive/concat, (B, S, H) for general/dot."""
+        if self.kind == "additive":
+            return self.w_key(values)
+        if self.kind == "concat":
+            w_h = self.w.weight[:, self.hidden :]  # (A, D)
+            return values @ w_h.t() + self.w.bias
+        if self.kind == "general":
+            return self.w_key(values)
+        return values  # dot, scaled_dot: s^T h
+
+    def scores(self, query: Tensor, keys: Tensor) -> Tensor:
+        """query (B, K, H), keys (B, S, Dk) → scores (B, K, S)."""
+        if self.kind in ("additive", "concat"):
+            q = self.w_query(query) if self.kind == "additive" else query @ self.w.weight[:, : self.hidden].t()
+            energy = torch.tanh(q.unsqueeze(2) + keys.unsqueeze(1))  # (B, K, S, A)
+            return self.v(energy).squeeze(-1)
+        return (query @ keys.transpose(1, 2)) * self.scale  # (B, K, S)
+
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """query (B, K, H) → context (B, K, D), weights (B, K, S); padding gets exactly zero weight."""
+        scores = self.scores(query, keys).masked_fill(~mask.unsqueeze(1), float("-inf"))
+        weights = torch.softmax(scores, dim=-1)  # (B, K, S)
+        return weights @ values, weights
+
+
+def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
+    """Softmax over the last axis with masked positions at exactly zero (used by tests and docs)."""
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+class Seq2Seq(nn.Module):
+    """Encoder, bridge, attention and a Bahdanau- or Luong-style decoder."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        H, D, E, L = cfg.dec_hidden, cfg.enc_out_dim, cfg.emb_dim, cfg.dec_layers
+        self.encoder = Encoder(cfg)
+        self.bridge = nn.Linear(D, L * H * (2 if cfg.rnn == "lstm" else 1))
+        self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, E, padding_idx=cfg.pad_id)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.attention = Attention(cfg) if cfg.attention != "none" else None
+        if cfg.input_feeding:  # Luong: input = [y_{t-1}; h~_{t-1}], h~_t = tanh(W_c [c_t; s_t])
+            rnn_in = E + H
+            self.combine = nn.Linear(D + H, H, bias=False)
+            readout_in = H
+        else:  # Bahdanau and "none": input = [y_{t-1}; c], readout from [s_t; c; y_{t-1}]
+            rnn_in = E + D
+            self.readout = nn.Linear(H + D + E, H)
+            readout_in = H
+        self.rnn = make_rnn(cfg.rnn, rnn_in, H, L, cfg.dropout, False)
+        self.out = nn.Linear(readout_in, cfg.tgt_vocab_size)
+
+    # --- packed decoder state: [h_1 .. h_L, (c_1 .. c_L), (h~)] per row --------------------------
+
+    def unpack_state(self, state: Tensor) -> tuple[Tensor | tuple[Tensor, Tensor], Tensor | None]:
+        """state (N, state_dim) → RNN state (L, N, H) [or (h, c)], input feed (N, H) or None."""
+        cfg = self.cfg
+        N = state.shape[0]
+        L, H = cfg.dec_layers, cfg.dec_hidden
+        h = state[:, : L * H].reshape(N, L, H).transpose(0, 1).contiguous()  # (L, N, H)
+        offset = L * H
+        rnn_state: Tensor | tuple[Tensor, Tensor] = h
+        if cfg.rnn == "lstm":
+            c = state[:, offset : offset + L * H].reshape(N, L, H).transpose(0, 1).contiguous()
+            rnn_state = (h, c)
+            offset += L * H
+        feed = state[:, offset : offset + H] if cfg.input_feeding else None
+        return rnn_state, feed
+
+    def pack_state(self, rnn_state: Tensor | tuple[Tensor, Tensor], feed: Tensor | None) -> Tensor:
+        parts = list(rnn_state) if isinstance(rnn_state, tuple) else [rnn_state]
+        N = parts[0].shape[1]
+        flat = [p.transpose(0, 1).reshape(N, -1) for p in parts]  # each (N, L*H)
+        if feed is not None:
+            flat.append(feed)
+        return torch.cat(flat, dim=-1)  # (N, state_dim)
+
+    # --- encoder side, once per sentence -----------------------------------------------------
+
+    def encode(self, src: Tensor, lengths: Tensor) -> Encoded:
+        cfg = self.cfg
+        B, S = src.shape
+        values, summary = self.encoder(src, lengths)  # (B, S, D), (B, D)
+        mask = torch.arange(S, device=src.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, S)
+        init = torch.tanh(self.bridge(summary))  # (B, L*H [*2])
+        L, H = cfg.dec_layers, cfg.dec_hidden
+        parts = [init[:, : L * H]]
+        if cfg.rnn == "lstm":
+            parts.append(init[:, L * H :])
+        if cfg.input_feeding:
+            parts.append(torch.zeros(B, H, dtype=init.dtype, device=init.device))
+        state = torch.cat(parts, dim=-1)  # (B, state_dim)
+        if self.attention is None:
+            keys = summary.unsqueeze(1)  # (B, 1, D): the fixed context
+        else:
+            keys = self.attention.project_keys(values)
+        return Encoded(values=values, keys=keys, mask=mask, state=state)
+
+    # --- one decoder step for N = B*K hypotheses ---------------------------------------------
+
+    def decode_step(
+        self, tokens: Tensor, state: Tensor, keys: Tensor, values: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """tokens (N,), state (N, state_dim), encoder tensors per sentence (B, S, ·), N = B*K.
+
+        Returns logits (N, V), the new state (N, state_dim) and attention weights (N, S).
+        """
+        N = tokens.shape[0]
+        B, S = mask.shape
+        K = N // B
+        emb = self.dropout(self.tgt_embed(tokens))  # (N, E)
+        rnn_state, feed = self.unpack_state(state)
+        if self.attention is None:  # fixed context: the encoder summary at every step
+            context = keys.unsqueeze(1).expand(B, K, 1, keys.shape[-1]).reshape(N, -1)  # (N, D)
+            s_t, rnn_state = self.rnn_step(torch.cat([emb, context], -1), rnn_state)
+            hidden = torch.tanh(self.readout(torch.cat([s_t, context, emb], -1)))
+            weights = torch.zeros(N, S, dtype=values.dtype, device=values.device)
+        elif self.cfg.input_feeding:  # Luong: query is the current state s_t
+            s_t, rnn_state = self.rnn_step(torch.cat([emb, feed], -1), rnn_state)
+            context, weights = self.attend(s_t, keys, values, mask)
+            hidden = torch.tanh(self.combine(torch.cat([context, s_t], -1)))  # h~_t (N, H)
+            feed = hidden
+        else:  # Bahdanau: query is the previous state s_{t-1}
+            h_prev = rnn_state[0] if isinstance(rnn_state, tuple) else rnn_state
+            context, weights = self.attend(h_prev[-1], keys, values, mask)
+            s_t, rnn_state = self.rnn_step(torch.cat([emb, context], -1), rnn_state)
+            hidden = torch.tanh(self.readout(torch.cat([s_t, context, emb], -1)))
+        logits = self.out(self.dropout(hidden))  # (N, V)
+        return logits, self.pack_state(rnn_state, feed), weights
+
+    def rnn_step(
+        self, x: Tensor, rnn_state: Tensor | tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
+        out, new_state = self.rnn(x.unsqueeze(1), rnn_state)  # out (N, 1, H)
+        return out.squeeze(1), new_state
+
+    def attend(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """query (N, H) → context (N, D), weights (N, S); hypotheses grouped by sentence."""
+        assert self.attention is not None
+        N, H = query.shape
+        B, S = mask.shape
+        context, weights = self.attention(query.reshape(B, N // B, H), keys, values, mask)
+        return context.reshape(N, -1), weights.reshape(N, S)
+
+    # --- training: teacher forcing ------------------------------------------------------------
+
+    def forward(self, src: Tensor, lengths: Tensor, tgt_in: Tensor) -> Tensor:
+        """src (B, S), lengths (B,), tgt_in (B, T) starting with BOS → logits (B, T, V)."""
+        enc = self.encode(src, lengths)
+        state = enc.state
+        logits = []
+        for t in range(tgt_in.shape[1]):
+            step_logits, state, _ = self.decode_step(tgt_in[:, t], state, enc.keys, enc.values, enc.mask)
+            logits.append(step_logits)
+        return torch.stack(logits, dim=1)
+
+    @torch.no_grad()
+    def greedy(self, src: Tensor, lengths: Tensor, max_len: int) -> list[list[int]]:
+        """Batched greedy decode (reference and dev-set evaluation); ids without BOS/EOS."""
+        cfg = self.cfg
+        enc = self.encode(src, lengths)
+        B = src.shape[0]
+        tokens = torch.full((B,), cfg.bos_id, dtype=torch.long, device=src.device)
+        state = enc.state
+        out = torch.zeros(B, 0, dtype=torch.long, device=src.device)
+        done = torch.zeros(B, dtype=torch.bool, device=src.device)
+        for _ in range(max_len):
+            logits, state, _ = self.decode_step(tokens, state, enc.keys, enc.values, enc.mask)
+            tokens = logits.argmax(-1)  # (B,)
+            out = torch.cat([out, tokens.unsqueeze(1)], dim=1)
+            done |= tokens == cfg.eos_id
+            if bool(done.all()):
+                break
+        return [strip_eos(row, cfg.eos_id) for row in out.tolist()]
+
+
+def strip_eos(ids: list[int], eos_id: int) -> list[int]:
+    return ids[: ids.index(eos_id)] if eos_id in ids else ids
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,220 @@
+"""Train a model from a TOML config: corpus → tokenizers → teacher-forced training → best checkpoint.
+
+    s2s-train --config configs/default.toml --out runs/default
+
+Writes into --out: the corpus splits (when generated), source/target SentencePiece models,
+`best.pt` (highest dev BLEU) and `train_log.jsonl`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import sacrebleu
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from export import corpus
+from export.checkpoint import save_checkpoint
+from export.data import Batch, batches, encode_pairs, make_batch
+from export.model import Seq2Seq, count_parameters
+from export.tokenizer import train_tokenizers
+from service.architecture import PAD_ID, ModelConfig
+from service.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Either TSV files (train/dev/test) or a generated demo corpus (generate_seed set)."""
+
+    train: str = ""
+    dev: str = ""
+    test: str = ""
+    generate_seed: int | None = None
+    n_train: int = 40000
+    n_dev: int = 500
+    n_test: int = 1000
+    n_test_long: int = 200
+    src_vocab: int = 320
+    tgt_vocab: int = 400
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 2e-3
+    max_tokens: int = 3000  # target tokens per batch, padding included
+    clip_norm: float = 1.0
+    label_smoothing: float = 0.0
+    max_minutes: float = 20.0
+    max_epochs: int = 50
+    eval_every: int = 250  # steps
+    patience: int = 4  # evaluations without dev-BLEU gain before stopping
+    lr_decay: float = 0.5  # multiply the learning rate on each evaluation without gain
+    min_lr: float = 5e-5
+    seed: int = 1
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields except the vocab sizes
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        unknown = sorted(set(raw) - {"model", "data", "optim"})
+        if unknown:
+            raise ValueError(f"{path}: unknown sections {unknown}")
+        return cls(
+            model=dict(raw.get("model", {})),
+            data=_build(DataConfig, raw.get("data", {}), path),
+            optim=_build(OptimConfig, raw.get("optim", {}), path),
+        )
+
+
+def _build(cls: type, values: dict[str, Any], path: str | Path) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {unknown} for {cls.__name__}")
+    return cls(**values)
+
+
+def prepare_corpus(cfg: DataConfig, out: Path) -> dict[str, list[tuple[str, str]]]:
+    """Load the TSV splits, or generate the demo corpus (and write it under out/data)."""
+    if cfg.generate_seed is not None:
+        splits = corpus.generate_splits(cfg.generate_seed, cfg.n_train, cfg.n_dev, cfg.n_test, cfg.n_test_long)
+        (out / "data").mkdir(parents=True, exist_ok=True)
+        for name, pairs in splits.items():
+            corpus.write_tsv(out / "data" / f"{name}.tsv", pairs)
+        return splits
+    return {name: corpus.read_tsv(getattr(cfg, name)) for name in ("train", "dev", "test") if getattr(cfg, name)}
+
+
+def translate_greedy(
+    model: Seq2Seq, sources: list[list[int]], tgt_tok: Tokenizer, device: torch.device, batch_size: int = 200
+) -> list[str]:
+    """Greedy-decode id lists in batches, sorted by length for speed; outputs in input order."""
+    model.eval()
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    out: list[str] = [""] * len(sources)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        batch = make_batch([(sources[i], []) for i in idx]).to(device)
+        max_len = int(batch.lengths.max()) * 2 + 10
+        for i, ids in zip(idx, model.greedy(batch.src, batch.lengths, max_len), strict=True):
+            out[i] = tgt_tok.decode(ids)
+    return out
+
+
+def dev_bleu(model: Seq2Seq, pairs: list[tuple[str, str]], src_tok: Tokenizer, tgt_tok: Tokenizer, device: torch.device) -> float:
+    hyps = translate_greedy(model, [src_tok.encode(s) for s, _ in pairs], tgt_tok, device)
+    return float(sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score)
+
+
+def train_step(model: Seq2Seq, batch: Batch, loss_fn: nn.Module, opt: torch.optim.Optimizer, clip: float) -> float:
+    model.train()
+    logits = model(batch.src, batch.lengths, batch.tgt_in)  # (B, T, V)
+    loss = loss_fn(logits.reshape(-1, logits.shape[-1]), batch.tgt_out.reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    return float(loss)
+
+
+def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
+    """Run training; returns a summary (best dev BLEU, steps, minutes, paths)."""
+    o = cfg.optim
+    random.seed(o.seed)
+    torch.manual_seed(o.seed)
+    if o.threads:
+        torch.set_num_threads(o.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out.mkdir(parents=True, exist_ok=True)
+    splits = prepare_corpus(cfg.data, out)
+    src_path, tgt_path = train_tokenizers(splits["train"], out, cfg.data.src_vocab, cfg.data.tgt_vocab)
+    src_tok, tgt_tok = Tokenizer.load(src_path), Tokenizer.load(tgt_path)
+    model_cfg = ModelConfig(src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, **cfg.model)
+    model = Seq2Seq(model_cfg).to(device)
+    train_examples = encode_pairs(splits["train"], src_tok, tgt_tok)
+    opt = torch.optim.Adam(model.parameters(), lr=o.lr)
+    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=o.label_smoothing)
+    rng = random.Random(o.seed)
+    log_path = out / "train_log.jsonl"
+    log_path.write_text("")
+    best, stale, step, started = -1.0, 0, 0, time.monotonic()
+    extra = {"train_config": asdict(cfg), "dev_bleu": 0.0, "step": 0}
+
+    def evaluate_and_checkpoint() -> bool:
+        """Dev BLEU, checkpoint on gain, lr decay on no gain; returns True to stop early."""
+        nonlocal best, stale
+        bleu = dev_bleu(model, splits["dev"], src_tok, tgt_tok, device)
+        minutes = (time.monotonic() - started) / 60
+        entry = {"step": step, "dev_bleu": round(bleu, 2), "lr": opt.param_groups[0]["lr"], "minutes": round(minutes, 2)}
+        with log_path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+        if not quiet:
+            tqdm.write(json.dumps(entry))
+        if bleu > best:
+            best, stale = bleu, 0
+            save_checkpoint(out / "best.pt", model, {**extra, "dev_bleu": bleu, "step": step})
+            return False
+        stale += 1
+        for group in opt.param_groups:
+            group["lr"] = max(group["lr"] * o.lr_decay, o.min_lr)
+        return stale >= o.patience
+
+    stop = False
+    for epoch in range(o.max_epochs):
+        bar = tqdm(list(batches(train_examples, o.max_tokens, rng)), desc=f"epoch {epoch}", disable=quiet, leave=False, mininterval=5.0)
+        for batch in bar:
+            tick = time.monotonic()
+            loss = train_step(model, batch.to(device), loss_fn, opt, o.clip_norm)
+            step += 1
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{batch.n_target_tokens / (time.monotonic() - tick):.0f}")
+            out_of_time = (time.monotonic() - started) / 60 >= o.max_minutes
+            if step % o.eval_every == 0 or out_of_time:
+                stop = evaluate_and_checkpoint() or out_of_time
+            if stop:
+                break
+        if stop:
+            break
+    else:
+        evaluate_and_checkpoint()
+    summary = {
+        "best_dev_bleu": round(best, 2),
+        "steps": step,
+        "minutes": round((time.monotonic() - started) / 60, 2),
+        "parameters": count_parameters(model),
+        "checkpoint": str(out / "best.pt"),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="TOML file with [model], [data], [optim]")
+    parser.add_argument("--out", required=True, type=Path, help="run directory")
+    parser.add_argument("--max-minutes", type=float, help="override optim.max_minutes")
+    args = parser.parse_args(argv)
+    cfg = TrainConfig.load(args.config)
+    if args.max_minutes is not None:
+        cfg = TrainConfig(cfg.model, cfg.data, OptimConfig(**{**asdict(cfg.optim), "max_minutes": args.max_minutes}))
+    print(json.dumps(train(cfg, args.out), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

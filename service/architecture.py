@@ -1,0 +1,101 @@
+"""The model's architecture as one typed config, shared by training, export and serving.
+
+It lives in `service/` (torch-free) because the bundle's manifest carries it to the server:
+export writes it, serving reads it, and neither guesses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+RnnKind = Literal["gru", "lstm"]
+AttentionKind = Literal["additive", "dot", "general", "concat", "scaled_dot", "none"]
+DecoderStyle = Literal["bahdanau", "luong"]
+
+RNN_KINDS: tuple[str, ...] = ("gru", "lstm")
+ATTENTION_KINDS: tuple[str, ...] = ("additive", "dot", "general", "concat", "scaled_dot", "none")
+DECODER_STYLES: tuple[str, ...] = ("bahdanau", "luong")
+
+# Special ids are fixed across every model: the tokenizer is trained to use them.
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of an RNN encoder-decoder with attention.
+
+    attention="none" is the fixed-context encoder-decoder (Cho et al. 2014): the encoder's summary
+    enters every decoder step and there is no alignment; decoder_style is then ignored.
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    emb_dim: int = 128
+    enc_hidden: int = 128  # per direction; encoder states are 2 * enc_hidden wide
+    dec_hidden: int = 256
+    enc_layers: int = 1
+    dec_layers: int = 1
+    rnn: RnnKind = "gru"
+    attention: AttentionKind = "additive"
+    decoder_style: DecoderStyle = "bahdanau"
+    attn_dim: int = 128  # width of the additive/concat scoring layer
+    dropout: float = 0.1
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+    unk_id: int = UNK_ID
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid model config: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        out: list[str] = []
+        if self.rnn not in RNN_KINDS:
+            out.append(f"rnn must be one of {RNN_KINDS}, got {self.rnn!r}")
+        if self.attention not in ATTENTION_KINDS:
+            out.append(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if self.decoder_style not in DECODER_STYLES:
+            out.append(f"decoder_style must be one of {DECODER_STYLES}, got {self.decoder_style!r}")
+        for name in ("src_vocab_size", "tgt_vocab_size", "emb_dim", "enc_hidden", "dec_hidden"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} must be >= 1")
+        for name in ("enc_layers", "dec_layers", "attn_dim"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} must be >= 1")
+        if not 0.0 <= self.dropout < 1.0:
+            out.append(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.attention in ("dot", "scaled_dot") and self.dec_hidden != 2 * self.enc_hidden:
+            out.append(
+                f"{self.attention} attention scores s·h directly, so dec_hidden ({self.dec_hidden}) "
+                f"must equal 2 * enc_hidden ({2 * self.enc_hidden}); use 'general' otherwise"
+            )
+        return out
+
+    @property
+    def enc_out_dim(self) -> int:
+        return 2 * self.enc_hidden
+
+    @property
+    def input_feeding(self) -> bool:
+        """Luong's input feeding: the previous attentional state h~ enters the RNN input."""
+        return self.attention != "none" and self.decoder_style == "luong"
+
+    @property
+    def state_dim(self) -> int:
+        """Width of the packed decoder state row: every layer's h (and c for LSTM), then h~."""
+        per_layer = self.dec_hidden * (2 if self.rnn == "lstm" else 1)
+        return self.dec_layers * per_layer + (self.dec_hidden if self.input_feeding else 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown model config keys: {unknown}")
+        return cls(**data)

@@ -1,0 +1,55 @@
+"""SentencePiece tokenizers for source and target, with the project's fixed special ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+
+from service.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+
+class TokenizerError(ValueError):
+    """A tokenizer model is missing, unreadable or does not use the fixed special ids."""
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """One SentencePiece model: text ↔ ids and pieces."""
+
+    processor: spm.SentencePieceProcessor
+    path: Path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        if not path.is_file():
+            raise TokenizerError(f"tokenizer model not found: {path}")
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.Load(str(path))
+        except (OSError, RuntimeError) as err:
+            raise TokenizerError(f"cannot load tokenizer model {path}: {err}") from err
+        tok = cls(processor=processor, path=path)
+        tok.check_special_ids()
+        return tok
+
+    def check_special_ids(self) -> None:
+        got = (self.processor.pad_id(), self.processor.bos_id(), self.processor.eos_id(), self.processor.unk_id())
+        want = (PAD_ID, BOS_ID, EOS_ID, UNK_ID)
+        if got != want:
+            raise TokenizerError(f"{self.path}: special ids (pad, bos, eos, unk) are {got}, expected {want}")
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.processor.GetPieceSize())
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.processor.EncodeAsIds(text))
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        return [self.processor.IdToPiece(i) for i in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.processor.DecodeIds(ids))
