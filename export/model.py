@@ -204,7 +204,7 @@ class Seq2Seq(nn.Module):
             context = keys.unsqueeze(1).expand(B, K, 1, keys.shape[-1]).reshape(N, -1)  # (N, D)
             s_t, rnn_state = self.rnn_step(torch.cat([emb, context], -1), rnn_state)
             hidden = torch.tanh(self.readout(torch.cat([s_t, context, emb], -1)))
-            weights = torch.zeros(N, S, dtype=values.dtype, device=values.device)
+            weights = torch.zeros_like(values[:, :, 0]).unsqueeze(1).expand(B, K, S).reshape(N, S)  # no alignment
         elif self.cfg.input_feeding:  # Luong: query is the current state s_t
             s_t, rnn_state = self.rnn_step(torch.cat([emb, feed], -1), rnn_state)
             context, weights = self.attend(s_t, keys, values, mask)

@@ -53,14 +53,15 @@ class OptimConfig:
     max_tokens: int = 3000  # target tokens per batch, padding included
     clip_norm: float = 1.0
     label_smoothing: float = 0.0
-    max_minutes: float = 20.0
+    max_steps: int = 0  # the training budget in optimizer steps (reproducible); 0 = no step limit
+    max_minutes: float = 20.0  # a wall-clock safety stop
     max_epochs: int = 50
     eval_every: int = 250  # steps
     patience: int = 4  # evaluations without dev-BLEU gain before stopping
     lr_decay: float = 0.5  # multiply the learning rate on each evaluation without gain
     min_lr: float = 5e-5
     seed: int = 1
-    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    threads: int = 0  # torch intra-op threads; 0 = torch's default. 1 is robust when other jobs share the cores
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
             loss = train_step(model, batch.to(device), loss_fn, opt, o.clip_norm)
             step += 1
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{batch.n_target_tokens / (time.monotonic() - tick):.0f}")
-            out_of_time = (time.monotonic() - started) / 60 >= o.max_minutes
+            out_of_time = (time.monotonic() - started) / 60 >= o.max_minutes or step == o.max_steps
             if step % o.eval_every == 0 or out_of_time:
                 stop = evaluate_and_checkpoint() or out_of_time
             if stop:

@@ -1,0 +1,175 @@
+"""Export a checkpoint to ONNX as an encoder graph and a decoder-step graph, packed into a bundle.
+
+    s2s-export --checkpoint runs/default/best.pt --tokenizers runs/default --out models/default \
+        --name numbers-en-fr --version 1.0.0 [--int8]
+
+The decoder step does the beam's state reorder (Gather by back-pointers), log-softmax and TopK inside
+the graph: only k candidates per hypothesis reach the host, and the recurrent state can stay on the
+device between steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from torch import Tensor, nn
+
+from export.checkpoint import load_checkpoint
+from export.model import Seq2Seq
+from service import bundle as bundle_format
+
+OPSET = 17
+ENCODER_INPUTS = ["src", "src_lengths"]
+ENCODER_OUTPUTS = ["values", "keys", "mask", "state"]
+DECODER_INPUTS = ["tokens", "state", "reorder", "values", "keys", "mask", "k"]
+DECODER_OUTPUTS = ["log_probs", "token_ids", "new_state", "attention"]
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, model: Seq2Seq) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        enc = self.model.encode(src, src_lengths)
+        return enc.values, enc.keys, enc.mask, enc.state
+
+
+class DecoderStepGraph(nn.Module):
+    """tokens (N,), state (R, D_state), reorder (N,) → top-k of log p(y | ·) per row, new state, attention."""
+
+    def __init__(self, model: Seq2Seq) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, tokens: Tensor, state: Tensor, reorder: Tensor, values: Tensor, keys: Tensor, mask: Tensor, k: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        state = state.index_select(0, reorder)  # (N, D_state): follow the beam's back-pointers
+        logits, new_state, attention = self.model.decode_step(tokens, state, keys, values, mask)
+        log_probs = torch.log_softmax(logits, dim=-1)  # (N, V)
+        top_lp, top_ids = torch.topk(log_probs, k, dim=-1)  # (N, k) each
+        return top_lp, top_ids, new_state, attention
+
+
+def example_inputs(model: Seq2Seq, B: int = 2, S: int = 5, K: int = 3) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    cfg = model.cfg
+    src = torch.randint(4, cfg.src_vocab_size, (B, S))
+    lengths = torch.tensor([S] + [max(1, S - 2)] * (B - 1))
+    with torch.no_grad():
+        enc = model.encode(src, lengths)
+    N = B * K
+    reorder = torch.arange(B).repeat_interleave(K)  # every slot starts from its sentence's state
+    tokens = torch.full((N,), cfg.bos_id, dtype=torch.long)
+    k = torch.tensor(K, dtype=torch.long)
+    return (src, lengths), (tokens, enc.state, reorder, enc.values, enc.keys, enc.mask, k)
+
+
+def export_graphs(model: Seq2Seq, out_dir: Path) -> tuple[Path, Path]:
+    """Write encoder.onnx and decoder.onnx (dynamic batch, hypothesis and source-length axes)."""
+    model.eval()
+    enc_inputs, dec_inputs = example_inputs(model)
+    encoder_path, decoder_path = out_dir / "encoder.onnx", out_dir / "decoder.onnx"
+    torch.onnx.export(
+        EncoderGraph(model).eval(),
+        enc_inputs,
+        str(encoder_path),
+        input_names=ENCODER_INPUTS,
+        output_names=ENCODER_OUTPUTS,
+        dynamic_axes={
+            "src": {0: "batch", 1: "src_len"},
+            "src_lengths": {0: "batch"},
+            "values": {0: "batch", 1: "src_len"},
+            "keys": {0: "batch", 1: "key_len"},
+            "mask": {0: "batch", 1: "src_len"},
+            "state": {0: "batch"},
+        },
+        opset_version=OPSET,
+        dynamo=False,
+    )
+    torch.onnx.export(
+        DecoderStepGraph(model).eval(),
+        dec_inputs,
+        str(decoder_path),
+        input_names=DECODER_INPUTS,
+        output_names=DECODER_OUTPUTS,
+        dynamic_axes={
+            "tokens": {0: "hyps"},
+            "state": {0: "state_rows"},
+            "reorder": {0: "hyps"},
+            "values": {0: "batch", 1: "src_len"},
+            "keys": {0: "batch", 1: "key_len"},
+            "mask": {0: "batch", 1: "src_len"},
+            "log_probs": {0: "hyps", 1: "k"},
+            "token_ids": {0: "hyps", 1: "k"},
+            "new_state": {0: "hyps"},
+            "attention": {0: "hyps", 1: "src_len"},
+        },
+        opset_version=OPSET,
+        dynamo=False,
+    )
+    for path in (encoder_path, decoder_path):
+        onnx.checker.check_model(onnx.load(str(path)), full_check=True)
+    return encoder_path, decoder_path
+
+
+def quantize_decoder(decoder_path: Path, out_path: Path) -> Path:
+    """int8 dynamic quantization of the decoder step's matrix products (weights int8, activations fp32)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(decoder_path), str(out_path), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+    return out_path
+
+
+def export_bundle(
+    checkpoint: Path, tokenizers: Path, out: Path, name: str, version: str, int8: bool = False, extra: dict[str, Any] | None = None
+) -> Path:
+    """Checkpoint + tokenizers → a verified bundle directory (written to a temp dir, then moved into place)."""
+    model, meta = load_checkpoint(checkpoint)
+    with tempfile.TemporaryDirectory(dir=out.parent if out.parent.exists() else None) as tmp_name:
+        tmp = Path(tmp_name)
+        export_graphs(model, tmp)
+        if int8:
+            quantize_decoder(tmp / "decoder.onnx", tmp / "decoder.int8.onnx")
+        for side in ("source", "target"):
+            shutil.copyfile(tokenizers / f"{side}.model", tmp / f"{side}.model")
+        info = {"dev_bleu": meta.get("dev_bleu"), "train_step": meta.get("step"), **(extra or {})}
+        bundle_format.write_manifest(tmp, name=name, version=version, architecture=model.cfg.to_dict(), info=info)
+        bundle_format.load_bundle(tmp)  # verify what we wrote before it replaces anything
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(tmp, out)
+    return out
+
+
+def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, type=Path)
+    parser.add_argument("--tokenizers", required=True, type=Path, help="directory with source.model and target.model")
+    parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
+    parser.add_argument("--name", default="seq2seq")
+    parser.add_argument("--version", default="0.1.0")
+    parser.add_argument("--int8", action="store_true", help="also write decoder.int8.onnx")
+    parser.add_argument("--info", type=Path, help="JSON file of figures to record in the manifest (e.g. test BLEU)")
+    args = parser.parse_args(argv)
+    extra = json.loads(args.info.read_text()) if args.info else None
+    out = export_bundle(args.checkpoint, args.tokenizers, args.out, args.name, args.version, args.int8, extra)
+    print(f"wrote bundle {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""Alignments from back-traced attention matrices: Pharaoh strings, subword→word merging, text heatmaps.
+
+A matrix is (T, S): one row per target token, one column per source token, each row this
+token's attention over the source (rows sum to 1). Pure numpy and string ops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+WORD_START = "\u2581"  # SentencePiece's "▁": the piece begins a new word
+SHADES = " ░▒▓█"  # heatmap cells from weight 0 to weight 1
+
+
+def _check_matrix(matrix: np.ndarray, rows: int | None = None, cols: int | None = None) -> None:
+    """Raise ValueError unless matrix is 2-D with the given number of rows and columns."""
+    if matrix.ndim != 2:
+        raise ValueError(f"alignment matrix must be 2-D (target, source), got shape {matrix.shape}")
+    T, S = matrix.shape
+    if rows is not None and rows != T:
+        raise ValueError(f"matrix has {T} target rows but {rows} target labels")
+    if cols is not None and cols != S:
+        raise ValueError(f"matrix has {S} source columns but {cols} source labels")
+
+
+def pharaoh(matrix: np.ndarray) -> str:
+    """Hard alignment "s-t ..." (source index first), each target row t to its argmax column s.
+
+    Sorted by target then source, as Marian and fast_align write it; "" for an empty matrix.
+    """
+    _check_matrix(matrix)
+    T, S = matrix.shape
+    if T == 0 or S == 0:
+        return ""
+    best = matrix.argmax(axis=1)  # (T,) source column per target row
+    return " ".join(f"{s}-{t}" for t, s in enumerate(best.tolist()))
+
+
+def word_index(pieces: list[str]) -> np.ndarray:
+    """(P,) int64: the word of each piece; a "▁" piece, or the first piece, begins a word."""
+    starts = [i == 0 or piece.startswith(WORD_START) for i, piece in enumerate(pieces)]
+    return np.cumsum(np.array(starts, dtype=np.int64)) - 1  # (P,)
+
+
+def _words(pieces: list[str], index: np.ndarray) -> list[str]:
+    """The words of pieces grouped by index (P,): pieces joined, "▁" removed."""
+    n_words = int(index[-1]) + 1 if len(index) else 0
+    groups: list[list[str]] = [[] for _ in range(n_words)]
+    for piece, word in zip(pieces, index.tolist(), strict=True):
+        groups[word].append(piece)
+    return ["".join(group).replace(WORD_START, "") for group in groups]
+
+
+def _one_hot(index: np.ndarray, n: int, dtype: np.dtype) -> np.ndarray:
+    """(P, n) with a 1 at (p, index[p])."""
+    return (index[:, None] == np.arange(n)[None, :]).astype(dtype)  # (P, n)
+
+
+def merge_subwords(
+    matrix: np.ndarray, src_pieces: list[str], tgt_pieces: list[str]
+) -> tuple[np.ndarray, list[str], list[str]]:
+    """Word-level alignment from a SentencePiece-level matrix (T, S).
+
+    The columns of one source word are summed (the attention mass on that word); the rows of one
+    target word are averaged (so rows still sum to 1). Returns the (T', S') matrix, the source
+    words and the target words.
+    """
+    _check_matrix(matrix, rows=len(tgt_pieces), cols=len(src_pieces))
+    src_index, tgt_index = word_index(src_pieces), word_index(tgt_pieces)  # (S,), (T,)
+    src_words, tgt_words = _words(src_pieces, src_index), _words(tgt_pieces, tgt_index)
+    S_words, T_words = len(src_words), len(tgt_words)
+    summed = matrix @ _one_hot(src_index, S_words, matrix.dtype)  # (T, S')
+    tgt_groups = _one_hot(tgt_index, T_words, matrix.dtype).T  # (T', T)
+    counts = np.maximum(tgt_groups.sum(axis=1, keepdims=True), 1)  # (T', 1)
+    merged = (tgt_groups / counts) @ summed  # (T', S')
+    return merged.astype(matrix.dtype, copy=False), src_words, tgt_words
+
+
+def _clip_label(label: str, width: int) -> str:
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def render_text_heatmap(
+    matrix: np.ndarray, src_labels: list[str], tgt_labels: list[str], max_label_len: int = 12
+) -> str:
+    """A terminal heatmap: one line per target label, source labels written top-down above columns.
+
+    Each cell is two shade characters from " ░▒▓█" by weight (0 → blank, 1 → full block).
+    The result has max(len(source label)) header lines (labels cut at max_label_len) plus one
+    line per target row; "" for an empty matrix.
+    """
+    _check_matrix(matrix, rows=len(tgt_labels), cols=len(src_labels))
+    T, S = matrix.shape
+    if T == 0 or S == 0:
+        return ""
+    src = [_clip_label(label, max_label_len) for label in src_labels]
+    tgt = [_clip_label(label, max_label_len) for label in tgt_labels]
+    margin = max(len(label) for label in tgt)
+    levels = np.clip(np.rint(matrix * (len(SHADES) - 1)), 0, len(SHADES) - 1).astype(int)  # (T, S)
+    height = max(1, max(len(label) for label in src))
+    header = [
+        " " * (margin + 1) + "".join(f"{label[i] if i < len(label) else ' '} " for label in src)
+        for i in range(height)
+    ]
+    body = [
+        f"{label:>{margin}} " + "".join(SHADES[level] * 2 for level in row)
+        for label, row in zip(tgt, levels.tolist(), strict=True)
+    ]
+    return "\n".join(line.rstrip() for line in header + body)

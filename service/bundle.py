@@ -1,0 +1,128 @@
+"""The model bundle: one directory with the two ONNX graphs, the tokenizers and a manifest.
+
+manifest.json records the architecture, the special ids, the model's name and version, and the sha256 of
+every file. Loading verifies all of it and refuses a missing, altered or unexpected file with a message
+that names the file: a server never starts on a model other than the one the manifest describes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+REQUIRED_FILES = ("encoder.onnx", "decoder.onnx", "source.model", "target.model")
+OPTIONAL_FILES = ("decoder.int8.onnx",)
+
+
+class BundleError(ValueError):
+    """The bundle is incomplete, altered, or not a bundle at all."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    name: str
+    version: str
+    architecture: ModelConfig
+    files: dict[str, str]  # file name → sha256
+    info: dict[str, Any]
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def has_int8(self) -> bool:
+        return "decoder.int8.onnx" in self.files
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(
+    directory: Path, name: str, version: str, architecture: dict[str, Any], info: dict[str, Any] | None = None
+) -> Path:
+    """Hash every bundle file present in `directory` and write manifest.json next to them."""
+    present = [f for f in (*REQUIRED_FILES, *OPTIONAL_FILES) if (directory / f).is_file()]
+    missing = [f for f in REQUIRED_FILES if f not in present]
+    if missing:
+        raise BundleError(f"cannot write a manifest for {directory}: missing {missing}")
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "version": version,
+        "architecture": architecture,
+        "special_ids": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID},
+        "files": {f: sha256_of(directory / f) for f in present},
+        "info": info or {},
+    }
+    path = directory / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise BundleError(f"model bundle not found: {directory} is not a directory")
+    if not path.is_file():
+        raise BundleError(f"{path} is missing: {directory} is not a model bundle")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BundleError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        raise BundleError(f"{path}: unsupported bundle format (expected format_version {FORMAT_VERSION})")
+    for key in ("name", "version", "architecture", "files", "special_ids"):
+        if key not in manifest:
+            raise BundleError(f"{path}: manifest has no {key!r}")
+    return manifest
+
+
+def verify_files(directory: Path, files: dict[str, str]) -> None:
+    """Every required file listed and present, and every listed file's sha256 as recorded."""
+    unlisted = [f for f in REQUIRED_FILES if f not in files]
+    if unlisted:
+        raise BundleError(f"{directory / MANIFEST} does not list required files {unlisted}")
+    for name, expected in sorted(files.items()):
+        path = directory / name
+        if not path.is_file():
+            raise BundleError(f"bundle file missing: {path}")
+        actual = sha256_of(path)
+        if actual != expected:
+            raise BundleError(
+                f"bundle file altered: {path} has sha256 {actual[:12]}…, the manifest says {expected[:12]}… "
+                "(re-export the bundle, or restore the file)"
+            )
+
+
+def load_bundle(path: str | Path) -> Bundle:
+    directory = Path(path)
+    manifest = read_manifest(directory)
+    verify_files(directory, dict(manifest["files"]))
+    expected_ids = {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}
+    if manifest["special_ids"] != expected_ids:
+        raise BundleError(f"{directory / MANIFEST}: special ids {manifest['special_ids']} differ from {expected_ids}")
+    try:
+        architecture = ModelConfig.from_dict(dict(manifest["architecture"]))
+    except (TypeError, ValueError) as err:
+        raise BundleError(f"{directory / MANIFEST}: bad architecture: {err}") from err
+    return Bundle(
+        path=directory,
+        name=str(manifest["name"]),
+        version=str(manifest["version"]),
+        architecture=architecture,
+        files=dict(manifest["files"]),
+        info=dict(manifest.get("info", {})),
+    )

@@ -1,0 +1,229 @@
+"""Text in, hypotheses with alignments out: tokenize → encode → batched beam search → detokenize.
+
+`RunningBatch` is the unit the scheduler drives: sentences join it (encoded together, one encoder call),
+every `step()` advances all their hypotheses with one decoder call, and finished sentences leave at once.
+`Engine.translate` is the same path for a static batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from service import alignment as align
+from service.architecture import PAD_ID
+from service.beam import BeamSearch, Hypothesis, SearchOptions
+from service.bundle import Bundle, load_bundle
+from service.config import EngineLimits, RuntimeConfig
+from service.runtime import OnnxDecoder, OnnxModel
+from service.tokenizer import Tokenizer
+
+AlignmentMode = Literal["none", "subword", "word"]
+ALIGNMENT_MODES: tuple[str, ...] = ("none", "subword", "word")
+
+
+class InvalidInput(ValueError):
+    """A request the engine refuses; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Alignment:
+    matrix: np.ndarray  # (T_y, T_x): row t is target token t's attention over the source tokens
+    source_tokens: list[str]
+    target_tokens: list[str]
+    pharaoh: str  # hard alignment "src-tgt ..." (argmax per target token)
+
+
+@dataclass(frozen=True)
+class TranslationHypothesis:
+    text: str
+    tokens: list[str]  # target subword pieces
+    token_ids: list[int]
+    score: float  # normalized (length/coverage penalties applied); ranks the n-best list
+    log_prob: float
+    alignment: Alignment | None
+    finished: bool  # False when cut at the maximum length
+
+
+@dataclass(frozen=True)
+class Translation:
+    source: str
+    source_tokens: list[str]
+    hypotheses: list[TranslationHypothesis]  # best first
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated, tokenized source sentence."""
+
+    text: str
+    ids: list[int]
+    pieces: list[str]
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """One sentence for a running batch."""
+
+    key: Hashable
+    sentence: Prepared
+    options: SearchOptions
+    alignment: AlignmentMode = "subword"
+
+
+class Engine:
+    def __init__(self, bundle: Bundle, model: OnnxModel, limits: EngineLimits) -> None:
+        self.bundle = bundle
+        self.model = model
+        self.limits = limits
+        self.src_tok = Tokenizer.load(bundle.file("source.model"))
+        self.tgt_tok = Tokenizer.load(bundle.file("target.model"))
+        self.cfg = bundle.architecture
+        self._keys = itertools.count()
+
+    @classmethod
+    def load(
+        cls, path: str | Path, runtime: RuntimeConfig | None = None, limits: EngineLimits | None = None
+    ) -> Engine:
+        bundle = load_bundle(path)
+        return cls(bundle, OnnxModel(bundle, runtime or RuntimeConfig()), limits or EngineLimits())
+
+    @property
+    def supports_alignment(self) -> bool:
+        return self.cfg.attention != "none"
+
+    # --- validation -------------------------------------------------------------------------
+
+    def prepare(self, text: str) -> Prepared:
+        """Tokenize one source text; empty or over-long input is InvalidInput."""
+        if not isinstance(text, str):
+            raise InvalidInput(f"text must be a string, got {type(text).__name__}")
+        if not text.strip():
+            raise InvalidInput("text is empty or only whitespace: send at least one word to translate")
+        ids = self.src_tok.encode(text)
+        if not ids:
+            raise InvalidInput("text has no translatable content after tokenization")
+        if len(ids) > self.limits.max_source_tokens:
+            raise InvalidInput(
+                f"text is {len(ids)} subword tokens long, over the limit of {self.limits.max_source_tokens}: "
+                "split it into shorter sentences"
+            )
+        return Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids))
+
+    def check_options(self, options: SearchOptions, alignment: str) -> None:
+        if options.beam_size > self.limits.max_beam_size:
+            raise InvalidInput(f"beam_size {options.beam_size} is over the limit of {self.limits.max_beam_size}")
+        if options.max_len_cap > self.limits.max_target_tokens:
+            raise InvalidInput(
+                f"max_len_cap {options.max_len_cap} is over the limit of {self.limits.max_target_tokens}"
+            )
+        if alignment not in ALIGNMENT_MODES:
+            raise InvalidInput(f"alignment must be one of {ALIGNMENT_MODES}, got {alignment!r}")
+        if alignment != "none" and not self.supports_alignment:
+            raise InvalidInput(f"model {self.bundle.name} has no attention (architecture 'none'): ask for alignment 'none'")
+
+    # --- decoding -----------------------------------------------------------------------------
+
+    def new_batch(self, beam_size: int) -> RunningBatch:
+        return RunningBatch(self, beam_size)
+
+    def translate(
+        self, texts: Sequence[str], options: SearchOptions | None = None, alignment: AlignmentMode = "subword"
+    ) -> list[Translation]:
+        """Decode a static batch: every sentence and beam advance together; results in input order."""
+        options = options or SearchOptions(beam_size=5)
+        if not texts:
+            raise InvalidInput("no texts to translate")
+        self.check_options(options, alignment)
+        prepared = [self.prepare(t) for t in texts]
+        batch = self.new_batch(options.beam_size)
+        batch.add([DecodeRequest(i, p, options, alignment) for i, p in enumerate(prepared)])
+        results: dict[Hashable, Translation] = {}
+        while len(batch):
+            results.update(batch.step())
+        return [results[i] for i in range(len(texts))]
+
+    def to_translation(self, request: DecodeRequest, hyps: list[Hypothesis]) -> Translation:
+        return Translation(
+            source=request.sentence.text,
+            source_tokens=request.sentence.pieces,
+            hypotheses=[self.to_hypothesis(request, h) for h in hyps],
+        )
+
+    def to_hypothesis(self, request: DecodeRequest, hyp: Hypothesis) -> TranslationHypothesis:
+        pieces = self.tgt_tok.pieces(hyp.tokens)
+        return TranslationHypothesis(
+            text=self.tgt_tok.decode(hyp.tokens),
+            tokens=pieces,
+            token_ids=list(hyp.tokens),
+            score=float(hyp.score),
+            log_prob=float(hyp.log_prob),
+            alignment=make_alignment(hyp.attention, request.sentence.pieces, pieces, request.alignment),
+            finished=hyp.finished_by_eos,
+        )
+
+
+def make_alignment(
+    matrix: np.ndarray | None, src_pieces: list[str], tgt_pieces: list[str], mode: AlignmentMode
+) -> Alignment | None:
+    if mode == "none" or matrix is None:
+        return None
+    if mode == "word":
+        matrix, src_pieces, tgt_pieces = align.merge_subwords(matrix, src_pieces, tgt_pieces)
+    return Alignment(matrix=matrix, source_tokens=src_pieces, target_tokens=tgt_pieces, pharaoh=align.pharaoh(matrix))
+
+
+class RunningBatch:
+    """Sentences decoding together with K hypothesis slots each; sentences join and leave between steps."""
+
+    def __init__(self, engine: Engine, beam_size: int) -> None:
+        self.engine = engine
+        self.decoder: OnnxDecoder = engine.model.new_decoder()
+        cfg = engine.cfg
+        self.search = BeamSearch(self.decoder, beam_size, cfg.bos_id, cfg.eos_id, vocab_size=cfg.tgt_vocab_size)
+        self.requests: dict[Hashable, DecodeRequest] = {}
+
+    @property
+    def beam_size(self) -> int:
+        return self.search.beam_size
+
+    def __len__(self) -> int:
+        return len(self.search)
+
+    @property
+    def num_hypotheses(self) -> int:
+        return len(self.search) * self.search.beam_size
+
+    def add(self, requests: Sequence[DecodeRequest]) -> None:
+        """Encode the joining sentences in one call and append them to the batch."""
+        if not requests:
+            return
+        src, lengths = pad_ids([r.sentence.ids for r in requests])
+        encoded = self.engine.model.encode(src, lengths)
+        first_row = self.decoder.add_sentences(encoded)
+        for i, request in enumerate(requests):
+            options = request.options
+            want_attention = request.alignment != "none"
+            if options.return_attention != want_attention:
+                options = replace(options, return_attention=want_attention)
+            self.search.add(request.key, len(request.sentence.ids), options, state_row=first_row + i)
+            self.requests[request.key] = request
+
+    def step(self) -> list[tuple[Hashable, Translation]]:
+        """One decoder call for every hypothesis; returns the sentences that finished at this step."""
+        finished = self.search.step()
+        return [(key, self.engine.to_translation(self.requests.pop(key), hyps)) for key, hyps in finished]
+
+
+def pad_ids(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists → src (B, S) int64 padded with PAD, lengths (B,) int64."""
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)  # (B,)
+    src = np.full((len(rows), int(lengths.max())), PAD_ID, dtype=np.int64)  # (B, S)
+    for i, r in enumerate(rows):
+        src[i, : len(r)] = r
+    return src, lengths

@@ -1,0 +1,133 @@
+"""Translate lines from stdin with a model bundle, no server needed.
+
+    echo "ninety-seven" | s2s-translate --bundle models/default
+    s2s-translate --align < input.txt           # translation<TAB>Pharaoh alignment
+    s2s-translate --json --nbest 3 < input.txt  # one JSON object per line, with the matrices
+    s2s-translate --heatmap out.png <<< "March 5, 2021"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from service.beam import SearchOptions
+from service.bundle import BundleError
+from service.config import RuntimeConfig
+from service.engine import Engine, InvalidInput, Translation
+from service.heatmap import save_heatmap_png
+
+DEFAULT_BUNDLE = Path(__file__).resolve().parent.parent / "models" / "default"
+
+
+def translation_to_json(t: Translation) -> dict[str, Any]:
+    return {
+        "source": t.source,
+        "source_tokens": t.source_tokens,
+        "hypotheses": [
+            {
+                "text": h.text,
+                "tokens": h.tokens,
+                "score": h.score,
+                "log_prob": h.log_prob,
+                "finished": h.finished,
+                "alignment": None
+                if h.alignment is None
+                else {
+                    "source_tokens": h.alignment.source_tokens,
+                    "target_tokens": h.alignment.target_tokens,
+                    "matrix": h.alignment.matrix.round(5).tolist(),
+                    "pharaoh": h.alignment.pharaoh,
+                },
+            }
+            for h in t.hypotheses
+        ],
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bundle", type=Path, default=DEFAULT_BUNDLE, help="model bundle directory (default: %(default)s)")
+    p.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
+    p.add_argument("--nbest", type=int, default=1)
+    p.add_argument("--length-penalty", type=float, default=0.0, help="GNMT alpha")
+    p.add_argument("--coverage-penalty", type=float, default=0.0, help="GNMT beta")
+    p.add_argument("--max-len-a", type=float, default=2.0)
+    p.add_argument("--max-len-b", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=32, help="sentences decoded together")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--align", action="store_true", help="print translation<TAB>Pharaoh alignment")
+    out.add_argument("--json", action="store_true", help="print JSON with the alignment matrices")
+    p.add_argument("--word-level", action="store_true", help="merge subwords into words in alignments")
+    p.add_argument("--heatmap", type=Path, help="save the first sentence's attention matrix as a PNG")
+    p.add_argument("--providers", default="CUDAExecutionProvider,CPUExecutionProvider")
+    p.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0 = all cores)")
+    p.add_argument("--int8", action="store_true", help="use the int8 decoder graph")
+    return p.parse_args(argv)
+
+
+def format_line(t: Translation, args: argparse.Namespace) -> str:
+    if args.json:
+        return json.dumps(translation_to_json(t), ensure_ascii=False)
+    lines = []
+    for h in t.hypotheses:
+        text = h.text if args.nbest == 1 else f"{h.score:.4f}\t{h.text}"
+        lines.append(f"{text}\t{h.alignment.pharaoh}" if args.align and h.alignment else text)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        runtime = RuntimeConfig(providers=tuple(args.providers.split(",")), intra_op_threads=args.threads, int8_decoder=args.int8)
+        engine = Engine.load(args.bundle, runtime)
+        options = SearchOptions(
+            beam_size=args.beam,
+            n_best=args.nbest,
+            max_len_a=args.max_len_a,
+            max_len_b=args.max_len_b,
+            length_penalty=args.length_penalty,
+            coverage_penalty=args.coverage_penalty,
+        )
+    except (BundleError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    want_alignment = args.align or args.json or args.heatmap is not None
+    mode = ("word" if args.word_level else "subword") if want_alignment and engine.supports_alignment else "none"
+    lines = [line.rstrip("\n") for line in sys.stdin]
+    status = 0
+    for start in range(0, len(lines), args.batch_size):
+        chunk = lines[start : start + args.batch_size]
+        try:
+            results = engine.translate(chunk, options, mode)
+        except InvalidInput:
+            results = translate_one_by_one(engine, chunk, options, mode)
+            status = 1
+        for line_no, result in enumerate(results, start=start + 1):
+            if result is None:
+                print("")
+                continue
+            print(format_line(result, args))
+            if args.heatmap and line_no == 1 and result.hypotheses[0].alignment is not None:
+                a = result.hypotheses[0].alignment
+                save_heatmap_png(a.matrix, a.source_tokens, a.target_tokens, args.heatmap, title=result.source)
+    return status
+
+
+def translate_one_by_one(engine: Engine, lines: list[str], options: SearchOptions, mode: Any) -> list[Translation | None]:
+    """Fallback when a chunk holds a bad line: report each bad line on stderr, translate the rest."""
+    out: list[Translation | None] = []
+    for line in lines:
+        try:
+            out.append(engine.translate([line], options, mode)[0])
+        except InvalidInput as err:
+            print(f"error: {err}: {line[:60]!r}", file=sys.stderr)
+            out.append(None)
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""Shared fixtures: a tiny model (random weights, real tokenizers) exported as a bundle, once per session."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from export.checkpoint import save_checkpoint
+from export.corpus import generate_splits
+from export.model import Seq2Seq
+from export.to_onnx import export_bundle
+from export.tokenizer import train_tokenizers
+from service.architecture import ModelConfig
+from service.tokenizer import Tokenizer
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_BUNDLE = REPO / "models" / "default"
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    checkpoint: Path
+    bundle: Path
+    model: Seq2Seq
+    src_tok: Tokenizer
+    tgt_tok: Tokenizer
+    sources: list[str]
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """A randomly initialised additive-attention GRU model with real tokenizers, as checkpoint and bundle."""
+    root = tmp_path_factory.mktemp("tiny")
+    pairs = generate_splits(seed=7, n_train=400, n_dev=10, n_test=10, n_test_long=2)["train"]
+    src_path, tgt_path = train_tokenizers(pairs, root, src_vocab=120, tgt_vocab=140)
+    src_tok, tgt_tok = Tokenizer.load(src_path), Tokenizer.load(tgt_path)
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, emb_dim=16, enc_hidden=16, dec_hidden=32, attn_dim=16
+    )
+    model = Seq2Seq(cfg).eval()
+    checkpoint = root / "tiny.pt"
+    save_checkpoint(checkpoint, model)
+    bundle = export_bundle(checkpoint, root, root / "bundle", name="tiny", version="0.0.1", int8=True)
+    return TinyModel(checkpoint, bundle, model, src_tok, tgt_tok, [s for s, _ in pairs[:40]])

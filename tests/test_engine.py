@@ -1,0 +1,122 @@
+"""The engine over ONNX Runtime: equals the PyTorch reference, batch-invariant, alignments well-formed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from export.torch_decoder import TorchDecoder
+from service.beam import SearchOptions, beam_search
+from service.config import EngineLimits, RuntimeConfig
+from service.engine import DecodeRequest, Engine, InvalidInput, pad_ids
+from tests.conftest import TinyModel
+
+SCORE_TOL = 1e-4  # fp32 kernels differ between ONNX Runtime and PyTorch, and with the batch's shape
+
+
+@pytest.fixture(scope="module")
+def engine(tiny: TinyModel) -> Engine:
+    return Engine.load(tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1))
+
+
+def options(beam: int, n_best: int = 1, **kw: float) -> SearchOptions:
+    return SearchOptions(beam_size=beam, n_best=n_best, max_len_a=1.0, max_len_b=5, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_onnx_decode_equals_pytorch_reference(engine: Engine, tiny: TinyModel, beam: int) -> None:
+    sources = tiny.sources[:8]
+    opts = options(beam, n_best=min(beam, 2))
+    got = engine.translate(sources, opts, alignment="subword")
+    src, lengths = pad_ids([tiny.src_tok.encode(s) for s in sources])
+    decoder = TorchDecoder(tiny.model, src, lengths)
+    ref = beam_search(decoder, lengths.tolist(), opts, tiny.model.cfg.bos_id, tiny.model.cfg.eos_id, tiny.model.cfg.tgt_vocab_size)
+    for translation, ref_hyps in zip(got, ref, strict=True):
+        assert [h.token_ids for h in translation.hypotheses] == [h.tokens for h in ref_hyps]
+        for h, r in zip(translation.hypotheses, ref_hyps, strict=True):
+            assert h.score == pytest.approx(r.score, abs=SCORE_TOL)
+
+
+def test_beam_one_equals_greedy(engine: Engine, tiny: TinyModel) -> None:
+    import torch
+
+    sources = tiny.sources[:10]
+    got = engine.translate(sources, options(1), alignment="none")
+    for source, translation in zip(sources, got, strict=True):
+        ids = tiny.src_tok.encode(source)
+        max_len = options(1).max_len(len(ids))
+        greedy = tiny.model.greedy(torch.tensor([ids]), torch.tensor([len(ids)]), max_len)[0]
+        assert translation.hypotheses[0].token_ids == greedy
+
+
+def test_sentence_decodes_the_same_alone_and_in_a_batch(engine: Engine, tiny: TinyModel) -> None:
+    sources = sorted(tiny.sources[:12], key=len)  # lengths differ across the batch
+    opts = options(3, n_best=3)
+    batch = engine.translate(sources, opts)
+    for source, in_batch in zip(sources, batch, strict=True):
+        alone = engine.translate([source], opts)[0]
+        assert [h.token_ids for h in alone.hypotheses] == [h.token_ids for h in in_batch.hypotheses]
+        assert [h.score for h in alone.hypotheses] == pytest.approx([h.score for h in in_batch.hypotheses], abs=SCORE_TOL)
+
+
+def test_sentence_joining_a_running_batch_decodes_as_alone(engine: Engine, tiny: TinyModel) -> None:
+    opts = options(3, n_best=2)
+    early, late = tiny.sources[20:24], tiny.sources[24]
+    batch = engine.new_batch(3)
+    batch.add([DecodeRequest(i, engine.prepare(s), opts) for i, s in enumerate(early)])
+    results = dict(batch.step())
+    results.update(batch.step())
+    batch.add([DecodeRequest("late", engine.prepare(late), opts)])
+    while len(batch):
+        results.update(batch.step())
+    alone = engine.translate([late], opts)[0]
+    assert [h.token_ids for h in results["late"].hypotheses] == [h.token_ids for h in alone.hypotheses]
+
+
+def test_nbest_sorted_and_distinct(engine: Engine, tiny: TinyModel) -> None:
+    for translation in engine.translate(tiny.sources[:6], options(5, n_best=5)):
+        scores = [h.score for h in translation.hypotheses]
+        assert scores == sorted(scores, reverse=True)
+        seqs = [tuple(h.token_ids) for h in translation.hypotheses]
+        assert len(seqs) == len(set(seqs)) == 5
+
+
+def test_alignment_rows_sum_to_one_and_match_tokens(engine: Engine, tiny: TinyModel) -> None:
+    for translation in engine.translate(tiny.sources[:6], options(3, n_best=2), alignment="subword"):
+        for h in translation.hypotheses:
+            a = h.alignment
+            assert a is not None
+            assert a.matrix.shape == (len(h.tokens), len(translation.source_tokens))
+            assert a.target_tokens == h.tokens and a.source_tokens == translation.source_tokens
+            assert np.allclose(a.matrix.sum(axis=1), 1.0, atol=1e-5)
+            assert len(a.pharaoh.split()) == len(h.tokens)
+
+
+def test_word_level_alignment(engine: Engine, tiny: TinyModel) -> None:
+    source = "ninety-seven and March 5, 2021"
+    translation = engine.translate([source], options(2), alignment="word")[0]
+    a = translation.hypotheses[0].alignment
+    assert a is not None
+    assert a.source_tokens == source.split()
+    assert a.matrix.shape == (len(a.target_tokens), len(a.source_tokens))
+    if a.matrix.size:
+        assert np.allclose(a.matrix.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_empty_and_overlong_inputs_are_refused(tiny: TinyModel) -> None:
+    engine = Engine.load(tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",)), EngineLimits(max_source_tokens=10))
+    for bad in ("", "   \t\n"):
+        with pytest.raises(InvalidInput, match="empty"):
+            engine.translate([bad])
+    with pytest.raises(InvalidInput, match="over the limit of 10"):
+        engine.translate(["one two three four five six seven eight nine ten eleven twelve"])
+    with pytest.raises(InvalidInput, match="no texts"):
+        engine.translate([])
+    with pytest.raises(InvalidInput, match="beam_size"):
+        engine.translate(["one"], SearchOptions(beam_size=64))
+
+
+def test_int8_decoder_translates(tiny: TinyModel) -> None:
+    engine = Engine.load(tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",), int8_decoder=True))
+    translation = engine.translate(tiny.sources[:3], options(2))
+    assert all(len(t.hypotheses) == 1 for t in translation)
