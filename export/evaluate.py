@@ -34,13 +34,8 @@ from export.model import Seq2Seq
 from export.train import translate_greedy
 from service.tokenizer import Tokenizer, TokenizerError
 
-DEFAULT_EDGES: tuple[int, ...] = (
-    10,
-    20,
-    30,
-    40,
-    50,
-)  # bucket upper bounds; the last bucket is open
+# Bucket upper bounds in source tokens: 1-10, 11-20, 21-30, 31-40, 41-50, 51+.
+DEFAULT_EDGES: tuple[int, ...] = (10, 20, 30, 40, 50)
 METRICS_FILE = "metrics.json"
 BUCKETS_FILE = "buckets.md"
 BLEU_PLOT_FILE = "bleu_by_length.png"
@@ -349,6 +344,11 @@ def load_tokenizers(folder: Path, model: Seq2Seq) -> tuple[Tokenizer, Tokenizer]
     return src_tok, tgt_tok
 
 
+def longest_source(path: Path, src_tok: Tokenizer) -> int:
+    """Length in source tokens of the longest source sentence of a split."""
+    return max((len(src_tok.encode(s)) for s, _ in read_split(path)), default=0)
+
+
 def heatmap_source(
     args: argparse.Namespace, test: Sequence[tuple[str, str]]
 ) -> tuple[str, str] | None:
@@ -391,9 +391,7 @@ def run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if not test:
         raise EvaluationError(f"{args.test} holds no sentence pairs")
     heatmap = heatmap_source(args, test)
-    max_train = (
-        max(len(src_tok.encode(s)) for s, _ in read_split(args.train)) if args.train else None
-    )
+    max_train = longest_source(args.train, src_tok) if args.train else None
     sources = [src_tok.encode(s) for s, _ in test]
     hyps = translate_greedy(model, sources, tgt_tok, device, batch_size=args.batch_size)
     metrics = {

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
@@ -542,14 +542,26 @@ class BeamSearch:
         """Drop the done sentences from the batch and the decoder; return their n-best lists."""
         if not done.any():
             return []
-        K = self._K
         results = [(s.id, s.n_best()) for s, d in zip(self._sentences, done, strict=True) if d]
+        self._drop(done)
+        return results
+
+    def remove(self, sentence_ids: Collection[Hashable]) -> list[Hashable]:
+        """Drop sentences before they finish (cancelled, deadline passed); returns the ids removed."""
+        drop = np.array([s.id in sentence_ids for s in self._sentences], bool)  # (B,)
+        removed = [s.id for s, d in zip(self._sentences, drop, strict=True) if d]
+        if removed:
+            self._drop(drop)
+        return removed
+
+    def _drop(self, done: np.ndarray) -> None:
+        """Remove the sentences done (B,) marks from the beams, the batch and the decoder."""
+        K = self._K
         keep = np.flatnonzero(~done)  # (B',) int64
         rows = (keep[:, None] * K + np.arange(K)).reshape(-1)  # (B'*K,)
         self._beams = self._beams.select(rows)
         self._sentences = [self._sentences[b] for b in keep]
         self._decoder.keep_sentences(keep)
-        return results
 
 
 def beam_search(

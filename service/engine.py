@@ -8,7 +8,7 @@ every `step()` advances all their hypotheses with one decoder call, and finished
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -213,6 +213,13 @@ class RunningBatch:
                 options = replace(options, return_attention=want_attention)
             self.search.add(request.key, len(request.sentence.ids), options, state_row=first_row + i)
             self.requests[request.key] = request
+
+    def remove(self, keys: Collection[Hashable]) -> list[Hashable]:
+        """Drop sentences mid-decode (their client went away); returns the keys that were here."""
+        removed = self.search.remove(keys)
+        for key in removed:
+            del self.requests[key]
+        return removed
 
     def step(self) -> list[tuple[Hashable, Translation]]:
         """One decoder call for every hypothesis; returns the sentences that finished at this step."""

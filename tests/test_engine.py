@@ -120,3 +120,23 @@ def test_int8_decoder_translates(tiny: TinyModel) -> None:
     engine = Engine.load(tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",), int8_decoder=True))
     translation = engine.translate(tiny.sources[:3], options(2))
     assert all(len(t.hypotheses) == 1 for t in translation)
+
+
+def test_removed_sentences_leave_and_the_rest_are_unaffected(
+    engine: Engine, tiny: TinyModel
+) -> None:
+    opts = options(2, n_best=2)
+    sources = tiny.sources[30:34]
+    batch = engine.new_batch(2)
+    batch.add([DecodeRequest(i, engine.prepare(s), opts) for i, s in enumerate(sources)])
+    results = dict(batch.step())
+    assert batch.remove({1, 3, "absent"}) == [k for k in (1, 3) if k not in results]
+    while len(batch):
+        results.update(batch.step())
+    expected = engine.translate([sources[0], sources[2]], opts)
+    assert [h.token_ids for h in results[0].hypotheses] == [
+        h.token_ids for h in expected[0].hypotheses
+    ]
+    assert [h.token_ids for h in results[2].hypotheses] == [
+        h.token_ids for h in expected[1].hypotheses
+    ]

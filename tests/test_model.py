@@ -134,7 +134,7 @@ def reversal_pairs(n: int = 30, seed: int = 0) -> list[tuple[list[int], list[int
     ("rnn", "attention", "style"), [("gru", "additive", "bahdanau"), ("lstm", "general", "luong")]
 )
 def test_tiny_model_learns_to_reverse_30_sequences(rnn: str, attention: str, style: str) -> None:
-    """150 full-batch Adam steps: loss falls below 5% of its start, greedy gets >= 29 of 30 exactly."""
+    """100 full-batch Adam steps: loss falls below 2% of its start, greedy gets >= 29 of 30 exactly."""
     pairs = reversal_pairs()
     model = make_model(make_cfg(rnn, attention, style, enc_hidden=16, dec_hidden=32, attn_dim=16))
     batch = make_batch(pairs)
@@ -142,17 +142,17 @@ def test_tiny_model_learns_to_reverse_30_sequences(rnn: str, attention: str, sty
     loss_fn = nn.CrossEntropyLoss(ignore_index=model.cfg.pad_id)
     model.train()
     losses = []
-    for _ in range(150):
+    for _ in range(100):
         logits = model(batch.src, batch.lengths, batch.tgt_in)  # (B, T, V)
         loss = loss_fn(logits.reshape(-1, VOCAB), batch.tgt_out.reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     model.eval()
     outputs = model.greedy(batch.src, batch.lengths, max_len=12)
     correct = sum(out == tgt for out, (_, tgt) in zip(outputs, pairs, strict=True))
-    assert losses[-1] < 0.05 * losses[0], losses[::25]
+    assert losses[-1] < 0.02 * losses[0], losses[::20]
     assert correct >= 29, f"{correct}/30 reversed correctly"
 
 

@@ -1,0 +1,390 @@
+"""Python client and command line for the Translator gRPC service.
+
+    python -m service.client --server localhost:50051 "ninety-seven"
+    echo "March 5, 2021" | python -m service.client --server localhost:50051 --align word
+    python -m service.client --server dns:///s2s-headless:50051 --round-robin --json --nbest 3 "..."
+    python -m service.client --server s2s.example:443 --tls-ca ca.pem --tls-cert me.pem --tls-key me.key "..."
+
+`TranslatorClient` hides protobuf: it returns `ClientTranslation` dataclasses with numpy alignment
+matrices. gRPC failures propagate as `grpc.RpcError` (use `.code()` and `.details()`); the CLI prints
+them as `error: <CODE>: <details>` and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+
+from proto.translation.v1 import translation_pb2 as pb
+from proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from service.alignment import render_text_heatmap
+from service.heatmap import save_heatmap_png
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+ROUND_ROBIN_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+ALIGNMENT_MODES: dict[str, pb.AlignmentMode] = {
+    "none": pb.ALIGNMENT_MODE_NONE,
+    "subword": pb.ALIGNMENT_MODE_SUBWORD,
+    "word": pb.ALIGNMENT_MODE_WORD,
+}
+
+
+# --- plain results ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientAlignment:
+    matrix: np.ndarray  # (rows, cols) float32: row t is target token t's attention over the source
+    source_tokens: list[str]
+    target_tokens: list[str]
+    pharaoh: str  # hard alignment "src-tgt ..." (argmax per target token)
+
+
+@dataclass(frozen=True)
+class ClientHypothesis:
+    text: str
+    tokens: list[str]
+    score: float  # normalized score that ranks the n-best list
+    log_prob: float  # sum of token log-probabilities
+    finished: bool  # False when cut at the maximum length
+    alignment: ClientAlignment | None  # None unless asked for (and the model has attention)
+
+
+@dataclass(frozen=True)
+class ClientTranslation:
+    source: str  # the text sent
+    source_tokens: list[str]
+    hypotheses: list[ClientHypothesis]  # best first
+
+    @property
+    def best(self) -> ClientHypothesis:
+        return self.hypotheses[0]
+
+
+# --- protobuf <-> plain converters ------------------------------------------------------------
+
+
+def decoding_options_to_pb(
+    *,
+    beam_size: int | None = None,
+    n_best: int | None = None,
+    max_length: int | None = None,
+    length_penalty: float | None = None,
+    coverage_penalty: float | None = None,
+    alignment: str = "none",
+) -> pb.DecodingOptions:
+    """DecodingOptions with only the given fields set (unset = the server's default)."""
+    if alignment not in ALIGNMENT_MODES:
+        raise ValueError(f"alignment must be one of {tuple(ALIGNMENT_MODES)}, got {alignment!r}")
+    options = pb.DecodingOptions(alignment=ALIGNMENT_MODES[alignment])
+    if beam_size is not None:
+        options.beam_size = beam_size
+    if n_best is not None:
+        options.n_best = n_best
+    if max_length is not None:
+        options.max_length = max_length
+    if length_penalty is not None:
+        options.length_penalty = length_penalty
+    if coverage_penalty is not None:
+        options.coverage_penalty = coverage_penalty
+    return options
+
+
+def alignment_from_pb(message: pb.Alignment) -> ClientAlignment | None:
+    """The packed row-major weights as a (rows, cols) matrix; None for an empty alignment."""
+    rows, cols = message.rows, message.cols
+    if rows == 0 or cols == 0:
+        return None
+    if len(message.weights) != rows * cols:
+        raise ValueError(f"alignment has {len(message.weights)} weights, expected {rows} x {cols}")
+    matrix = np.asarray(message.weights, dtype=np.float32).reshape(rows, cols)  # (rows, cols)
+    return ClientAlignment(
+        matrix=matrix,
+        source_tokens=list(message.source_tokens),
+        target_tokens=list(message.target_tokens),
+        pharaoh=message.pharaoh,
+    )
+
+
+def hypothesis_from_pb(message: pb.Hypothesis) -> ClientHypothesis:
+    alignment = alignment_from_pb(message.alignment) if message.HasField("alignment") else None
+    return ClientHypothesis(
+        text=message.text,
+        tokens=list(message.tokens),
+        score=message.score,
+        log_prob=message.log_prob,
+        finished=message.finished,
+        alignment=alignment,
+    )
+
+
+def translation_from_pb(message: pb.Translation, source: str = "") -> ClientTranslation:
+    return ClientTranslation(
+        source=source,
+        source_tokens=list(message.source_tokens),
+        hypotheses=[hypothesis_from_pb(h) for h in message.hypotheses],
+    )
+
+
+def model_info_from_pb(message: pb.ModelInfo) -> dict[str, Any]:
+    """ModelInfo as a dict with proto field names; `architecture_json` also parsed as `architecture`."""
+    info = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    if message.architecture_json:
+        info["architecture"] = json.loads(message.architecture_json)
+    return info
+
+
+def translation_to_json(t: ClientTranslation) -> dict[str, Any]:
+    """A JSON-ready dict, matrices as nested lists rounded to 5 decimals."""
+
+    def alignment_json(a: ClientAlignment | None) -> dict[str, Any] | None:
+        if a is None:
+            return None
+        return {
+            "source_tokens": a.source_tokens,
+            "target_tokens": a.target_tokens,
+            "matrix": a.matrix.round(5).tolist(),
+            "pharaoh": a.pharaoh,
+        }
+
+    return {
+        "source": t.source,
+        "source_tokens": t.source_tokens,
+        "hypotheses": [
+            {
+                "text": h.text,
+                "tokens": h.tokens,
+                "score": h.score,
+                "log_prob": h.log_prob,
+                "finished": h.finished,
+                "alignment": alignment_json(h.alignment),
+            }
+            for h in t.hypotheses
+        ],
+    }
+
+
+# --- the client -------------------------------------------------------------------------------
+
+
+def _read(path: str | None) -> bytes | None:
+    return None if path is None else Path(path).read_bytes()
+
+
+def channel_credentials(
+    tls_ca: str | None, tls_cert: str | None, tls_key: str | None
+) -> grpc.ChannelCredentials | None:
+    """TLS credentials from PEM files (None = plaintext); a client cert and key give mutual TLS.
+
+    Without tls_ca the system's root certificates verify the server.
+    """
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("mutual TLS needs both tls_cert and tls_key")
+    if tls_ca is None and tls_cert is None:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(tls_ca), private_key=_read(tls_key), certificate_chain=_read(tls_cert)
+    )
+
+
+def channel_options(max_message_bytes: int, round_robin: bool) -> list[tuple[str, Any]]:
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+    if round_robin:  # spread calls over every address the resolver returns (dns:/// + headless service)
+        options.append(("grpc.service_config", ROUND_ROBIN_SERVICE_CONFIG))
+    return options
+
+
+class TranslatorClient:
+    """A channel to one Translator service. Every call raises grpc.RpcError on failure."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout: float = 30.0,
+        round_robin: bool = False,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        credentials = channel_credentials(tls_ca, tls_cert, tls_key)
+        options = channel_options(max_message_bytes, round_robin)
+        if credentials is None:
+            self.channel = grpc.insecure_channel(target, options=options)
+        else:
+            self.channel = grpc.secure_channel(target, credentials, options=options)
+        self._stub = pb_grpc.TranslatorStub(self.channel)
+
+    def translate(
+        self,
+        texts: Sequence[str],
+        *,
+        beam_size: int | None = None,
+        n_best: int | None = None,
+        max_length: int | None = None,
+        length_penalty: float | None = None,
+        coverage_penalty: float | None = None,
+        alignment: str = "none",
+        timeout: float | None = None,
+        request_id: str = "",
+    ) -> list[ClientTranslation]:
+        """One translation per text, in order. Unset options take the server's defaults.
+
+        alignment is "none", "subword" or "word"; timeout (seconds) defaults to the client's.
+        Raises grpc.RpcError (e.g. INVALID_ARGUMENT, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED).
+        """
+        options = decoding_options_to_pb(
+            beam_size=beam_size,
+            n_best=n_best,
+            max_length=max_length,
+            length_penalty=length_penalty,
+            coverage_penalty=coverage_penalty,
+            alignment=alignment,
+        )
+        request = pb.TranslateRequest(texts=list(texts), options=options, request_id=request_id)
+        response = self._stub.Translate(request, timeout=self.timeout if timeout is None else timeout)
+        if len(response.translations) != len(texts):
+            raise ValueError(f"server returned {len(response.translations)} translations for {len(texts)} texts")
+        return [translation_from_pb(t, s) for t, s in zip(response.translations, texts, strict=True)]
+
+    def model_info(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """The served model's name, version, architecture, limits and defaults. Raises grpc.RpcError."""
+        info = self._stub.GetModelInfo(pb.ModelInfoRequest(), timeout=self.timeout if timeout is None else timeout)
+        return model_info_from_pb(info)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> TranslatorClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m service.client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: one per stdin line)")
+    p.add_argument("--server", default="localhost:50051", help="gRPC target (default: %(default)s)")
+    p.add_argument("--beam", type=int, help="beam size (1 = greedy; default: the server's)")
+    p.add_argument("--nbest", type=int, help="hypotheses per text (default: the server's)")
+    p.add_argument("--max-length", type=int, help="maximum target tokens")
+    p.add_argument("--length-penalty", type=float, help="GNMT alpha")
+    p.add_argument("--coverage-penalty", type=float, help="GNMT beta")
+    p.add_argument("--align", choices=("subword", "word"), help="also print the Pharaoh alignment and a text heatmap")
+    p.add_argument("--heatmap", type=Path, help="save the first sentence's alignment matrix as a PNG")
+    p.add_argument("--json", action="store_true", help="print one JSON object per text")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default: %(default)s)")
+    p.add_argument("--round-robin", action="store_true", help="balance over every resolved address (dns:///...)")
+    p.add_argument("--tls-ca", help="PEM root certificate(s) that verify the server (enables TLS)")
+    p.add_argument("--tls-cert", help="PEM client certificate for mutual TLS (with --tls-key)")
+    p.add_argument("--tls-key", help="PEM client private key for mutual TLS (with --tls-cert)")
+    args = p.parse_args(argv)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        p.error("--tls-cert and --tls-key go together")
+    return args
+
+
+def alignment_mode(args: argparse.Namespace) -> str:
+    """--align's mode; a --heatmap alone asks for subword alignments."""
+    if args.align:
+        return str(args.align)
+    return "subword" if args.heatmap else "none"
+
+
+def read_texts(args: argparse.Namespace) -> list[str]:
+    """The TEXT arguments, else the non-blank stdin lines."""
+    if args.texts:
+        return list(args.texts)
+    return [line.rstrip("\n") for line in sys.stdin if line.strip()]
+
+
+def format_hypothesis(h: ClientHypothesis, show_score: bool, show_alignment: bool) -> str:
+    lines = [f"{h.score:.4f}\t{h.text}" if show_score else h.text]
+    if show_alignment and h.alignment is not None:
+        a = h.alignment
+        lines.append(a.pharaoh)
+        lines.append(render_text_heatmap(a.matrix, a.source_tokens, a.target_tokens))
+    return "\n".join(lines)
+
+
+def format_translation(t: ClientTranslation, args: argparse.Namespace) -> str:
+    if args.json:
+        return json.dumps(translation_to_json(t), ensure_ascii=False)
+    show_score = len(t.hypotheses) > 1
+    return "\n".join(format_hypothesis(h, show_score, args.align is not None) for h in t.hypotheses)
+
+
+def save_first_heatmap(translations: list[ClientTranslation], path: Path) -> Path:
+    """The first sentence's best alignment as a PNG; ValueError when the response has none."""
+    first = translations[0].best if translations and translations[0].hypotheses else None
+    if first is None or first.alignment is None:
+        raise ValueError("the response has no alignment to draw (does the model have attention?)")
+    a = first.alignment
+    return save_heatmap_png(a.matrix, a.source_tokens, a.target_tokens, path, title=first.text)
+
+
+def run(args: argparse.Namespace) -> int:
+    texts = read_texts(args)
+    if not texts:
+        print("error: no texts to translate (give TEXT arguments or lines on stdin)", file=sys.stderr)
+        return 2
+    client_options = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    with TranslatorClient(args.server, timeout=args.timeout, round_robin=args.round_robin, **client_options) as client:
+        translations = client.translate(
+            texts,
+            beam_size=args.beam,
+            n_best=args.nbest,
+            max_length=args.max_length,
+            length_penalty=args.length_penalty,
+            coverage_penalty=args.coverage_penalty,
+            alignment=alignment_mode(args),
+        )
+    for t in translations:
+        print(format_translation(t, args))
+    if args.heatmap:
+        print(f"heatmap saved to {save_first_heatmap(translations, args.heatmap)}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except grpc.RpcError as err:
+        code = err.code().name if isinstance(err, grpc.Call) else "UNKNOWN"
+        details = err.details() if isinstance(err, grpc.Call) else str(err)
+        print(f"error: {code}: {details}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

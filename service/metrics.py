@@ -1,0 +1,203 @@
+"""Every Prometheus metric the server exports, built on an injected registry.
+
+Names follow Prometheus conventions (base unit seconds, `_total` on counters); every label set is
+bounded and declared up front (METHODS, CODES, REJECT_REASONS), and each labelled series is created
+at zero when `Metrics` is built, so dashboards see it before the first event. The call sites use the
+small typed methods below, never the prometheus_client objects. `start_metrics_http_server` serves
+the registry, and only it, on its own port.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# --- bounded label values ---------------------------------------------------------------------
+
+METHODS: tuple[str, ...] = ("Translate", "GetModelInfo")
+CODES: tuple[str, ...] = (  # gRPC status names, as grpc.StatusCode.X.name
+    "OK",
+    "INVALID_ARGUMENT",
+    "RESOURCE_EXHAUSTED",
+    "DEADLINE_EXCEEDED",
+    "CANCELLED",
+    "UNAVAILABLE",
+    "INTERNAL",
+)
+REJECT_REASONS: tuple[str, ...] = (
+    "invalid_argument",
+    "queue_full",
+    "deadline_exceeded",
+    "cancelled",
+    "shutting_down",
+    "internal",
+)
+
+# --- buckets ----------------------------------------------------------------------------------
+
+REQUEST_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+QUEUE_WAIT_SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+STEP_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+BATCH_SENTENCES_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_HYPOTHESES_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def _check_label(kind: str, value: str, allowed: Sequence[str]) -> str:
+    """value if it is one of the declared label values, else ValueError (keeps label sets bounded)."""
+    if value not in allowed:
+        raise ValueError(f"{kind} label must be one of {tuple(allowed)}, got {value!r}")
+    return value
+
+
+class Metrics:
+    """The server's metrics on `registry` (a fresh CollectorRegistry when None, never the global one)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        # requests
+        self.request_duration = Histogram(
+            "s2s_request_duration_seconds",
+            "Time to answer one RPC, by method and gRPC status code.",
+            ["method", "code"],
+            buckets=REQUEST_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "s2s_requests_in_flight", "RPCs being handled now.", ["method"], registry=r
+        )
+        self.rejected = Counter(
+            "s2s_rejected_requests_total",
+            "Requests refused or abandoned before a full answer, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        # queue and batch
+        self.queue_wait = Histogram(
+            "s2s_queue_wait_seconds",
+            "Time a sentence waits from arrival until it joins a decoding batch.",
+            buckets=QUEUE_WAIT_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "s2s_queue_depth_sentences", "Sentences waiting to join a decoding batch.", registry=r
+        )
+        self.running = Gauge("s2s_running_sentences", "Sentences being decoded now.", registry=r)
+        self.batch_sentences = Histogram(
+            "s2s_batch_sentences",
+            "Sentences advanced by one decoder step.",
+            buckets=BATCH_SENTENCES_BUCKETS,
+            registry=r,
+        )
+        self.batch_hypotheses = Histogram(
+            "s2s_batch_hypotheses",
+            "Hypotheses (sentences x beam) advanced by one decoder step.",
+            buckets=BATCH_HYPOTHESES_BUCKETS,
+            registry=r,
+        )
+        # model calls
+        self.encoder_duration = Histogram(
+            "s2s_encoder_duration_seconds",
+            "Time of one encoder call (all sentences joining a batch).",
+            buckets=STEP_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.decoder_step_duration = Histogram(
+            "s2s_decoder_step_duration_seconds",
+            "Time of one decoder step over the running batch.",
+            buckets=STEP_SECONDS_BUCKETS,
+            registry=r,
+        )
+        # output
+        self.generated_tokens = Counter(
+            "s2s_generated_tokens_total", "Target tokens generated (best hypotheses).", registry=r
+        )
+        self.translated_sentences = Counter(
+            "s2s_translated_sentences_total", "Sentences translated to the end.", registry=r
+        )
+        self.model_info = Gauge(
+            "s2s_model_info",
+            "The served model; always 1.",
+            ["name", "version", "attention", "provider"],
+            registry=r,
+        )
+        self._create_labelled_series()
+
+    def _create_labelled_series(self) -> None:
+        """Create every declared label combination at zero."""
+        for method in METHODS:
+            self.in_flight.labels(method=method)
+            for code in CODES:
+                self.request_duration.labels(method=method, code=code)
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason=reason)
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def observe_request(self, method: str, code: str, seconds: float) -> None:
+        """One finished RPC: its method, gRPC status name (e.g. "OK") and duration in seconds."""
+        self.request_duration.labels(
+            method=_check_label("method", method, METHODS), code=_check_label("code", code, CODES)
+        ).observe(seconds)
+
+    @contextmanager
+    def track_in_flight(self, method: str) -> Iterator[None]:
+        """Count the RPC as in flight for the duration of the `with` block."""
+        gauge = self.in_flight.labels(method=_check_label("method", method, METHODS))
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
+
+    def reject(self, reason: str) -> None:
+        """One request refused or abandoned, for a reason in REJECT_REASONS."""
+        self.rejected.labels(reason=_check_label("reason", reason, REJECT_REASONS)).inc()
+
+    # --- queue and batch ----------------------------------------------------------------------
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        self.queue_wait.observe(seconds)
+
+    def set_queue_depth(self, sentences: int) -> None:
+        self.queue_depth.set(sentences)
+
+    def set_running(self, sentences: int) -> None:
+        self.running.set(sentences)
+
+    def observe_step(self, sentences: int, hypotheses: int, seconds: float) -> None:
+        """One decoder step over `sentences` sentences holding `hypotheses` beams, taking `seconds`."""
+        self.batch_sentences.observe(sentences)
+        self.batch_hypotheses.observe(hypotheses)
+        self.decoder_step_duration.observe(seconds)
+
+    def observe_encoder(self, seconds: float) -> None:
+        self.encoder_duration.observe(seconds)
+
+    # --- output -------------------------------------------------------------------------------
+
+    def add_generated(self, tokens: int, sentences: int) -> None:
+        """Count `tokens` generated target tokens over `sentences` finished sentences."""
+        self.generated_tokens.inc(tokens)
+        self.translated_sentences.inc(sentences)
+
+    def set_model_info(self, name: str, version: str, attention: str, provider: str) -> None:
+        """Describe the served model (the only s2s_model_info series afterwards)."""
+        self.model_info.clear()
+        self.model_info.labels(name=name, version=version, attention=attention, provider=provider).set(1)
+
+
+def start_metrics_http_server(
+    port: int, host: str, registry: CollectorRegistry
+) -> tuple[WSGIServer, int]:
+    """Serve `registry` in the Prometheus text format over HTTP from a daemon thread.
+
+    Only this registry's metrics are served (not the process-wide default registry, no other
+    endpoints). Port 0 picks a free port; the returned port is the one actually bound. Stop with
+    `server.shutdown()` then `server.server_close()`.
+    """
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server, int(server.server_address[1])

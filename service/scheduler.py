@@ -1,0 +1,165 @@
+"""The batching policy as a pure decision: who joins the running batches, which batch steps, when to wake.
+
+`decide` sees plain data (the waiting sentences, the running batches' sizes, the clock's reading) and
+returns a `Decision`; the worker applies it. Tests drive it with a fake clock.
+
+Running batches are grouped by beam size: every sentence in a batch has the same number of hypothesis
+slots, so one decoder call advances them all.
+
+Policies:
+- "none": one request at a time; its sentences decode together, nothing joins until it is done.
+- "request": request-level (static) batching: waiting sentences form a batch when it is full or the
+  oldest has waited `max_queue_delay_s`; the batch decodes to the end before the next one forms.
+- "iteration": iteration-level batching (Orca, TGI, vLLM): before every step, waiting sentences join
+  the running batch of their beam size while capacity allows; finished ones have already left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Policy = Literal["none", "request", "iteration"]
+POLICIES: tuple[str, ...] = ("none", "request", "iteration")
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    policy: Policy = "iteration"
+    max_batch_hypotheses: int = 320  # sentences × beam, summed over the running batches
+    max_batch_sentences: int = 128
+    max_queue_delay_s: float = 0.004  # request-level: how long the oldest sentence may wait for company
+    max_queue_sentences: int = 2048  # beyond this, new requests are refused (RESOURCE_EXHAUSTED)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"batching policy must be one of {POLICIES}, got {self.policy!r}")
+        if min(self.max_batch_hypotheses, self.max_batch_sentences, self.max_queue_sentences) < 1:
+            raise ValueError("batch and queue limits must be >= 1")
+        if self.max_queue_delay_s < 0:
+            raise ValueError("max_queue_delay_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A queued sentence, as the scheduler sees it."""
+
+    key: Hashable
+    request: Hashable
+    beam_size: int
+    arrived: float  # clock reading
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    expire: tuple[Hashable, ...] = ()  # waiting sentences whose deadline has passed
+    admit: tuple[Hashable, ...] = ()  # waiting sentences that join the batch of beam `admit_beam`
+    admit_beam: int | None = None
+    step: int | None = None  # the beam size of the batch to advance by one step
+    wake_at: float | None = None  # nothing to step: sleep until then (None: until work arrives)
+
+    @property
+    def idle(self) -> bool:
+        return self.step is None and not self.admit
+
+
+@dataclass
+class Groups:
+    """Sentences per running batch, keyed by beam size."""
+
+    sentences: dict[int, int] = field(default_factory=dict)
+
+    def hypotheses(self) -> int:
+        return sum(beam * n for beam, n in self.sentences.items())
+
+    def total(self) -> int:
+        return sum(self.sentences.values())
+
+
+def decide(
+    config: BatchingConfig,
+    now: float,
+    waiting: Sequence[Waiting],
+    running: Mapping[int, int],
+    last_stepped: int | None = None,
+) -> Decision:
+    """waiting in arrival order; running maps beam size → sentences decoding in that batch."""
+    expired = tuple(w.key for w in waiting if w.deadline is not None and w.deadline <= now)
+    alive = [w for w in waiting if w.deadline is None or w.deadline > now]
+    groups = Groups({beam: n for beam, n in running.items() if n > 0})
+    if config.policy == "iteration":
+        admit, beam = admit_fifo(config, alive, groups)
+    elif config.policy == "request":
+        admit, beam = admit_static_batch(config, now, alive, groups)
+    else:
+        admit, beam = admit_one_request(config, alive, groups)
+    if admit:
+        groups.sentences[beam] = groups.sentences.get(beam, 0) + len(admit)  # type: ignore[index]
+    step = next_group(groups, last_stepped)
+    wake_at = None
+    if step is None and alive and config.policy == "request":
+        wake_at = alive[0].arrived + config.max_queue_delay_s
+    return Decision(expire=expired, admit=admit, admit_beam=beam if admit else None, step=step, wake_at=wake_at)
+
+
+def fits(config: BatchingConfig, groups: Groups, beam: int, extra: int) -> bool:
+    return (
+        groups.hypotheses() + beam * extra <= config.max_batch_hypotheses
+        and groups.total() + extra <= config.max_batch_sentences
+    )
+
+
+def take_fifo(config: BatchingConfig, candidates: Sequence[Waiting], groups: Groups) -> tuple[Hashable, ...]:
+    """The longest arrival-order prefix of candidates (one beam size) that fits, at least one sentence
+    when nothing runs (a lone request larger than the limits must still make progress)."""
+    taken: list[Hashable] = []
+    for w in candidates:
+        if not fits(config, groups, w.beam_size, len(taken) + 1):
+            break
+        taken.append(w.key)
+    if not taken and candidates and groups.total() == 0:
+        taken.append(candidates[0].key)
+    return tuple(taken)
+
+
+def admit_fifo(config: BatchingConfig, alive: Sequence[Waiting], groups: Groups) -> tuple[tuple[Hashable, ...], int | None]:
+    """Iteration-level: the oldest waiting sentence's beam size joins, in arrival order, while it fits.
+    Nobody overtakes the oldest: if it does not fit, nothing joins until capacity frees up."""
+    if not alive:
+        return (), None
+    beam = alive[0].beam_size
+    return take_fifo(config, [w for w in alive if w.beam_size == beam], groups), beam
+
+
+def admit_static_batch(
+    config: BatchingConfig, now: float, alive: Sequence[Waiting], groups: Groups
+) -> tuple[tuple[Hashable, ...], int | None]:
+    """Request-level: only when nothing runs; when the batch is full or the oldest has waited long enough."""
+    if groups.total() or not alive:
+        return (), None
+    beam = alive[0].beam_size
+    same_beam = [w for w in alive if w.beam_size == beam]
+    batch = take_fifo(config, same_beam, groups)
+    full = len(batch) < len(same_beam) or not fits(config, groups, beam, len(batch) + 1)
+    if full or now - alive[0].arrived >= config.max_queue_delay_s:
+        return batch, beam
+    return (), None
+
+
+def admit_one_request(config: BatchingConfig, alive: Sequence[Waiting], groups: Groups) -> tuple[tuple[Hashable, ...], int | None]:
+    """No batching: the oldest request's sentences alone, once nothing else runs."""
+    if groups.total() or not alive:
+        return (), None
+    request = alive[0].request
+    return take_fifo(config, [w for w in alive if w.request == request], groups), alive[0].beam_size
+
+
+def next_group(groups: Groups, last_stepped: int | None) -> int | None:
+    """Round-robin over the running batches (by beam size), so no beam size starves another."""
+    beams = sorted(b for b, n in groups.sentences.items() if n > 0)
+    if not beams:
+        return None
+    later = [b for b in beams if last_stepped is None or b > last_stepped]
+    return later[0] if later else beams[0]

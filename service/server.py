@@ -1,0 +1,396 @@
+"""The gRPC server: translation.v1.Translator over grpc.aio, with health, reflection and metrics.
+
+    s2s-serve --bundle models/default --port 50051 --metrics-port 9090
+
+Protobuf stays here: requests are validated and converted to plain types, the worker decodes, and
+results are converted back. Life cycle: NOT_SERVING while the model loads and warms up, SERVING after;
+on SIGTERM NOT_SERVING again, new requests refused, accepted ones finished within the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from proto.translation.v1 import translation_pb2 as pb
+from proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from service.beam import SearchOptions
+from service.config import Settings, load_settings
+from service.engine import AlignmentMode, Engine, InvalidInput, Translation
+from service.errors import REJECT_REASON, status_for
+from service.metrics import Metrics, start_metrics_http_server
+from service.worker import Job, Worker
+
+log = logging.getLogger("s2s.server")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
+ALIGNMENT_FROM_PB: dict[int, AlignmentMode] = {
+    pb.ALIGNMENT_MODE_UNSPECIFIED: "none",
+    pb.ALIGNMENT_MODE_NONE: "none",
+    pb.ALIGNMENT_MODE_SUBWORD: "subword",
+    pb.ALIGNMENT_MODE_WORD: "word",
+}
+
+
+# --- protobuf ↔ plain types ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    texts: list[str]
+    options: SearchOptions
+    alignment: AlignmentMode
+
+
+def parse_request(request: pb.TranslateRequest, settings: Settings) -> ParsedRequest:
+    """Validate a TranslateRequest against the limits; InvalidInput says what to change."""
+    server, limits = settings.server, settings.limits
+    texts = list(request.texts)
+    if not texts:
+        raise InvalidInput("texts is empty: send at least one text to translate")
+    if len(texts) > server.max_texts:
+        raise InvalidInput(f"{len(texts)} texts in one request, over the limit of {server.max_texts}: split the request")
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise InvalidInput(f"texts[{i}] is empty or only whitespace")
+        if len(text) > server.max_text_chars:
+            raise InvalidInput(f"texts[{i}] has {len(text)} characters, over the limit of {server.max_text_chars}")
+    return ParsedRequest(texts, parse_options(request.options, settings), parse_alignment(request.options.alignment))
+
+
+def parse_options(o: pb.DecodingOptions, settings: Settings) -> SearchOptions:
+    d, limits = settings.decoding, settings.limits
+    beam = o.beam_size if o.HasField("beam_size") else d.beam_size
+    n_best = o.n_best if o.HasField("n_best") else d.n_best
+    max_length = o.max_length if o.HasField("max_length") else min(d.max_length, limits.max_target_tokens)
+    a = o.max_length_a if o.HasField("max_length_a") else d.max_len_a
+    b = o.max_length_b if o.HasField("max_length_b") else d.max_len_b
+    alpha = o.length_penalty if o.HasField("length_penalty") else d.length_penalty
+    beta = o.coverage_penalty if o.HasField("coverage_penalty") else d.coverage_penalty
+    check_range("beam_size", beam, 1, limits.max_beam_size)
+    check_range("n_best", n_best, 1, beam, f"n_best ({n_best}) must be between 1 and beam_size ({beam})")
+    check_range("max_length", max_length, 1, limits.max_target_tokens)
+    for name, value in (("max_length_a", a), ("length_penalty", alpha), ("coverage_penalty", beta)):
+        if not math.isfinite(value) or value < 0 or value > 100:
+            raise InvalidInput(f"{name} must be a finite number in [0, 100], got {value}")
+    if abs(b) > limits.max_target_tokens:
+        raise InvalidInput(f"max_length_b must be within ±{limits.max_target_tokens}, got {b}")
+    return SearchOptions(
+        beam_size=beam,
+        n_best=n_best,
+        max_len_a=float(a),
+        max_len_b=int(b),
+        max_len_cap=max_length,
+        length_penalty=float(alpha),
+        coverage_penalty=float(beta),
+    )
+
+
+def check_range(name: str, value: int, low: int, high: int, message: str = "") -> None:
+    if not low <= value <= high:
+        raise InvalidInput(message or f"{name} must be between {low} and {high}, got {value}")
+
+
+def parse_alignment(value: int) -> AlignmentMode:
+    if value not in ALIGNMENT_FROM_PB:
+        raise InvalidInput(f"unknown alignment mode {value}: use NONE, SUBWORD or WORD")
+    return ALIGNMENT_FROM_PB[value]
+
+
+def translation_to_pb(t: Translation) -> pb.Translation:
+    out = pb.Translation(source_tokens=t.source_tokens)
+    for h in t.hypotheses:
+        hyp = out.hypotheses.add(text=h.text, tokens=h.tokens, score=h.score, log_prob=h.log_prob, finished=h.finished)
+        if h.alignment is not None:
+            matrix = np.asarray(h.alignment.matrix, dtype=np.float32)
+            rows, cols = matrix.shape
+            hyp.alignment.CopyFrom(
+                pb.Alignment(
+                    rows=rows,
+                    cols=cols,
+                    weights=matrix.reshape(-1).tolist(),
+                    source_tokens=h.alignment.source_tokens,
+                    target_tokens=h.alignment.target_tokens,
+                    pharaoh=h.alignment.pharaoh,
+                )
+            )
+    return out
+
+
+# --- the servicer ------------------------------------------------------------------------------
+
+
+class TranslatorServicer(pb_grpc.TranslatorServicer):
+    def __init__(self, engine: Engine, worker: Worker, settings: Settings, metrics: Metrics) -> None:
+        self.engine = engine
+        self.worker = worker
+        self.settings = settings
+        self.metrics = metrics
+
+    async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
+        request_id = request.request_id or uuid.uuid4().hex[:16]
+        started = time.perf_counter()
+        code, message, response = grpc.StatusCode.OK, "", None
+        with self.metrics.track_in_flight("Translate"):
+            try:
+                response = await self.translate(request, request_id, context)
+            except asyncio.CancelledError:  # the client cancelled or its deadline passed
+                remaining = context.time_remaining()
+                code = grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
+                self.finish("Translate", request_id, code, started, len(request.texts))
+                raise
+            except Exception as err:
+                code, message = status_for(err)
+                if code == grpc.StatusCode.INTERNAL:
+                    log.error("request failed", exc_info=err, extra={"request_id": request_id})
+        self.finish("Translate", request_id, code, started, len(request.texts), message)
+        if code != grpc.StatusCode.OK:
+            await context.abort(code, message)
+        assert response is not None
+        return response
+
+    async def translate(self, request: pb.TranslateRequest, request_id: str, context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
+        parsed = parse_request(request, self.settings)
+        self.engine.check_options(parsed.options, parsed.alignment)
+        prepared = []
+        for i, text in enumerate(parsed.texts):
+            try:
+                prepared.append(self.engine.prepare(text))
+            except InvalidInput as err:
+                raise InvalidInput(f"texts[{i}]: {err}") from err
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Translation]] = loop.create_future()
+
+        def on_done(results: list[Translation] | None, error: Exception | None) -> None:
+            loop.call_soon_threadsafe(resolve, future, results, error)
+
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else self.worker.clock() + remaining
+        job = Job(request_id, prepared, parsed.options, parsed.alignment, on_done, deadline)
+        self.worker.submit(job)
+        try:
+            results = await future
+        except asyncio.CancelledError:
+            self.worker.cancel(job)
+            raise
+        return pb.TranslateResponse(
+            translations=[translation_to_pb(t) for t in results],
+            request_id=request_id,
+            model_version=self.engine.bundle.version,
+        )
+
+    async def GetModelInfo(self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
+        started = time.perf_counter()
+        with self.metrics.track_in_flight("GetModelInfo"):
+            info = model_info(self.engine, self.settings)
+        self.finish("GetModelInfo", "", grpc.StatusCode.OK, started, 0)
+        return info
+
+    def finish(self, method: str, request_id: str, code: grpc.StatusCode, started: float, texts: int, message: str = "") -> None:
+        seconds = time.perf_counter() - started
+        self.metrics.observe_request(method, code.name, seconds)
+        if code != grpc.StatusCode.OK:
+            self.metrics.reject(REJECT_REASON.get(code, "internal"))
+        log.info(
+            "request done",
+            extra={"request_id": request_id, "method": method, "code": code.name, "texts": texts, "ms": round(seconds * 1000, 2), "error": message},
+        )
+
+
+def resolve(future: asyncio.Future[list[Translation]], results: list[Translation] | None, error: Exception | None) -> None:
+    if future.done():  # the RPC was cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(results or [])
+
+
+def model_info(engine: Engine, settings: Settings) -> pb.ModelInfo:
+    d, limits = settings.decoding, settings.limits
+    return pb.ModelInfo(
+        name=engine.bundle.name,
+        version=engine.bundle.version,
+        architecture_json=json.dumps(engine.cfg.to_dict(), sort_keys=True),
+        limits=pb.Limits(
+            max_texts=settings.server.max_texts,
+            max_text_chars=settings.server.max_text_chars,
+            max_source_tokens=limits.max_source_tokens,
+            max_beam_size=limits.max_beam_size,
+            max_length=limits.max_target_tokens,
+        ),
+        defaults=pb.DecodingOptions(
+            beam_size=d.beam_size,
+            n_best=d.n_best,
+            max_length=min(d.max_length, limits.max_target_tokens),
+            max_length_a=d.max_len_a,
+            max_length_b=d.max_len_b,
+            length_penalty=d.length_penalty,
+            coverage_penalty=d.coverage_penalty,
+            alignment=pb.ALIGNMENT_MODE_NONE,
+        ),
+        execution_providers=engine.model.providers,
+        scheduling_policy=settings.batching.policy,
+    )
+
+
+# --- life cycle --------------------------------------------------------------------------------
+
+
+@dataclass
+class Running:
+    """A started server and what it owns."""
+
+    server: grpc.aio.Server
+    port: int
+    worker: Worker
+    health: health.aio.HealthServicer
+    engine: Engine
+    metrics: Metrics
+    settings: Settings
+    metrics_port: int | None = None
+    metrics_http: Any = None
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """NOT_SERVING, refuse new work, finish accepted requests within the grace period, stop."""
+        grace = self.settings.server.grace_s if grace is None else grace
+        await self.health.enter_graceful_shutdown()
+        with self.worker.cond:
+            self.worker.accepting = False
+        await self.server.stop(grace)
+        await asyncio.get_running_loop().run_in_executor(None, self.worker.stop, 5.0)
+        if self.metrics_http is not None:
+            self.metrics_http.shutdown()
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    s = settings.server
+    if not s.tls_cert:
+        return None
+    with open(s.tls_key, "rb") as f:
+        key = f.read()
+    with open(s.tls_cert, "rb") as f:
+        cert = f.read()
+    client_ca = None
+    if s.tls_client_ca:
+        with open(s.tls_client_ca, "rb") as f:
+            client_ca = f.read()
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=bool(client_ca))
+
+
+async def create_server(settings: Settings, engine: Engine | None = None, metrics: Metrics | None = None) -> Running:
+    """Load (unless given) and warm the model, bind the port, start everything; port 0 picks a free one."""
+    metrics = metrics or Metrics()
+    health_servicer = health.aio.HealthServicer()
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", settings.server.max_message_bytes),
+            ("grpc.max_send_message_length", settings.server.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    address = f"{settings.server.host}:{settings.server.port}"
+    credentials = server_credentials(settings)
+    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    await server.start()  # health answers NOT_SERVING while the model loads
+    loop = asyncio.get_running_loop()
+    if engine is None:
+        engine = await loop.run_in_executor(None, Engine.load, settings.server.bundle, settings.runtime, settings.limits)
+    worker = Worker(engine, settings.batching, metrics)
+    pb_grpc.add_TranslatorServicer_to_server(TranslatorServicer(engine, worker, settings, metrics), server)
+    running = Running(server, port, worker, health_servicer, engine, metrics, settings)
+    metrics.set_model_info(engine.bundle.name, engine.bundle.version, engine.cfg.attention, engine.model.providers[0])
+    if settings.server.metrics_port >= 0:
+        running.metrics_http, running.metrics_port = start_metrics_http_server(
+            settings.server.metrics_port, settings.server.metrics_host, metrics.registry
+        )
+    if settings.server.warmup:
+        await loop.run_in_executor(None, warm_up, engine)
+    worker.start()
+    await running.set_serving(True)
+    log.info("serving", extra={"port": port, "metrics_port": running.metrics_port, "model": engine.bundle.name, "providers": engine.model.providers})
+    return running
+
+
+def warm_up(engine: Engine) -> None:
+    """Decode once at several batch shapes so the first real request pays no first-run costs."""
+    engine.translate(["one"], SearchOptions(beam_size=1, max_len_b=4))
+    engine.translate(["one two three", "four"], SearchOptions(beam_size=4, max_len_b=4))
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and any `extra` fields."""
+
+    RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update({k: v for k, v in record.__dict__.items() if k not in self.RESERVED})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+async def serve(settings: Settings) -> None:
+    running = await create_server(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down", extra={"grace_s": settings.server.grace_s})
+    await running.stop()
+    log.info("stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = load_settings(argv)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    configure_logging(settings.server.log_level)
+    try:
+        asyncio.run(serve(settings))
+    except Exception as err:  # a bad bundle, a busy port: one clear line, not a traceback
+        log.critical("cannot start: %s", err)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

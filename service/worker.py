@@ -1,0 +1,243 @@
+"""The decode loop: one thread that owns the running batches and applies the scheduler's decisions.
+
+The gRPC server submits a `Job` (one request's sentences) and gets its translations back through the
+job's callback, called from this thread. Submitting never waits: a full queue is refused at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+from service.beam import SearchOptions
+from service.engine import AlignmentMode, DecodeRequest, Engine, Prepared, RunningBatch, Translation
+from service.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
+from service.metrics import Metrics
+from service.scheduler import BatchingConfig, Decision, Waiting, decide
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's sentences; `on_done(results, error)` is called once, from the worker thread."""
+
+    request_id: str
+    sentences: Sequence[Prepared]
+    options: SearchOptions
+    alignment: AlignmentMode
+    on_done: Callable[[list[Translation] | None, Exception | None], None]
+    deadline: float | None = None  # clock reading
+    results: dict[int, Translation] = field(default_factory=dict)
+    finished: bool = False
+
+    def complete(self, error: Exception | None = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if error is not None:
+            self.on_done(None, error)
+        else:
+            self.on_done([self.results[i] for i in range(len(self.sentences))], None)
+
+
+@dataclass(frozen=True)
+class SentenceKey:
+    job: Job
+    index: int
+
+
+class Worker:
+    def __init__(self, engine: Engine, config: BatchingConfig, metrics: Metrics, clock: Clock = time.monotonic) -> None:
+        self.engine = engine
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.cond = threading.Condition()
+        self.inbox: list[Job] = []  # submitted, not yet seen by the loop (guarded by cond)
+        self.cancelled: set[Job] = set()  # guarded by cond
+        self.queued_sentences = 0  # waiting + inbox, for the bound (guarded by cond)
+        self.accepting = True
+        self.stopping = False
+        self.waiting: list[tuple[Waiting, SentenceKey]] = []  # loop thread only
+        self.arrival: dict[SentenceKey, float] = {}
+        self.batches: dict[int, RunningBatch] = {}  # beam size → running batch
+        self.last_stepped: int | None = None
+        self.thread = threading.Thread(target=self.run, name="decode-loop", daemon=True)
+        self._seq = itertools.count()
+
+    # --- called from other threads --------------------------------------------------------------
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise QueueFull / ShuttingDown at once."""
+        with self.cond:
+            if not self.accepting:
+                raise ShuttingDown("the server is shutting down: retry on another replica")
+            if self.queued_sentences + len(job.sentences) > self.config.max_queue_sentences:
+                raise QueueFull(
+                    f"the queue is full ({self.queued_sentences} sentences waiting, limit "
+                    f"{self.config.max_queue_sentences}): retry with backoff"
+                )
+            self.queued_sentences += len(job.sentences)
+            self.inbox.append(job)
+            self.cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        """The client went away or its deadline passed: free the job's places."""
+        with self.cond:
+            self.cancelled.add(job)
+            self.cond.notify()
+
+    def stop(self, drain_timeout: float | None = None) -> None:
+        """Refuse new jobs; finish the accepted ones (up to drain_timeout), then end the loop."""
+        with self.cond:
+            self.accepting = False
+            self.stopping = True
+            self.cond.notify()
+        self.thread.join(drain_timeout)
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(sentences waiting, sentences decoding)."""
+        return self.queued_sentences, sum(len(b) for b in self.batches.values())
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while True:
+            with self.cond:
+                jobs, self.inbox = self.inbox, []
+                cancelled, self.cancelled = self.cancelled, set()
+                if self.stopping and not jobs and not self.waiting and not self.batches:
+                    return
+            self.enqueue(jobs)
+            self.drop_cancelled(cancelled)
+            decision = decide(
+                self.config,
+                self.clock(),
+                [w for w, _ in self.waiting],
+                {beam: len(batch) for beam, batch in self.batches.items()},
+                self.last_stepped,
+            )
+            self.apply(decision)
+            if decision.idle:
+                self.sleep_until(decision.wake_at)
+
+    def enqueue(self, jobs: list[Job]) -> None:
+        now = self.clock()
+        for job in jobs:
+            for i in range(len(job.sentences)):
+                key = SentenceKey(job, i)
+                self.waiting.append((Waiting(key, job, job.options.beam_size, now, job.deadline), key))
+                self.arrival[key] = now
+        self.metrics.set_queue_depth(len(self.waiting))
+
+    def sleep_until(self, wake_at: float | None) -> None:
+        with self.cond:
+            if self.inbox or self.cancelled or self.stopping and not self.waiting and not self.batches:
+                return
+            timeout = None if wake_at is None else max(0.0, wake_at - self.clock())
+            self.cond.wait(timeout)
+
+    def apply(self, decision: Decision) -> None:
+        if decision.expire:
+            self.fail_waiting(set(decision.expire), DeadlineExceeded("the deadline passed while the request was queued"))
+        if decision.admit and decision.admit_beam is not None:
+            self.admit(decision.admit, decision.admit_beam)
+        if decision.step is not None:
+            self.step(decision.step)
+
+    def take_waiting(self, keys: set[Hashable]) -> list[SentenceKey]:
+        taken = [key for w, key in self.waiting if w.key in keys]
+        self.waiting = [(w, key) for w, key in self.waiting if w.key not in keys]
+        with self.cond:
+            self.queued_sentences -= len(taken)
+        self.metrics.set_queue_depth(len(self.waiting))
+        return taken
+
+    def admit(self, keys: Sequence[Hashable], beam: int) -> None:
+        taken = self.take_waiting(set(keys))
+        now = self.clock()
+        for key in taken:
+            self.metrics.observe_queue_wait(now - self.arrival.pop(key))
+        batch = self.batches.get(beam) or self.engine.new_batch(beam)
+        self.batches[beam] = batch
+        requests = [DecodeRequest(k, k.job.sentences[k.index], k.job.options, k.job.alignment) for k in taken]
+        started = time.perf_counter()
+        try:
+            batch.add(requests)
+        except Exception:  # the model failed: these jobs and the batch's others get INTERNAL
+            log.exception("encoder failed; failing the batch of beam %d", beam)
+            self.fail_batch(beam, [k.job for k in taken])
+            return
+        self.metrics.observe_encoder(time.perf_counter() - started)
+        self.metrics.set_running(self.load[1])
+
+    def step(self, beam: int) -> None:
+        batch = self.batches[beam]
+        self.last_stepped = beam
+        sentences, hypotheses = len(batch), batch.num_hypotheses
+        started = time.perf_counter()
+        try:
+            finished = batch.step()
+        except Exception:
+            log.exception("decoder step failed; failing the batch of beam %d", beam)
+            self.fail_batch(beam, [])
+            return
+        self.metrics.observe_step(sentences, hypotheses, time.perf_counter() - started)
+        for key, translation in finished:
+            self.deliver(key, translation)
+        if not len(batch):
+            del self.batches[beam]
+        self.metrics.set_running(self.load[1])
+
+    def deliver(self, key: Hashable, translation: Translation) -> None:
+        assert isinstance(key, SentenceKey)
+        job = key.job
+        best = translation.hypotheses[0] if translation.hypotheses else None
+        self.metrics.add_generated(len(best.token_ids) if best else 0, 1)
+        job.results[key.index] = translation
+        if len(job.results) == len(job.sentences):
+            job.complete()
+
+    def fail_batch(self, beam: int, extra_jobs: list[Job]) -> None:
+        batch = self.batches.pop(beam, None)
+        jobs = set(extra_jobs)
+        if batch is not None:
+            jobs |= {key.job for key in batch.requests if isinstance(key, SentenceKey)}
+        for job in jobs:
+            job.complete(DecodeFailed("decoding failed inside the model runtime; the error was logged"))
+            self.drop_cancelled({job}, notify=False)
+
+    def fail_waiting(self, keys: set[Hashable], error: Exception) -> None:
+        jobs = {key.job for key in self.take_waiting(keys)}
+        for job in jobs:
+            job.complete(error)
+            self.drop_cancelled({job}, notify=False)
+
+    def drop_cancelled(self, jobs: set[Job], notify: bool = True) -> None:
+        """Remove every sentence of these jobs, waiting or decoding."""
+        if not jobs:
+            return
+        waiting_keys = {w.key for w, key in self.waiting if key.job in jobs}
+        if waiting_keys:
+            self.take_waiting(waiting_keys)
+            for key in waiting_keys:
+                self.arrival.pop(key, None)  # type: ignore[call-overload]
+        for beam, batch in list(self.batches.items()):
+            batch.remove([key for key in batch.requests if isinstance(key, SentenceKey) and key.job in jobs])
+            if not len(batch):
+                del self.batches[beam]
+        if notify:
+            for job in jobs:
+                job.complete(Cancelled("the request was cancelled"))
+        self.metrics.set_running(self.load[1])
