@@ -31,9 +31,13 @@ def load_checkpoint(path: str | Path) -> tuple[Seq2Seq, dict[str, Any]]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated or foreign files
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from err
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: {type(err).__name__}: {err}"
+        ) from err
     if not isinstance(payload, dict) or "config" not in payload or "model" not in payload:
-        raise CheckpointError(f"{path} is not a seq2seq checkpoint (expected keys 'config' and 'model')")
+        raise CheckpointError(
+            f"{path} is not a seq2seq checkpoint (expected keys 'config' and 'model')"
+        )
     try:
         cfg = ModelConfig.from_dict(dict(payload["config"]))
         model = Seq2Seq(cfg)

@@ -53,7 +53,10 @@ def make_batch(examples: Sequence[tuple[list[int], list[int]]]) -> Batch:
 
 
 def batches(
-    examples: Sequence[tuple[list[int], list[int]]], max_tokens: int, rng: random.Random, pool: int = 50
+    examples: Sequence[tuple[list[int], list[int]]],
+    max_tokens: int,
+    rng: random.Random,
+    pool: int = 50,
 ) -> Iterator[Batch]:
     """Shuffled batches of similar lengths, each about `max_tokens` target tokens (padding included)."""
     order = list(range(len(examples)))

@@ -26,12 +26,16 @@ class Encoded:
     """What the encoder hands the decoder, once per sentence."""
 
     values: Tensor  # (B, S, 2*He) encoder states
-    keys: Tensor  # (B, S, Dk) precomputed source-side attention projections ((B, 1, 2*He) for "none")
+    keys: (
+        Tensor  # (B, S, Dk) precomputed source-side attention projections ((B, 1, 2*He) for "none")
+    )
     mask: Tensor  # (B, S) bool, True on real source tokens
     state: Tensor  # (B, state_dim) initial packed decoder state
 
 
-def make_rnn(kind: str, input_size: int, hidden: int, layers: int, dropout: float, bidirectional: bool) -> nn.RNNBase:
+def make_rnn(
+    kind: str, input_size: int, hidden: int, layers: int, dropout: float, bidirectional: bool
+) -> nn.RNNBase:
     cls = nn.GRU if kind == "gru" else nn.LSTM
     return cls(
         input_size,
@@ -54,13 +58,15 @@ class Encoder(nn.Module):
 
     def forward(self, src: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) ids, lengths (B,) → states (B, S, 2*He), summary (B, 2*He) of the top layer."""
-        B, S = src.shape
+        S = src.shape[1]
         emb = self.dropout(self.embed(src))  # (B, S, E)
         packed = pack_padded_sequence(emb, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, final = self.rnn(packed)
         states, _ = pad_packed_sequence(out, batch_first=True, total_length=S)  # (B, S, 2*He)
         h_n = final[0] if isinstance(final, tuple) else final  # (layers*2, B, He)
-        summary = torch.cat([h_n[-2], h_n[-1]], dim=-1)  # (B, 2*He): last forward and backward states
+        summary = torch.cat(
+            [h_n[-2], h_n[-1]], dim=-1
+        )  # (B, 2*He): last forward and backward states
         return states, summary
 
 
@@ -78,7 +84,9 @@ class Attention(nn.Module):
             self.w_query = nn.Linear(H, A, bias=False)
             self.w_key = nn.Linear(D, A, bias=True)
             self.v = nn.Linear(A, 1, bias=False)
-        elif self.kind == "concat":  # v^T tanh(W [s; h]); W split column-wise into its s and h parts
+        elif (
+            self.kind == "concat"
+        ):  # v^T tanh(W [s; h]); W split column-wise into its s and h parts
             self.w = nn.Linear(H + D, A, bias=True)
             self.v = nn.Linear(A, 1, bias=False)
         elif self.kind == "general":  # s^T W h
@@ -100,12 +108,18 @@ class Attention(nn.Module):
     def scores(self, query: Tensor, keys: Tensor) -> Tensor:
         """query (B, K, H), keys (B, S, Dk) → scores (B, K, S)."""
         if self.kind in ("additive", "concat"):
-            q = self.w_query(query) if self.kind == "additive" else query @ self.w.weight[:, : self.hidden].t()
+            q = (
+                self.w_query(query)
+                if self.kind == "additive"
+                else query @ self.w.weight[:, : self.hidden].t()
+            )
             energy = torch.tanh(q.unsqueeze(2) + keys.unsqueeze(1))  # (B, K, S, A)
             return self.v(energy).squeeze(-1)
         return (query @ keys.transpose(1, 2)) * self.scale  # (B, K, S)
 
-    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """query (B, K, H) → context (B, K, D), weights (B, K, S); padding gets exactly zero weight."""
         scores = self.scores(query, keys).masked_fill(~mask.unsqueeze(1), float("-inf"))
         weights = torch.softmax(scores, dim=-1)  # (B, K, S)
@@ -204,7 +218,9 @@ class Seq2Seq(nn.Module):
             context = keys.unsqueeze(1).expand(B, K, 1, keys.shape[-1]).reshape(N, -1)  # (N, D)
             s_t, rnn_state = self.rnn_step(torch.cat([emb, context], -1), rnn_state)
             hidden = torch.tanh(self.readout(torch.cat([s_t, context, emb], -1)))
-            weights = torch.zeros_like(values[:, :, 0]).unsqueeze(1).expand(B, K, S).reshape(N, S)  # no alignment
+            weights = (
+                torch.zeros_like(values[:, :, 0]).unsqueeze(1).expand(B, K, S).reshape(N, S)
+            )  # no alignment
         elif self.cfg.input_feeding:  # Luong: query is the current state s_t
             s_t, rnn_state = self.rnn_step(torch.cat([emb, feed], -1), rnn_state)
             context, weights = self.attend(s_t, keys, values, mask)
@@ -224,7 +240,9 @@ class Seq2Seq(nn.Module):
         out, new_state = self.rnn(x.unsqueeze(1), rnn_state)  # out (N, 1, H)
         return out.squeeze(1), new_state
 
-    def attend(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def attend(
+        self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """query (N, H) → context (N, D), weights (N, S); hypotheses grouped by sentence."""
         assert self.attention is not None
         N, H = query.shape
@@ -240,7 +258,9 @@ class Seq2Seq(nn.Module):
         state = enc.state
         logits = []
         for t in range(tgt_in.shape[1]):
-            step_logits, state, _ = self.decode_step(tgt_in[:, t], state, enc.keys, enc.values, enc.mask)
+            step_logits, state, _ = self.decode_step(
+                tgt_in[:, t], state, enc.keys, enc.values, enc.mask
+            )
             logits.append(step_logits)
         return torch.stack(logits, dim=1)
 

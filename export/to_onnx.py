@@ -51,7 +51,14 @@ class DecoderStepGraph(nn.Module):
         self.model = model
 
     def forward(
-        self, tokens: Tensor, state: Tensor, reorder: Tensor, values: Tensor, keys: Tensor, mask: Tensor, k: Tensor
+        self,
+        tokens: Tensor,
+        state: Tensor,
+        reorder: Tensor,
+        values: Tensor,
+        keys: Tensor,
+        mask: Tensor,
+        k: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         state = state.index_select(0, reorder)  # (N, D_state): follow the beam's back-pointers
         logits, new_state, attention = self.model.decode_step(tokens, state, keys, values, mask)
@@ -60,7 +67,9 @@ class DecoderStepGraph(nn.Module):
         return top_lp, top_ids, new_state, attention
 
 
-def example_inputs(model: Seq2Seq, B: int = 2, S: int = 5, K: int = 3) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+def example_inputs(
+    model: Seq2Seq, B: int = 2, S: int = 5, K: int = 3
+) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
     cfg = model.cfg
     src = torch.randint(4, cfg.src_vocab_size, (B, S))
     lengths = torch.tensor([S] + [max(1, S - 2)] * (B - 1))
@@ -125,12 +134,23 @@ def quantize_decoder(decoder_path: Path, out_path: Path) -> Path:
     """int8 dynamic quantization of the decoder step's matrix products (weights int8, activations fp32)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(decoder_path), str(out_path), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+    quantize_dynamic(
+        str(decoder_path),
+        str(out_path),
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul", "Gemm"],
+    )
     return out_path
 
 
 def export_bundle(
-    checkpoint: Path, tokenizers: Path, out: Path, name: str, version: str, int8: bool = False, extra: dict[str, Any] | None = None
+    checkpoint: Path,
+    tokenizers: Path,
+    out: Path,
+    name: str,
+    version: str,
+    int8: bool = False,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
     """Checkpoint + tokenizers → a verified bundle directory (written to a temp dir, then moved into place)."""
     model, meta = load_checkpoint(checkpoint)
@@ -142,7 +162,9 @@ def export_bundle(
         for side in ("source", "target"):
             shutil.copyfile(tokenizers / f"{side}.model", tmp / f"{side}.model")
         info = {"dev_bleu": meta.get("dev_bleu"), "train_step": meta.get("step"), **(extra or {})}
-        bundle_format.write_manifest(tmp, name=name, version=version, architecture=model.cfg.to_dict(), info=info)
+        bundle_format.write_manifest(
+            tmp, name=name, version=version, architecture=model.cfg.to_dict(), info=info
+        )
         bundle_format.load_bundle(tmp)  # verify what we wrote before it replaces anything
         if out.exists():
             shutil.rmtree(out)
@@ -156,17 +178,28 @@ def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--checkpoint", required=True, type=Path)
-    parser.add_argument("--tokenizers", required=True, type=Path, help="directory with source.model and target.model")
+    parser.add_argument(
+        "--tokenizers",
+        required=True,
+        type=Path,
+        help="directory with source.model and target.model",
+    )
     parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
     parser.add_argument("--name", default="seq2seq")
     parser.add_argument("--version", default="0.1.0")
     parser.add_argument("--int8", action="store_true", help="also write decoder.int8.onnx")
-    parser.add_argument("--info", type=Path, help="JSON file of figures to record in the manifest (e.g. test BLEU)")
+    parser.add_argument(
+        "--info", type=Path, help="JSON file of figures to record in the manifest (e.g. test BLEU)"
+    )
     args = parser.parse_args(argv)
     extra = json.loads(args.info.read_text()) if args.info else None
-    out = export_bundle(args.checkpoint, args.tokenizers, args.out, args.name, args.version, args.int8, extra)
+    out = export_bundle(
+        args.checkpoint, args.tokenizers, args.out, args.name, args.version, args.int8, extra
+    )
     print(f"wrote bundle {out}")
     return 0
 

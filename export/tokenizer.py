@@ -10,7 +10,9 @@ import sentencepiece as spm
 from service.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
-def train_sentencepiece(lines: Sequence[str], model_path: Path, vocab_size: int, model_type: str = "unigram") -> Path:
+def train_sentencepiece(
+    lines: Sequence[str], model_path: Path, vocab_size: int, model_type: str = "unigram"
+) -> Path:
     """Train one SentencePiece model from in-memory lines; writes `<model_path>` (.model) and returns it."""
     model_path.parent.mkdir(parents=True, exist_ok=True)
     prefix = str(model_path.with_suffix(""))
@@ -39,5 +41,3 @@ def train_tokenizers(
     src = train_sentencepiece([s for s, _ in pairs], out_dir / "source.model", src_vocab)
     tgt = train_sentencepiece([t for _, t in pairs], out_dir / "target.model", tgt_vocab)
     return src, tgt
-
-

@@ -30,7 +30,9 @@ class TorchDecoder:
             torch.from_numpy(tokens), state, self.keys, self.values, self.mask
         )
         top_lp, top_ids = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)  # (N, k)
-        return StepOutput(log_probs=top_lp.numpy(), token_ids=top_ids.numpy(), attention=attention.numpy())
+        return StepOutput(
+            log_probs=top_lp.numpy(), token_ids=top_ids.numpy(), attention=attention.numpy()
+        )
 
     def keep_sentences(self, keep: np.ndarray) -> None:
         idx = torch.from_numpy(np.asarray(keep, dtype=np.int64))

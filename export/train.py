@@ -94,16 +94,26 @@ def _build(cls: type, values: dict[str, Any], path: str | Path) -> Any:
 def prepare_corpus(cfg: DataConfig, out: Path) -> dict[str, list[tuple[str, str]]]:
     """Load the TSV splits, or generate the demo corpus (and write it under out/data)."""
     if cfg.generate_seed is not None:
-        splits = corpus.generate_splits(cfg.generate_seed, cfg.n_train, cfg.n_dev, cfg.n_test, cfg.n_test_long)
+        splits = corpus.generate_splits(
+            cfg.generate_seed, cfg.n_train, cfg.n_dev, cfg.n_test, cfg.n_test_long
+        )
         (out / "data").mkdir(parents=True, exist_ok=True)
         for name, pairs in splits.items():
             corpus.write_tsv(out / "data" / f"{name}.tsv", pairs)
         return splits
-    return {name: corpus.read_tsv(getattr(cfg, name)) for name in ("train", "dev", "test") if getattr(cfg, name)}
+    return {
+        name: corpus.read_tsv(getattr(cfg, name))
+        for name in ("train", "dev", "test")
+        if getattr(cfg, name)
+    }
 
 
 def translate_greedy(
-    model: Seq2Seq, sources: list[list[int]], tgt_tok: Tokenizer, device: torch.device, batch_size: int = 200
+    model: Seq2Seq,
+    sources: list[list[int]],
+    tgt_tok: Tokenizer,
+    device: torch.device,
+    batch_size: int = 200,
 ) -> list[str]:
     """Greedy-decode id lists in batches, sorted by length for speed; outputs in input order."""
     model.eval()
@@ -118,12 +128,20 @@ def translate_greedy(
     return out
 
 
-def dev_bleu(model: Seq2Seq, pairs: list[tuple[str, str]], src_tok: Tokenizer, tgt_tok: Tokenizer, device: torch.device) -> float:
+def dev_bleu(
+    model: Seq2Seq,
+    pairs: list[tuple[str, str]],
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer,
+    device: torch.device,
+) -> float:
     hyps = translate_greedy(model, [src_tok.encode(s) for s, _ in pairs], tgt_tok, device)
     return float(sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score)
 
 
-def train_step(model: Seq2Seq, batch: Batch, loss_fn: nn.Module, opt: torch.optim.Optimizer, clip: float) -> float:
+def train_step(
+    model: Seq2Seq, batch: Batch, loss_fn: nn.Module, opt: torch.optim.Optimizer, clip: float
+) -> float:
     model.train()
     logits = model(batch.src, batch.lengths, batch.tgt_in)  # (B, T, V)
     loss = loss_fn(logits.reshape(-1, logits.shape[-1]), batch.tgt_out.reshape(-1))
@@ -131,7 +149,7 @@ def train_step(model: Seq2Seq, batch: Batch, loss_fn: nn.Module, opt: torch.opti
     loss.backward()
     nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
-    return float(loss)
+    return loss.item()
 
 
 def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
@@ -144,9 +162,13 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out.mkdir(parents=True, exist_ok=True)
     splits = prepare_corpus(cfg.data, out)
-    src_path, tgt_path = train_tokenizers(splits["train"], out, cfg.data.src_vocab, cfg.data.tgt_vocab)
+    src_path, tgt_path = train_tokenizers(
+        splits["train"], out, cfg.data.src_vocab, cfg.data.tgt_vocab
+    )
     src_tok, tgt_tok = Tokenizer.load(src_path), Tokenizer.load(tgt_path)
-    model_cfg = ModelConfig(src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, **cfg.model)
+    model_cfg = ModelConfig(
+        src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, **cfg.model
+    )
     model = Seq2Seq(model_cfg).to(device)
     train_examples = encode_pairs(splits["train"], src_tok, tgt_tok)
     opt = torch.optim.Adam(model.parameters(), lr=o.lr)
@@ -154,15 +176,21 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
     rng = random.Random(o.seed)
     log_path = out / "train_log.jsonl"
     log_path.write_text("")
-    best, stale, step, started = -1.0, 0, 0, time.monotonic()
+    best, stale, step, started, last_eval = -1.0, 0, 0, time.monotonic(), -1
     extra = {"train_config": asdict(cfg), "dev_bleu": 0.0, "step": 0}
 
     def evaluate_and_checkpoint() -> bool:
         """Dev BLEU, checkpoint on gain, lr decay on no gain; returns True to stop early."""
-        nonlocal best, stale
+        nonlocal best, stale, last_eval
+        last_eval = step
         bleu = dev_bleu(model, splits["dev"], src_tok, tgt_tok, device)
         minutes = (time.monotonic() - started) / 60
-        entry = {"step": step, "dev_bleu": round(bleu, 2), "lr": opt.param_groups[0]["lr"], "minutes": round(minutes, 2)}
+        entry = {
+            "step": step,
+            "dev_bleu": round(bleu, 2),
+            "lr": opt.param_groups[0]["lr"],
+            "minutes": round(minutes, 2),
+        }
         with log_path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
         if not quiet:
@@ -178,12 +206,20 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
 
     stop = False
     for epoch in range(o.max_epochs):
-        bar = tqdm(list(batches(train_examples, o.max_tokens, rng)), desc=f"epoch {epoch}", disable=quiet, leave=False, mininterval=5.0)
+        bar = tqdm(
+            list(batches(train_examples, o.max_tokens, rng)),
+            desc=f"epoch {epoch}",
+            disable=quiet,
+            leave=False,
+            mininterval=5.0,
+        )
         for batch in bar:
             tick = time.monotonic()
             loss = train_step(model, batch.to(device), loss_fn, opt, o.clip_norm)
             step += 1
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{batch.n_target_tokens / (time.monotonic() - tick):.0f}")
+            bar.set_postfix(
+                loss=f"{loss:.3f}", tok_s=f"{batch.n_target_tokens / (time.monotonic() - tick):.0f}"
+            )
             out_of_time = (time.monotonic() - started) / 60 >= o.max_minutes or step == o.max_steps
             if step % o.eval_every == 0 or out_of_time:
                 stop = evaluate_and_checkpoint() or out_of_time
@@ -192,7 +228,8 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
         if stop:
             break
     else:
-        evaluate_and_checkpoint()
+        if last_eval != step:
+            evaluate_and_checkpoint()
     summary = {
         "best_dev_bleu": round(best, 2),
         "steps": step,
@@ -205,14 +242,20 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", required=True, help="TOML file with [model], [data], [optim]")
     parser.add_argument("--out", required=True, type=Path, help="run directory")
     parser.add_argument("--max-minutes", type=float, help="override optim.max_minutes")
     args = parser.parse_args(argv)
     cfg = TrainConfig.load(args.config)
     if args.max_minutes is not None:
-        cfg = TrainConfig(cfg.model, cfg.data, OptimConfig(**{**asdict(cfg.optim), "max_minutes": args.max_minutes}))
+        cfg = TrainConfig(
+            cfg.model,
+            cfg.data,
+            OptimConfig(**{**asdict(cfg.optim), "max_minutes": args.max_minutes}),
+        )
     print(json.dumps(train(cfg, args.out), indent=2))
     return 0
 

@@ -51,7 +51,11 @@ def sha256_of(path: Path) -> str:
 
 
 def write_manifest(
-    directory: Path, name: str, version: str, architecture: dict[str, Any], info: dict[str, Any] | None = None
+    directory: Path,
+    name: str,
+    version: str,
+    architecture: dict[str, Any],
+    info: dict[str, Any] | None = None,
 ) -> Path:
     """Hash every bundle file present in `directory` and write manifest.json next to them."""
     present = [f for f in (*REQUIRED_FILES, *OPTIONAL_FILES) if (directory / f).is_file()]
@@ -83,7 +87,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise BundleError(f"{path} is not valid JSON: {err}") from err
     if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
-        raise BundleError(f"{path}: unsupported bundle format (expected format_version {FORMAT_VERSION})")
+        raise BundleError(
+            f"{path}: unsupported bundle format (expected format_version {FORMAT_VERSION})"
+        )
     for key in ("name", "version", "architecture", "files", "special_ids"):
         if key not in manifest:
             raise BundleError(f"{path}: manifest has no {key!r}")
@@ -113,7 +119,9 @@ def load_bundle(path: str | Path) -> Bundle:
     verify_files(directory, dict(manifest["files"]))
     expected_ids = {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}
     if manifest["special_ids"] != expected_ids:
-        raise BundleError(f"{directory / MANIFEST}: special ids {manifest['special_ids']} differ from {expected_ids}")
+        raise BundleError(
+            f"{directory / MANIFEST}: special ids {manifest['special_ids']} differ from {expected_ids}"
+        )
     try:
         architecture = ModelConfig.from_dict(dict(manifest["architecture"]))
     except (TypeError, ValueError) as err:

@@ -195,7 +195,9 @@ def channel_credentials(
     if tls_ca is None and tls_cert is None:
         return None
     return grpc.ssl_channel_credentials(
-        root_certificates=_read(tls_ca), private_key=_read(tls_key), certificate_chain=_read(tls_cert)
+        root_certificates=_read(tls_ca),
+        private_key=_read(tls_key),
+        certificate_chain=_read(tls_cert),
     )
 
 
@@ -204,7 +206,9 @@ def channel_options(max_message_bytes: int, round_robin: bool) -> list[tuple[str
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
     ]
-    if round_robin:  # spread calls over every address the resolver returns (dns:/// + headless service)
+    if (
+        round_robin
+    ):  # spread calls over every address the resolver returns (dns:/// + headless service)
         options.append(("grpc.service_config", ROUND_ROBIN_SERVICE_CONFIG))
     return options
 
@@ -260,14 +264,22 @@ class TranslatorClient:
             alignment=alignment,
         )
         request = pb.TranslateRequest(texts=list(texts), options=options, request_id=request_id)
-        response = self._stub.Translate(request, timeout=self.timeout if timeout is None else timeout)
+        response = self._stub.Translate(
+            request, timeout=self.timeout if timeout is None else timeout
+        )
         if len(response.translations) != len(texts):
-            raise ValueError(f"server returned {len(response.translations)} translations for {len(texts)} texts")
-        return [translation_from_pb(t, s) for t, s in zip(response.translations, texts, strict=True)]
+            raise ValueError(
+                f"server returned {len(response.translations)} translations for {len(texts)} texts"
+            )
+        return [
+            translation_from_pb(t, s) for t, s in zip(response.translations, texts, strict=True)
+        ]
 
     def model_info(self, *, timeout: float | None = None) -> dict[str, Any]:
         """The served model's name, version, architecture, limits and defaults. Raises grpc.RpcError."""
-        info = self._stub.GetModelInfo(pb.ModelInfoRequest(), timeout=self.timeout if timeout is None else timeout)
+        info = self._stub.GetModelInfo(
+            pb.ModelInfoRequest(), timeout=self.timeout if timeout is None else timeout
+        )
         return model_info_from_pb(info)
 
     def close(self) -> None:
@@ -277,7 +289,10 @@ class TranslatorClient:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
@@ -287,20 +302,36 @@ class TranslatorClient:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m service.client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m service.client",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: one per stdin line)")
+    p.add_argument(
+        "texts", nargs="*", metavar="TEXT", help="texts to translate (default: one per stdin line)"
+    )
     p.add_argument("--server", default="localhost:50051", help="gRPC target (default: %(default)s)")
     p.add_argument("--beam", type=int, help="beam size (1 = greedy; default: the server's)")
     p.add_argument("--nbest", type=int, help="hypotheses per text (default: the server's)")
     p.add_argument("--max-length", type=int, help="maximum target tokens")
     p.add_argument("--length-penalty", type=float, help="GNMT alpha")
     p.add_argument("--coverage-penalty", type=float, help="GNMT beta")
-    p.add_argument("--align", choices=("subword", "word"), help="also print the Pharaoh alignment and a text heatmap")
-    p.add_argument("--heatmap", type=Path, help="save the first sentence's alignment matrix as a PNG")
+    p.add_argument(
+        "--align",
+        choices=("subword", "word"),
+        help="also print the Pharaoh alignment and a text heatmap",
+    )
+    p.add_argument(
+        "--heatmap", type=Path, help="save the first sentence's alignment matrix as a PNG"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object per text")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default: %(default)s)")
-    p.add_argument("--round-robin", action="store_true", help="balance over every resolved address (dns:///...)")
+    p.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds per call (default: %(default)s)"
+    )
+    p.add_argument(
+        "--round-robin",
+        action="store_true",
+        help="balance over every resolved address (dns:///...)",
+    )
     p.add_argument("--tls-ca", help="PEM root certificate(s) that verify the server (enables TLS)")
     p.add_argument("--tls-cert", help="PEM client certificate for mutual TLS (with --tls-key)")
     p.add_argument("--tls-key", help="PEM client private key for mutual TLS (with --tls-cert)")
@@ -352,10 +383,14 @@ def save_first_heatmap(translations: list[ClientTranslation], path: Path) -> Pat
 def run(args: argparse.Namespace) -> int:
     texts = read_texts(args)
     if not texts:
-        print("error: no texts to translate (give TEXT arguments or lines on stdin)", file=sys.stderr)
+        print(
+            "error: no texts to translate (give TEXT arguments or lines on stdin)", file=sys.stderr
+        )
         return 2
     client_options = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
-    with TranslatorClient(args.server, timeout=args.timeout, round_robin=args.round_robin, **client_options) as client:
+    with TranslatorClient(
+        args.server, timeout=args.timeout, round_robin=args.round_robin, **client_options
+    ) as client:
         translations = client.translate(
             texts,
             beam_size=args.beam,

@@ -133,11 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
             name = prefix + f.name
             default = f.default
             shown = ",".join(default) if isinstance(default, tuple) else default
-            group.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=f"(default: {shown})")
+            group.add_argument(
+                "--" + name.replace("_", "-"), dest=name, default=None, help=f"(default: {shown})"
+            )
     return parser
 
 
-def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+def load_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
     """Flags, then environment variables, then defaults; every value validated by its dataclass."""
     args = vars(build_parser().parse_args(argv))
     environ = os.environ if environ is None else environ

@@ -88,7 +88,10 @@ class Engine:
 
     @classmethod
     def load(
-        cls, path: str | Path, runtime: RuntimeConfig | None = None, limits: EngineLimits | None = None
+        cls,
+        path: str | Path,
+        runtime: RuntimeConfig | None = None,
+        limits: EngineLimits | None = None,
     ) -> Engine:
         bundle = load_bundle(path)
         return cls(bundle, OnnxModel(bundle, runtime or RuntimeConfig()), limits or EngineLimits())
@@ -104,7 +107,9 @@ class Engine:
         if not isinstance(text, str):
             raise InvalidInput(f"text must be a string, got {type(text).__name__}")
         if not text.strip():
-            raise InvalidInput("text is empty or only whitespace: send at least one word to translate")
+            raise InvalidInput(
+                "text is empty or only whitespace: send at least one word to translate"
+            )
         ids = self.src_tok.encode(text)
         if not ids:
             raise InvalidInput("text has no translatable content after tokenization")
@@ -117,7 +122,9 @@ class Engine:
 
     def check_options(self, options: SearchOptions, alignment: str) -> None:
         if options.beam_size > self.limits.max_beam_size:
-            raise InvalidInput(f"beam_size {options.beam_size} is over the limit of {self.limits.max_beam_size}")
+            raise InvalidInput(
+                f"beam_size {options.beam_size} is over the limit of {self.limits.max_beam_size}"
+            )
         if options.max_len_cap > self.limits.max_target_tokens:
             raise InvalidInput(
                 f"max_len_cap {options.max_len_cap} is over the limit of {self.limits.max_target_tokens}"
@@ -125,7 +132,9 @@ class Engine:
         if alignment not in ALIGNMENT_MODES:
             raise InvalidInput(f"alignment must be one of {ALIGNMENT_MODES}, got {alignment!r}")
         if alignment != "none" and not self.supports_alignment:
-            raise InvalidInput(f"model {self.bundle.name} has no attention (architecture 'none'): ask for alignment 'none'")
+            raise InvalidInput(
+                f"model {self.bundle.name} has no attention (architecture 'none'): ask for alignment 'none'"
+            )
 
     # --- decoding -----------------------------------------------------------------------------
 
@@ -133,7 +142,10 @@ class Engine:
         return RunningBatch(self, beam_size)
 
     def translate(
-        self, texts: Sequence[str], options: SearchOptions | None = None, alignment: AlignmentMode = "subword"
+        self,
+        texts: Sequence[str],
+        options: SearchOptions | None = None,
+        alignment: AlignmentMode = "subword",
     ) -> list[Translation]:
         """Decode a static batch: every sentence and beam advance together; results in input order."""
         options = options or SearchOptions(beam_size=5)
@@ -163,7 +175,9 @@ class Engine:
             token_ids=list(hyp.tokens),
             score=float(hyp.score),
             log_prob=float(hyp.log_prob),
-            alignment=make_alignment(hyp.attention, request.sentence.pieces, pieces, request.alignment),
+            alignment=make_alignment(
+                hyp.attention, request.sentence.pieces, pieces, request.alignment
+            ),
             finished=hyp.finished_by_eos,
         )
 
@@ -175,7 +189,12 @@ def make_alignment(
         return None
     if mode == "word":
         matrix, src_pieces, tgt_pieces = align.merge_subwords(matrix, src_pieces, tgt_pieces)
-    return Alignment(matrix=matrix, source_tokens=src_pieces, target_tokens=tgt_pieces, pharaoh=align.pharaoh(matrix))
+    return Alignment(
+        matrix=matrix,
+        source_tokens=src_pieces,
+        target_tokens=tgt_pieces,
+        pharaoh=align.pharaoh(matrix),
+    )
 
 
 class RunningBatch:
@@ -185,7 +204,9 @@ class RunningBatch:
         self.engine = engine
         self.decoder: OnnxDecoder = engine.model.new_decoder()
         cfg = engine.cfg
-        self.search = BeamSearch(self.decoder, beam_size, cfg.bos_id, cfg.eos_id, vocab_size=cfg.tgt_vocab_size)
+        self.search = BeamSearch(
+            self.decoder, beam_size, cfg.bos_id, cfg.eos_id, vocab_size=cfg.tgt_vocab_size
+        )
         self.requests: dict[Hashable, DecodeRequest] = {}
 
     @property
@@ -211,7 +232,9 @@ class RunningBatch:
             want_attention = request.alignment != "none"
             if options.return_attention != want_attention:
                 options = replace(options, return_attention=want_attention)
-            self.search.add(request.key, len(request.sentence.ids), options, state_row=first_row + i)
+            self.search.add(
+                request.key, len(request.sentence.ids), options, state_row=first_row + i
+            )
             self.requests[request.key] = request
 
     def remove(self, keys: Collection[Hashable]) -> list[Hashable]:
@@ -224,7 +247,10 @@ class RunningBatch:
     def step(self) -> list[tuple[Hashable, Translation]]:
         """One decoder call for every hypothesis; returns the sentences that finished at this step."""
         finished = self.search.step()
-        return [(key, self.engine.to_translation(self.requests.pop(key), hyps)) for key, hyps in finished]
+        return [
+            (key, self.engine.to_translation(self.requests.pop(key), hyps))
+            for key, hyps in finished
+        ]
 
 
 def pad_ids(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:

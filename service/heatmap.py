@@ -9,7 +9,11 @@ import numpy as np
 
 
 def save_heatmap_png(
-    matrix: np.ndarray, source_tokens: Sequence[str], target_tokens: Sequence[str], path: str | Path, title: str = ""
+    matrix: np.ndarray,
+    source_tokens: Sequence[str],
+    target_tokens: Sequence[str],
+    path: str | Path,
+    title: str = "",
 ) -> Path:
     """Source tokens on x, target tokens on y, as in the seed texts; weights in [0, 1]."""
     try:

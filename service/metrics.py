@@ -38,9 +38,14 @@ REJECT_REASONS: tuple[str, ...] = (
 
 # --- buckets ----------------------------------------------------------------------------------
 
-REQUEST_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-QUEUE_WAIT_SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-STEP_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# fmt: off
+REQUEST_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                           10.0, 30.0)
+QUEUE_WAIT_SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                              0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+STEP_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                        0.5, 1.0)
+# fmt: on
 BATCH_SENTENCES_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_HYPOTHESES_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -187,7 +192,9 @@ class Metrics:
     def set_model_info(self, name: str, version: str, attention: str, provider: str) -> None:
         """Describe the served model (the only s2s_model_info series afterwards)."""
         self.model_info.clear()
-        self.model_info.labels(name=name, version=version, attention=attention, provider=provider).set(1)
+        self.model_info.labels(
+            name=name, version=version, attention=attention, provider=provider
+        ).set(1)
 
 
 def start_metrics_http_server(

@@ -45,8 +45,12 @@ def make_session(path: str, config: RuntimeConfig) -> ort.InferenceSession:
     options.inter_op_num_threads = config.inter_op_threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     providers = resolve_providers(config.providers)
-    provider_options = [{"device_id": str(config.device_id)} if p == CUDA else {} for p in providers]
-    return ort.InferenceSession(path, sess_options=options, providers=providers, provider_options=provider_options)
+    provider_options = [
+        {"device_id": str(config.device_id)} if p == CUDA else {} for p in providers
+    ]
+    return ort.InferenceSession(
+        path, sess_options=options, providers=providers, provider_options=provider_options
+    )
 
 
 @dataclass
@@ -71,7 +75,9 @@ class OnnxModel:
         self.config = config
         decoder_file = "decoder.int8.onnx" if config.int8_decoder else "decoder.onnx"
         if config.int8_decoder and not bundle.has_int8:
-            raise ValueError(f"bundle {bundle.path} has no decoder.int8.onnx (export it with --int8)")
+            raise ValueError(
+                f"bundle {bundle.path} has no decoder.int8.onnx (export it with --int8)"
+            )
         self.encoder = make_session(str(bundle.file("encoder.onnx")), config)
         self.decoder = make_session(str(bundle.file(decoder_file)), config)
         on_gpu = self.decoder.get_providers()[0] == CUDA
@@ -83,7 +89,9 @@ class OnnxModel:
         return list(self.decoder.get_providers())
 
     def to_device(self, array: np.ndarray) -> ort.OrtValue:
-        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device_type, self.device_id)
+        return ort.OrtValue.ortvalue_from_numpy(
+            np.ascontiguousarray(array), self.device_type, self.device_id
+        )
 
     def encode(self, src: np.ndarray, lengths: np.ndarray) -> Encoded:
         """src (B, S) int64 padded ids, lengths (B,) int64 → encoder outputs left on the device."""
@@ -127,14 +135,22 @@ class OnnxDecoder:
     def add_sentences(self, encoded: Encoded) -> int:
         """Append sentences (at the end of the sentence order); returns the state-buffer row of the first one."""
         offset = self.state_rows
-        new_values, new_keys, new_mask = encoded.values.numpy(), encoded.keys.numpy(), encoded.mask.numpy()
+        new_values, new_keys, new_mask = (
+            encoded.values.numpy(),
+            encoded.keys.numpy(),
+            encoded.mask.numpy(),
+        )
         if self.mask is None:
             self.values, self.keys, self.mask = new_values, new_keys, new_mask
         else:
             assert self.values is not None and self.keys is not None
             self.values = concat_padded(self.values, new_values)
             self.mask = concat_padded(self.mask, new_mask)
-            self.keys = np.concatenate([self.keys, new_keys]) if self.fixed_context else concat_padded(self.keys, new_keys)
+            self.keys = (
+                np.concatenate([self.keys, new_keys])
+                if self.fixed_context
+                else concat_padded(self.keys, new_keys)
+            )
         new_state = encoded.state.numpy()
         state = new_state if self.state is None else np.concatenate([self.state.numpy(), new_state])
         self.state = self.model.to_device(state)
@@ -167,7 +183,9 @@ class OnnxDecoder:
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
         """One decoder call for every hypothesis: tokens (N,), reorder (N,) → top-k (N, k), attention (N, S)."""
-        assert self.device_tensors is not None and self.state is not None, "step() on an empty batch"
+        assert self.device_tensors is not None and self.state is not None, (
+            "step() on an empty batch"
+        )
         session, model = self.model.decoder, self.model
         values, keys, mask = self.device_tensors
         binding = session.io_binding()
@@ -185,7 +203,9 @@ class OnnxDecoder:
         session.run_with_iobinding(binding)
         log_probs, token_ids, new_state, attention = binding.get_outputs()
         self.state = new_state
-        return StepOutput(log_probs=log_probs.numpy(), token_ids=token_ids.numpy(), attention=attention.numpy())
+        return StepOutput(
+            log_probs=log_probs.numpy(), token_ids=token_ids.numpy(), attention=attention.numpy()
+        )
 
 
 def concat_padded(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -29,7 +29,9 @@ class BatchingConfig:
     policy: Policy = "iteration"
     max_batch_hypotheses: int = 320  # sentences × beam, summed over the running batches
     max_batch_sentences: int = 128
-    max_queue_delay_s: float = 0.004  # request-level: how long the oldest sentence may wait for company
+    max_queue_delay_s: float = (
+        0.004  # request-level: how long the oldest sentence may wait for company
+    )
     max_queue_sentences: int = 2048  # beyond this, new requests are refused (RESOURCE_EXHAUSTED)
 
     def __post_init__(self) -> None:
@@ -95,13 +97,15 @@ def decide(
         admit, beam = admit_static_batch(config, now, alive, groups)
     else:
         admit, beam = admit_one_request(config, alive, groups)
-    if admit:
-        groups.sentences[beam] = groups.sentences.get(beam, 0) + len(admit)  # type: ignore[index]
+    if admit and beam is not None:
+        groups.sentences[beam] = groups.sentences.get(beam, 0) + len(admit)
     step = next_group(groups, last_stepped)
     wake_at = None
     if step is None and alive and config.policy == "request":
         wake_at = alive[0].arrived + config.max_queue_delay_s
-    return Decision(expire=expired, admit=admit, admit_beam=beam if admit else None, step=step, wake_at=wake_at)
+    return Decision(
+        expire=expired, admit=admit, admit_beam=beam if admit else None, step=step, wake_at=wake_at
+    )
 
 
 def fits(config: BatchingConfig, groups: Groups, beam: int, extra: int) -> bool:
@@ -111,7 +115,9 @@ def fits(config: BatchingConfig, groups: Groups, beam: int, extra: int) -> bool:
     )
 
 
-def take_fifo(config: BatchingConfig, candidates: Sequence[Waiting], groups: Groups) -> tuple[Hashable, ...]:
+def take_fifo(
+    config: BatchingConfig, candidates: Sequence[Waiting], groups: Groups
+) -> tuple[Hashable, ...]:
     """The longest arrival-order prefix of candidates (one beam size) that fits, at least one sentence
     when nothing runs (a lone request larger than the limits must still make progress)."""
     taken: list[Hashable] = []
@@ -124,7 +130,9 @@ def take_fifo(config: BatchingConfig, candidates: Sequence[Waiting], groups: Gro
     return tuple(taken)
 
 
-def admit_fifo(config: BatchingConfig, alive: Sequence[Waiting], groups: Groups) -> tuple[tuple[Hashable, ...], int | None]:
+def admit_fifo(
+    config: BatchingConfig, alive: Sequence[Waiting], groups: Groups
+) -> tuple[tuple[Hashable, ...], int | None]:
     """Iteration-level: the oldest waiting sentence's beam size joins, in arrival order, while it fits.
     Nobody overtakes the oldest: if it does not fit, nothing joins until capacity frees up."""
     if not alive:
@@ -148,7 +156,9 @@ def admit_static_batch(
     return (), None
 
 
-def admit_one_request(config: BatchingConfig, alive: Sequence[Waiting], groups: Groups) -> tuple[tuple[Hashable, ...], int | None]:
+def admit_one_request(
+    config: BatchingConfig, alive: Sequence[Waiting], groups: Groups
+) -> tuple[tuple[Hashable, ...], int | None]:
     """No batching: the oldest request's sentences alone, once nothing else runs."""
     if groups.total() or not alive:
         return (), None

@@ -58,31 +58,41 @@ class ParsedRequest:
 
 def parse_request(request: pb.TranslateRequest, settings: Settings) -> ParsedRequest:
     """Validate a TranslateRequest against the limits; InvalidInput says what to change."""
-    server, limits = settings.server, settings.limits
+    server = settings.server
     texts = list(request.texts)
     if not texts:
         raise InvalidInput("texts is empty: send at least one text to translate")
     if len(texts) > server.max_texts:
-        raise InvalidInput(f"{len(texts)} texts in one request, over the limit of {server.max_texts}: split the request")
+        raise InvalidInput(
+            f"{len(texts)} texts in one request, over the limit of {server.max_texts}: split the request"
+        )
     for i, text in enumerate(texts):
         if not text.strip():
             raise InvalidInput(f"texts[{i}] is empty or only whitespace")
         if len(text) > server.max_text_chars:
-            raise InvalidInput(f"texts[{i}] has {len(text)} characters, over the limit of {server.max_text_chars}")
-    return ParsedRequest(texts, parse_options(request.options, settings), parse_alignment(request.options.alignment))
+            raise InvalidInput(
+                f"texts[{i}] has {len(text)} characters, over the limit of {server.max_text_chars}"
+            )
+    return ParsedRequest(
+        texts, parse_options(request.options, settings), parse_alignment(request.options.alignment)
+    )
 
 
 def parse_options(o: pb.DecodingOptions, settings: Settings) -> SearchOptions:
     d, limits = settings.decoding, settings.limits
     beam = o.beam_size if o.HasField("beam_size") else d.beam_size
     n_best = o.n_best if o.HasField("n_best") else d.n_best
-    max_length = o.max_length if o.HasField("max_length") else min(d.max_length, limits.max_target_tokens)
+    max_length = (
+        o.max_length if o.HasField("max_length") else min(d.max_length, limits.max_target_tokens)
+    )
     a = o.max_length_a if o.HasField("max_length_a") else d.max_len_a
     b = o.max_length_b if o.HasField("max_length_b") else d.max_len_b
     alpha = o.length_penalty if o.HasField("length_penalty") else d.length_penalty
     beta = o.coverage_penalty if o.HasField("coverage_penalty") else d.coverage_penalty
     check_range("beam_size", beam, 1, limits.max_beam_size)
-    check_range("n_best", n_best, 1, beam, f"n_best ({n_best}) must be between 1 and beam_size ({beam})")
+    check_range(
+        "n_best", n_best, 1, beam, f"n_best ({n_best}) must be between 1 and beam_size ({beam})"
+    )
     check_range("max_length", max_length, 1, limits.max_target_tokens)
     for name, value in (("max_length_a", a), ("length_penalty", alpha), ("coverage_penalty", beta)):
         if not math.isfinite(value) or value < 0 or value > 100:
@@ -114,7 +124,9 @@ def parse_alignment(value: int) -> AlignmentMode:
 def translation_to_pb(t: Translation) -> pb.Translation:
     out = pb.Translation(source_tokens=t.source_tokens)
     for h in t.hypotheses:
-        hyp = out.hypotheses.add(text=h.text, tokens=h.tokens, score=h.score, log_prob=h.log_prob, finished=h.finished)
+        hyp = out.hypotheses.add(
+            text=h.text, tokens=h.tokens, score=h.score, log_prob=h.log_prob, finished=h.finished
+        )
         if h.alignment is not None:
             matrix = np.asarray(h.alignment.matrix, dtype=np.float32)
             rows, cols = matrix.shape
@@ -135,13 +147,17 @@ def translation_to_pb(t: Translation) -> pb.Translation:
 
 
 class TranslatorServicer(pb_grpc.TranslatorServicer):
-    def __init__(self, engine: Engine, worker: Worker, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self, engine: Engine, worker: Worker, settings: Settings, metrics: Metrics
+    ) -> None:
         self.engine = engine
         self.worker = worker
         self.settings = settings
         self.metrics = metrics
 
-    async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
+    async def Translate(
+        self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TranslateResponse:
         request_id = request.request_id or uuid.uuid4().hex[:16]
         started = time.perf_counter()
         code, message, response = grpc.StatusCode.OK, "", None
@@ -150,7 +166,11 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 response = await self.translate(request, request_id, context)
             except asyncio.CancelledError:  # the client cancelled or its deadline passed
                 remaining = context.time_remaining()
-                code = grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
+                code = (
+                    grpc.StatusCode.DEADLINE_EXCEEDED
+                    if remaining is not None and remaining <= 0
+                    else grpc.StatusCode.CANCELLED
+                )
                 self.finish("Translate", request_id, code, started, len(request.texts))
                 raise
             except Exception as err:
@@ -163,7 +183,9 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         assert response is not None
         return response
 
-    async def translate(self, request: pb.TranslateRequest, request_id: str, context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
+    async def translate(
+        self, request: pb.TranslateRequest, request_id: str, context: grpc.aio.ServicerContext
+    ) -> pb.TranslateResponse:
         parsed = parse_request(request, self.settings)
         self.engine.check_options(parsed.options, parsed.alignment)
         prepared = []
@@ -193,25 +215,46 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             model_version=self.engine.bundle.version,
         )
 
-    async def GetModelInfo(self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
+    async def GetModelInfo(
+        self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInfo:
         started = time.perf_counter()
         with self.metrics.track_in_flight("GetModelInfo"):
             info = model_info(self.engine, self.settings)
         self.finish("GetModelInfo", "", grpc.StatusCode.OK, started, 0)
         return info
 
-    def finish(self, method: str, request_id: str, code: grpc.StatusCode, started: float, texts: int, message: str = "") -> None:
+    def finish(
+        self,
+        method: str,
+        request_id: str,
+        code: grpc.StatusCode,
+        started: float,
+        texts: int,
+        message: str = "",
+    ) -> None:
         seconds = time.perf_counter() - started
         self.metrics.observe_request(method, code.name, seconds)
         if code != grpc.StatusCode.OK:
             self.metrics.reject(REJECT_REASON.get(code, "internal"))
         log.info(
             "request done",
-            extra={"request_id": request_id, "method": method, "code": code.name, "texts": texts, "ms": round(seconds * 1000, 2), "error": message},
+            extra={
+                "request_id": request_id,
+                "method": method,
+                "code": code.name,
+                "texts": texts,
+                "ms": round(seconds * 1000, 2),
+                "error": message,
+            },
         )
 
 
-def resolve(future: asyncio.Future[list[Translation]], results: list[Translation] | None, error: Exception | None) -> None:
+def resolve(
+    future: asyncio.Future[list[Translation]],
+    results: list[Translation] | None,
+    error: Exception | None,
+) -> None:
     if future.done():  # the RPC was cancelled meanwhile
         return
     if error is not None:
@@ -266,7 +309,11 @@ class Running:
     metrics_http: Any = None
 
     async def set_serving(self, serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
 
@@ -294,10 +341,14 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     if s.tls_client_ca:
         with open(s.tls_client_ca, "rb") as f:
             client_ca = f.read()
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=bool(client_ca))
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=bool(client_ca)
+    )
 
 
-async def create_server(settings: Settings, engine: Engine | None = None, metrics: Metrics | None = None) -> Running:
+async def create_server(
+    settings: Settings, engine: Engine | None = None, metrics: Metrics | None = None
+) -> Running:
     """Load (unless given) and warm the model, bind the port, start everything; port 0 picks a free one."""
     metrics = metrics or Metrics()
     health_servicer = health.aio.HealthServicer()
@@ -311,18 +362,30 @@ async def create_server(settings: Settings, engine: Engine | None = None, metric
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
     address = f"{settings.server.host}:{settings.server.port}"
     credentials = server_credentials(settings)
-    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    port = (
+        server.add_secure_port(address, credentials)
+        if credentials
+        else server.add_insecure_port(address)
+    )
     await server.start()  # health answers NOT_SERVING while the model loads
     loop = asyncio.get_running_loop()
     if engine is None:
-        engine = await loop.run_in_executor(None, Engine.load, settings.server.bundle, settings.runtime, settings.limits)
+        engine = await loop.run_in_executor(
+            None, Engine.load, settings.server.bundle, settings.runtime, settings.limits
+        )
     worker = Worker(engine, settings.batching, metrics)
-    pb_grpc.add_TranslatorServicer_to_server(TranslatorServicer(engine, worker, settings, metrics), server)
+    pb_grpc.add_TranslatorServicer_to_server(
+        TranslatorServicer(engine, worker, settings, metrics), server
+    )
     running = Running(server, port, worker, health_servicer, engine, metrics, settings)
-    metrics.set_model_info(engine.bundle.name, engine.bundle.version, engine.cfg.attention, engine.model.providers[0])
+    metrics.set_model_info(
+        engine.bundle.name, engine.bundle.version, engine.cfg.attention, engine.model.providers[0]
+    )
     if settings.server.metrics_port >= 0:
         running.metrics_http, running.metrics_port = start_metrics_http_server(
             settings.server.metrics_port, settings.server.metrics_host, metrics.registry
@@ -331,7 +394,15 @@ async def create_server(settings: Settings, engine: Engine | None = None, metric
         await loop.run_in_executor(None, warm_up, engine)
     worker.start()
     await running.set_serving(True)
-    log.info("serving", extra={"port": port, "metrics_port": running.metrics_port, "model": engine.bundle.name, "providers": engine.model.providers})
+    log.info(
+        "serving",
+        extra={
+            "port": port,
+            "metrics_port": running.metrics_port,
+            "model": engine.bundle.name,
+            "providers": engine.model.providers,
+        },
+    )
     return running
 
 
@@ -344,7 +415,10 @@ def warm_up(engine: Engine) -> None:
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message and any `extra` fields."""
 
-    RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+    RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+        "message",
+        "asctime",
+    }
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {

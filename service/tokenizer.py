@@ -36,10 +36,17 @@ class Tokenizer:
         return tok
 
     def check_special_ids(self) -> None:
-        got = (self.processor.pad_id(), self.processor.bos_id(), self.processor.eos_id(), self.processor.unk_id())
+        got = (
+            self.processor.pad_id(),
+            self.processor.bos_id(),
+            self.processor.eos_id(),
+            self.processor.unk_id(),
+        )
         want = (PAD_ID, BOS_ID, EOS_ID, UNK_ID)
         if got != want:
-            raise TokenizerError(f"{self.path}: special ids (pad, bos, eos, unk) are {got}, expected {want}")
+            raise TokenizerError(
+                f"{self.path}: special ids (pad, bos, eos, unk) are {got}, expected {want}"
+            )
 
     @property
     def vocab_size(self) -> int:

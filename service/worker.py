@@ -54,7 +54,13 @@ class SentenceKey:
 
 
 class Worker:
-    def __init__(self, engine: Engine, config: BatchingConfig, metrics: Metrics, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        config: BatchingConfig,
+        metrics: Metrics,
+        clock: Clock = time.monotonic,
+    ) -> None:
         self.engine = engine
         self.config = config
         self.metrics = metrics
@@ -137,20 +143,31 @@ class Worker:
         for job in jobs:
             for i in range(len(job.sentences)):
                 key = SentenceKey(job, i)
-                self.waiting.append((Waiting(key, job, job.options.beam_size, now, job.deadline), key))
+                self.waiting.append(
+                    (Waiting(key, job, job.options.beam_size, now, job.deadline), key)
+                )
                 self.arrival[key] = now
         self.metrics.set_queue_depth(len(self.waiting))
 
     def sleep_until(self, wake_at: float | None) -> None:
         with self.cond:
-            if self.inbox or self.cancelled or self.stopping and not self.waiting and not self.batches:
+            if (
+                self.inbox
+                or self.cancelled
+                or (self.stopping
+                and not self.waiting
+                and not self.batches)
+            ):
                 return
             timeout = None if wake_at is None else max(0.0, wake_at - self.clock())
             self.cond.wait(timeout)
 
     def apply(self, decision: Decision) -> None:
         if decision.expire:
-            self.fail_waiting(set(decision.expire), DeadlineExceeded("the deadline passed while the request was queued"))
+            self.fail_waiting(
+                set(decision.expire),
+                DeadlineExceeded("the deadline passed while the request was queued"),
+            )
         if decision.admit and decision.admit_beam is not None:
             self.admit(decision.admit, decision.admit_beam)
         if decision.step is not None:
@@ -171,7 +188,10 @@ class Worker:
             self.metrics.observe_queue_wait(now - self.arrival.pop(key))
         batch = self.batches.get(beam) or self.engine.new_batch(beam)
         self.batches[beam] = batch
-        requests = [DecodeRequest(k, k.job.sentences[k.index], k.job.options, k.job.alignment) for k in taken]
+        requests = [
+            DecodeRequest(k, k.job.sentences[k.index], k.job.options, k.job.alignment)
+            for k in taken
+        ]
         started = time.perf_counter()
         try:
             batch.add(requests)
@@ -215,7 +235,9 @@ class Worker:
         if batch is not None:
             jobs |= {key.job for key in batch.requests if isinstance(key, SentenceKey)}
         for job in jobs:
-            job.complete(DecodeFailed("decoding failed inside the model runtime; the error was logged"))
+            job.complete(
+                DecodeFailed("decoding failed inside the model runtime; the error was logged")
+            )
             self.drop_cancelled({job}, notify=False)
 
     def fail_waiting(self, keys: set[Hashable], error: Exception) -> None:
@@ -234,7 +256,9 @@ class Worker:
             for key in waiting_keys:
                 self.arrival.pop(key, None)  # type: ignore[call-overload]
         for beam, batch in list(self.batches.items()):
-            batch.remove([key for key in batch.requests if isinstance(key, SentenceKey) and key.job in jobs])
+            batch.remove(
+                [key for key in batch.requests if isinstance(key, SentenceKey) and key.job in jobs]
+            )
             if not len(batch):
                 del self.batches[beam]
         if notify:

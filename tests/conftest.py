@@ -39,10 +39,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     src_tok, tgt_tok = Tokenizer.load(src_path), Tokenizer.load(tgt_path)
     torch.manual_seed(0)
     cfg = ModelConfig(
-        src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, emb_dim=16, enc_hidden=16, dec_hidden=32, attn_dim=16
+        src_vocab_size=src_tok.vocab_size,
+        tgt_vocab_size=tgt_tok.vocab_size,
+        emb_dim=16,
+        enc_hidden=16,
+        dec_hidden=32,
+        attn_dim=16,
     )
     model = Seq2Seq(cfg).eval()
     checkpoint = root / "tiny.pt"
     save_checkpoint(checkpoint, model)
-    bundle = export_bundle(checkpoint, root, root / "bundle", name="tiny", version="0.0.1", int8=True)
+    bundle = export_bundle(
+        checkpoint, root, root / "bundle", name="tiny", version="0.0.1", int8=True
+    )
     return TinyModel(checkpoint, bundle, model, src_tok, tgt_tok, [s for s, _ in pairs[:40]])

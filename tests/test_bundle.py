@@ -22,7 +22,13 @@ def test_loads_and_describes_itself(bundle_copy: Path) -> None:
     bundle = load_bundle(bundle_copy)
     assert bundle.name == "tiny" and bundle.version == "0.0.1"
     assert bundle.architecture.attention == "additive"
-    assert set(bundle.files) == {"encoder.onnx", "decoder.onnx", "decoder.int8.onnx", "source.model", "target.model"}
+    assert set(bundle.files) == {
+        "encoder.onnx",
+        "decoder.onnx",
+        "decoder.int8.onnx",
+        "source.model",
+        "target.model",
+    }
 
 
 @pytest.mark.parametrize("name", ["encoder.onnx", "decoder.onnx", "source.model", "target.model"])
@@ -56,5 +62,5 @@ def test_manifest_problems(bundle_copy: Path, tmp_path: Path) -> None:
     with pytest.raises(BundleError, match="not valid JSON"):
         load_bundle(bundle_copy)
     manifest.unlink()
-    with pytest.raises(BundleError, match="manifest.json is missing"):
+    with pytest.raises(BundleError, match=r"manifest\.json is missing"):
         load_bundle(bundle_copy)

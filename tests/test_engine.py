@@ -16,7 +16,9 @@ SCORE_TOL = 1e-4  # fp32 kernels differ between ONNX Runtime and PyTorch, and wi
 
 @pytest.fixture(scope="module")
 def engine(tiny: TinyModel) -> Engine:
-    return Engine.load(tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1))
+    return Engine.load(
+        tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1)
+    )
 
 
 def options(beam: int, n_best: int = 1, **kw: float) -> SearchOptions:
@@ -30,7 +32,14 @@ def test_onnx_decode_equals_pytorch_reference(engine: Engine, tiny: TinyModel, b
     got = engine.translate(sources, opts, alignment="subword")
     src, lengths = pad_ids([tiny.src_tok.encode(s) for s in sources])
     decoder = TorchDecoder(tiny.model, src, lengths)
-    ref = beam_search(decoder, lengths.tolist(), opts, tiny.model.cfg.bos_id, tiny.model.cfg.eos_id, tiny.model.cfg.tgt_vocab_size)
+    ref = beam_search(
+        decoder,
+        lengths.tolist(),
+        opts,
+        tiny.model.cfg.bos_id,
+        tiny.model.cfg.eos_id,
+        tiny.model.cfg.tgt_vocab_size,
+    )
     for translation, ref_hyps in zip(got, ref, strict=True):
         assert [h.token_ids for h in translation.hypotheses] == [h.tokens for h in ref_hyps]
         for h, r in zip(translation.hypotheses, ref_hyps, strict=True):
@@ -56,7 +65,9 @@ def test_sentence_decodes_the_same_alone_and_in_a_batch(engine: Engine, tiny: Ti
     for source, in_batch in zip(sources, batch, strict=True):
         alone = engine.translate([source], opts)[0]
         assert [h.token_ids for h in alone.hypotheses] == [h.token_ids for h in in_batch.hypotheses]
-        assert [h.score for h in alone.hypotheses] == pytest.approx([h.score for h in in_batch.hypotheses], abs=SCORE_TOL)
+        assert [h.score for h in alone.hypotheses] == pytest.approx(
+            [h.score for h in in_batch.hypotheses], abs=SCORE_TOL
+        )
 
 
 def test_sentence_joining_a_running_batch_decodes_as_alone(engine: Engine, tiny: TinyModel) -> None:
@@ -70,7 +81,9 @@ def test_sentence_joining_a_running_batch_decodes_as_alone(engine: Engine, tiny:
     while len(batch):
         results.update(batch.step())
     alone = engine.translate([late], opts)[0]
-    assert [h.token_ids for h in results["late"].hypotheses] == [h.token_ids for h in alone.hypotheses]
+    assert [h.token_ids for h in results["late"].hypotheses] == [
+        h.token_ids for h in alone.hypotheses
+    ]
 
 
 def test_nbest_sorted_and_distinct(engine: Engine, tiny: TinyModel) -> None:
@@ -82,7 +95,9 @@ def test_nbest_sorted_and_distinct(engine: Engine, tiny: TinyModel) -> None:
 
 
 def test_alignment_rows_sum_to_one_and_match_tokens(engine: Engine, tiny: TinyModel) -> None:
-    for translation in engine.translate(tiny.sources[:6], options(3, n_best=2), alignment="subword"):
+    for translation in engine.translate(
+        tiny.sources[:6], options(3, n_best=2), alignment="subword"
+    ):
         for h in translation.hypotheses:
             a = h.alignment
             assert a is not None
@@ -104,7 +119,11 @@ def test_word_level_alignment(engine: Engine, tiny: TinyModel) -> None:
 
 
 def test_empty_and_overlong_inputs_are_refused(tiny: TinyModel) -> None:
-    engine = Engine.load(tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",)), EngineLimits(max_source_tokens=10))
+    engine = Engine.load(
+        tiny.bundle,
+        RuntimeConfig(providers=("CPUExecutionProvider",)),
+        EngineLimits(max_source_tokens=10),
+    )
     for bad in ("", "   \t\n"):
         with pytest.raises(InvalidInput, match="empty"):
             engine.translate([bad])
@@ -117,7 +136,9 @@ def test_empty_and_overlong_inputs_are_refused(tiny: TinyModel) -> None:
 
 
 def test_int8_decoder_translates(tiny: TinyModel) -> None:
-    engine = Engine.load(tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",), int8_decoder=True))
+    engine = Engine.load(
+        tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",), int8_decoder=True)
+    )
     translation = engine.translate(tiny.sources[:3], options(2))
     assert all(len(t.hypotheses) == 1 for t in translation)
 

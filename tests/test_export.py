@@ -20,7 +20,9 @@ TOLERANCE = 1e-4
 VARIANTS = [
     (rnn, attention, style)
     for rnn, attention, style in itertools.product(
-        ("gru", "lstm"), ("additive", "dot", "general", "concat", "scaled_dot", "none"), ("bahdanau", "luong")
+        ("gru", "lstm"),
+        ("additive", "dot", "general", "concat", "scaled_dot", "none"),
+        ("bahdanau", "luong"),
     )
     if not (attention == "none" and style == "luong")  # style is ignored without attention
 ]
@@ -44,7 +46,9 @@ def tiny_model(rnn: str, attention: str, style: str, seed: int = 0) -> Seq2Seq:
     return Seq2Seq(cfg).eval()
 
 
-def random_batch(rng: np.random.Generator, lengths: list[int], vocab: int) -> tuple[np.ndarray, np.ndarray]:
+def random_batch(
+    rng: np.random.Generator, lengths: list[int], vocab: int
+) -> tuple[np.ndarray, np.ndarray]:
     S = max(lengths)
     src = np.zeros((len(lengths), S), dtype=np.int64)  # (B, S) PAD = 0
     for i, n in enumerate(lengths):
@@ -77,11 +81,23 @@ def test_onnx_runtime_matches_pytorch(tmp_path: Path, rnn: str, attention: str, 
         k = np.array(min(K + 1, model.cfg.tgt_vocab_size), dtype=np.int64)
         lp, ids, new_state, attn = decoder.run(
             None,
-            {"tokens": tokens, "state": state, "reorder": reorder, "values": values, "keys": keys, "mask": mask, "k": k},
+            {
+                "tokens": tokens,
+                "state": state,
+                "reorder": reorder,
+                "values": values,
+                "keys": keys,
+                "mask": mask,
+                "k": k,
+            },
         )
         with torch.no_grad():
             logits, ref_state, ref_attn = model.decode_step(
-                torch.from_numpy(tokens), ref.state[torch.from_numpy(reorder)], ref.keys, ref.values, ref.mask
+                torch.from_numpy(tokens),
+                ref.state[torch.from_numpy(reorder)],
+                ref.keys,
+                ref.values,
+                ref.mask,
             )
             ref_lp, ref_ids = torch.topk(torch.log_softmax(logits, -1), int(k), dim=-1)
         assert lp.shape == (N, int(k)) and attn.shape == (N, src.shape[1])

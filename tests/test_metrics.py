@@ -144,7 +144,17 @@ def test_model_info_keeps_only_the_latest_model(metrics: Metrics) -> None:
     metrics.set_model_info("b", "2", "additive", "CUDAExecutionProvider")
     labels = {"attention": "additive", "provider": "CUDAExecutionProvider"}
     assert value(metrics, "s2s_model_info", name="b", version="2", **labels) == 1
-    assert value(metrics, "s2s_model_info", name="a", version="1", attention="dot", provider="CPUExecutionProvider") is None
+    assert (
+        value(
+            metrics,
+            "s2s_model_info",
+            name="a",
+            version="1",
+            attention="dot",
+            provider="CPUExecutionProvider",
+        )
+        is None
+    )
 
 
 def test_instances_do_not_share_state() -> None:
@@ -169,7 +179,7 @@ def test_http_server_serves_the_metrics(served: tuple[Metrics, str]) -> None:
     text = scrape(url)
     for name in METRIC_NAMES:
         assert f"# TYPE {name} " in text, name
-    assert 's2s_queue_depth_sentences 4.0' in text
+    assert "s2s_queue_depth_sentences 4.0" in text
     assert "python_gc_objects_collected_total" not in text  # only the injected registry
 
 
@@ -182,6 +192,10 @@ def test_promtool_accepts_a_real_scrape(served: tuple[Metrics, str]) -> None:
         pytest.skip(message)
     _, url = served
     result = subprocess.run(
-        [promtool, "check", "metrics"], input=scrape(url), capture_output=True, text=True, timeout=30
+        [promtool, "check", "metrics"],
+        input=scrape(url),
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 0, result.stdout + result.stderr

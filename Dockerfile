@@ -1,0 +1,60 @@
+# syntax=docker/dockerfile:1
+# Serving images: no torch, no compilers. Both run scripts/install.sh, the same install CI runs.
+#   docker build --target cpu -t s2s-serve:cpu .
+#   docker build --target gpu -t s2s-serve:gpu .      (onnxruntime-gpu on CUDA 12 + cuDNN 9)
+# Another model: mount a bundle and point S2S_BUNDLE at it, e.g.
+#   docker run -v /models/mine:/models/mine -e S2S_BUNDLE=/models/mine s2s-serve:cpu
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
+
+# ---- CPU -------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS build-cpu
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY scripts/ scripts/
+COPY proto/ proto/
+COPY service/ service/
+COPY export/__init__.py export/__init__.py
+COPY loadtest/__init__.py loadtest/__init__.py
+COPY models/default/ models/default/
+RUN bash scripts/install.sh
+
+FROM ${PYTHON_IMAGE} AS cpu
+RUN useradd --create-home --uid 10001 s2s
+COPY --from=build-cpu --chown=10001:10001 /app /app
+WORKDIR /app
+USER 10001
+ENV S2S_BUNDLE=/app/models/default S2S_HOST=0.0.0.0 S2S_PORT=50051 S2S_METRICS_PORT=9090 \
+    S2S_PROVIDERS=CPUExecutionProvider PYTHONUNBUFFERED=1
+EXPOSE 50051 9090
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["/app/.venv/bin/python", "-m", "service.healthcheck"]
+ENTRYPOINT ["/app/.venv/bin/python", "-m", "service.server"]
+
+# ---- GPU -------------------------------------------------------------------------------------
+FROM ${CUDA_IMAGE} AS build-gpu
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY scripts/ scripts/
+COPY proto/ proto/
+COPY service/ service/
+COPY export/__init__.py export/__init__.py
+COPY loadtest/__init__.py loadtest/__init__.py
+COPY models/default/ models/default/
+RUN S2S_ONNXRUNTIME=gpu bash scripts/install.sh
+
+FROM ${CUDA_IMAGE} AS gpu
+RUN apt-get update && apt-get install -y --no-install-recommends python3 \
+    && rm -rf /var/lib/apt/lists/* && useradd --create-home --uid 10001 s2s
+COPY --from=build-gpu --chown=10001:10001 /app /app
+WORKDIR /app
+USER 10001
+ENV S2S_BUNDLE=/app/models/default S2S_HOST=0.0.0.0 S2S_PORT=50051 S2S_METRICS_PORT=9090 \
+    S2S_PROVIDERS=CUDAExecutionProvider,CPUExecutionProvider PYTHONUNBUFFERED=1
+EXPOSE 50051 9090
+HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
+    CMD ["/app/.venv/bin/python", "-m", "service.healthcheck"]
+ENTRYPOINT ["/app/.venv/bin/python", "-m", "service.server"]

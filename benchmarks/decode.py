@@ -1,0 +1,251 @@
+"""Decoding throughput, measured side by side in one run (a script that prints figures, not a test).
+
+    python -m benchmarks.decode [--quick] [--json docs/benchmarks/decode.json]
+
+For the default model and for a larger realistic configuration (vocabulary 8k, embeddings 256,
+hidden 512, source length 30, random weights), at beam 1 and beam 5, it times:
+  (a) this engine: ONNX Runtime decoder-step graph + numpy beam search, all sentences batched;
+  (b) the same engine, one sentence at a time;
+  (c) the same search driven by the PyTorch model's own decoder step (eager), batched the same way;
+  (d) the int8 decoder graph, batched.
+Decoding is forced to a fixed length (EOS is never chosen) so every variant does the same work; inputs
+are token ids (tokenization is excluded). It also measures the machine's fp32 matmul peak with numpy
+and the achieved GFLOP/s of (a) at the largest batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from export.checkpoint import load_checkpoint
+from export.model import Seq2Seq
+from export.to_onnx import export_graphs, quantize_decoder
+from export.torch_decoder import TorchDecoder
+from service.architecture import ModelConfig
+from service.beam import BeamSearch, Decoder, SearchOptions
+from service.bundle import Bundle
+from service.config import RuntimeConfig
+from service.engine import pad_ids
+from service.runtime import OnnxModel
+
+NEVER = -1  # an EOS id no step can produce: every hypothesis runs to the fixed length
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model: Seq2Seq
+    onnx: OnnxModel
+    onnx_int8: OnnxModel
+    sources: list[list[int]]
+    target_len: int
+
+
+def decode(decoder: Decoder, lengths: list[int], beam: int, target_len: int, vocab: int) -> int:
+    """Run the numpy search for target_len steps over a decoder whose state rows are 0..B-1."""
+    options = SearchOptions(
+        beam_size=beam, max_len_a=0.0, max_len_b=target_len, max_len_cap=target_len
+    )
+    search = BeamSearch(decoder, beam, bos_id=1, eos_id=NEVER, vocab_size=vocab)
+    for b, n in enumerate(lengths):
+        search.add(b, n, options, state_row=b)
+    steps = 0
+    while not search.is_empty:
+        search.step()
+        steps += 1
+    return steps
+
+
+def onnx_batched(
+    onnx: OnnxModel, sources: list[list[int]], beam: int, target_len: int, vocab: int
+) -> None:
+    src, lengths = pad_ids(sources)
+    decoder = onnx.new_decoder()
+    decoder.add_sentences(onnx.encode(src, lengths))
+    decode(decoder, lengths.tolist(), beam, target_len, vocab)
+
+
+def onnx_one_at_a_time(
+    onnx: OnnxModel, sources: list[list[int]], beam: int, target_len: int, vocab: int
+) -> None:
+    for ids in sources:
+        onnx_batched(onnx, [ids], beam, target_len, vocab)
+
+
+def torch_batched(
+    model: Seq2Seq, sources: list[list[int]], beam: int, target_len: int, vocab: int
+) -> None:
+    src, lengths = pad_ids(sources)
+    decode(TorchDecoder(model, src, lengths), lengths.tolist(), beam, target_len, vocab)
+
+
+def best_of(fn: Callable[[], None], repeats: int) -> float:
+    fn()  # warm-up: first-run allocations and kernel selection
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def step_flops(cfg: ModelConfig, S: int) -> float:
+    """Multiply-adds ×2 of one decoder step for one hypothesis (matrix products only)."""
+    E, H, D, A, V = cfg.emb_dim, cfg.dec_hidden, cfg.enc_out_dim, cfg.attn_dim, cfg.tgt_vocab_size
+    gates = 3 if cfg.rnn == "gru" else 4
+    rnn_in = E + (H if cfg.input_feeding else D)
+    flops = 2 * (rnn_in + H) * gates * H * cfg.dec_layers  # recurrent cell
+    flops += 2 * H * A + 2 * S * A + 2 * S * D  # query projection, scores, context
+    flops += (
+        2 * (H + D + E) * H if not cfg.input_feeding else 2 * (D + H) * H
+    )  # readout / attentional state
+    flops += 2 * H * V  # output projection
+    return float(flops)
+
+
+def matmul_peak_gflops(n: int = 1024, repeats: int = 20) -> float:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    seconds = best_of(lambda: a @ b, repeats)
+    return 2 * n**3 / seconds / 1e9
+
+
+def random_workload(quick: bool) -> Workload:
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        src_vocab_size=8000,
+        tgt_vocab_size=8000,
+        emb_dim=256,
+        enc_hidden=256,
+        dec_hidden=512,
+        attn_dim=256,
+        dropout=0.0,
+    )
+    model = Seq2Seq(cfg).eval()
+    rng = np.random.default_rng(0)
+    n = 32 if quick else 64
+    sources = [rng.integers(4, cfg.src_vocab_size, size=30).tolist() for _ in range(n)]
+    return build_workload(
+        "realistic (V 8k, E 256, H 512, S 30, random weights)", model, sources, 30
+    )
+
+
+def default_workload(checkpoint: Path, test_tsv: Path, tokenizer: Path, quick: bool) -> Workload:
+    from export.corpus import read_tsv
+    from service.tokenizer import Tokenizer
+
+    model, _ = load_checkpoint(checkpoint)
+    tok = Tokenizer.load(tokenizer)
+    n = 32 if quick else 64
+    sources = [tok.encode(s) for s, _ in read_tsv(test_tsv)[:n]]
+    return build_workload("default model (numbers en→fr)", model, sources, 30)
+
+
+def build_workload(
+    name: str, model: Seq2Seq, sources: list[list[int]], target_len: int
+) -> Workload:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
+    export_graphs(model, tmp)
+    quantize_decoder(tmp / "decoder.onnx", tmp / "decoder.int8.onnx")
+    files = {f: "" for f in ("encoder.onnx", "decoder.onnx", "decoder.int8.onnx")}
+    bundle = Bundle(
+        path=tmp, name=name, version="bench", architecture=model.cfg, files=files, info={}
+    )
+    cpu = ("CPUExecutionProvider",)
+    onnx = OnnxModel(bundle, RuntimeConfig(providers=cpu))
+    onnx_int8 = OnnxModel(bundle, RuntimeConfig(providers=cpu, int8_decoder=True))
+    return Workload(name, model, onnx, onnx_int8, sources, target_len)
+
+
+def measure(w: Workload, beam: int, repeats: int) -> dict[str, Any]:
+    V, T, n = w.model.cfg.tgt_vocab_size, w.target_len, len(w.sources)
+    variants: dict[str, Callable[[], None]] = {
+        "a_engine_batched": lambda: onnx_batched(w.onnx, w.sources, beam, T, V),
+        "b_engine_one_at_a_time": lambda: onnx_one_at_a_time(w.onnx, w.sources, beam, T, V),
+        "c_pytorch_eager_batched": lambda: torch_batched(w.model, w.sources, beam, T, V),
+        "d_engine_int8_batched": lambda: onnx_batched(w.onnx_int8, w.sources, beam, T, V),
+    }
+    rows: dict[str, Any] = {}
+    for name, fn in variants.items():
+        seconds = best_of(fn, repeats if not name.startswith("b_") else 1)
+        rows[name] = {
+            "seconds": seconds,
+            "sentences_per_s": n / seconds,
+            "target_tokens_per_s": n * T / seconds,
+        }
+    a = rows["a_engine_batched"]["seconds"]
+    S = max(len(s) for s in w.sources)
+    flops = step_flops(w.model.cfg, S) * n * beam * T
+    return {
+        "beam": beam,
+        "sentences": n,
+        "hypotheses_per_step": n * beam,
+        "target_len": T,
+        "variants": rows,
+        "ratio_a_over_b": rows["b_engine_one_at_a_time"]["seconds"] / a,
+        "ratio_a_over_c": rows["c_pytorch_eager_batched"]["seconds"] / a,
+        "ratio_d_over_a": a / rows["d_engine_int8_batched"]["seconds"],
+        "a_gflops": flops / a / 1e9,
+    }
+
+
+def print_table(name: str, results: list[dict[str, Any]], peak: float) -> None:
+    print(f"\n## {name}")
+    print("| beam | variant | sentences/s | target tokens/s |")
+    print("|---|---|---|---|")
+    for r in results:
+        for variant, v in r["variants"].items():
+            print(
+                f"| {r['beam']} | {variant} | {v['sentences_per_s']:.1f} | {v['target_tokens_per_s']:.0f} |"
+            )
+    for r in results:
+        print(
+            f"beam {r['beam']} ({r['hypotheses_per_step']} hyps/step): (a)/(b) = {r['ratio_a_over_b']:.2f}x, "
+            f"(a)/(c) = {r['ratio_a_over_c']:.2f}x, int8 (d)/(a) = {r['ratio_d_over_a']:.2f}x, "
+            f"(a) achieves {r['a_gflops']:.1f} GFLOP/s = {100 * r['a_gflops'] / peak:.0f}% of the matmul peak"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="fewer sentences and repeats (a smoke run)")
+    p.add_argument("--json", type=Path, help="also write the figures as JSON")
+    p.add_argument("--checkpoint", type=Path, default=REPO / "models" / "default.pt")
+    p.add_argument("--test", type=Path, default=REPO / "docs" / "eval" / "test.tsv")
+    p.add_argument("--tokenizer", type=Path, default=REPO / "models" / "default" / "source.model")
+    args = p.parse_args(argv)
+    torch.set_num_threads(2)
+    repeats = 1 if args.quick else 3
+    peak = matmul_peak_gflops()
+    print(f"numpy fp32 matmul peak: {peak:.1f} GFLOP/s; torch threads {torch.get_num_threads()}")
+    report: dict[str, Any] = {"matmul_peak_gflops": peak, "workloads": {}}
+    workloads = []
+    if args.checkpoint.is_file() and args.test.is_file():
+        workloads.append(default_workload(args.checkpoint, args.test, args.tokenizer, args.quick))
+    workloads.append(random_workload(args.quick))
+    for w in workloads:
+        results = [measure(w, beam, repeats) for beam in (1, 5)]
+        print_table(w.name, results, peak)
+        report["workloads"][w.name] = results
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
