@@ -1,0 +1,35 @@
+"""The architecture's arrows: serving never imports torch or export/, and the stubs match the .proto."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SERVICE_MODULES = sorted(p.stem for p in (REPO / "service").glob("*.py") if p.stem != "__init__")
+
+
+def test_serving_imports_no_torch_and_no_export() -> None:
+    code = (
+        "import sys\n"
+        f"for m in {SERVICE_MODULES!r}:\n"
+        "    __import__('service.' + m)\n"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'export')))\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"serving modules pulled in: {out.stdout.strip()}"
+
+
+def test_generated_stubs_match_the_proto(tmp_path: Path) -> None:
+    proto = "proto/translation/v1/translation.proto"
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", "-I", ".", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}", proto],
+        cwd=REPO,
+        check=True,
+    )
+    for name in ("translation_pb2.py", "translation_pb2_grpc.py"):
+        fresh = (tmp_path / "proto/translation/v1" / name).read_text()
+        current = (REPO / "proto/translation/v1" / name).read_text()
+        assert fresh == current, f"{name} is stale: run scripts/gen_proto.sh"

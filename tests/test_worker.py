@@ -1,0 +1,378 @@
+"""The decode loop on the tiny bundle: results equal `Engine.translate`; queue, cancel, deadline, failure, stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from service.beam import SearchOptions
+from service.config import RuntimeConfig
+from service.engine import AlignmentMode, Engine, Translation
+from service.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
+from service.metrics import Metrics
+from service.runtime import OnnxDecoder, OnnxModel
+from service.scheduler import BatchingConfig
+from service.worker import Job, Worker
+from tests.conftest import TinyModel
+
+SCORE_TOL = 1e-4
+WAIT_S = 20.0  # generous: a loaded CI machine is slow, a passing test never waits this long
+
+
+@pytest.fixture(scope="module")
+def engine(tiny: TinyModel) -> Engine:
+    return Engine.load(tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1))
+
+
+def opts(beam: int, n_best: int = 1, max_len_b: int = 5, max_len_a: float = 1.0) -> SearchOptions:
+    return SearchOptions(beam_size=beam, n_best=n_best, max_len_a=max_len_a, max_len_b=max_len_b, max_len_cap=256)
+
+
+LONG = SearchOptions(beam_size=2, max_len_a=0.0, max_len_b=200, max_len_cap=200)  # up to 200 steps
+
+
+@dataclass
+class Outcome:
+    """What a job's on_done callback received."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    results: list[Translation] | None = None
+    error: Exception | None = None
+    calls: int = 0
+
+    def __call__(self, results: list[Translation] | None, error: Exception | None) -> None:
+        self.results, self.error, self.calls = results, error, self.calls + 1
+        self.done.set()
+
+    def wait(self) -> Outcome:
+        assert self.done.wait(WAIT_S), "the job's callback was not called in time"
+        return self
+
+
+def make_job(
+    engine: Engine,
+    texts: Sequence[str],
+    options: SearchOptions,
+    alignment: AlignmentMode = "subword",
+    deadline: float | None = None,
+) -> tuple[Job, Outcome]:
+    outcome = Outcome()
+    job = Job("r", [engine.prepare(t) for t in texts], options, alignment, outcome, deadline)
+    return job, outcome
+
+
+def assert_same(got: list[Translation] | None, want: list[Translation]) -> None:
+    assert got is not None
+    assert len(got) == len(want)
+    for g, r in zip(got, want, strict=True):
+        assert g.source == r.source and g.source_tokens == r.source_tokens
+        assert [h.token_ids for h in g.hypotheses] == [h.token_ids for h in r.hypotheses]
+        assert [h.text for h in g.hypotheses] == [h.text for h in r.hypotheses]
+        assert [h.score for h in g.hypotheses] == pytest.approx([h.score for h in r.hypotheses], abs=SCORE_TOL)
+        for gh, rh in zip(g.hypotheses, r.hypotheses, strict=True):
+            assert (gh.alignment is None) == (rh.alignment is None)
+            if gh.alignment is not None and rh.alignment is not None:
+                np.testing.assert_allclose(gh.alignment.matrix, rh.alignment.matrix, atol=SCORE_TOL)
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+class StepSpy:
+    """Wraps OnnxDecoder.step: records each call's hypothesis rows, can raise or pause on a chosen call."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.pause_when: Callable[[int, int], bool] | None = None  # (rows, k) → pause before this call
+        self.fail_when: Callable[[int, int], bool] | None = None  # (rows, k) → raise instead, once
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+
+    def wrap(self, original: Callable[..., object]) -> Callable[..., object]:
+        def step(decoder: OnnxDecoder, tokens: np.ndarray, reorder: np.ndarray, k: int) -> object:
+            rows = len(tokens)
+            if self.fail_when is not None and self.fail_when(rows, k):
+                self.fail_when = None
+                raise RuntimeError("injected decoder failure")
+            if self.pause_when is not None and self.pause_when(rows, k):
+                self.pause_when = None
+                self.paused.set()
+                assert self.resume.wait(WAIT_S)
+            self.rows.append(rows)
+            return original(decoder, tokens, reorder, k)
+
+        return step
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> StepSpy:
+    s = StepSpy()
+    monkeypatch.setattr(OnnxDecoder, "step", s.wrap(OnnxDecoder.step))
+    return s
+
+
+class FakeClock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def make_worker(engine: Engine, spy: StepSpy) -> Iterator[Callable[..., Worker]]:
+    """Build (not start) workers on the tiny engine with a fresh Metrics; all are stopped afterwards."""
+    workers: list[Worker] = []
+
+    def build(config: BatchingConfig | None = None, clock: Callable[[], float] = time.monotonic) -> Worker:
+        worker = Worker(engine, config or BatchingConfig(), Metrics(), clock)
+        workers.append(worker)
+        return worker
+
+    yield build
+    spy.resume.set()  # never leave the loop paused
+    for worker in workers:
+        if worker.thread.is_alive():
+            worker.stop(WAIT_S)
+            assert not worker.thread.is_alive()
+
+
+def gauge(worker: Worker, name: str) -> float:
+    value = worker.metrics.registry.get_sample_value(name)
+    assert value is not None
+    return value
+
+
+# --- results --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["iteration", "request", "none"])
+def test_jobs_complete_with_the_same_translations_as_engine_translate(
+    engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], policy: str
+) -> None:
+    worker = make_worker(BatchingConfig(policy=policy, max_queue_delay_s=0.004))  # type: ignore[arg-type]
+    worker.start()
+    cases: list[tuple[list[str], SearchOptions, AlignmentMode]] = [
+        (tiny.sources[0:3], opts(1), "none"),
+        (tiny.sources[3:5], opts(3, n_best=2), "subword"),
+        (tiny.sources[5:9], opts(3), "word"),
+        (tiny.sources[9:10], opts(5, n_best=5), "subword"),
+    ]
+    submitted = []
+    for texts, options, alignment in cases:
+        job, outcome = make_job(engine, texts, options, alignment)
+        worker.submit(job)
+        submitted.append(outcome)
+    for (texts, options, alignment), outcome in zip(cases, submitted, strict=True):
+        outcome.wait()
+        assert outcome.error is None and outcome.calls == 1
+        assert_same(outcome.results, engine.translate(texts, options, alignment))
+    wait_for(lambda: worker.load == (0, 0), "the worker to be empty")
+    sentences = sum(len(texts) for texts, _, _ in cases)
+    assert gauge(worker, "s2s_queue_wait_seconds_count") == sentences
+    assert gauge(worker, "s2s_translated_sentences_total") == sentences
+    tokens = sum(len(t.hypotheses[0].token_ids) for o in submitted for t in o.results or [])
+    assert gauge(worker, "s2s_generated_tokens_total") == tokens
+    assert gauge(worker, "s2s_queue_depth_sentences") == 0 and gauge(worker, "s2s_running_sentences") == 0
+
+
+def test_sentences_of_different_jobs_share_a_batch(engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], spy: StepSpy) -> None:
+    worker = make_worker()
+    first, a = make_job(engine, tiny.sources[:2], opts(2))
+    second, b = make_job(engine, tiny.sources[2:5], opts(2))
+    worker.submit(first)
+    worker.submit(second)
+    worker.start()  # both are waiting at the first decision: one batch of 5 sentences × 2 slots
+    a.wait()
+    b.wait()
+    assert spy.rows[0] == 10
+    assert_same(a.results, engine.translate(tiny.sources[:2], opts(2)))
+    assert_same(b.results, engine.translate(tiny.sources[2:5], opts(2)))
+
+
+# --- queue bound ----------------------------------------------------------------------------
+
+
+def test_a_full_queue_refuses_at_once_and_keeps_what_it_accepted(
+    engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker]
+) -> None:
+    worker = make_worker(BatchingConfig(max_queue_sentences=3))  # not started: nothing leaves the queue
+    kept, kept_outcome = make_job(engine, tiny.sources[:2], opts(1))
+    worker.submit(kept)
+    refused, refused_outcome = make_job(engine, tiny.sources[2:4], opts(1))
+    started = time.perf_counter()
+    with pytest.raises(QueueFull, match=r"the queue is full \(2 sentences waiting, limit 3\)"):
+        worker.submit(refused)
+    assert time.perf_counter() - started < 0.5
+    last, last_outcome = make_job(engine, tiny.sources[4:5], opts(1))
+    worker.submit(last)  # exactly fills the queue
+    worker.start()
+    assert_same(kept_outcome.wait().results, engine.translate(tiny.sources[:2], opts(1)))
+    assert_same(last_outcome.wait().results, engine.translate(tiny.sources[4:5], opts(1)))
+    assert not refused_outcome.done.is_set()
+    wait_for(lambda: worker.queued_sentences == 0, "the queue to drain")
+    worker.submit(refused)  # room again
+    assert_same(refused_outcome.wait().results, engine.translate(tiny.sources[2:4], opts(1)))
+
+
+# --- cancel, deadline -----------------------------------------------------------------------
+
+
+def test_cancelling_a_running_job_shrinks_the_batch_and_the_others_complete(
+    engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], spy: StepSpy
+) -> None:
+    worker = make_worker()
+    long_texts, short_texts = tiny.sources[10:13], tiny.sources[13:15]
+    short_options = SearchOptions(beam_size=2, max_len_a=1.0, max_len_b=20, max_len_cap=256)
+    cancelled, cancelled_outcome = make_job(engine, long_texts, LONG)
+    kept, kept_outcome = make_job(engine, short_texts, short_options)
+    worker.submit(cancelled)
+    worker.submit(kept)
+    spy.pause_when = lambda rows, k: rows == 10  # 5 sentences × beam 2 decoding together
+    worker.start()
+    assert spy.paused.wait(WAIT_S)
+    assert worker.load == (0, 5)
+    steps_before = len(spy.rows)
+    worker.cancel(cancelled)
+    spy.resume.set()
+    assert isinstance(cancelled_outcome.wait().error, Cancelled)
+    kept_outcome.wait()
+    after = spy.rows[steps_before + 1 :]  # the paused step itself still had everyone
+    assert after and max(after) <= 4  # only the 2 kept sentences × 2 slots
+    assert kept_outcome.error is None
+    assert_same(kept_outcome.results, engine.translate(short_texts, short_options))
+    wait_for(lambda: worker.load == (0, 0), "the worker to be empty")
+    assert gauge(worker, "s2s_running_sentences") == 0
+    assert cancelled_outcome.calls == 1
+
+
+def test_cancelling_a_waiting_job_frees_its_queue_places(
+    engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], spy: StepSpy
+) -> None:
+    worker = make_worker(BatchingConfig(max_batch_sentences=1, max_queue_sentences=3))
+    running, running_outcome = make_job(engine, tiny.sources[:1], opts(2))
+    queued, queued_outcome = make_job(engine, tiny.sources[1:4], opts(2))
+    worker.submit(running)
+    worker.submit(queued)
+    spy.pause_when = lambda rows, k: True
+    worker.start()
+    assert spy.paused.wait(WAIT_S)
+    worker.cancel(queued)
+    spy.resume.set()
+    assert isinstance(queued_outcome.wait().error, Cancelled)
+    assert running_outcome.wait().error is None
+    wait_for(lambda: worker.queued_sentences == 0, "the queue to be empty")
+    again, again_outcome = make_job(engine, tiny.sources[1:4], opts(2))
+    worker.submit(again)  # would be QueueFull if the cancelled sentences still counted
+    assert_same(again_outcome.wait().results, engine.translate(tiny.sources[1:4], opts(2)))
+
+
+def test_a_deadline_that_passes_while_queued_fails_the_job(
+    engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], spy: StepSpy
+) -> None:
+    clock = FakeClock(100.0)
+    worker = make_worker(BatchingConfig(max_batch_sentences=1), clock=clock)
+    first, first_outcome = make_job(engine, tiny.sources[:1], opts(2), deadline=200.0)
+    late, late_outcome = make_job(engine, tiny.sources[1:3], opts(2), deadline=105.0)
+    worker.submit(first)
+    worker.submit(late)
+    spy.pause_when = lambda rows, k: True  # the first step: `late` waits behind `first`
+    worker.start()
+    assert spy.paused.wait(WAIT_S)
+    clock.now = 105.0
+    spy.resume.set()
+    error = late_outcome.wait().error
+    assert isinstance(error, DeadlineExceeded) and "queued" in str(error)
+    assert first_outcome.wait().error is None
+    assert_same(first_outcome.results, engine.translate(tiny.sources[:1], opts(2)))
+    wait_for(lambda: worker.load == (0, 0), "the worker to be empty")
+    assert gauge(worker, "s2s_queue_depth_sentences") == 0
+    assert not worker.arrival  # nothing of the expired job is kept
+    assert late_outcome.calls == 1
+
+
+# --- failures -------------------------------------------------------------------------------
+
+
+def test_a_failing_decoder_step_fails_its_batch_and_the_worker_keeps_serving(
+    engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], spy: StepSpy
+) -> None:
+    worker = make_worker()
+    spy.fail_when = lambda rows, k: k == 4  # the beam-3 batch (k = beam + 1), once
+    failing, failing_outcome = make_job(engine, tiny.sources[:2], opts(3))
+    other, other_outcome = make_job(engine, tiny.sources[2:4], opts(1))  # its own batch (beam 1)
+    worker.submit(failing)
+    worker.submit(other)
+    worker.start()
+    error = failing_outcome.wait().error
+    assert isinstance(error, DecodeFailed) and "model runtime" in str(error)
+    assert failing_outcome.results is None
+    assert_same(other_outcome.wait().results, engine.translate(tiny.sources[2:4], opts(1)))
+    nxt, nxt_outcome = make_job(engine, tiny.sources[:2], opts(3))
+    worker.submit(nxt)
+    assert_same(nxt_outcome.wait().results, engine.translate(tiny.sources[:2], opts(3)))
+    wait_for(lambda: worker.load == (0, 0), "the worker to be empty")
+    assert gauge(worker, "s2s_running_sentences") == 0
+    assert failing_outcome.calls == 1
+
+
+def test_a_failing_encoder_fails_the_joining_jobs_and_the_worker_keeps_serving(
+    engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = OnnxModel.encode
+    calls = []
+
+    def encode(model: OnnxModel, src: np.ndarray, lengths: np.ndarray) -> object:
+        calls.append(len(lengths))
+        if len(calls) == 1:
+            raise RuntimeError("injected encoder failure")
+        return original(model, src, lengths)
+
+    monkeypatch.setattr(OnnxModel, "encode", encode)
+    worker = make_worker()
+    failing, failing_outcome = make_job(engine, tiny.sources[:2], opts(2))
+    worker.submit(failing)
+    worker.start()
+    assert isinstance(failing_outcome.wait().error, DecodeFailed)
+    nxt, nxt_outcome = make_job(engine, tiny.sources[2:4], opts(2))
+    worker.submit(nxt)
+    assert_same(nxt_outcome.wait().results, engine.translate(tiny.sources[2:4], opts(2)))
+    wait_for(lambda: worker.load == (0, 0), "the worker to be empty")
+    assert worker.queued_sentences == 0
+
+
+# --- stop -----------------------------------------------------------------------------------
+
+
+def test_stop_refuses_new_jobs_and_finishes_the_accepted_ones(
+    engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], spy: StepSpy
+) -> None:
+    worker = make_worker(BatchingConfig(max_batch_sentences=2))
+    accepted = [make_job(engine, tiny.sources[i : i + 2], opts(2)) for i in (0, 2, 4)]  # one runs, two wait
+    for job, _ in accepted:
+        worker.submit(job)
+    spy.pause_when = lambda rows, k: True
+    worker.start()
+    assert spy.paused.wait(WAIT_S)
+    stopper = threading.Thread(target=worker.stop, args=(WAIT_S,))
+    stopper.start()
+    wait_for(lambda: not worker.accepting, "stop() to close the queue")
+    late, late_outcome = make_job(engine, tiny.sources[6:7], opts(2))
+    with pytest.raises(ShuttingDown, match="shutting down"):
+        worker.submit(late)
+    spy.resume.set()
+    stopper.join(WAIT_S)
+    assert not stopper.is_alive() and not worker.thread.is_alive()
+    for i, (_, outcome) in zip((0, 2, 4), accepted, strict=True):
+        assert outcome.done.is_set() and outcome.error is None
+        assert_same(outcome.results, engine.translate(tiny.sources[i : i + 2], opts(2)))
+    assert not late_outcome.done.is_set()
