@@ -14,6 +14,7 @@ import argparse
 import json
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -87,10 +88,29 @@ def export_graphs(model: Seq2Seq, out_dir: Path) -> tuple[Path, Path]:
     model.eval()
     enc_inputs, dec_inputs = example_inputs(model)
     encoder_path, decoder_path = out_dir / "encoder.onnx", out_dir / "decoder.onnx"
+    with warnings.catch_warnings():
+        # The tracer warns that RNN shape checks become constants and that GRU/LSTM exports with a
+        # batch other than 1 may not generalize; tests/test_export.py runs the graphs at other batch
+        # sizes and lengths against PyTorch, which is the check that matters.
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.filterwarnings(
+            "ignore", message="Exporting a model to ONNX with a batch_size other than 1"
+        )
+        warnings.filterwarnings(
+            "ignore", message="You are using the legacy TorchScript-based ONNX export"
+        )
+        export_encoder(model, enc_inputs, encoder_path)
+        export_decoder(model, dec_inputs, decoder_path)
+    for path in (encoder_path, decoder_path):
+        onnx.checker.check_model(onnx.load(str(path)), full_check=True)
+    return encoder_path, decoder_path
+
+
+def export_encoder(model: Seq2Seq, inputs: tuple[Tensor, ...], path: Path) -> None:
     torch.onnx.export(
         EncoderGraph(model).eval(),
-        enc_inputs,
-        str(encoder_path),
+        inputs,
+        str(path),
         input_names=ENCODER_INPUTS,
         output_names=ENCODER_OUTPUTS,
         dynamic_axes={
@@ -104,10 +124,13 @@ def export_graphs(model: Seq2Seq, out_dir: Path) -> tuple[Path, Path]:
         opset_version=OPSET,
         dynamo=False,
     )
+
+
+def export_decoder(model: Seq2Seq, inputs: tuple[Tensor, ...], path: Path) -> None:
     torch.onnx.export(
         DecoderStepGraph(model).eval(),
-        dec_inputs,
-        str(decoder_path),
+        inputs,
+        str(path),
         input_names=DECODER_INPUTS,
         output_names=DECODER_OUTPUTS,
         dynamic_axes={
@@ -125,9 +148,6 @@ def export_graphs(model: Seq2Seq, out_dir: Path) -> tuple[Path, Path]:
         opset_version=OPSET,
         dynamo=False,
     )
-    for path in (encoder_path, decoder_path):
-        onnx.checker.check_model(onnx.load(str(path)), full_check=True)
-    return encoder_path, decoder_path
 
 
 def quantize_decoder(decoder_path: Path, out_path: Path) -> Path:
@@ -170,6 +190,9 @@ def export_bundle(
             shutil.rmtree(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(tmp, out)
+    out.chmod(
+        0o755
+    )  # the temporary directory was private; the bundle is meant to be read by the server's user
     return out
 
 

@@ -110,7 +110,9 @@ def parse_wait(raw: str) -> tuple[float, float]:
     if len(values) == 1:
         values *= 2
     if len(values) != 2 or not 0 <= values[0] <= values[1] or not math.isfinite(values[1]):
-        raise ValueError(f"{ENV_WAIT}: expected SECONDS or MIN,MAX with 0 <= MIN <= MAX, got {raw!r}")
+        raise ValueError(
+            f"{ENV_WAIT}: expected SECONDS or MIN,MAX with 0 <= MIN <= MAX, got {raw!r}"
+        )
     return values[0], values[1]
 
 
@@ -166,9 +168,9 @@ def generated_pairs() -> list[tuple[str, str]]:
     """Every SAMPLE_EVERY-th pair of the default model's test split (needs num2words and Babel)."""
     from export.corpus import generate_splits  # the train extra
 
-    test = generate_splits(
-        CORPUS_SEED, CORPUS_TRAIN, CORPUS_DEV, CORPUS_TEST, CORPUS_TEST_LONG
-    )["test"]
+    test = generate_splits(CORPUS_SEED, CORPUS_TRAIN, CORPUS_DEV, CORPUS_TEST, CORPUS_TEST_LONG)[
+        "test"
+    ]
     return test[::SAMPLE_EVERY]
 
 

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 run=runs/default
 s2s-train --config configs/default.toml --out "$run"
 s2s-evaluate --checkpoint "$run/best.pt" --tokenizers "$run" --test "$run/data/test.tsv" \
-  --train "$run/data/train.tsv" --bucket-edges 10,20,30,40,50,60,69 --heatmap-index 1005 \
+  --train "$run/data/train.tsv" --bucket-edges 10,20,30,40,50,60,69 --heatmap-text "ninety-seven and March 5, 2021, then \$1,250.50" \
   --label "additive attention (default)" --out docs/eval/default
 python - <<'PY'
 import json

@@ -66,6 +66,9 @@ class ServerConfig:
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 9090  # 0 picks a free port; -1 disables the metrics endpoint
     grace_s: float = 20.0  # SIGTERM: time to finish accepted requests
+    max_connection_age_s: float = (
+        300.0  # clients reconnect (and re-resolve DNS) after this; 0 = never
+    )
     max_texts: int = 64
     max_text_chars: int = 2000
     max_message_bytes: int = 4 * 1024 * 1024

@@ -13,7 +13,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 
 # --- bounded label values ---------------------------------------------------------------------
 
@@ -63,6 +70,9 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        ProcessCollector(
+            registry=r
+        )  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         # requests
         self.request_duration = Histogram(
             "s2s_request_duration_seconds",

@@ -327,6 +327,18 @@ class Running:
         await asyncio.get_running_loop().run_in_executor(None, self.worker.stop, 5.0)
         if self.metrics_http is not None:
             self.metrics_http.shutdown()
+            self.metrics_http.server_close()  # release the port: shutdown() only ends the serving loop
+
+
+def connection_age_options(seconds: float) -> list[tuple[str, int]]:
+    """Close client connections after `seconds` (gracefully) so headless-Service clients using
+    round_robin re-resolve DNS and reach pods added by a scale-out."""
+    if seconds <= 0:
+        return []
+    return [
+        ("grpc.max_connection_age_ms", int(seconds * 1000)),
+        ("grpc.max_connection_age_grace_ms", 30_000),
+    ]
 
 
 def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
@@ -357,6 +369,7 @@ async def create_server(
             ("grpc.max_receive_message_length", settings.server.max_message_bytes),
             ("grpc.max_send_message_length", settings.server.max_message_bytes),
             ("grpc.so_reuseport", 0),
+            *connection_age_options(settings.server.max_connection_age_s),
         ]
     )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -373,36 +386,43 @@ async def create_server(
         else server.add_insecure_port(address)
     )
     await server.start()  # health answers NOT_SERVING while the model loads
-    loop = asyncio.get_running_loop()
-    if engine is None:
-        engine = await loop.run_in_executor(
-            None, Engine.load, settings.server.bundle, settings.runtime, settings.limits
+    try:
+        loop = asyncio.get_running_loop()
+        if engine is None:
+            engine = await loop.run_in_executor(
+                None, Engine.load, settings.server.bundle, settings.runtime, settings.limits
+            )
+        worker = Worker(engine, settings.batching, metrics)
+        pb_grpc.add_TranslatorServicer_to_server(
+            TranslatorServicer(engine, worker, settings, metrics), server
         )
-    worker = Worker(engine, settings.batching, metrics)
-    pb_grpc.add_TranslatorServicer_to_server(
-        TranslatorServicer(engine, worker, settings, metrics), server
-    )
-    running = Running(server, port, worker, health_servicer, engine, metrics, settings)
-    metrics.set_model_info(
-        engine.bundle.name, engine.bundle.version, engine.cfg.attention, engine.model.providers[0]
-    )
-    if settings.server.metrics_port >= 0:
-        running.metrics_http, running.metrics_port = start_metrics_http_server(
-            settings.server.metrics_port, settings.server.metrics_host, metrics.registry
+        running = Running(server, port, worker, health_servicer, engine, metrics, settings)
+        metrics.set_model_info(
+            engine.bundle.name,
+            engine.bundle.version,
+            engine.cfg.attention,
+            engine.model.providers[0],
         )
-    if settings.server.warmup:
-        await loop.run_in_executor(None, warm_up, engine)
-    worker.start()
-    await running.set_serving(True)
-    log.info(
-        "serving",
-        extra={
-            "port": port,
-            "metrics_port": running.metrics_port,
-            "model": engine.bundle.name,
-            "providers": engine.model.providers,
-        },
-    )
+        if settings.server.metrics_port >= 0:
+            running.metrics_http, running.metrics_port = start_metrics_http_server(
+                settings.server.metrics_port, settings.server.metrics_host, metrics.registry
+            )
+        if settings.server.warmup:
+            await loop.run_in_executor(None, warm_up, engine)
+        worker.start()
+        await running.set_serving(True)
+        log.info(
+            "serving",
+            extra={
+                "port": port,
+                "metrics_port": running.metrics_port,
+                "model": engine.bundle.name,
+                "providers": engine.model.providers,
+            },
+        )
+    except BaseException:  # a bad bundle, a failed warm-up: release the port before raising
+        await server.stop(None)
+        raise
     return running
 
 

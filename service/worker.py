@@ -154,9 +154,7 @@ class Worker:
             if (
                 self.inbox
                 or self.cancelled
-                or (self.stopping
-                and not self.waiting
-                and not self.batches)
+                or (self.stopping and not self.waiting and not self.batches)
             ):
                 return
             timeout = None if wake_at is None else max(0.0, wake_at - self.clock())
@@ -170,7 +168,9 @@ class Worker:
             )
         if decision.admit and decision.admit_beam is not None:
             self.admit(decision.admit, decision.admit_beam)
-        if decision.step is not None:
+        if (
+            decision.step is not None and decision.step in self.batches
+        ):  # admit() may have failed the batch
             self.step(decision.step)
 
     def take_waiting(self, keys: set[Hashable]) -> list[SentenceKey]:
@@ -241,7 +241,10 @@ class Worker:
             self.drop_cancelled({job}, notify=False)
 
     def fail_waiting(self, keys: set[Hashable], error: Exception) -> None:
-        jobs = {key.job for key in self.take_waiting(keys)}
+        taken = self.take_waiting(keys)
+        for key in taken:
+            self.arrival.pop(key, None)
+        jobs = {key.job for key in taken}
         for job in jobs:
             job.complete(error)
             self.drop_cancelled({job}, notify=False)

@@ -11,9 +11,21 @@ from service.config import load_settings
 from service.scheduler import BatchingConfig, Decision, Waiting, decide
 
 
-def w(key: str, beam: int = 5, arrived: float = 0.0, request: Hashable = None, deadline: float | None = None) -> Waiting:
+def w(
+    key: str,
+    beam: int = 5,
+    arrived: float = 0.0,
+    request: Hashable = None,
+    deadline: float | None = None,
+) -> Waiting:
     """A waiting sentence; by default each sentence is its own request."""
-    return Waiting(key=key, request=key if request is None else request, beam_size=beam, arrived=arrived, deadline=deadline)
+    return Waiting(
+        key=key,
+        request=key if request is None else request,
+        beam_size=beam,
+        arrived=arrived,
+        deadline=deadline,
+    )
 
 
 def cfg(policy: str = "iteration", **kw: float) -> BatchingConfig:
@@ -77,7 +89,9 @@ def test_a_lone_oversized_request_still_progresses() -> None:
     d = decide(config, now=0.0, waiting=[w("big", beam=16), w("next", beam=16)], running={})
     assert d.admit == ("big",) and d.step == 16
     # while anything else runs it waits (it would exceed the limits), and blocks those behind it
-    blocked = decide(config, now=0.0, waiting=[w("big", beam=16), w("small", beam=1)], running={1: 1})
+    blocked = decide(
+        config, now=0.0, waiting=[w("big", beam=16), w("small", beam=1)], running={1: 1}
+    )
     assert blocked.admit == () and blocked.step == 1
 
 
@@ -104,7 +118,9 @@ def test_idle_with_nothing_to_do_sleeps_until_work_arrives() -> None:
         assert d.idle and d.wake_at is None and d == Decision()
 
 
-def simulate(config: BatchingConfig, jobs: list[tuple[float, str, int, int]], max_ticks: int = 10_000) -> list[str]:
+def simulate(
+    config: BatchingConfig, jobs: list[tuple[float, str, int, int]], max_ticks: int = 10_000
+) -> list[str]:
     """Drive `decide` with a fake clock: jobs are (arrival, key, beam, steps to finish); each step
     advances every sentence of the stepped batch by one; one tick of 1.0 per decision.
     Checks the invariants on every decision; returns the admission order."""
@@ -121,7 +137,7 @@ def simulate(config: BatchingConfig, jobs: list[tuple[float, str, int, int]], ma
             waiting.append(w(key, beam, t))
             steps_left[key] = steps
         running: dict[int, int] = {}
-        for key, beam in group.items():
+        for beam in group.values():
             running[beam] = running.get(beam, 0) + 1
         d = decide(config, now, waiting, running, last)
         if d.admit:
@@ -150,7 +166,10 @@ def simulate(config: BatchingConfig, jobs: list[tuple[float, str, int, int]], ma
 @pytest.mark.parametrize("seed", range(4))
 def test_simulated_traffic_drains_without_overtaking_the_oldest(policy: str, seed: int) -> None:
     rng = random.Random(seed)
-    jobs = [(float(rng.randrange(0, 60)), f"s{i}", rng.choice([1, 2, 5, 16, 32]), rng.randrange(1, 12)) for i in range(40)]
+    jobs = [
+        (float(rng.randrange(0, 60)), f"s{i}", rng.choice([1, 2, 5, 16, 32]), rng.randrange(1, 12))
+        for i in range(40)
+    ]
     config = cfg(policy, max_batch_hypotheses=24, max_batch_sentences=6, max_queue_delay_s=2.0)
     admitted = simulate(config, jobs)
     assert sorted(admitted) == sorted(key for _, key, _, _ in jobs)
@@ -161,10 +180,17 @@ def test_simulated_traffic_drains_without_overtaking_the_oldest(policy: str, see
 
 def test_request_level_waits_for_company_then_admits_after_the_delay() -> None:
     config = cfg("request", max_queue_delay_s=0.5)
-    early = decide(config, now=10.25, waiting=[w("a", arrived=10.0), w("b", arrived=10.125)], running={})
+    early = decide(
+        config, now=10.25, waiting=[w("a", arrived=10.0), w("b", arrived=10.125)], running={}
+    )
     assert early.admit == () and early.step is None and early.idle
     assert early.wake_at == 10.5  # the oldest's arrival + max_queue_delay_s
-    due = decide(config, now=early.wake_at, waiting=[w("a", arrived=10.0), w("b", arrived=10.125)], running={})
+    due = decide(
+        config,
+        now=early.wake_at,
+        waiting=[w("a", arrived=10.0), w("b", arrived=10.125)],
+        running={},
+    )
     assert due.admit == ("a", "b") and due.step == 5
 
 
@@ -174,7 +200,12 @@ def test_request_level_admits_a_full_batch_at_once() -> None:
     assert d.admit == ("a", "b") and d.wake_at is None
     exact = decide(config, now=0.0, waiting=[w("a"), w("b")], running={})
     assert exact.admit == ("a", "b")  # no room for a third: full
-    by_hypotheses = decide(cfg("request", max_queue_delay_s=60.0, max_batch_hypotheses=10), now=0.0, waiting=[w("a"), w("b")], running={})
+    by_hypotheses = decide(
+        cfg("request", max_queue_delay_s=60.0, max_batch_hypotheses=10),
+        now=0.0,
+        waiting=[w("a"), w("b")],
+        running={},
+    )
     assert by_hypotheses.admit == ("a", "b")
 
 
@@ -185,7 +216,9 @@ def test_request_level_admits_nothing_while_a_batch_runs() -> None:
 
 
 def test_request_level_zero_delay_admits_at_once() -> None:
-    d = decide(cfg("request", max_queue_delay_s=0.0), now=3.0, waiting=[w("a", arrived=3.0)], running={})
+    d = decide(
+        cfg("request", max_queue_delay_s=0.0), now=3.0, waiting=[w("a", arrived=3.0)], running={}
+    )
     assert d.admit == ("a",)
 
 
@@ -216,7 +249,12 @@ def test_none_splits_a_request_over_the_limits_but_admits_no_one_else_meanwhile(
 @pytest.mark.parametrize("policy", ["none", "request", "iteration"])
 def test_waiting_sentences_past_their_deadline_expire(policy: str) -> None:
     config = cfg(policy, max_queue_delay_s=0.0)
-    waiting = [w("late", deadline=5.0), w("now", deadline=10.0), w("fine", deadline=10.5), w("open")]
+    waiting = [
+        w("late", deadline=5.0),
+        w("now", deadline=10.0),
+        w("fine", deadline=10.5),
+        w("open"),
+    ]
     d = decide(config, now=10.0, waiting=waiting, running={})
     assert d.expire == ("late", "now")  # a deadline equal to now has passed
     assert "late" not in d.admit and "now" not in d.admit
@@ -224,13 +262,23 @@ def test_waiting_sentences_past_their_deadline_expire(policy: str) -> None:
 
 
 def test_expiry_happens_while_a_batch_runs_and_nothing_can_join() -> None:
-    d = decide(cfg("request"), now=2.0, waiting=[w("a", deadline=1.0), w("b", deadline=9.0)], running={5: 4})
+    d = decide(
+        cfg("request"),
+        now=2.0,
+        waiting=[w("a", deadline=1.0), w("b", deadline=9.0)],
+        running={5: 4},
+    )
     assert d.expire == ("a",) and d.admit == () and d.step == 5
 
 
 def test_request_level_wake_at_follows_the_oldest_live_sentence() -> None:
     config = cfg("request", max_queue_delay_s=1.0)
-    d = decide(config, now=2.5, waiting=[w("gone", arrived=1.0, deadline=2.0), w("b", arrived=2.0)], running={})
+    d = decide(
+        config,
+        now=2.5,
+        waiting=[w("gone", arrived=1.0, deadline=2.0), w("b", arrived=2.0)],
+        running={},
+    )
     assert d.expire == ("gone",) and d.admit == () and d.wake_at == 3.0
 
 
@@ -239,13 +287,19 @@ def test_request_level_wake_at_follows_the_oldest_live_sentence() -> None:
 
 def test_defaults_are_valid() -> None:
     config = BatchingConfig()
-    assert config.policy == "iteration" and config.max_batch_hypotheses >= config.max_batch_sentences >= 1
+    assert (
+        config.policy == "iteration"
+        and config.max_batch_hypotheses >= config.max_batch_sentences >= 1
+    )
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"policy": "greedy"}, r"batching policy must be one of \('none', 'request', 'iteration'\), got 'greedy'"),
+        (
+            {"policy": "greedy"},
+            r"batching policy must be one of \('none', 'request', 'iteration'\), got 'greedy'",
+        ),
         ({"max_batch_hypotheses": 0}, "batch and queue limits must be >= 1"),
         ({"max_batch_sentences": -1}, "batch and queue limits must be >= 1"),
         ({"max_queue_sentences": 0}, "batch and queue limits must be >= 1"),
@@ -254,7 +308,9 @@ def test_defaults_are_valid() -> None:
         ({"max_queue_delay_s": float("inf")}, "max_queue_delay_s must be"),
     ],
 )
-def test_invalid_batching_config_is_refused_with_a_clear_message(kwargs: dict[str, object], message: str) -> None:
+def test_invalid_batching_config_is_refused_with_a_clear_message(
+    kwargs: dict[str, object], message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         BatchingConfig(**kwargs)  # type: ignore[arg-type]
 

@@ -26,11 +26,15 @@ WAIT_S = 20.0  # generous: a loaded CI machine is slow, a passing test never wai
 
 @pytest.fixture(scope="module")
 def engine(tiny: TinyModel) -> Engine:
-    return Engine.load(tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1))
+    return Engine.load(
+        tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1)
+    )
 
 
 def opts(beam: int, n_best: int = 1, max_len_b: int = 5, max_len_a: float = 1.0) -> SearchOptions:
-    return SearchOptions(beam_size=beam, n_best=n_best, max_len_a=max_len_a, max_len_b=max_len_b, max_len_cap=256)
+    return SearchOptions(
+        beam_size=beam, n_best=n_best, max_len_a=max_len_a, max_len_b=max_len_b, max_len_cap=256
+    )
 
 
 LONG = SearchOptions(beam_size=2, max_len_a=0.0, max_len_b=200, max_len_cap=200)  # up to 200 steps
@@ -73,7 +77,9 @@ def assert_same(got: list[Translation] | None, want: list[Translation]) -> None:
         assert g.source == r.source and g.source_tokens == r.source_tokens
         assert [h.token_ids for h in g.hypotheses] == [h.token_ids for h in r.hypotheses]
         assert [h.text for h in g.hypotheses] == [h.text for h in r.hypotheses]
-        assert [h.score for h in g.hypotheses] == pytest.approx([h.score for h in r.hypotheses], abs=SCORE_TOL)
+        assert [h.score for h in g.hypotheses] == pytest.approx(
+            [h.score for h in r.hypotheses], abs=SCORE_TOL
+        )
         for gh, rh in zip(g.hypotheses, r.hypotheses, strict=True):
             assert (gh.alignment is None) == (rh.alignment is None)
             if gh.alignment is not None and rh.alignment is not None:
@@ -92,8 +98,9 @@ class StepSpy:
 
     def __init__(self) -> None:
         self.rows: list[int] = []
-        self.pause_when: Callable[[int, int], bool] | None = None  # (rows, k) → pause before this call
-        self.fail_when: Callable[[int, int], bool] | None = None  # (rows, k) → raise instead, once
+        # (rows, k) → True: pause before this call / raise instead of it; each fires once
+        self.pause_when: Callable[[int, int], bool] | None = None
+        self.fail_when: Callable[[int, int], bool] | None = None
         self.paused = threading.Event()
         self.resume = threading.Event()
 
@@ -133,7 +140,9 @@ def make_worker(engine: Engine, spy: StepSpy) -> Iterator[Callable[..., Worker]]
     """Build (not start) workers on the tiny engine with a fresh Metrics; all are stopped afterwards."""
     workers: list[Worker] = []
 
-    def build(config: BatchingConfig | None = None, clock: Callable[[], float] = time.monotonic) -> Worker:
+    def build(
+        config: BatchingConfig | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> Worker:
         worker = Worker(engine, config or BatchingConfig(), Metrics(), clock)
         workers.append(worker)
         return worker
@@ -182,10 +191,15 @@ def test_jobs_complete_with_the_same_translations_as_engine_translate(
     assert gauge(worker, "s2s_translated_sentences_total") == sentences
     tokens = sum(len(t.hypotheses[0].token_ids) for o in submitted for t in o.results or [])
     assert gauge(worker, "s2s_generated_tokens_total") == tokens
-    assert gauge(worker, "s2s_queue_depth_sentences") == 0 and gauge(worker, "s2s_running_sentences") == 0
+    assert (
+        gauge(worker, "s2s_queue_depth_sentences") == 0
+        and gauge(worker, "s2s_running_sentences") == 0
+    )
 
 
-def test_sentences_of_different_jobs_share_a_batch(engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], spy: StepSpy) -> None:
+def test_sentences_of_different_jobs_share_a_batch(
+    engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], spy: StepSpy
+) -> None:
     worker = make_worker()
     first, a = make_job(engine, tiny.sources[:2], opts(2))
     second, b = make_job(engine, tiny.sources[2:5], opts(2))
@@ -205,7 +219,8 @@ def test_sentences_of_different_jobs_share_a_batch(engine: Engine, tiny: TinyMod
 def test_a_full_queue_refuses_at_once_and_keeps_what_it_accepted(
     engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker]
 ) -> None:
-    worker = make_worker(BatchingConfig(max_queue_sentences=3))  # not started: nothing leaves the queue
+    # not started: nothing leaves the queue
+    worker = make_worker(BatchingConfig(max_queue_sentences=3))
     kept, kept_outcome = make_job(engine, tiny.sources[:2], opts(1))
     worker.submit(kept)
     refused, refused_outcome = make_job(engine, tiny.sources[2:4], opts(1))
@@ -258,7 +273,7 @@ def test_cancelling_a_running_job_shrinks_the_batch_and_the_others_complete(
 def test_cancelling_a_waiting_job_frees_its_queue_places(
     engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], spy: StepSpy
 ) -> None:
-    worker = make_worker(BatchingConfig(max_batch_sentences=1, max_queue_sentences=3))
+    worker = make_worker(BatchingConfig(max_batch_sentences=1, max_queue_sentences=4))
     running, running_outcome = make_job(engine, tiny.sources[:1], opts(2))
     queued, queued_outcome = make_job(engine, tiny.sources[1:4], opts(2))
     worker.submit(running)
@@ -271,9 +286,10 @@ def test_cancelling_a_waiting_job_frees_its_queue_places(
     assert isinstance(queued_outcome.wait().error, Cancelled)
     assert running_outcome.wait().error is None
     wait_for(lambda: worker.queued_sentences == 0, "the queue to be empty")
-    again, again_outcome = make_job(engine, tiny.sources[1:4], opts(2))
-    worker.submit(again)  # would be QueueFull if the cancelled sentences still counted
-    assert_same(again_outcome.wait().results, engine.translate(tiny.sources[1:4], opts(2)))
+    assert gauge(worker, "s2s_queue_depth_sentences") == 0
+    again, again_outcome = make_job(engine, tiny.sources[1:5], opts(2))
+    worker.submit(again)  # the whole queue: QueueFull if the cancelled sentences still counted
+    assert_same(again_outcome.wait().results, engine.translate(tiny.sources[1:5], opts(2)))
 
 
 def test_a_deadline_that_passes_while_queued_fails_the_job(
@@ -326,7 +342,10 @@ def test_a_failing_decoder_step_fails_its_batch_and_the_worker_keeps_serving(
 
 
 def test_a_failing_encoder_fails_the_joining_jobs_and_the_worker_keeps_serving(
-    engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], monkeypatch: pytest.MonkeyPatch
+    engine: Engine,
+    tiny: TinyModel,
+    make_worker: Callable[..., Worker],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     original = OnnxModel.encode
     calls = []
@@ -357,7 +376,8 @@ def test_stop_refuses_new_jobs_and_finishes_the_accepted_ones(
     engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], spy: StepSpy
 ) -> None:
     worker = make_worker(BatchingConfig(max_batch_sentences=2))
-    accepted = [make_job(engine, tiny.sources[i : i + 2], opts(2)) for i in (0, 2, 4)]  # one runs, two wait
+    # one job decodes, two wait
+    accepted = [make_job(engine, tiny.sources[i : i + 2], opts(2)) for i in (0, 2, 4)]
     for job, _ in accepted:
         worker.submit(job)
     spy.pause_when = lambda rows, k: True

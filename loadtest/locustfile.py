@@ -1,0 +1,175 @@
+"""Locust load test of translation.v1.Translator over gRPC.
+
+    locust -f loadtest/locustfile.py --headless -u 32 -r 32 -t 30s --host 127.0.0.1:50051
+    python -m loadtest.run --users 32 --duration 30s --out runs/loadtest/NAME   # the same, and more
+
+Follows locust's pattern for non-HTTP clients: grpc made gevent-friendly, one channel per user, and
+every call reported with `environment.events.request.fire(request_type="grpc", ...)`. Each request
+kind is its own statistics row ("short-b5", "long-b5", "batch16-b5", "short-b1", ...): a single
+short sentence, a single long one or a batch of 16, with beam 5 or 1 (see loadtest/workload.py).
+
+Environment:
+    S2S_TARGET               gRPC target when --host is not given (default 127.0.0.1:50051)
+    S2S_LOADTEST_MIX         mixed (default) | beam1 | short-long
+    S2S_LOADTEST_ALIGNMENT   none (default) | subword | word: alignments asked for in every request
+    S2S_LOADTEST_SENTENCES   source<TAB>target TSV to draw sentences from (default: see workload.py)
+    S2S_LOADTEST_TIMEOUT_S   per-call deadline in seconds (default 10)
+    S2S_LOADTEST_WAIT_S      wait between a user's requests: SECONDS or MIN,MAX (default 0)
+    S2S_LOADTEST_ROUND_ROBIN 1 to balance over every address a dns:/// target resolves to
+    S2S_LOADTEST_TLS_CA, S2S_LOADTEST_TLS_CERT, S2S_LOADTEST_TLS_KEY   PEM files: TLS, mutual TLS
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import gevent
+import grpc
+import grpc.experimental.gevent as grpc_gevent
+from locust import User, between, constant, events, stats
+
+try:
+    from loadtest import workload
+except ImportError:  # run as a plain file (`locust -f`) without the project installed
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from loadtest import workload
+from proto.translation.v1 import translation_pb2 as pb
+from proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from service.client import channel_credentials, channel_options, decoding_options_to_pb
+
+# grpc's C core must hand its waits to gevent, before any channel is opened
+grpc_gevent.init_gevent()
+
+CONFIG = workload.LoadTestConfig.from_env()
+SOURCES, SOURCES_FROM = workload.load_sources(CONFIG.sentences)
+SHORT, LONG = workload.split_by_length(SOURCES)
+POOLS: dict[str, list[str]] = {"short": SHORT, "long": LONG, "all": SOURCES}
+
+
+@events.init.add_listener
+def describe(environment: Any, **_kwargs: Any) -> None:
+    print(
+        f"loadtest: mix={CONFIG.mix} alignment={CONFIG.alignment} timeout={CONFIG.timeout_s}s "
+        f"sentences={len(SOURCES)} from {SOURCES_FROM} (short <= {len(SHORT[-1])} chars, "
+        f"long >= {len(LONG[0])} chars)",
+        file=sys.stderr,
+    )
+
+
+@events.quitting.add_listener
+def let_csv_catch_up(environment: Any, **_kwargs: Any) -> None:
+    """locust rewrites its CSV files every second, not at exit: one more turn for the final numbers."""
+    options = environment.parsed_options
+    if options is not None and getattr(options, "csv_prefix", None):
+        gevent.sleep(stats.CSV_STATS_INTERVAL_SEC + 0.25)
+
+
+class TranslateFailed(Exception):
+    """A failed call, in a form that groups well in locust's failure table: 'CODE: details'."""
+
+
+def target_of(host: str) -> str:
+    """locust's host as a gRPC target: a grpc:// or http:// prefix is dropped."""
+    for prefix in ("grpc://", "http://"):
+        if host.startswith(prefix):
+            return host[len(prefix) :].rstrip("/")
+    return host
+
+
+class GrpcUser(User):
+    """A user with its own channel to the Translator; `call` times one Translate and reports it."""
+
+    abstract = True
+    host = CONFIG.target
+
+    def __init__(self, environment: Any) -> None:
+        super().__init__(environment)
+        target = target_of(self.host or CONFIG.target)
+        env = os.environ
+        credentials = channel_credentials(
+            env.get("S2S_LOADTEST_TLS_CA") or None,
+            env.get("S2S_LOADTEST_TLS_CERT") or None,
+            env.get("S2S_LOADTEST_TLS_KEY") or None,
+        )
+        options = channel_options(
+            16 * 1024 * 1024, env.get("S2S_LOADTEST_ROUND_ROBIN", "") in ("1", "true", "yes")
+        )
+        if credentials is None:
+            self.channel = grpc.insecure_channel(target, options=options)
+        else:
+            self.channel = grpc.secure_channel(target, credentials, options=options)
+        self.stub = pb_grpc.TranslatorStub(self.channel)
+        self.rng = random.Random()
+
+    def on_stop(self) -> None:
+        self.channel.close()
+
+    def call(self, name: str, texts: list[str], beam: int) -> None:
+        request_id = f"lt-{uuid.uuid4().hex[:12]}"
+        request = pb.TranslateRequest(
+            texts=texts,
+            options=decoding_options_to_pb(beam_size=beam, alignment=CONFIG.alignment),
+            request_id=request_id,
+        )
+        exception: Exception | None = None
+        response_length = 0
+        started = time.perf_counter()
+        try:
+            response = self.stub.Translate(request, timeout=CONFIG.timeout_s)
+            response_length = response.ByteSize()
+            if len(response.translations) != len(texts) or not all(
+                t.hypotheses for t in response.translations
+            ):
+                exception = TranslateFailed(
+                    f"BAD_RESPONSE: {len(response.translations)} translations for {len(texts)} texts"
+                )
+        except grpc.RpcError as err:
+            code = err.code().name if isinstance(err, grpc.Call) else "UNKNOWN"
+            details = err.details() if isinstance(err, grpc.Call) else str(err)
+            exception = TranslateFailed(f"{code}: {details}")
+        self.environment.events.request.fire(
+            request_type="grpc",
+            name=name,
+            response_time=(time.perf_counter() - started) * 1000,
+            response_length=response_length,
+            exception=exception,
+            context={
+                "request_id": request_id,
+                "texts": len(texts),
+                "beam": beam,
+                "alignment": CONFIG.alignment,
+                "mix": CONFIG.mix,
+            },
+        )
+
+
+def make_task(kind: workload.RequestKind) -> Any:
+    def task(user: GrpcUser) -> None:
+        pool = POOLS[kind.pool]
+        texts = [user.rng.choice(pool)] if kind.texts == 1 else user.rng.choices(pool, k=kind.texts)
+        user.call(kind.name, texts, kind.beam)
+
+    task.__name__ = kind.name.replace("-", "_")
+    return task
+
+
+class TranslatorUser(GrpcUser):
+    """The workload S2S_LOADTEST_MIX selects: its request kinds, weighted."""
+
+    # a task listed `weight` times is picked in proportion (what locust makes of a {task: weight} dict)
+    tasks = [  # noqa: RUF012 (locust's class-level task table)
+        task
+        for name, weight in workload.mix_weights(CONFIG.mix).items()
+        for task in [make_task(workload.REQUEST_KINDS[name])] * weight
+    ]
+    wait_time = (
+        constant(CONFIG.wait_s[0])
+        if CONFIG.wait_s[0] == CONFIG.wait_s[1]
+        else between(*CONFIG.wait_s)
+    )
