@@ -237,8 +237,31 @@ class Seq2Seq(nn.Module):
     def rnn_step(
         self, x: Tensor, rnn_state: Tensor | tuple[Tensor, Tensor]
     ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
-        out, new_state = self.rnn(x.unsqueeze(1), rnn_state)  # out (N, 1, H)
-        return out.squeeze(1), new_state
+        """One time step of the stacked decoder RNN, written as cell equations over nn.GRU/nn.LSTM's
+        own parameters: the exported graph then holds plain MatMul/Gemm ops, which ONNX Runtime runs
+        about twice as fast as its GRU/LSTM op for a single step (measured: 13 ms of a 25 ms step)."""
+        lstm = isinstance(rnn_state, tuple)
+        h_all = rnn_state[0] if lstm else rnn_state  # (L, N, H)
+        c_all = rnn_state[1] if lstm else None
+        hs, cs = [], []
+        for layer in range(self.cfg.dec_layers):
+            if layer > 0:
+                x = nn.functional.dropout(x, self.rnn.dropout, self.training)
+            w_ih, w_hh, b_ih, b_hh = (
+                getattr(self.rnn, f"{n}_l{layer}")
+                for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+            )
+            gi = nn.functional.linear(x, w_ih, b_ih)  # (N, G*H)
+            gh = nn.functional.linear(h_all[layer], w_hh, b_hh)  # (N, G*H)
+            if c_all is None:
+                h = gru_cell(gi, gh, h_all[layer])
+            else:
+                h, c = lstm_cell(gi + gh, c_all[layer])
+                cs.append(c)
+            hs.append(h)
+            x = h
+        h_new = torch.stack(hs)  # (L, N, H)
+        return x, (h_new, torch.stack(cs)) if lstm else h_new
 
     def attend(
         self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor
@@ -282,6 +305,23 @@ class Seq2Seq(nn.Module):
             if bool(done.all()):
                 break
         return [strip_eos(row, cfg.eos_id) for row in out.tolist()]
+
+
+def gru_cell(gi: Tensor, gh: Tensor, h: Tensor) -> Tensor:
+    """PyTorch's GRU equations; gi, gh (N, 3H) are the input and hidden projections (r, z, n)."""
+    i_r, i_z, i_n = gi.chunk(3, dim=-1)
+    h_r, h_z, h_n = gh.chunk(3, dim=-1)
+    r = torch.sigmoid(i_r + h_r)
+    z = torch.sigmoid(i_z + h_z)
+    n = torch.tanh(i_n + r * h_n)
+    return (1 - z) * n + z * h
+
+
+def lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """PyTorch's LSTM equations; gates (N, 4H) in the order i, f, g, o."""
+    i, f, g, o = gates.chunk(4, dim=-1)
+    c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c_new), c_new
 
 
 def strip_eos(ids: list[int], eos_id: int) -> list[int]:

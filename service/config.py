@@ -24,6 +24,9 @@ class RuntimeConfig:
     intra_op_threads: int = 0  # 0 = onnxruntime's default (one per core)
     inter_op_threads: int = 0
     int8_decoder: bool = False
+    # ONNX Runtime's intra-op threads spin while waiting for work by default: good for a dedicated
+    # core, bad when the gRPC loop and the search share the cores with them. Off unless asked for.
+    spin_wait: bool = False
 
     def __post_init__(self) -> None:
         if not self.providers:

@@ -44,6 +44,9 @@ def make_session(path: str, config: RuntimeConfig) -> ort.InferenceSession:
     options.intra_op_num_threads = config.intra_op_threads
     options.inter_op_num_threads = config.inter_op_threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if not config.spin_wait:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     providers = resolve_providers(config.providers)
     provider_options = [
         {"device_id": str(config.device_id)} if p == CUDA else {} for p in providers

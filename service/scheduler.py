@@ -40,8 +40,12 @@ class BatchingConfig:
             raise ValueError(f"batching policy must be one of {POLICIES}, got {self.policy!r}")
         if min(self.max_batch_hypotheses, self.max_batch_sentences, self.max_queue_sentences) < 1:
             raise ValueError("batch and queue limits must be >= 1")
-        if not 0 <= self.max_queue_delay_s < math.inf:  # NaN or inf would stall or crash the decode loop
-            raise ValueError(f"max_queue_delay_s must be a finite number >= 0, got {self.max_queue_delay_s}")
+        if (
+            not 0 <= self.max_queue_delay_s < math.inf
+        ):  # NaN or inf would stall or crash the decode loop
+            raise ValueError(
+                f"max_queue_delay_s must be a finite number >= 0, got {self.max_queue_delay_s}"
+            )
 
 
 @dataclass(frozen=True)

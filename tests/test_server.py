@@ -684,20 +684,22 @@ def test_a_deadline_that_passes_while_decoding_frees_the_places(
     )
     assert tiny_deadline.code() == Code.DEADLINE_EXCEEDED
     wait_for(lambda: is_idle(running), "the first request to be dropped")
-    before = requests_done(running, "DEADLINE_EXCEEDED")
+
+    def given_up() -> float:
+        # The client's deadline fires first and cancels the call; the server classifies it by its
+        # own clock, so a request that ran out of time may be counted as CANCELLED (a race).
+        return requests_done(running, "DEADLINE_EXCEEDED") + requests_done(running, "CANCELLED")
+
+    before = given_up()
     gate.open.clear()  # the request is admitted, then its first step is held past the deadline
     call = server.stub.Translate.future(Opts(beam=5).request(long_texts), timeout=0.5)
     wait_for(
         lambda: metric(running, "s2s_running_sentences") == len(long_texts), "the request to decode"
     )
     assert call.exception(WAIT_S).code() == Code.DEADLINE_EXCEEDED  # type: ignore[union-attr]
-    wait_for(
-        lambda: requests_done(running, "DEADLINE_EXCEEDED") >= before + 1,
-        "the server to see the deadline",
-    )
+    wait_for(lambda: given_up() >= before + 1, "the server to see the deadline")
     gate.open.set()
     wait_for(lambda: is_idle(running), "the queue and running gauges to return to 0")
-    assert metric(running, "s2s_rejected_requests_total", reason="deadline_exceeded") >= 1
     o = Opts(beam=2)
     assert_matches(
         server.stub.Translate(o.request(long_texts[:2]), timeout=WAIT_S),
@@ -872,9 +874,13 @@ def test_sigterm_drains_a_loaded_server_process(
     A request can also reach the server at the instant its listener shuts down, before any handler
     took it: gRPC core then answers CANCELLED (grpc/grpc#41785), and the server never saw it. The
     server's log names each request it handled, so the test tells those apart by request id."""
-    port, grace = free_port(), 15.0
+    port, metrics_port, grace = free_port(), free_port(), 15.0
     log_path = tmp_path / "server.log"
-    argv = [*base_args(bundle), "--port", str(port), "--grace-s", str(grace), "--log-level", "INFO"]
+    argv = [
+        *base_args(bundle),
+        *("--port", str(port), "--grace-s", str(grace), "--log-level", "INFO"),
+        *("--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1"),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
@@ -918,7 +924,17 @@ def test_sigterm_drains_a_loaded_server_process(
         threads = [threading.Thread(target=client, args=(f"client{i}",)) for i in range(4)]
         for t in threads:
             t.start()
+
+        def in_flight() -> float:
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as page:
+                for line in page.read().decode().splitlines():
+                    if line.startswith('s2s_requests_in_flight{method="Translate"}'):
+                        return float(line.split()[-1])
+            raise AssertionError("no s2s_requests_in_flight in /metrics")
+
         wait_for(lambda: len(results) >= 4, "some load to have been served")
+        wait_for(lambda: in_flight() >= 2, "requests to be in the server's handlers")
         sigterm_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         sigterm_sent.set()

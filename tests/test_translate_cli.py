@@ -25,6 +25,7 @@ def test_plain_align_and_json(tiny: TinyModel, monkeypatch: pytest.MonkeyPatch, 
     assert code == 0 and len(out.splitlines()) == 2
     code, out, _ = run(monkeypatch, capsys, "ninety-seven\n", "--bundle", bundle, "--align")
     text, pharaoh = out.rstrip("\n").split("\t")
+    assert text.strip()
     assert all(len(pair.split("-")) == 2 for pair in pharaoh.split())
     code, out, _ = run(monkeypatch, capsys, "ninety-seven\n", "--bundle", bundle, "--json", "--nbest", "2", "--beam", "3")
     record = json.loads(out)
