@@ -63,9 +63,14 @@ class DecoderStepGraph(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         state = state.index_select(0, reorder)  # (N, D_state): follow the beam's back-pointers
         logits, new_state, attention = self.model.decode_step(tokens, state, keys, values, mask)
-        log_probs = torch.log_softmax(logits, dim=-1)  # (N, V)
-        top_lp, top_ids = torch.topk(log_probs, k, dim=-1)  # (N, k) each
+        top_lp, top_ids = top_k_log_probs(logits, k)
         return top_lp, top_ids, new_state, attention
+
+
+def top_k_log_probs(logits: Tensor, k: Tensor | int) -> tuple[Tensor, Tensor]:
+    """The k best log-softmax values and their ids, (N, k) each. (TopK on the logits minus a
+    logsumexp was tried: ONNX Runtime's ReduceLogSumExp is 6x slower than its LogSoftmax.)"""
+    return torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
 
 
 def example_inputs(

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from export.model import Seq2Seq
+from export.to_onnx import top_k_log_probs
 from service.beam import StepOutput
 
 
@@ -29,7 +30,7 @@ class TorchDecoder:
         logits, self.state, attention = self.model.decode_step(
             torch.from_numpy(tokens), state, self.keys, self.values, self.mask
         )
-        top_lp, top_ids = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)  # (N, k)
+        top_lp, top_ids = top_k_log_probs(logits, k)  # (N, k), as the exported graph computes them
         return StepOutput(
             log_probs=top_lp.numpy(), token_ids=top_ids.numpy(), attention=attention.numpy()
         )

@@ -55,17 +55,17 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def base_args(bundle: Path) -> list[str]:
-    return [
-        *("--bundle", str(bundle), "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1"),
-        *(
-            "--providers",
-            "CPUExecutionProvider",
-            "--intra-op-threads",
-            "1",
-            "--log-level",
-            "WARNING",
-        ),
-    ]
+    """Flags for a quiet CPU server on 127.0.0.1, a free port, no metrics endpoint."""
+    flags = {
+        "--bundle": str(bundle),
+        "--host": "127.0.0.1",
+        "--port": "0",
+        "--metrics-port": "-1",
+        "--providers": "CPUExecutionProvider",
+        "--intra-op-threads": "1",
+        "--log-level": "WARNING",
+    }
+    return [part for flag in flags.items() for part in flag]
 
 
 class ServerThread:
