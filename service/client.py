@@ -29,6 +29,7 @@ from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.alignment import render_text_heatmap
 from service.heatmap import save_heatmap_png
+from service.render import translation_to_json
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 ROUND_ROBIN_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
@@ -144,36 +145,6 @@ def model_info_from_pb(message: pb.ModelInfo) -> dict[str, Any]:
     if message.architecture_json:
         info["architecture"] = json.loads(message.architecture_json)
     return info
-
-
-def translation_to_json(t: ClientTranslation) -> dict[str, Any]:
-    """A JSON-ready dict, matrices as nested lists rounded to 5 decimals."""
-
-    def alignment_json(a: ClientAlignment | None) -> dict[str, Any] | None:
-        if a is None:
-            return None
-        return {
-            "source_tokens": a.source_tokens,
-            "target_tokens": a.target_tokens,
-            "matrix": a.matrix.round(5).tolist(),
-            "pharaoh": a.pharaoh,
-        }
-
-    return {
-        "source": t.source,
-        "source_tokens": t.source_tokens,
-        "hypotheses": [
-            {
-                "text": h.text,
-                "tokens": h.tokens,
-                "score": h.score,
-                "log_prob": h.log_prob,
-                "finished": h.finished,
-                "alignment": alignment_json(h.alignment),
-            }
-            for h in t.hypotheses
-        ],
-    }
 
 
 # --- the client -------------------------------------------------------------------------------

@@ -12,40 +12,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from service.beam import SearchOptions
 from service.bundle import BundleError
 from service.config import RuntimeConfig
 from service.engine import AlignmentMode, Engine, InvalidInput, Translation
 from service.heatmap import save_heatmap_png
+from service.render import translation_to_json
 
 DEFAULT_BUNDLE = Path(__file__).resolve().parent.parent / "models" / "default"
-
-
-def translation_to_json(t: Translation) -> dict[str, Any]:
-    return {
-        "source": t.source,
-        "source_tokens": t.source_tokens,
-        "hypotheses": [
-            {
-                "text": h.text,
-                "tokens": h.tokens,
-                "score": h.score,
-                "log_prob": h.log_prob,
-                "finished": h.finished,
-                "alignment": None
-                if h.alignment is None
-                else {
-                    "source_tokens": h.alignment.source_tokens,
-                    "target_tokens": h.alignment.target_tokens,
-                    "matrix": h.alignment.matrix.round(5).tolist(),
-                    "pharaoh": h.alignment.pharaoh,
-                },
-            }
-            for h in t.hypotheses
-        ],
-    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
