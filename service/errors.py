@@ -11,6 +11,10 @@ class QueueFull(Exception):
     """The bounded queue has no room: the client should back off and retry."""
 
 
+class NotReady(Exception):
+    """The model is still loading (health says NOT_SERVING meanwhile)."""
+
+
 class ShuttingDown(Exception):
     """The server is draining before exit and accepts no new work."""
 
@@ -31,6 +35,7 @@ STATUS: dict[type[Exception], grpc.StatusCode] = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
     QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+    NotReady: grpc.StatusCode.UNAVAILABLE,
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     Cancelled: grpc.StatusCode.CANCELLED,
     DecodeFailed: grpc.StatusCode.INTERNAL,

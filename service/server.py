@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -31,7 +32,7 @@ from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.beam import SearchOptions
 from service.config import Settings, load_settings
 from service.engine import AlignmentMode, Engine, InvalidInput, Translation
-from service.errors import REJECT_REASON, status_for
+from service.errors import REJECT_REASON, NotReady, status_for
 from service.metrics import Metrics, start_metrics_http_server
 from service.worker import Job, Worker
 
@@ -47,6 +48,27 @@ ALIGNMENT_FROM_PB: dict[int, AlignmentMode] = {
 
 
 # --- protobuf ↔ plain types ----------------------------------------------------------------------
+
+
+class MalformedRequest:
+    """Request bytes that are not a TranslateRequest (bad wire format, a string that is not UTF-8).
+
+    grpc would answer such bytes itself, UNKNOWN with the parser's exception and unseen by the
+    metrics; the servicer gets this instead and answers INVALID_ARGUMENT like any other bad input.
+    """
+
+    texts: tuple[str, ...] = ()
+    request_id = ""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def deserialize_translate_request(data: bytes) -> pb.TranslateRequest | MalformedRequest:
+    try:
+        return pb.TranslateRequest.FromString(data)
+    except DecodeError as err:
+        return MalformedRequest(str(err))
 
 
 @dataclass(frozen=True)
@@ -147,16 +169,31 @@ def translation_to_pb(t: Translation) -> pb.Translation:
 
 
 class TranslatorServicer(pb_grpc.TranslatorServicer):
-    def __init__(
-        self, engine: Engine, worker: Worker, settings: Settings, metrics: Metrics
-    ) -> None:
-        self.engine = engine
-        self.worker = worker
+    """Registered before the server starts; answers UNAVAILABLE until `attach` gives it the model."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        self._engine: Engine | None = None
+        self._worker: Worker | None = None
+
+    def attach(self, engine: Engine, worker: Worker) -> None:
+        self._engine, self._worker = engine, worker
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise NotReady("the model is still loading: retry in a few seconds")
+        return self._engine
+
+    @property
+    def worker(self) -> Worker:
+        if self._worker is None:
+            raise NotReady("the model is still loading: retry in a few seconds")
+        return self._worker
 
     async def Translate(
-        self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext
+        self, request: pb.TranslateRequest | MalformedRequest, context: grpc.aio.ServicerContext
     ) -> pb.TranslateResponse:
         request_id = request.request_id or uuid.uuid4().hex[:16]
         started = time.perf_counter()
@@ -184,8 +221,15 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         return response
 
     async def translate(
-        self, request: pb.TranslateRequest, request_id: str, context: grpc.aio.ServicerContext
+        self,
+        request: pb.TranslateRequest | MalformedRequest,
+        request_id: str,
+        context: grpc.aio.ServicerContext,
     ) -> pb.TranslateResponse:
+        if isinstance(request, MalformedRequest):
+            raise InvalidInput(
+                f"the request is not a valid {pb.TranslateRequest.DESCRIPTOR.full_name}: {request.error}"
+            )
         parsed = parse_request(request, self.settings)
         self.engine.check_options(parsed.options, parsed.alignment)
         prepared = []
@@ -209,18 +253,30 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         except asyncio.CancelledError:
             self.worker.cancel(job)
             raise
-        return pb.TranslateResponse(
+        response = pb.TranslateResponse(
             translations=[translation_to_pb(t) for t in results],
             request_id=request_id,
             model_version=self.engine.bundle.version,
         )
+        size, limit = response.ByteSize(), self.settings.server.max_message_bytes
+        if size > limit:  # grpc would refuse to send it, after the metrics counted it OK
+            raise InvalidInput(
+                f"the response would be {size} bytes, over the server's message limit of {limit}: "
+                "send fewer texts, or ask for a smaller n_best or no alignment"
+            )
+        return response
 
     async def GetModelInfo(
         self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInfo:
         started = time.perf_counter()
         with self.metrics.track_in_flight("GetModelInfo"):
-            info = model_info(self.engine, self.settings)
+            try:
+                info = model_info(self.engine, self.settings)
+            except NotReady as err:
+                code, message = status_for(err)
+                self.finish("GetModelInfo", "", code, started, 0, message)
+                await context.abort(code, message)
         self.finish("GetModelInfo", "", grpc.StatusCode.OK, started, 0)
         return info
 
@@ -248,6 +304,25 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 "error": message,
             },
         )
+
+
+def add_translator_servicer(servicer: TranslatorServicer, server: grpc.aio.Server) -> None:
+    """As the generated `add_TranslatorServicer_to_server`, with Translate's bytes parsed by
+    `deserialize_translate_request`."""
+    handlers = {
+        "Translate": grpc.unary_unary_rpc_method_handler(
+            servicer.Translate,
+            request_deserializer=deserialize_translate_request,
+            response_serializer=pb.TranslateResponse.SerializeToString,
+        ),
+        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+            servicer.GetModelInfo,
+            request_deserializer=pb.ModelInfoRequest.FromString,
+            response_serializer=pb.ModelInfo.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def resolve(
@@ -380,12 +455,23 @@ async def create_server(
     )
     address = f"{settings.server.host}:{settings.server.port}"
     credentials = server_credentials(settings)
-    port = (
-        server.add_secure_port(address, credentials)
-        if credentials
-        else server.add_insecure_port(address)
-    )
-    await server.start()  # health answers NOT_SERVING while the model loads
+    try:
+        port = (
+            server.add_secure_port(address, credentials)
+            if credentials
+            else server.add_insecure_port(address)
+        )
+    except RuntimeError as err:  # grpc says "Failed to bind" for a bad key or certificate too
+        if not credentials:
+            raise
+        s = settings.server
+        raise RuntimeError(
+            f"{err} (or the TLS files are wrong: {s.tls_cert} and {s.tls_key} must be a PEM "
+            "certificate and its private key)"
+        ) from err
+    servicer = TranslatorServicer(settings, metrics)
+    add_translator_servicer(servicer, server)  # before start: grpc takes no handlers after it
+    await server.start()  # health answers NOT_SERVING, Translate UNAVAILABLE, while the model loads
     try:
         loop = asyncio.get_running_loop()
         if engine is None:
@@ -393,9 +479,7 @@ async def create_server(
                 None, Engine.load, settings.server.bundle, settings.runtime, settings.limits
             )
         worker = Worker(engine, settings.batching, metrics)
-        pb_grpc.add_TranslatorServicer_to_server(
-            TranslatorServicer(engine, worker, settings, metrics), server
-        )
+        servicer.attach(engine, worker)
         running = Running(server, port, worker, health_servicer, engine, metrics, settings)
         metrics.set_model_info(
             engine.bundle.name,
