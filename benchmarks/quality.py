@@ -19,15 +19,21 @@ from service.config import RuntimeConfig
 from service.engine import Engine
 
 
-def evaluate_engine(engine: Engine, pairs: list[tuple[str, str]], beam: int, batch_size: int) -> dict[str, Any]:
+def evaluate_engine(
+    engine: Engine, pairs: list[tuple[str, str]], beam: int, batch_size: int
+) -> dict[str, Any]:
     options = SearchOptions(beam_size=beam)
     sources = [s for s, _ in pairs]
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths batch together
+    order = sorted(
+        range(len(sources)), key=lambda i: len(sources[i])
+    )  # similar lengths batch together
     hyps = [""] * len(sources)
     started = time.perf_counter()
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        for i, t in zip(idx, engine.translate([sources[i] for i in idx], options, "none"), strict=True):
+        for i, t in zip(
+            idx, engine.translate([sources[i] for i in idx], options, "none"), strict=True
+        ):
             hyps[i] = t.hypotheses[0].text
     seconds = time.perf_counter() - started
     result = score(hyps, [t for _, t in pairs])
@@ -36,7 +42,9 @@ def evaluate_engine(engine: Engine, pairs: list[tuple[str, str]], beam: int, bat
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--bundle", type=Path, default=Path("models/default"))
     p.add_argument("--test", type=Path, default=Path("docs/eval/test.tsv"))
     p.add_argument("--beam", type=int, default=5)
@@ -45,10 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     pairs = read_tsv(args.test)
-    report: dict[str, Any] = {"bundle": str(args.bundle), "test": str(args.test), "beam": args.beam, "sentences": len(pairs)}
+    report: dict[str, Any] = {
+        "bundle": str(args.bundle),
+        "test": str(args.test),
+        "beam": args.beam,
+        "sentences": len(pairs),
+    }
     for name, int8 in (("fp32", False), ("int8", True)):
-        runtime = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=args.threads, int8_decoder=int8)
-        report[name] = evaluate_engine(Engine.load(args.bundle, runtime), pairs, args.beam, args.batch_size)
+        runtime = RuntimeConfig(
+            providers=("CPUExecutionProvider",), intra_op_threads=args.threads, int8_decoder=int8
+        )
+        report[name] = evaluate_engine(
+            Engine.load(args.bundle, runtime), pairs, args.beam, args.batch_size
+        )
         print(name, json.dumps(report[name]))
     fp32, int8 = report["fp32"], report["int8"]
     print(

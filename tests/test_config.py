@@ -10,9 +10,25 @@ from service.config import ServerConfig, load_settings
 def test_defaults_env_and_flags_in_that_order() -> None:
     s = load_settings([], {})
     assert s.server.port == 50051 and s.batching.policy == "iteration" and s.decoding.beam_size == 5
-    s = load_settings([], {"S2S_PORT": "6000", "S2S_POLICY": "request", "S2S_PROVIDERS": "CPUExecutionProvider", "S2S_WARMUP": "false"})
-    assert (s.server.port, s.batching.policy, s.runtime.providers, s.server.warmup) == (6000, "request", ("CPUExecutionProvider",), False)
-    s = load_settings(["--port", "7000", "--default-beam-size", "2", "--max-queue-delay-s", "0.01"], {"S2S_PORT": "6000"})
+    s = load_settings(
+        [],
+        {
+            "S2S_PORT": "6000",
+            "S2S_POLICY": "request",
+            "S2S_PROVIDERS": "CPUExecutionProvider",
+            "S2S_WARMUP": "false",
+        },
+    )
+    assert (s.server.port, s.batching.policy, s.runtime.providers, s.server.warmup) == (
+        6000,
+        "request",
+        ("CPUExecutionProvider",),
+        False,
+    )
+    s = load_settings(
+        ["--port", "7000", "--default-beam-size", "2", "--max-queue-delay-s", "0.01"],
+        {"S2S_PORT": "6000"},
+    )
     assert (s.server.port, s.decoding.beam_size, s.batching.max_queue_delay_s) == (7000, 2, 0.01)
 
 

@@ -18,14 +18,25 @@ def test_serving_imports_no_torch_and_no_export() -> None:
         "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'export')))\n"
         "print(','.join(bad))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "", f"serving modules pulled in: {out.stdout.strip()}"
 
 
 def test_generated_stubs_match_the_proto(tmp_path: Path) -> None:
     proto = "proto/translation/v1/translation.proto"
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-I", ".", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}", proto],
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-I",
+            ".",
+            f"--python_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            proto,
+        ],
         cwd=REPO,
         check=True,
     )

@@ -496,11 +496,11 @@ def test_health_follows_the_life_cycle(
         assert loading.wait(WAIT_S)
         for name in ("", SERVICE_NAME):
             assert health_status(channel, name) == NOT_SERVING
-        # a client that ignores health is refused at once, never hangs (UNIMPLEMENTED: no servicer yet)
+        # a client that ignores health is refused at once with UNAVAILABLE (retryable), never hangs
         early = error_of(
             lambda: pb_grpc.TranslatorStub(channel).Translate(Opts().request(["one"]), timeout=5)
         )
-        assert early.code() in (Code.UNAVAILABLE, Code.UNIMPLEMENTED)
+        assert early.code() == Code.UNAVAILABLE
         loaded.set()
         assert warming.wait(WAIT_S)
         assert health_status(channel, SERVICE_NAME) == NOT_SERVING
