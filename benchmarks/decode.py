@@ -144,7 +144,7 @@ def matmul_peak_gflops() -> dict[str, float]:
     return figures
 
 
-def random_workload(quick: bool) -> Workload:
+def random_workload(n: int) -> Workload:
     torch.manual_seed(0)
     cfg = ModelConfig(
         src_vocab_size=8000,
@@ -157,20 +157,18 @@ def random_workload(quick: bool) -> Workload:
     )
     model = Seq2Seq(cfg).eval()
     rng = np.random.default_rng(0)
-    n = 32 if quick else 64
     sources = [rng.integers(4, cfg.src_vocab_size, size=30).tolist() for _ in range(n)]
     return build_workload(
         "realistic (V 8k, E 256, H 512, S 30, random weights)", model, sources, 30
     )
 
 
-def default_workload(checkpoint: Path, test_tsv: Path, tokenizer: Path, quick: bool) -> Workload:
+def default_workload(checkpoint: Path, test_tsv: Path, tokenizer: Path, n: int) -> Workload:
     from export.corpus import read_tsv
     from service.tokenizer import Tokenizer
 
     model, _ = load_checkpoint(checkpoint)
     tok = Tokenizer.load(tokenizer)
-    n = 32 if quick else 64
     sources = [tok.encode(s) for s, _ in read_tsv(test_tsv)[:n]]
     return build_workload("default model (numbers en→fr)", model, sources, 30)
 
@@ -244,7 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--quick", action="store_true", help="fewer sentences and repeats (a smoke run)")
+    p.add_argument("--quick", action="store_true", help="32 sentences, one repeat (a smoke run)")
+    p.add_argument(
+        "--sentences", type=int, default=128, help="sentences per batch (beam 5: x5 hypotheses)"
+    )
     p.add_argument("--json", type=Path, help="also write the figures as JSON")
     p.add_argument("--checkpoint", type=Path, default=REPO / "models" / "default.pt")
     p.add_argument("--test", type=Path, default=REPO / "docs" / "eval" / "test.tsv")
@@ -252,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(2)
     repeats = 1 if args.quick else 3
+    n = 32 if args.quick else args.sentences
     peaks = matmul_peak_gflops()
     peak = peaks["peak"]
     print(
@@ -261,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"matmul_gflops": peaks, "workloads": {}}
     workloads = []
     if args.checkpoint.is_file() and args.test.is_file():
-        workloads.append(default_workload(args.checkpoint, args.test, args.tokenizer, args.quick))
-    workloads.append(random_workload(args.quick))
+        workloads.append(default_workload(args.checkpoint, args.test, args.tokenizer, n))
+    workloads.append(random_workload(n))
     for w in workloads:
         results = [measure(w, beam, repeats) for beam in (1, 5)]
         print_table(w.name, results, peak)
