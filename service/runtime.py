@@ -111,6 +111,120 @@ class OnnxModel:
         return OnnxDecoder(self)
 
 
+class EncoderRows:
+    """The running batch's encoder tensors, one row per sentence, in host buffers with spare capacity.
+
+    Sentences join and leave between almost every step under load, so rows are appended in place and
+    compacted in place rather than re-concatenated: a join writes only the new rows, a leave moves only
+    the rows after the first one dropped. The source axis is the longest source present (shorter rows
+    are masked) and shrinks when the remaining sentences need at most half of it.
+    """
+
+    def __init__(self, keys_follow_source: bool) -> None:
+        self.keys_follow_source = (
+            keys_follow_source  # False for attention "none": keys are (B, 1, D)
+        )
+        self.count = 0
+        self.values: np.ndarray | None = None  # (capacity, S, D)
+        self.keys: np.ndarray | None = None  # (capacity, S or 1, Dk)
+        self.mask: np.ndarray | None = None  # (capacity, S) bool
+        self.lengths: np.ndarray | None = None  # (capacity,) int64 real source length per row
+
+    def views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """values (B, S, D), keys (B, S or 1, Dk), mask (B, S): contiguous leading slices."""
+        assert self.values is not None and self.keys is not None and self.mask is not None
+        B = self.count
+        return self.values[:B], self.keys[:B], self.mask[:B]
+
+    def append(self, values: np.ndarray, keys: np.ndarray, mask: np.ndarray) -> None:
+        n, S_new = mask.shape
+        if self.values is None:
+            self.allocate(max(16, 2 * n), S_new, values.shape[2], keys.shape[1], keys.shape[2])
+        elif self.count + n > self.capacity or S_new > self.source_len:
+            self.resize(max(self.capacity, 2 * (self.count + n)), max(self.source_len, S_new))
+        assert (
+            self.values is not None
+            and self.keys is not None
+            and self.mask is not None
+            and self.lengths is not None
+        )
+        rows = slice(self.count, self.count + n)
+        self.values[rows] = 0.0
+        self.values[rows, :S_new] = values
+        self.mask[rows] = False
+        self.mask[rows, :S_new] = mask
+        self.keys[rows] = 0.0
+        self.keys[rows, : keys.shape[1]] = keys
+        self.lengths[rows] = mask.sum(axis=1)
+        self.count += n
+
+    def keep(self, keep: np.ndarray) -> None:
+        """Keep the rows `keep` (B',), in that order."""
+        if len(keep) == 0:
+            self.count = 0
+            self.values = self.keys = self.mask = self.lengths = None
+            return
+        assert (
+            self.values is not None
+            and self.keys is not None
+            and self.mask is not None
+            and self.lengths is not None
+        )
+        moved = np.flatnonzero(
+            keep != np.arange(len(keep))
+        )  # the first row that changes place onwards
+        if len(moved):
+            first = int(moved[0])
+            for buffer in (self.values, self.keys, self.mask, self.lengths):
+                buffer[first : len(keep)] = buffer[keep[first:]]
+        self.count = len(keep)
+        needed = int(self.lengths[: self.count].max())
+        if needed <= self.source_len // 2:
+            self.resize(self.capacity, needed)
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.mask is None else int(self.mask.shape[0])
+
+    @property
+    def source_len(self) -> int:
+        return 0 if self.mask is None else int(self.mask.shape[1])
+
+    def allocate(self, capacity: int, S: int, D: int, key_len: int, Dk: int) -> None:
+        self.values = np.zeros((capacity, S, D), np.float32)
+        self.keys = np.zeros((capacity, S if self.keys_follow_source else key_len, Dk), np.float32)
+        self.mask = np.zeros((capacity, S), bool)
+        self.lengths = np.zeros(capacity, np.int64)
+
+    def resize(self, capacity: int, S: int) -> None:
+        """New buffers of (capacity, S, ·) holding the current rows, cut or zero-padded to S."""
+        assert (
+            self.values is not None
+            and self.keys is not None
+            and self.mask is not None
+            and self.lengths is not None
+        )
+        old_values, old_keys, old_mask, old_lengths = (
+            self.values,
+            self.keys,
+            self.mask,
+            self.lengths,
+        )
+        self.allocate(capacity, S, old_values.shape[2], old_keys.shape[1], old_keys.shape[2])
+        assert (
+            self.values is not None
+            and self.keys is not None
+            and self.mask is not None
+            and self.lengths is not None
+        )
+        B, S_copy = self.count, min(S, old_mask.shape[1])
+        self.values[:B, :S_copy] = old_values[:B, :S_copy]
+        key_copy = S_copy if self.keys_follow_source else old_keys.shape[1]
+        self.keys[:B, :key_copy] = old_keys[:B, :key_copy]
+        self.mask[:B, :S_copy] = old_mask[:B, :S_copy]
+        self.lengths[:B] = old_lengths[:B]
+
+
 class OnnxDecoder:
     """The decoder side of one running batch; implements `service.beam.Decoder`.
 
@@ -120,16 +234,13 @@ class OnnxDecoder:
 
     def __init__(self, model: OnnxModel) -> None:
         self.model = model
-        self.values: np.ndarray | None = None  # host copies for composition changes: (B, S, D)
-        self.keys: np.ndarray | None = None
-        self.mask: np.ndarray | None = None  # (B, S) bool
+        self.rows = EncoderRows(keys_follow_source=model.bundle.architecture.attention != "none")
         self.device_tensors: tuple[ort.OrtValue, ort.OrtValue, ort.OrtValue] | None = None
         self.state: ort.OrtValue | None = None  # (R, D_state)
-        self.fixed_context = model.bundle.architecture.attention == "none"
 
     @property
     def num_sentences(self) -> int:
-        return 0 if self.mask is None else int(self.mask.shape[0])
+        return self.rows.count
 
     @property
     def state_rows(self) -> int:
@@ -138,22 +249,7 @@ class OnnxDecoder:
     def add_sentences(self, encoded: Encoded) -> int:
         """Append sentences (at the end of the sentence order); returns the state-buffer row of the first one."""
         offset = self.state_rows
-        new_values, new_keys, new_mask = (
-            encoded.values.numpy(),
-            encoded.keys.numpy(),
-            encoded.mask.numpy(),
-        )
-        if self.mask is None:
-            self.values, self.keys, self.mask = new_values, new_keys, new_mask
-        else:
-            assert self.values is not None and self.keys is not None
-            self.values = concat_padded(self.values, new_values)
-            self.mask = concat_padded(self.mask, new_mask)
-            self.keys = (
-                np.concatenate([self.keys, new_keys])
-                if self.fixed_context
-                else concat_padded(self.keys, new_keys)
-            )
+        self.rows.append(encoded.values.numpy(), encoded.keys.numpy(), encoded.mask.numpy())
         new_state = encoded.state.numpy()
         state = new_state if self.state is None else np.concatenate([self.state.numpy(), new_state])
         self.state = self.model.to_device(state)
@@ -161,27 +257,22 @@ class OnnxDecoder:
         return offset
 
     def keep_sentences(self, keep: np.ndarray) -> None:
-        """Drop finished sentences' encoder rows; trim the source axis to the longest that remains."""
-        assert self.values is not None and self.keys is not None and self.mask is not None
+        """Drop finished sentences' encoder rows (the state rows are dropped by the next reorder)."""
         keep = np.asarray(keep, dtype=np.int64)
-        if len(keep) == 0:  # the batch is empty: forget everything
-            self.values = self.keys = self.mask = None
+        self.rows.keep(keep)
+        if len(keep) == 0:  # the batch is empty: its state rows are of no use to anyone
             self.device_tensors = None
             self.state = None
             return
-        mask = self.mask[keep]  # (B', S)
-        S = max(int(mask.sum(axis=1).max()), 1)
-        self.mask = mask[:, :S]
-        self.values = self.values[keep, :S]
-        self.keys = self.keys[keep] if self.fixed_context else self.keys[keep, :S]
         self.upload_encoder_tensors()
 
     def upload_encoder_tensors(self) -> None:
-        assert self.values is not None and self.keys is not None and self.mask is not None
+        """On the CPU an OrtValue wraps the numpy buffer (no copy); on a GPU this is one upload."""
+        values, keys, mask = self.rows.views()
         self.device_tensors = (
-            self.model.to_device(self.values),
-            self.model.to_device(self.keys),
-            self.model.to_device(self.mask),
+            self.model.to_device(values),
+            self.model.to_device(keys),
+            self.model.to_device(mask),
         )
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
@@ -209,17 +300,3 @@ class OnnxDecoder:
         return StepOutput(
             log_probs=log_probs.numpy(), token_ids=token_ids.numpy(), attention=attention.numpy()
         )
-
-
-def concat_padded(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Concatenate along axis 0, zero-padding axis 1 (the source length) to the longer of the two."""
-    S = max(a.shape[1], b.shape[1])
-    return np.concatenate([pad_axis1(a, S), pad_axis1(b, S)])
-
-
-def pad_axis1(x: np.ndarray, S: int) -> np.ndarray:
-    if x.shape[1] == S:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[1] = (0, S - x.shape[1])
-    return np.pad(x, widths)

@@ -1,0 +1,76 @@
+"""EncoderRows: the running batch's encoder buffers, appended and compacted in place."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.runtime import EncoderRows
+
+
+def sentence_rows(
+    rng: np.random.Generator, lengths: list[int], D: int = 3
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    S = max(lengths)
+    mask = np.arange(S)[None, :] < np.array(lengths)[:, None]  # (n, S)
+    values = rng.standard_normal((len(lengths), S, D)).astype(np.float32) * mask[..., None]
+    keys = values[..., :2] * 2.0
+    return values, keys, mask
+
+
+def expected(
+    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same rows concatenated and zero-padded to the longest: what the buffers must show."""
+    S = max(int(m.sum()) for _, _, m in rows)
+    pad = [
+        (v[:S] if v.shape[0] >= S else np.pad(v, ((0, S - v.shape[0]), (0, 0)))) for v, _, _ in rows
+    ]
+    padk = [
+        (k[:S] if k.shape[0] >= S else np.pad(k, ((0, S - k.shape[0]), (0, 0)))) for _, k, _ in rows
+    ]
+    padm = [(m[:S] if m.shape[0] >= S else np.pad(m, (0, S - m.shape[0]))) for _, _, m in rows]
+    return np.stack(pad), np.stack(padk), np.stack(padm)
+
+
+def test_append_grow_compact_and_shrink_keep_rows_in_order() -> None:
+    rng = np.random.default_rng(0)
+    buf = EncoderRows(keys_follow_source=True)
+    model: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for lengths in (
+        [3, 1],
+        [5],
+        [2, 2, 2] * 6,
+        [9],
+        [1],
+    ):  # grows S (3 → 5 → 9) and capacity (16 → more)
+        values, keys, mask = sentence_rows(rng, lengths)
+        buf.append(values, keys, mask)
+        model += [(values[i], keys[i], mask[i]) for i in range(len(lengths))]
+    for keep in (
+        [0, 2, 3, 5, 7, 8, 9, 10, 11, 20, 21, 22],
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+        [1, 3, 4],
+    ):
+        buf.keep(np.array(keep))
+        model = [model[i] for i in keep]
+        values, keys, mask = buf.views()
+        want_v, want_k, want_m = expected(model)
+        S = want_m.shape[1]
+        assert np.array_equal(mask[:, :S], want_m) and not mask[:, S:].any()
+        assert np.allclose(values[:, :S], want_v) and np.allclose(keys[:, :S], want_k)
+    assert buf.source_len <= 2 * max(
+        int(m.sum()) for _, _, m in model
+    )  # the 9-long row left: S shrank
+    buf.keep(np.array([], dtype=np.int64))
+    assert buf.count == 0 and buf.values is None
+
+
+def test_fixed_context_keys_do_not_follow_the_source_axis() -> None:
+    rng = np.random.default_rng(1)
+    buf = EncoderRows(keys_follow_source=False)
+    for lengths in ([4], [7, 2]):
+        values, _, mask = sentence_rows(rng, lengths)
+        summary = rng.standard_normal((len(lengths), 1, 3)).astype(np.float32)
+        buf.append(values, summary, mask)
+    _, keys, mask = buf.views()
+    assert keys.shape == (3, 1, 3) and mask.shape == (3, 7)
