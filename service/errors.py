@@ -51,6 +51,14 @@ REJECT_REASON: dict[grpc.StatusCode, str] = {
 }
 
 
+def reject_reason(code: grpc.StatusCode, error: Exception | None = None) -> str:
+    """The `reason` label of s2s_rejected_requests_total: by status code, but a model still loading
+    is told apart from a server shutting down (both UNAVAILABLE)."""
+    if isinstance(error, NotReady):
+        return "not_ready"
+    return REJECT_REASON.get(code, "internal")
+
+
 def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
     """The status code and the message a client sees; unknown errors are INTERNAL without details."""
     for cls, code in STATUS.items():

@@ -40,6 +40,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "deadline_exceeded",
     "cancelled",
     "shutting_down",
+    "not_ready",
     "internal",
 )
 

@@ -32,7 +32,7 @@ from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.beam import SearchOptions
 from service.config import Settings, load_settings
 from service.engine import AlignmentMode, Engine, InvalidInput, Translation
-from service.errors import REJECT_REASON, NotReady, status_for
+from service.errors import NotReady, reject_reason, status_for
 from service.metrics import Metrics, start_metrics_http_server
 from service.worker import Job, Worker
 
@@ -198,6 +198,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         request_id = request.request_id or uuid.uuid4().hex[:16]
         started = time.perf_counter()
         code, message, response = grpc.StatusCode.OK, "", None
+        error: Exception | None = None
         with self.metrics.track_in_flight("Translate"):
             try:
                 response = await self.translate(request, request_id, context)
@@ -211,10 +212,11 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 self.finish("Translate", request_id, code, started, len(request.texts))
                 raise
             except Exception as err:
+                error = err
                 code, message = status_for(err)
                 if code == grpc.StatusCode.INTERNAL:
                     log.error("request failed", exc_info=err, extra={"request_id": request_id})
-        self.finish("Translate", request_id, code, started, len(request.texts), message)
+        self.finish("Translate", request_id, code, started, len(request.texts), message, error)
         if code != grpc.StatusCode.OK:
             await context.abort(code, message)
         assert response is not None
@@ -275,7 +277,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 info = model_info(self.engine, self.settings)
             except NotReady as err:
                 code, message = status_for(err)
-                self.finish("GetModelInfo", "", code, started, 0, message)
+                self.finish("GetModelInfo", "", code, started, 0, message, err)
                 await context.abort(code, message)
         self.finish("GetModelInfo", "", grpc.StatusCode.OK, started, 0)
         return info
@@ -288,11 +290,12 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         started: float,
         texts: int,
         message: str = "",
+        error: Exception | None = None,
     ) -> None:
         seconds = time.perf_counter() - started
         self.metrics.observe_request(method, code.name, seconds)
         if code != grpc.StatusCode.OK:
-            self.metrics.reject(REJECT_REASON.get(code, "internal"))
+            self.metrics.reject(reject_reason(code, error))
         log.info(
             "request done",
             extra={

@@ -501,11 +501,18 @@ def test_health_follows_the_life_cycle(
             lambda: pb_grpc.TranslatorStub(channel).Translate(Opts().request(["one"]), timeout=5)
         )
         assert early.code() == Code.UNAVAILABLE
+        assert "loading" in (early.details() or "")
         loaded.set()
         assert warming.wait(WAIT_S)
         assert health_status(channel, SERVICE_NAME) == NOT_SERVING
         warmed.set()
         srv.ready(started)
+        assert (
+            srv.r.metrics.registry.get_sample_value(
+                "s2s_rejected_requests_total", {"reason": "not_ready"}
+            )
+            == 1.0
+        )  # counted as a refusal while loading, not as shutting down
         for name in ("", SERVICE_NAME):
             assert health_status(channel, name) == SERVING
         assert srv.stub.Translate(Opts(beam=1).request(texts[:1]), timeout=WAIT_S).translations
