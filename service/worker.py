@@ -71,8 +71,7 @@ class Worker:
         self.queued_sentences = 0  # waiting + inbox, for the bound (guarded by cond)
         self.accepting = True
         self.stopping = False
-        self.waiting: list[tuple[Waiting, SentenceKey]] = []  # loop thread only
-        self.arrival: dict[SentenceKey, float] = {}
+        self.waiting: list[Waiting] = []  # loop thread only; each key is a SentenceKey
         self.batches: dict[int, RunningBatch] = {}  # beam size → running batch
         self.last_stepped: int | None = None
         self.thread = threading.Thread(target=self.run, name="decode-loop", daemon=True)
@@ -130,7 +129,7 @@ class Worker:
             decision = decide(
                 self.config,
                 self.clock(),
-                [w for w, _ in self.waiting],
+                self.waiting,
                 {beam: len(batch) for beam, batch in self.batches.items()},
                 self.last_stepped,
             )
@@ -143,10 +142,7 @@ class Worker:
         for job in jobs:
             for i in range(len(job.sentences)):
                 key = SentenceKey(job, i)
-                self.waiting.append(
-                    (Waiting(key, job, job.options.beam_size, now, job.deadline), key)
-                )
-                self.arrival[key] = now
+                self.waiting.append(Waiting(key, job, job.options.beam_size, now, job.deadline))
         self.metrics.set_queue_depth(len(self.waiting))
 
     def sleep_until(self, wake_at: float | None) -> None:
@@ -173,9 +169,10 @@ class Worker:
         ):  # admit() may have failed the batch
             self.step(decision.step)
 
-    def take_waiting(self, keys: set[Hashable]) -> list[SentenceKey]:
-        taken = [key for w, key in self.waiting if w.key in keys]
-        self.waiting = [(w, key) for w, key in self.waiting if w.key not in keys]
+    def take_waiting(self, keys: set[Hashable]) -> list[Waiting]:
+        """Remove these sentences from the queue; returns their entries (key, arrival time, ...)."""
+        taken = [w for w in self.waiting if w.key in keys]
+        self.waiting = [w for w in self.waiting if w.key not in keys]
         with self.cond:
             self.queued_sentences -= len(taken)
         self.metrics.set_queue_depth(len(self.waiting))
@@ -184,20 +181,17 @@ class Worker:
     def admit(self, keys: Sequence[Hashable], beam: int) -> None:
         taken = self.take_waiting(set(keys))
         now = self.clock()
-        for key in taken:
-            self.metrics.observe_queue_wait(now - self.arrival.pop(key))
+        for w in taken:
+            self.metrics.observe_queue_wait(now - w.arrived)
         batch = self.batches.get(beam) or self.engine.new_batch(beam)
         self.batches[beam] = batch
-        requests = [
-            DecodeRequest(k, k.job.sentences[k.index], k.job.options, k.job.alignment)
-            for k in taken
-        ]
+        requests = [sentence_request(w.key) for w in taken]
         started = time.perf_counter()
         try:
             batch.add(requests)
         except Exception:  # the model failed: these jobs and the batch's others get INTERNAL
             log.exception("encoder failed; failing the batch of beam %d", beam)
-            self.fail_batch(beam, [k.job for k in taken])
+            self.fail_batch(beam, jobs_of(taken))
             return
         self.metrics.observe_encoder(time.perf_counter() - started)
         self.metrics.set_running(self.load[1])
@@ -211,7 +205,7 @@ class Worker:
             finished = batch.step()
         except Exception:
             log.exception("decoder step failed; failing the batch of beam %d", beam)
-            self.fail_batch(beam, [])
+            self.fail_batch(beam, set())
             return
         self.metrics.observe_step(sentences, hypotheses, time.perf_counter() - started)
         for key, translation in finished:
@@ -229,22 +223,20 @@ class Worker:
         if len(job.results) == len(job.sentences):
             job.complete()
 
-    def fail_batch(self, beam: int, extra_jobs: list[Job]) -> None:
+    def fail_batch(self, beam: int, extra_jobs: set[Job]) -> None:
         batch = self.batches.pop(beam, None)
         jobs = set(extra_jobs)
         if batch is not None:
             jobs |= {key.job for key in batch.requests if isinstance(key, SentenceKey)}
-        for job in jobs:
-            job.complete(
-                DecodeFailed("decoding failed inside the model runtime; the error was logged")
-            )
-            self.drop_cancelled({job}, notify=False)
+        self.fail_jobs(
+            jobs, DecodeFailed("decoding failed inside the model runtime; the error was logged")
+        )
 
     def fail_waiting(self, keys: set[Hashable], error: Exception) -> None:
-        taken = self.take_waiting(keys)
-        for key in taken:
-            self.arrival.pop(key, None)
-        jobs = {key.job for key in taken}
+        self.fail_jobs(jobs_of(self.take_waiting(keys)), error)
+
+    def fail_jobs(self, jobs: set[Job], error: Exception) -> None:
+        """Answer these jobs with `error` and drop the rest of their sentences, wherever they are."""
         for job in jobs:
             job.complete(error)
             self.drop_cancelled({job}, notify=False)
@@ -253,11 +245,9 @@ class Worker:
         """Remove every sentence of these jobs, waiting or decoding."""
         if not jobs:
             return
-        waiting_keys = {w.key for w, key in self.waiting if key.job in jobs}
+        waiting_keys = {w.key for w in self.waiting if w.request in jobs}
         if waiting_keys:
             self.take_waiting(waiting_keys)
-            for key in waiting_keys:
-                self.arrival.pop(key, None)  # type: ignore[call-overload]
         for beam, batch in list(self.batches.items()):
             batch.remove(
                 [key for key in batch.requests if isinstance(key, SentenceKey) and key.job in jobs]
@@ -268,3 +258,14 @@ class Worker:
             for job in jobs:
                 job.complete(Cancelled("the request was cancelled"))
         self.metrics.set_running(self.load[1])
+
+
+def sentence_request(key: Hashable) -> DecodeRequest:
+    """The engine's request for one queued sentence of a job."""
+    assert isinstance(key, SentenceKey)
+    job = key.job
+    return DecodeRequest(key, job.sentences[key.index], job.options, job.alignment)
+
+
+def jobs_of(entries: Sequence[Waiting]) -> set[Job]:
+    return {w.request for w in entries if isinstance(w.request, Job)}

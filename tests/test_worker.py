@@ -312,7 +312,7 @@ def test_a_deadline_that_passes_while_queued_fails_the_job(
     assert_same(first_outcome.results, engine.translate(tiny.sources[:1], opts(2)))
     wait_for(lambda: worker.load == (0, 0), "the worker to be empty")
     assert gauge(worker, "s2s_queue_depth_sentences") == 0
-    assert not worker.arrival  # nothing of the expired job is kept
+    assert not worker.waiting  # nothing of the expired job is kept
     assert late_outcome.calls == 1
 
 
