@@ -32,6 +32,26 @@ ENCODER_INPUTS = ["src", "src_lengths"]
 ENCODER_OUTPUTS = ["values", "keys", "mask", "state"]
 DECODER_INPUTS = ["tokens", "state", "reorder", "values", "keys", "mask", "k"]
 DECODER_OUTPUTS = ["log_probs", "token_ids", "new_state", "attention"]
+ENCODER_AXES = {
+    "src": {0: "batch", 1: "src_len"},
+    "src_lengths": {0: "batch"},
+    "values": {0: "batch", 1: "src_len"},
+    "keys": {0: "batch", 1: "key_len"},
+    "mask": {0: "batch", 1: "src_len"},
+    "state": {0: "batch"},
+}
+DECODER_AXES = {
+    "tokens": {0: "hyps"},
+    "state": {0: "state_rows"},
+    "reorder": {0: "hyps"},
+    "values": {0: "batch", 1: "src_len"},
+    "keys": {0: "batch", 1: "key_len"},
+    "mask": {0: "batch", 1: "src_len"},
+    "log_probs": {0: "hyps", 1: "k"},
+    "token_ids": {0: "hyps", 1: "k"},
+    "new_state": {0: "hyps"},
+    "attention": {0: "hyps", 1: "src_len"},
+}
 
 
 class EncoderGraph(nn.Module):
@@ -104,52 +124,40 @@ def export_graphs(model: Seq2Seq, out_dir: Path) -> tuple[Path, Path]:
         warnings.filterwarnings(
             "ignore", message="You are using the legacy TorchScript-based ONNX export"
         )
-        export_encoder(model, enc_inputs, encoder_path)
-        export_decoder(model, dec_inputs, decoder_path)
+        export_graph(
+            EncoderGraph(model),
+            enc_inputs,
+            encoder_path,
+            (ENCODER_INPUTS, ENCODER_OUTPUTS),
+            ENCODER_AXES,
+        )
+        export_graph(
+            DecoderStepGraph(model),
+            dec_inputs,
+            decoder_path,
+            (DECODER_INPUTS, DECODER_OUTPUTS),
+            DECODER_AXES,
+        )
     for path in (encoder_path, decoder_path):
         onnx.checker.check_model(onnx.load(str(path)), full_check=True)
     return encoder_path, decoder_path
 
 
-def export_encoder(model: Seq2Seq, inputs: tuple[Tensor, ...], path: Path) -> None:
+def export_graph(
+    module: nn.Module,
+    inputs: tuple[Tensor, ...],
+    path: Path,
+    names: tuple[list[str], list[str]],
+    axes: dict[str, dict[int, str]],
+) -> None:
+    """One graph through the TorchScript exporter (the dynamo exporter fails on packed sequences)."""
     torch.onnx.export(
-        EncoderGraph(model).eval(),
+        module.eval(),
         inputs,
         str(path),
-        input_names=ENCODER_INPUTS,
-        output_names=ENCODER_OUTPUTS,
-        dynamic_axes={
-            "src": {0: "batch", 1: "src_len"},
-            "src_lengths": {0: "batch"},
-            "values": {0: "batch", 1: "src_len"},
-            "keys": {0: "batch", 1: "key_len"},
-            "mask": {0: "batch", 1: "src_len"},
-            "state": {0: "batch"},
-        },
-        opset_version=OPSET,
-        dynamo=False,
-    )
-
-
-def export_decoder(model: Seq2Seq, inputs: tuple[Tensor, ...], path: Path) -> None:
-    torch.onnx.export(
-        DecoderStepGraph(model).eval(),
-        inputs,
-        str(path),
-        input_names=DECODER_INPUTS,
-        output_names=DECODER_OUTPUTS,
-        dynamic_axes={
-            "tokens": {0: "hyps"},
-            "state": {0: "state_rows"},
-            "reorder": {0: "hyps"},
-            "values": {0: "batch", 1: "src_len"},
-            "keys": {0: "batch", 1: "key_len"},
-            "mask": {0: "batch", 1: "src_len"},
-            "log_probs": {0: "hyps", 1: "k"},
-            "token_ids": {0: "hyps", 1: "k"},
-            "new_state": {0: "hyps"},
-            "attention": {0: "hyps", 1: "src_len"},
-        },
+        input_names=names[0],
+        output_names=names[1],
+        dynamic_axes=axes,
         opset_version=OPSET,
         dynamo=False,
     )
