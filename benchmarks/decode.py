@@ -38,8 +38,7 @@ from service.architecture import ModelConfig
 from service.beam import BeamSearch, Decoder, SearchOptions
 from service.bundle import Bundle
 from service.config import RuntimeConfig
-from service.engine import pad_ids
-from service.runtime import OnnxModel
+from service.runtime import OnnxModel, pad_ids
 
 NEVER = -1  # an EOS id no step can produce: every hypothesis runs to the fixed length
 REPO = Path(__file__).resolve().parent.parent
@@ -73,10 +72,9 @@ def decode(decoder: Decoder, lengths: list[int], beam: int, target_len: int, voc
 def onnx_batched(
     onnx: OnnxModel, sources: list[list[int]], beam: int, target_len: int, vocab: int
 ) -> None:
-    src, lengths = pad_ids(sources)
     decoder = onnx.new_decoder()
-    decoder.add_sentences(onnx.encode(src, lengths))
-    decode(decoder, lengths.tolist(), beam, target_len, vocab)
+    decoder.add_sentences(onnx.encode_sentences(sources))
+    decode(decoder, [len(s) for s in sources], beam, target_len, vocab)
 
 
 def onnx_one_at_a_time(

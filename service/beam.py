@@ -557,11 +557,26 @@ class BeamSearch:
     def _drop(self, done: np.ndarray) -> None:
         """Remove the sentences done (B,) marks from the beams, the batch and the decoder."""
         K = self._K
-        keep = np.flatnonzero(~done)  # (B',) int64
+        keep = compaction_order(done)  # (B',) int64
         rows = (keep[:, None] * K + np.arange(K)).reshape(-1)  # (B'*K,)
         self._beams = self._beams.select(rows)
         self._sentences = [self._sentences[b] for b in keep]
         self._decoder.keep_sentences(keep)
+
+
+def compaction_order(done: np.ndarray) -> np.ndarray:
+    """The surviving sentences (B',) of done (B,) in the order that moves the fewest rows.
+
+    Survivors among the first B' rows stay where they are; each dropped row there is filled by one
+    of the survivors beyond B' (there are exactly as many). Under iteration-level batching some
+    sentence leaves at almost every step, and an order-preserving compaction would move every row
+    after the first one dropped (the encoder tensors of half the batch, per step, on average).
+    """
+    B_new = int(len(done) - np.count_nonzero(done))
+    order = np.arange(B_new, dtype=np.int64)  # (B',)
+    holes = np.flatnonzero(done[:B_new])  # dropped rows that survivors must fill
+    order[holes] = np.flatnonzero(~done[B_new:]) + B_new  # survivors from beyond B'
+    return order
 
 
 def beam_search(

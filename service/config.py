@@ -21,7 +21,10 @@ class RuntimeConfig:
 
     providers: tuple[str, ...] = ("CUDAExecutionProvider", "CPUExecutionProvider")
     device_id: int = 0
-    intra_op_threads: int = 0  # 0 = onnxruntime's default (one per core)
+    intra_op_threads: int = 0  # decoder-step session; 0 = onnxruntime's default (one per core)
+    # The encoder session runs beside the decoder's (service/encode_ahead.py), so by default it
+    # takes one thread rather than competing for every core; 0 = onnxruntime's default.
+    encoder_threads: int = 1
     inter_op_threads: int = 0
     int8_decoder: bool = False
     # ONNX Runtime's intra-op threads spin while waiting for work by default: good for a dedicated
@@ -31,7 +34,10 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if not self.providers:
             raise ValueError("providers must name at least one execution provider")
-        if self.device_id < 0 or self.intra_op_threads < 0 or self.inter_op_threads < 0:
+        if (
+            min(self.device_id, self.intra_op_threads, self.encoder_threads, self.inter_op_threads)
+            < 0
+        ):
             raise ValueError("device_id and thread counts must be >= 0")
 
 

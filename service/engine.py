@@ -16,11 +16,10 @@ from typing import Literal
 import numpy as np
 
 from service import alignment as align
-from service.architecture import PAD_ID
 from service.beam import BeamSearch, Hypothesis, SearchOptions
 from service.bundle import Bundle, load_bundle
 from service.config import EngineLimits, RuntimeConfig
-from service.runtime import OnnxDecoder, OnnxModel
+from service.runtime import EncodedSentence, OnnxDecoder, OnnxModel
 from service.tokenizer import Tokenizer
 
 AlignmentMode = Literal["none", "subword", "word"]
@@ -220,12 +219,17 @@ class RunningBatch:
     def num_hypotheses(self) -> int:
         return len(self.search) * self.search.beam_size
 
-    def add(self, requests: Sequence[DecodeRequest]) -> None:
-        """Encode the joining sentences in one call and append them to the batch."""
+    def add(
+        self, requests: Sequence[DecodeRequest], encoded: Sequence[EncodedSentence] | None = None
+    ) -> None:
+        """Append the joining sentences; encoded[i] belongs to requests[i] (None: encode them now,
+        in one encoder call)."""
         if not requests:
             return
-        src, lengths = pad_ids([r.sentence.ids for r in requests])
-        encoded = self.engine.model.encode(src, lengths)
+        if encoded is None:
+            encoded = self.engine.model.encode_sentences([r.sentence.ids for r in requests])
+        if len(encoded) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(encoded)} encoded sentences")
         first_row = self.decoder.add_sentences(encoded)
         for i, request in enumerate(requests):
             options = request.options
@@ -251,12 +255,3 @@ class RunningBatch:
             (key, self.engine.to_translation(self.requests.pop(key), hyps))
             for key, hyps in finished
         ]
-
-
-def pad_ids(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Id lists → src (B, S) int64 padded with PAD, lengths (B,) int64."""
-    lengths = np.array([len(r) for r in rows], dtype=np.int64)  # (B,)
-    src = np.full((len(rows), int(lengths.max())), PAD_ID, dtype=np.int64)  # (B, S)
-    for i, r in enumerate(rows):
-        src[i, : len(r)] = r
-    return src, lengths

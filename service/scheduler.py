@@ -12,12 +12,15 @@ Policies:
   oldest has waited `max_queue_delay_s`; the batch decodes to the end before the next one forms.
 - "iteration": iteration-level batching (Orca, TGI, vLLM): before every step, waiting sentences join
   the running batch of their beam size while capacity allows; finished ones have already left.
+  While anything runs, only sentences already encoded (`ready`, see `service.encode_ahead`) join,
+  so an admission never stalls the running batch for an encoder call.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Container, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,6 +37,9 @@ class BatchingConfig:
         0.004  # request-level: how long the oldest sentence may wait for company
     )
     max_queue_sentences: int = 2048  # beyond this, new requests are refused (RESOURCE_EXHAUSTED)
+    encode_ahead: bool = (
+        True  # encode queued sentences on a second thread (service/encode_ahead.py)
+    )
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -91,13 +97,15 @@ def decide(
     waiting: Sequence[Waiting],
     running: Mapping[int, int],
     last_stepped: int | None = None,
+    ready: Container[Hashable] | None = None,
 ) -> Decision:
-    """waiting in arrival order; running maps beam size → sentences decoding in that batch."""
+    """waiting in arrival order; running maps beam size → sentences decoding in that batch; ready
+    holds the waiting sentences already encoded (None: all of them)."""
     expired = tuple(w.key for w in waiting if w.deadline is not None and w.deadline <= now)
     alive = [w for w in waiting if w.deadline is None or w.deadline > now]
     groups = Groups({beam: n for beam, n in running.items() if n > 0})
     if config.policy == "iteration":
-        admit, beam = admit_fifo(config, alive, groups)
+        admit, beam = admit_fifo(config, alive, groups, ready)
     elif config.policy == "request":
         admit, beam = admit_static_batch(config, now, alive, groups)
     else:
@@ -136,14 +144,21 @@ def take_fifo(
 
 
 def admit_fifo(
-    config: BatchingConfig, alive: Sequence[Waiting], groups: Groups
+    config: BatchingConfig,
+    alive: Sequence[Waiting],
+    groups: Groups,
+    ready: Container[Hashable] | None = None,
 ) -> tuple[tuple[Hashable, ...], int | None]:
     """Iteration-level: the oldest waiting sentence's beam size joins, in arrival order, while it fits.
-    Nobody overtakes the oldest: if it does not fit, nothing joins until capacity frees up."""
+    Nobody overtakes the oldest: if it does not fit, nothing joins until capacity frees up. While
+    anything runs, the joining prefix also ends at the first sentence not yet encoded."""
     if not alive:
         return (), None
     beam = alive[0].beam_size
-    return take_fifo(config, [w for w in alive if w.beam_size == beam], groups), beam
+    candidates = [w for w in alive if w.beam_size == beam]
+    if ready is not None and groups.total():
+        candidates = list(itertools.takewhile(lambda w: w.key in ready, candidates))
+    return take_fifo(config, candidates, groups), beam
 
 
 def admit_static_batch(

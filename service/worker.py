@@ -14,9 +14,11 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from service.beam import SearchOptions
+from service.encode_ahead import EncodeAhead
 from service.engine import AlignmentMode, DecodeRequest, Engine, Prepared, RunningBatch, Translation
 from service.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
 from service.metrics import Metrics
+from service.runtime import EncodedSentence
 from service.scheduler import BatchingConfig, Decision, Waiting, decide
 
 log = logging.getLogger(__name__)
@@ -76,10 +78,17 @@ class Worker:
         self.last_stepped: int | None = None
         self.thread = threading.Thread(target=self.run, name="decode-loop", daemon=True)
         self._seq = itertools.count()
+        self.ahead = (
+            EncodeAhead(self.encode_now, config.max_batch_sentences, config.max_batch_sentences)
+            if config.encode_ahead
+            else None
+        )
 
     # --- called from other threads --------------------------------------------------------------
 
     def start(self) -> None:
+        if self.ahead is not None:
+            self.ahead.start()
         self.thread.start()
 
     def submit(self, job: Job) -> None:
@@ -123,7 +132,7 @@ class Worker:
                 jobs, self.inbox = self.inbox, []
                 cancelled, self.cancelled = self.cancelled, set()
                 if self.stopping and not jobs and not self.waiting and not self.batches:
-                    return
+                    break
             self.enqueue(jobs)
             self.drop_cancelled(cancelled)
             decision = decide(
@@ -132,17 +141,24 @@ class Worker:
                 self.waiting,
                 {beam: len(batch) for beam, batch in self.batches.items()},
                 self.last_stepped,
+                None if self.ahead is None else self.ahead.ready_keys(),
             )
             self.apply(decision)
             if decision.idle:
                 self.sleep_until(decision.wake_at)
+        if self.ahead is not None:
+            self.ahead.stop()
 
     def enqueue(self, jobs: list[Job]) -> None:
         now = self.clock()
         for job in jobs:
-            for i in range(len(job.sentences)):
-                key = SentenceKey(job, i)
+            keys = [SentenceKey(job, i) for i in range(len(job.sentences))]
+            for key in keys:
                 self.waiting.append(Waiting(key, job, job.options.beam_size, now, job.deadline))
+            if self.ahead is not None:
+                self.ahead.submit(
+                    [(key, s.ids) for key, s in zip(keys, job.sentences, strict=True)]
+                )
         self.metrics.set_queue_depth(len(self.waiting))
 
     def sleep_until(self, wake_at: float | None) -> None:
@@ -186,15 +202,25 @@ class Worker:
         batch = self.batches.get(beam) or self.engine.new_batch(beam)
         self.batches[beam] = batch
         requests = [sentence_request(w.key) for w in taken]
-        started = time.perf_counter()
+        encoded = {} if self.ahead is None else self.ahead.take([r.key for r in requests])
+        missing = [r for r in requests if r.key not in encoded]
         try:
-            batch.add(requests)
+            if missing:  # nothing was running, or encoding ahead is off: encode here
+                fresh = self.encode_now([r.sentence.ids for r in missing])
+                encoded.update(zip([r.key for r in missing], fresh, strict=True))
+            batch.add(requests, [encoded[r.key] for r in requests])
         except Exception:  # the model failed: these jobs and the batch's others get INTERNAL
             log.exception("encoder failed; failing the batch of beam %d", beam)
             self.fail_batch(beam, jobs_of(taken))
             return
-        self.metrics.observe_encoder(time.perf_counter() - started)
         self.metrics.set_running(self.load[1])
+
+    def encode_now(self, id_lists: list[Sequence[int]]) -> list[EncodedSentence]:
+        """One encoder call (from this loop or the encode-ahead thread), timed for the metrics."""
+        started = time.perf_counter()
+        encoded = self.engine.model.encode_sentences(id_lists)
+        self.metrics.observe_encoder(time.perf_counter() - started)
+        return encoded
 
     def step(self, beam: int) -> None:
         batch = self.batches[beam]
@@ -233,6 +259,8 @@ class Worker:
         )
 
     def fail_waiting(self, keys: set[Hashable], error: Exception) -> None:
+        if self.ahead is not None:
+            self.ahead.discard(keys)
         self.fail_jobs(jobs_of(self.take_waiting(keys)), error)
 
     def fail_jobs(self, jobs: set[Job], error: Exception) -> None:
@@ -248,6 +276,8 @@ class Worker:
         waiting_keys = {w.key for w in self.waiting if w.request in jobs}
         if waiting_keys:
             self.take_waiting(waiting_keys)
+            if self.ahead is not None:
+                self.ahead.discard(waiting_keys)
         for beam, batch in list(self.batches.items()):
             batch.remove(
                 [key for key in batch.requests if isinstance(key, SentenceKey) and key.job in jobs]

@@ -15,6 +15,7 @@ from service.beam import (
     SearchOptions,
     StepOutput,
     beam_search,
+    compaction_order,
     coverage_penalty,
     length_penalty,
 )
@@ -303,8 +304,20 @@ def test_finished_sentences_leave_the_batch() -> None:
             break
     assert finished_at == {"s0": 2, "s2": 3, "s1": 5}
     assert decoder.batch_rows == [3 * K, 3 * K, 2 * K, K, K]
-    assert decoder.keeps == [[1, 2], [0], []]
+    # s0 leaves: s2 fills its row and s1 stays put ([2, 1]); then s2 (now row 0) leaves
+    assert decoder.keeps == [[2, 1], [1], []]
     assert len(search) == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_compaction_order_keeps_every_survivor_and_moves_one_row_per_hole(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    done = rng.random(int(rng.integers(1, 40))) < rng.random()
+    order = compaction_order(done)
+    assert sorted(order.tolist()) == np.flatnonzero(~done).tolist()
+    moved = order != np.arange(len(order))
+    assert moved.sum() == done[: len(order)].sum()  # one move per dropped row inside the new size
+    assert (order[moved] >= len(order)).all()  # only survivors from beyond the new end move
 
 
 # (7) joining -------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ import pytest
 from export.torch_decoder import TorchDecoder
 from service.beam import SearchOptions, beam_search
 from service.config import EngineLimits, RuntimeConfig
-from service.engine import DecodeRequest, Engine, InvalidInput, pad_ids
+from service.engine import DecodeRequest, Engine, InvalidInput
+from service.runtime import pad_ids
 from tests.conftest import TinyModel
 
 SCORE_TOL = 1e-4  # fp32 kernels differ between ONNX Runtime and PyTorch, and with the batch's shape
@@ -161,3 +162,17 @@ def test_removed_sentences_leave_and_the_rest_are_unaffected(
     assert [h.token_ids for h in results[2].hypotheses] == [
         h.token_ids for h in expected[1].hypotheses
     ]
+
+
+def test_encode_sentences_in_length_buckets_equals_each_sentence_encoded_alone(
+    engine: Engine, tiny: TinyModel
+) -> None:
+    ids = [tiny.src_tok.encode(s) for s in tiny.sources[:12]]
+    ids.append(ids[0] * 6)  # an outlier, several times longer: it gets a call of its own
+    together = engine.model.encode_sentences(ids)
+    assert [s.length for s in together] == [len(x) for x in ids]  # input order kept
+    for sentence_ids, got in zip(ids, together, strict=True):
+        (alone,) = engine.model.encode_sentences([sentence_ids])
+        assert np.allclose(got.values, alone.values, atol=1e-5)
+        assert np.allclose(got.keys, alone.keys, atol=1e-5)
+        assert np.allclose(got.state, alone.state, atol=1e-5)

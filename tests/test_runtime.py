@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Iterator
 
-from service.runtime import EncoderRows
+import numpy as np
+import pytest
+
+from service.beam import compaction_order
+from service.runtime import CALL_COST_SENTENCES, EncoderRows, length_buckets
 
 
 def sentence_rows(
@@ -74,3 +78,47 @@ def test_fixed_context_keys_do_not_follow_the_source_axis() -> None:
         buf.append(values, summary, mask)
     _, keys, mask = buf.views()
     assert keys.shape == (3, 1, 3) and mask.shape == (3, 7)
+
+
+def bucket_cost(lengths: list[int], buckets: list[list[int]]) -> float:
+    return sum((len(b) + CALL_COST_SENTENCES) * max(lengths[i] for i in b) for b in buckets)
+
+
+def contiguous_splits(items: list[int]) -> Iterator[list[list[int]]]:
+    """Every split of items into contiguous non-empty groups."""
+    if not items:
+        yield []
+        return
+    for cut in range(1, len(items) + 1):
+        for rest in contiguous_splits(items[cut:]):
+            yield [items[:cut], *rest]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_length_buckets_cover_every_sentence_once_at_the_least_modelled_cost(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 80, size=int(rng.integers(1, 9))).tolist()
+    buckets = length_buckets(lengths)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+    by_length = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    best = min(bucket_cost(lengths, split) for split in contiguous_splits(by_length))
+    assert bucket_cost(lengths, buckets) == pytest.approx(best)
+
+
+def test_length_buckets_keep_equal_lengths_together_and_split_outliers() -> None:
+    assert length_buckets([12] * 10) == [list(range(10))]
+    buckets = length_buckets([15, 16, 14, 70, 15, 15])
+    assert [sorted(b) for b in buckets] == [[0, 1, 2, 4, 5], [3]]
+
+
+def test_compaction_keep_moves_only_the_rows_that_change_place() -> None:
+    rng = np.random.default_rng(3)
+    buf = EncoderRows(keys_follow_source=True)
+    values, keys, mask = sentence_rows(rng, [2, 3, 4, 5, 6])
+    buf.append(values, keys, mask)
+    before = buf.views()[0].copy()
+    buf.keep(compaction_order(np.array([False, True, False, False, True])))  # rows 1, 4 leave
+    after, _, after_mask = buf.views()
+    assert np.array_equal(after[0], before[0]) and np.array_equal(after[2], before[2])
+    assert np.array_equal(after[1], before[3])  # the one survivor beyond the end filled row 1
+    assert after_mask.sum(axis=1).tolist() == [2, 5, 4]

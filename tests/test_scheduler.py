@@ -67,6 +67,26 @@ def test_iteration_respects_max_batch_sentences() -> None:
     assert full.admit == () and full.admit_beam is None and full.step == 1
 
 
+def test_iteration_admits_into_a_running_batch_only_the_encoded_prefix() -> None:
+    waiting = [w("a"), w("b"), w("c")]
+    d = decide(cfg(), now=0.0, waiting=waiting, running={5: 1}, ready={"a", "c"})
+    assert d.admit == ("a",) and d.step == 5  # "c" is encoded but must not overtake "b"
+    none_ready = decide(cfg(), now=0.0, waiting=waiting, running={5: 1}, ready=set())
+    assert none_ready.admit == () and none_ready.step == 5  # the batch keeps stepping meanwhile
+
+
+def test_iteration_with_nothing_running_admits_whether_encoded_or_not() -> None:
+    d = decide(cfg(), now=0.0, waiting=[w("a"), w("b")], running={}, ready=set())
+    assert d.admit == ("a", "b") and d.step == 5  # an idle loop encodes them itself: no wait
+
+
+@pytest.mark.parametrize("policy", ["request", "none"])
+def test_readiness_does_not_change_the_other_policies(policy: str) -> None:
+    config = cfg(policy, max_queue_delay_s=0.0)
+    waiting = [w("a", arrived=0.0), w("b", arrived=0.0)]
+    assert decide(config, 1.0, waiting, {}, ready=set()) == decide(config, 1.0, waiting, {})
+
+
 def test_iteration_never_lets_anyone_overtake_the_oldest() -> None:
     config = cfg(max_batch_hypotheses=12)
     # "a" (beam 5) does not fit next to 8 running hypotheses; "b" (beam 1) would, but must wait

@@ -164,11 +164,18 @@ def gauge(worker: Worker, name: str) -> float:
 # --- results --------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("encode_ahead", [True, False])
 @pytest.mark.parametrize("policy", ["iteration", "request", "none"])
 def test_jobs_complete_with_the_same_translations_as_engine_translate(
-    engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker], policy: str
+    engine: Engine,
+    tiny: TinyModel,
+    make_worker: Callable[..., Worker],
+    policy: str,
+    encode_ahead: bool,
 ) -> None:
-    worker = make_worker(BatchingConfig(policy=policy, max_queue_delay_s=0.004))  # type: ignore[arg-type]
+    worker = make_worker(
+        BatchingConfig(policy=policy, max_queue_delay_s=0.004, encode_ahead=encode_ahead)  # type: ignore[arg-type]
+    )
     worker.start()
     cases: list[tuple[list[str], SearchOptions, AlignmentMode]] = [
         (tiny.sources[0:3], opts(1), "none"),
@@ -186,6 +193,9 @@ def test_jobs_complete_with_the_same_translations_as_engine_translate(
         assert outcome.error is None and outcome.calls == 1
         assert_same(outcome.results, engine.translate(texts, options, alignment))
     wait_for(lambda: worker.load == (0, 0), "the worker to be empty")
+    assert (worker.ahead is not None) == encode_ahead
+    if worker.ahead is not None:  # every encoding was taken by an admission: none left behind
+        assert len(worker.ahead) == 0
     sentences = sum(len(texts) for texts, _, _ in cases)
     assert gauge(worker, "s2s_queue_wait_seconds_count") == sentences
     assert gauge(worker, "s2s_translated_sentences_total") == sentences
