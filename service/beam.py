@@ -192,6 +192,19 @@ class _Beams:
         """The rows (N',) int64 of every field, in that order."""
         return _Beams(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
 
+    @classmethod
+    def join(cls, parts: Sequence[_Beams]) -> _Beams:
+        """The slots of several joining sentences, in order (coverage padded to the widest)."""
+        if len(parts) == 1:
+            return parts[0]
+        S = max(p.coverage.shape[1] for p in parts)
+        return cls(
+            tokens=np.concatenate([p.tokens for p in parts]),
+            parents=np.concatenate([p.parents for p in parts]),
+            scores=np.concatenate([p.scores for p in parts]),
+            coverage=np.concatenate([_fit_columns(p.coverage, S) for p in parts]),
+        )
+
     def concat(self, other: _Beams) -> _Beams:
         """These rows followed by other's (coverage padded to the wider source)."""
         S = max(self.coverage.shape[1], other.coverage.shape[1])
@@ -430,7 +443,9 @@ class BeamSearch:
         self._bos_id = bos_id
         self._eos_id = eos_id
         self._beams = _Beams.empty()
+        self._joining: list[_Beams] = []  # slots of sentences added since the last step
         self._sentences: list[_Sentence] = []
+        self._ids: set[Hashable] = set()
 
     @property
     def beam_size(self) -> int:
@@ -463,8 +478,9 @@ class BeamSearch:
             raise ValueError(f"src_len must be >= 1, got {src_len}")
         if state_row < 0:
             raise ValueError(f"state_row must be >= 0, got {state_row}")
-        if sentence_id in self.sentence_ids:
+        if sentence_id in self._ids:
             raise ValueError(f"sentence {sentence_id!r} is already decoding")
+        self._ids.add(sentence_id)
         self._sentences.append(
             _Sentence(
                 id=sentence_id,
@@ -473,13 +489,13 @@ class BeamSearch:
                 history=_History(src_len, keep_attention=options.return_attention),
             )
         )
-        joining = _Beams.start(self._K, self._bos_id, state_row, src_len)
-        self._beams = self._beams.concat(joining)
+        self._joining.append(_Beams.start(self._K, self._bos_id, state_row, src_len))
 
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         """Advance every sentence by one token; return the sentences done now with their n-best lists."""
         if not self._sentences:
             return []
+        self._merge_joining()
         B, K = len(self._sentences), self._K
         # one decoder call for every slot of every sentence
         out = self._decoder.step(self._beams.tokens, self._beams.parents, self._k)
@@ -554,12 +570,20 @@ class BeamSearch:
             self._drop(drop)
         return removed
 
+    def _merge_joining(self) -> None:
+        """One concatenation for every sentence added since the last step (not one per sentence)."""
+        if self._joining:
+            self._beams = self._beams.concat(_Beams.join(self._joining))
+            self._joining = []
+
     def _drop(self, done: np.ndarray) -> None:
         """Remove the sentences done (B,) marks from the beams, the batch and the decoder."""
+        self._merge_joining()
         K = self._K
         keep = compaction_order(done)  # (B',) int64
         rows = (keep[:, None] * K + np.arange(K)).reshape(-1)  # (B'*K,)
         self._beams = self._beams.select(rows)
+        self._ids.difference_update(self._sentences[b].id for b in np.flatnonzero(done))
         self._sentences = [self._sentences[b] for b in keep]
         self._decoder.keep_sentences(keep)
 

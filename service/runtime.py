@@ -99,24 +99,6 @@ def split_sentences(
     return out
 
 
-def stack_sentences(
-    sentences: Sequence[EncodedSentence], keys_follow_source: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """EncodedSentences → values (n, S, D), keys (n, S or 1, Dk), mask (n, S), state (n, D_state),
-    zero-padded to the longest S."""
-    n, S = len(sentences), max(s.length for s in sentences)
-    first = sentences[0]
-    values = np.zeros((n, S, first.values.shape[1]), np.float32)
-    key_len = S if keys_follow_source else first.keys.shape[0]
-    keys = np.zeros((n, key_len, first.keys.shape[1]), np.float32)
-    mask = np.zeros((n, S), bool)
-    for i, s in enumerate(sentences):
-        values[i, : s.length] = s.values
-        keys[i, : s.keys.shape[0]] = s.keys
-        mask[i, : s.length] = True
-    return values, keys, mask, np.stack([s.state for s in sentences])
-
-
 def pad_ids(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Id lists → src (B, S) int64 padded with PAD, lengths (B,) int64."""
     lengths = np.array([len(r) for r in rows], dtype=np.int64)  # (B,)
@@ -237,10 +219,13 @@ class EncoderRows:
         B = self.count
         return self.values[:B], self.keys[:B], self.mask[:B]
 
-    def append(self, values: np.ndarray, keys: np.ndarray, mask: np.ndarray) -> None:
-        n, S_new = mask.shape
+    def append(self, sentences: Sequence[EncodedSentence]) -> None:
+        """Write joining sentences' rows after the current ones, straight from their own arrays."""
+        n, S_new = len(sentences), max(s.length for s in sentences)
+        first = sentences[0]
         if self.values is None:
-            self.allocate(max(16, 2 * n), S_new, values.shape[2], keys.shape[1], keys.shape[2])
+            D, Dk = first.values.shape[1], first.keys.shape[1]
+            self.allocate(max(16, 2 * n), S_new, D, first.keys.shape[0], Dk)
         elif self.count + n > self.capacity or S_new > self.source_len:
             self.resize(max(self.capacity, 2 * (self.count + n)), max(self.source_len, S_new))
         assert (
@@ -251,12 +236,13 @@ class EncoderRows:
         )
         rows = slice(self.count, self.count + n)
         self.values[rows] = 0.0
-        self.values[rows, :S_new] = values
-        self.mask[rows] = False
-        self.mask[rows, :S_new] = mask
         self.keys[rows] = 0.0
-        self.keys[rows, : keys.shape[1]] = keys
-        self.lengths[rows] = mask.sum(axis=1)
+        self.mask[rows] = False
+        for row, sentence in enumerate(sentences, start=self.count):
+            self.values[row, : sentence.length] = sentence.values
+            self.keys[row, : sentence.keys.shape[0]] = sentence.keys
+            self.mask[row, : sentence.length] = True
+            self.lengths[row] = sentence.length
         self.count += n
 
     def keep(self, keep: np.ndarray) -> None:
@@ -348,8 +334,8 @@ class OnnxDecoder:
     def add_sentences(self, sentences: Sequence[EncodedSentence]) -> int:
         """Append sentences (at the end of the sentence order); returns the state-buffer row of the first one."""
         offset = self.state_rows
-        values, keys, mask, new_state = stack_sentences(sentences, self.rows.keys_follow_source)
-        self.rows.append(values, keys, mask)
+        self.rows.append(sentences)
+        new_state = np.stack([s.state for s in sentences])  # (n, D_state)
         state = new_state if self.state is None else np.concatenate([self.state.numpy(), new_state])
         self.state = self.model.to_device(state)
         self.upload_encoder_tensors()

@@ -225,12 +225,20 @@ def test_parse_duration(text: str, seconds: float) -> None:
         ["--target", "10.0.0.1:50051", "--policy", "request"],
         ["--slo-max-error-ratio", "2"],
         ["--mix", "beam1", "--slo-name", "short-b5"],
+        ["--users", "3", "--processes", "4"],
+        ["--processes", "0"],
     ],
 )
 def test_bad_arguments_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         run.parse_args(argv)
     assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize(("users", "processes"), [(1, 1), (8, 1), (16, 2), (32, 4), (64, 4)])
+def test_locust_processes_follow_the_user_count(users: int, processes: int) -> None:
+    args = run.parse_args(["--users", str(users), "--out", "x"])
+    assert args.processes == processes == run.default_processes(users)
 
 
 def test_force_allows_big_runs() -> None:
@@ -311,7 +319,20 @@ def test_smoke_run_against_a_server_it_starts(tiny, tmp_path: Path) -> None:  # 
         "--policy",
         "iteration",
     ]
-    status = run.main([*common, "--duration", "5s", "--out", str(out), "--slo-p99-ms", "20000"])
+    # two locust processes (a master and its workers): the path every report run above 8 users takes
+    status = run.main(
+        [
+            *common,
+            "--processes",
+            "2",
+            "--duration",
+            "5s",
+            "--out",
+            str(out),
+            "--slo-p99-ms",
+            "20000",
+        ]
+    )
     assert status == 0, (out / "locust.log").read_text()
     for name in (
         "locust_stats.csv",

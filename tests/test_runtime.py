@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from service.beam import compaction_order
-from service.runtime import CALL_COST_SENTENCES, EncoderRows, length_buckets
+from service.runtime import CALL_COST_SENTENCES, EncodedSentence, EncoderRows, length_buckets
 
 
 def sentence_rows(
@@ -19,6 +19,17 @@ def sentence_rows(
     values = rng.standard_normal((len(lengths), S, D)).astype(np.float32) * mask[..., None]
     keys = values[..., :2] * 2.0
     return values, keys, mask
+
+
+def as_sentences(
+    values: np.ndarray, keys: np.ndarray, mask: np.ndarray, keys_follow_source: bool = True
+) -> list[EncodedSentence]:
+    """Padded (n, S, ·) rows → what the encoder hands the batch: one array set per sentence."""
+    out = []
+    for i, n in enumerate(mask.sum(axis=1).tolist()):
+        key_rows = keys[i, :n] if keys_follow_source else keys[i]
+        out.append(EncodedSentence(values[i, :n], key_rows, np.zeros(2, np.float32)))
+    return out
 
 
 def expected(
@@ -48,7 +59,7 @@ def test_append_grow_compact_and_shrink_keep_rows_in_order() -> None:
         [1],
     ):  # grows S (3 → 5 → 9) and capacity (16 → more)
         values, keys, mask = sentence_rows(rng, lengths)
-        buf.append(values, keys, mask)
+        buf.append(as_sentences(values, keys, mask))
         model += [(values[i], keys[i], mask[i]) for i in range(len(lengths))]
     for keep in (
         [0, 2, 3, 5, 7, 8, 9, 10, 11, 20, 21, 22],
@@ -75,7 +86,7 @@ def test_fixed_context_keys_do_not_follow_the_source_axis() -> None:
     for lengths in ([4], [7, 2]):
         values, _, mask = sentence_rows(rng, lengths)
         summary = rng.standard_normal((len(lengths), 1, 3)).astype(np.float32)
-        buf.append(values, summary, mask)
+        buf.append(as_sentences(values, summary, mask, keys_follow_source=False))
     _, keys, mask = buf.views()
     assert keys.shape == (3, 1, 3) and mask.shape == (3, 7)
 
@@ -115,7 +126,7 @@ def test_compaction_keep_moves_only_the_rows_that_change_place() -> None:
     rng = np.random.default_rng(3)
     buf = EncoderRows(keys_follow_source=True)
     values, keys, mask = sentence_rows(rng, [2, 3, 4, 5, 6])
-    buf.append(values, keys, mask)
+    buf.append(as_sentences(values, keys, mask))
     before = buf.views()[0].copy()
     buf.keep(compaction_order(np.array([False, True, False, False, True])))  # rows 1, 4 leave
     after, _, after_mask = buf.views()
