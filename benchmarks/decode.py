@@ -101,18 +101,24 @@ def best_of(fn: Callable[[], None], repeats: int) -> float:
     return min(times)
 
 
+SETTLE_S = 0.1  # between two timed runs: the previous runtime's spinning threads go to sleep
+
+
 def best_of_interleaved(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
     """Each function's best time over `repeats` rounds, the functions taking turns within a round.
 
     This machine's speed drifts by ±15 % over tens of seconds (shared host); timing the variants
     one after another would hand one of them a slow phase. Taking turns exposes each to the same
     phases, and the best of several rounds is each one's speed when the machine was at its best.
+    Both runtimes' worker threads spin for a while after their work (OpenMP's and ONNX Runtime's),
+    so each run starts after a short pause rather than on top of the previous one's spinning.
     """
     for fn in fns.values():
         fn()  # warm-up: first-run allocations and kernel selection
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
         for name, fn in fns.items():
+            time.sleep(SETTLE_S)
             started = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - started)
@@ -211,9 +217,10 @@ def build_workload(
         path=tmp, name=name, version="bench", architecture=model.cfg, files=files, info={}
     )
     # Offline batch decoding with the machine to itself: ONNX Runtime's threads spin between ops,
-    # its own default and what PyTorch's OpenMP threads do too (the server turns spinning off,
-    # because there the gRPC loop needs the cores; see docs/benchmarks.md).
-    runtime = RuntimeConfig(providers=("CPUExecutionProvider",), spin_wait=True)
+    # its own default and what PyTorch's OpenMP threads do too, and the encoder has every core as
+    # PyTorch's has (the server turns spinning off and gives the encoder one thread, because there
+    # the gRPC loop and the decode loop need the cores; see docs/benchmarks.md).
+    runtime = RuntimeConfig(providers=("CPUExecutionProvider",), spin_wait=True, encoder_threads=0)
     onnx = OnnxModel(bundle, runtime)
     onnx_int8 = OnnxModel(bundle, replace(runtime, int8_decoder=True))
     return Workload(name, model, onnx, onnx_int8, sources, target_len)
