@@ -117,7 +117,7 @@ class Metrics:
         # model calls
         self.encoder_duration = Histogram(
             "s2s_encoder_duration_seconds",
-            "Time of one encoder call (all sentences joining a batch).",
+            "Time to encode a group of sentences (ahead of admission or when joining a batch), in length-bucketed encoder calls.",
             buckets=STEP_SECONDS_BUCKETS,
             registry=r,
         )
