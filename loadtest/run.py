@@ -460,7 +460,7 @@ def summarize(
         p99_ms=total.p99_ms,
         elapsed_s=elapsed,
         kinds=[asdict(k) | {"error_ratio": k.error_ratio} for k in kinds],
-        locust_processes=getattr(args, "processes", 1),
+        locust_processes=args.processes,
         server=dict(server or {}),
     )
     if histogram is not None and histogram.count > 0:

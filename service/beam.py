@@ -194,7 +194,7 @@ class _Beams:
 
     @classmethod
     def join(cls, parts: Sequence[_Beams]) -> _Beams:
-        """The slots of several joining sentences, in order (coverage padded to the widest)."""
+        """The rows of several parts, in order (coverage padded to the widest source)."""
         if len(parts) == 1:
             return parts[0]
         S = max(p.coverage.shape[1] for p in parts)
@@ -203,18 +203,6 @@ class _Beams:
             parents=np.concatenate([p.parents for p in parts]),
             scores=np.concatenate([p.scores for p in parts]),
             coverage=np.concatenate([_fit_columns(p.coverage, S) for p in parts]),
-        )
-
-    def concat(self, other: _Beams) -> _Beams:
-        """These rows followed by other's (coverage padded to the wider source)."""
-        S = max(self.coverage.shape[1], other.coverage.shape[1])
-        return _Beams(
-            tokens=np.concatenate([self.tokens, other.tokens]),
-            parents=np.concatenate([self.parents, other.parents]),
-            scores=np.concatenate([self.scores, other.scores]),
-            coverage=np.concatenate(
-                [_fit_columns(self.coverage, S), _fit_columns(other.coverage, S)]
-            ),
         )
 
 
@@ -573,7 +561,7 @@ class BeamSearch:
     def _merge_joining(self) -> None:
         """One concatenation for every sentence added since the last step (not one per sentence)."""
         if self._joining:
-            self._beams = self._beams.concat(_Beams.join(self._joining))
+            self._beams = _Beams.join([self._beams, *self._joining])
             self._joining = []
 
     def _drop(self, done: np.ndarray) -> None:

@@ -199,8 +199,9 @@ class EncoderRows:
 
     Sentences join and leave between almost every step under load, so rows are appended in place and
     compacted in place rather than re-concatenated: a join writes only the new rows, a leave moves only
-    the rows whose place changes (the search's `compaction_order` keeps that to one per row dropped). The source axis is the longest source present (shorter rows
-    are masked) and shrinks when the remaining sentences need at most half of it.
+    the rows whose place changes (the search's `compaction_order` keeps that to one per row dropped).
+    The source axis is the longest source present (shorter rows are masked) and shrinks when the
+    remaining sentences need at most half of it.
     """
 
     def __init__(self, keys_follow_source: bool) -> None:

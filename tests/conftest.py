@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,15 @@ from service.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE = REPO / "models" / "default"
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll until condition() holds; fail the test after `timeout` seconds (a passing test never waits
+    that long: it is the bound for a loaded CI machine)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
 
 
 @dataclass(frozen=True)

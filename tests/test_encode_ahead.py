@@ -11,15 +11,9 @@ import pytest
 
 from service.encode_ahead import EncodeAhead
 from service.runtime import EncodedSentence
+from tests.conftest import wait_for
 
 WAIT_S = 20.0
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
 
 
 class FakeEncoder:

@@ -18,7 +18,7 @@ from service.metrics import Metrics
 from service.runtime import OnnxDecoder, OnnxModel
 from service.scheduler import BatchingConfig
 from service.worker import Job, Worker
-from tests.conftest import TinyModel
+from tests.conftest import TinyModel, wait_for
 
 SCORE_TOL = 1e-4
 WAIT_S = 20.0  # generous: a loaded CI machine is slow, a passing test never waits this long
@@ -84,13 +84,6 @@ def assert_same(got: list[Translation] | None, want: list[Translation]) -> None:
             assert (gh.alignment is None) == (rh.alignment is None)
             if gh.alignment is not None and rh.alignment is not None:
                 np.testing.assert_allclose(gh.alignment.matrix, rh.alignment.matrix, atol=SCORE_TOL)
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
 
 
 class StepSpy:
