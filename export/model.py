@@ -288,23 +288,36 @@ class Seq2Seq(nn.Module):
         return torch.stack(logits, dim=1)
 
     @torch.no_grad()
-    def greedy(self, src: Tensor, lengths: Tensor, max_len: int) -> list[list[int]]:
-        """Batched greedy decode (reference and dev-set evaluation); ids without BOS/EOS."""
+    def greedy_decode(self, src: Tensor, lengths: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
+        """The one greedy decoding loop (dev-set BLEU, evaluation, heatmaps, reference outputs).
+
+        Returns the tokens emitted (B, T), EOS and whatever follows it included, and the attention
+        behind each (B, T, S), zeros for attention "none"; stops once every sentence emitted EOS.
+        """
         cfg = self.cfg
         enc = self.encode(src, lengths)
         B = src.shape[0]
-        tokens = torch.full((B,), cfg.bos_id, dtype=torch.long, device=src.device)
-        state = enc.state
-        out = torch.zeros(B, 0, dtype=torch.long, device=src.device)
-        done = torch.zeros(B, dtype=torch.bool, device=src.device)
+        tokens = torch.full((B,), cfg.bos_id, dtype=torch.long, device=src.device)  # (B,)
+        state = enc.state  # (B, state_dim)
+        out: list[Tensor] = []  # T tensors (B,)
+        rows: list[Tensor] = []  # T tensors (B, S)
+        done = torch.zeros(B, dtype=torch.bool, device=src.device)  # (B,)
         for _ in range(max_len):
-            logits, state, _ = self.decode_step(tokens, state, enc.keys, enc.values, enc.mask)
+            logits, state, weights = self.decode_step(tokens, state, enc.keys, enc.values, enc.mask)
             tokens = logits.argmax(-1)  # (B,)
-            out = torch.cat([out, tokens.unsqueeze(1)], dim=1)
+            out.append(tokens)
+            rows.append(weights)
             done |= tokens == cfg.eos_id
             if bool(done.all()):
                 break
-        return [strip_eos(row, cfg.eos_id) for row in out.tolist()]
+        if not out:
+            return src.new_zeros(B, 0), enc.values.new_zeros(B, 0, src.shape[1])
+        return torch.stack(out, dim=1), torch.stack(rows, dim=1)  # (B, T), (B, T, S)
+
+    def greedy(self, src: Tensor, lengths: Tensor, max_len: int) -> list[list[int]]:
+        """Batched greedy decode; ids without BOS/EOS."""
+        tokens, _ = self.greedy_decode(src, lengths, max_len)  # (B, T)
+        return [strip_eos(row, self.cfg.eos_id) for row in tokens.tolist()]
 
 
 def gru_cell(gi: Tensor, gh: Tensor, h: Tensor) -> Tensor:

@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from export import corpus
 from export.checkpoint import save_checkpoint
-from export.data import Batch, batches, encode_pairs, make_batch
+from export.data import Batch, batches, encode_pairs
+from export.greedy import translate_greedy
 from export.model import Seq2Seq, count_parameters
 from export.tokenizer import train_tokenizers
 from service.architecture import PAD_ID, ModelConfig
@@ -106,26 +107,6 @@ def prepare_corpus(cfg: DataConfig, out: Path) -> dict[str, list[tuple[str, str]
         for name in ("train", "dev", "test")
         if getattr(cfg, name)
     }
-
-
-def translate_greedy(
-    model: Seq2Seq,
-    sources: list[list[int]],
-    tgt_tok: Tokenizer,
-    device: torch.device,
-    batch_size: int = 200,
-) -> list[str]:
-    """Greedy-decode id lists in batches, sorted by length for speed; outputs in input order."""
-    model.eval()
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    out: list[str] = [""] * len(sources)
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        batch = make_batch([(sources[i], []) for i in idx]).to(device)
-        max_len = int(batch.lengths.max()) * 2 + 10
-        for i, ids in zip(idx, model.greedy(batch.src, batch.lengths, max_len), strict=True):
-            out[i] = tgt_tok.decode(ids)
-    return out
 
 
 def dev_bleu(

@@ -20,19 +20,11 @@ pytest.importorskip("matplotlib")
 
 from export import corpus
 from export.checkpoint import load_checkpoint, save_checkpoint
-from export.evaluate import (
-    Bucket,
-    bucket_index,
-    bucket_scores,
-    buckets_markdown,
-    compare_markdown,
-    compute_metrics,
-    greedy_with_attention,
-    main,
-    make_buckets,
-    score,
-)
+from export.evaluate import main
+from export.greedy import greedy_with_attention
 from export.model import Seq2Seq
+from export.report import buckets_markdown, compare_markdown
+from export.scoring import Bucket, bucket_index, bucket_scores, compute_metrics, make_buckets, score
 from export.train import DataConfig, OptimConfig, TrainConfig, train
 from service.architecture import ModelConfig
 from service.tokenizer import Tokenizer
