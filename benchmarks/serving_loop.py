@@ -74,7 +74,7 @@ class ClosedLoopUser:
         sentences = (
             [self.rng.choice(pool)] if kind.texts == 1 else self.rng.choices(pool, k=kind.texts)
         )
-        options = SearchOptions(beam_size=kind.beam, max_len_a=2.0, max_len_b=10)
+        options = SearchOptions(beam_size=kind.beam, max_length_a=2.0, max_length_b=10)
         started = time.monotonic()
 
         def on_done(results: list[Translation] | None, error: Exception | None) -> None:

@@ -43,7 +43,8 @@ except ImportError:  # run as a plain file (`locust -f`) without the project ins
     from loadtest import workload
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from service.client import channel_credentials, channel_options, decoding_options_to_pb
+from service.client import channel_credentials, channel_options
+from service.protocol import decoding_options_to_pb
 
 # grpc's C core must hand its waits to gevent, before any channel is opened
 grpc_gevent.init_gevent()

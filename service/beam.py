@@ -19,12 +19,13 @@ enough non-EOS candidates even when every slot's best token is EOS.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import numpy as np
+
+from service.options import SearchOptions
 
 COVERAGE_FLOOR = 1e-6  # coverage is clipped to [COVERAGE_FLOOR, 1] before the log: no log 0
 
@@ -59,68 +60,6 @@ class Decoder(Protocol):
         """keep (B',) int64: sentence indices (into the current B sentences) that stay, in order.
         Drops encoder rows of finished sentences."""
         ...
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """How one sentence is decoded; checked when made.
-
-    The maximum target length (decoder steps) is min(max_len_cap, int(max_len_a * src_len +
-    max_len_b)), at least 1. length_penalty is GNMT's α, coverage_penalty GNMT's β.
-    """
-
-    beam_size: int = 5
-    n_best: int = 1
-    max_len_a: float = 2.0
-    max_len_b: int = 10
-    max_len_cap: int = 256
-    length_penalty: float = 0.0
-    coverage_penalty: float = 0.0
-    return_attention: bool = False
-
-    def __post_init__(self) -> None:
-        problems = self.problems()
-        if problems:
-            raise ValueError("invalid search options: " + "; ".join(problems))
-
-    def problems(self) -> list[str]:
-        """Every reason these options are invalid (empty when they are fine)."""
-        out: list[str] = []
-        if not _is_int(self.beam_size) or self.beam_size < 1:
-            out.append(f"beam_size must be an integer >= 1, got {self.beam_size!r}")
-        if not _is_int(self.n_best) or self.n_best < 1:
-            out.append(f"n_best must be an integer >= 1, got {self.n_best!r}")
-        elif _is_int(self.beam_size) and self.n_best > self.beam_size:
-            out.append(f"n_best ({self.n_best}) must not exceed beam_size ({self.beam_size})")
-        if not _is_number(self.max_len_a) or self.max_len_a < 0:
-            out.append(f"max_len_a must be a finite number >= 0, got {self.max_len_a!r}")
-        if not _is_int(self.max_len_b):
-            out.append(f"max_len_b must be an integer, got {self.max_len_b!r}")
-        if not _is_int(self.max_len_cap) or self.max_len_cap < 1:
-            out.append(f"max_len_cap must be an integer >= 1, got {self.max_len_cap!r}")
-        if not _is_number(self.length_penalty) or self.length_penalty < 0:
-            out.append(
-                f"length_penalty (alpha) must be a finite number >= 0, got {self.length_penalty!r}"
-            )
-        if not _is_number(self.coverage_penalty) or self.coverage_penalty < 0:
-            out.append(
-                f"coverage_penalty (beta) must be a finite number >= 0, got {self.coverage_penalty!r}"
-            )
-        if not isinstance(self.return_attention, bool):
-            out.append(f"return_attention must be a bool, got {self.return_attention!r}")
-        return out
-
-    def max_len(self, src_len: int) -> int:
-        """The most decoder steps for a source of src_len tokens."""
-        return max(1, min(self.max_len_cap, int(self.max_len_a * src_len + self.max_len_b)))
 
 
 def length_penalty(steps: int, alpha: float) -> float:

@@ -1,7 +1,9 @@
 """Typed configuration, one dataclass per concern, validated when built.
 
 Values come from command-line flags and environment variables (`S2S_*`), read once at start-up by
-`from_env_and_args`; no other module reads the environment.
+`load_settings`. The server reads the environment nowhere else (service/healthcheck.py, a separate
+probe process, reads S2S_PORT and the TLS variables itself). The decoding defaults are a
+`SearchOptions` (service/options.py declares the options): flags `--default-<option>`.
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, fields
 from typing import Any
 
+from service.options import SearchOptions
 from service.scheduler import BatchingConfig
 
 
@@ -46,25 +49,12 @@ class EngineLimits:
     """Input limits the engine enforces (the server reports them in ModelInfo)."""
 
     max_source_tokens: int = 256
-    max_target_tokens: int = 512
+    max_length: int = 512  # the most target tokens a request may ask for (its max_length)
     max_beam_size: int = 16
 
     def __post_init__(self) -> None:
-        if min(self.max_source_tokens, self.max_target_tokens, self.max_beam_size) < 1:
+        if min(self.max_source_tokens, self.max_length, self.max_beam_size) < 1:
             raise ValueError("engine limits must be >= 1")
-
-
-@dataclass(frozen=True)
-class DecodingDefaults:
-    """What a request gets for each option it leaves unset."""
-
-    beam_size: int = 5
-    n_best: int = 1
-    max_len_a: float = 2.0
-    max_len_b: int = 10
-    max_length: int = 256
-    length_penalty: float = 0.0
-    coverage_penalty: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -75,9 +65,8 @@ class ServerConfig:
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 9090  # 0 picks a free port; -1 disables the metrics endpoint
     grace_s: float = 20.0  # SIGTERM: time to finish accepted requests
-    max_connection_age_s: float = (
-        300.0  # clients reconnect (and re-resolve DNS) after this; 0 = never
-    )
+    # Clients reconnect (and re-resolve DNS) after this; 0 = never.
+    max_connection_age_s: float = 300.0
     max_texts: int = 64
     max_text_chars: int = 2000
     max_message_bytes: int = 4 * 1024 * 1024
@@ -106,7 +95,7 @@ class Settings:
     runtime: RuntimeConfig
     limits: EngineLimits
     batching: BatchingConfig
-    decoding: DecodingDefaults
+    decoding: SearchOptions  # what a request gets for each option it leaves unset
 
 
 SECTIONS: tuple[tuple[str, type, str], ...] = (
@@ -114,9 +103,23 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
     ("runtime", RuntimeConfig, ""),
     ("limits", EngineLimits, ""),
     ("batching", BatchingConfig, ""),
-    ("decoding", DecodingDefaults, "default_"),
+    ("decoding", SearchOptions, "default_"),
 )
 ENV_PREFIX = "S2S_"
+# Settings renamed when the decoding options got one name each; the environment still takes the
+# former names (deployments set them there).
+FORMER_NAMES: dict[str, str] = {
+    "max_length": "max_target_tokens",
+    "default_max_length_a": "default_max_len_a",
+    "default_max_length_b": "default_max_len_b",
+}
+
+
+def settable_fields(cls: type) -> list[Field[Any]]:
+    """The fields of a section that flags and the environment set (SearchOptions: its options)."""
+    if cls is SearchOptions:
+        return [f for f in fields(cls) if "option" in f.metadata]
+    return list(fields(cls))
 
 
 def parse_value(raw: str, default: Any, name: str) -> Any:
@@ -141,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for section, cls, prefix in SECTIONS:
         group = parser.add_argument_group(section)
-        for f in fields(cls):
+        for f in settable_fields(cls):
             name = prefix + f.name
             default = f.default
             shown = ",".join(default) if isinstance(default, tuple) else default
@@ -160,11 +163,13 @@ def load_settings(
     built: dict[str, Any] = {}
     for section, cls, prefix in SECTIONS:
         values: dict[str, Any] = {}
-        for f in fields(cls):
+        for f in settable_fields(cls):
             name = prefix + f.name
             raw = args.get(name)
             if raw is None:
                 raw = environ.get(ENV_PREFIX + name.upper())
+            if raw is None and name in FORMER_NAMES:
+                raw = environ.get(ENV_PREFIX + FORMER_NAMES[name].upper())
             if raw is not None:
                 values[f.name] = parse_value(raw, f.default, "--" + name.replace("_", "-"))
         built[section] = cls(**values)

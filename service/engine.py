@@ -19,15 +19,12 @@ from service import alignment as align
 from service.beam import BeamSearch, Hypothesis, SearchOptions
 from service.bundle import Bundle, load_bundle
 from service.config import EngineLimits, RuntimeConfig
+from service.errors import InvalidInput
 from service.runtime import EncodedSentence, OnnxDecoder, OnnxModel
 from service.tokenizer import Tokenizer
 
 AlignmentMode = Literal["none", "subword", "word"]
 ALIGNMENT_MODES: tuple[str, ...] = ("none", "subword", "word")
-
-
-class InvalidInput(ValueError):
-    """A request the engine refuses; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -120,14 +117,11 @@ class Engine:
         return Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids))
 
     def check_options(self, options: SearchOptions, alignment: str) -> None:
-        if options.beam_size > self.limits.max_beam_size:
-            raise InvalidInput(
-                f"beam_size {options.beam_size} is over the limit of {self.limits.max_beam_size}"
-            )
-        if options.max_len_cap > self.limits.max_target_tokens:
-            raise InvalidInput(
-                f"max_len_cap {options.max_len_cap} is over the limit of {self.limits.max_target_tokens}"
-            )
+        """Options within this engine's limits (service/options.py's ranges) and an alignment the
+        model can give; InvalidInput says what to change."""
+        problems = options.problems(self.limits)
+        if problems:
+            raise InvalidInput("; ".join(problems))
         if alignment not in ALIGNMENT_MODES:
             raise InvalidInput(f"alignment must be one of {ALIGNMENT_MODES}, got {alignment!r}")
         if alignment != "none" and not self.supports_alignment:

@@ -2,17 +2,16 @@
 
     s2s-serve --bundle models/default --port 50051 --metrics-port 9090
 
-Protobuf stays here: requests are validated and converted to plain types, the worker decodes, and
-results are converted back. Life cycle: NOT_SERVING while the model loads and warms up, SERVING after;
+Protobuf stays at this edge: service/protocol.py validates requests and converts them to plain
+types, the worker decodes, and results are converted back; errors become status codes here (STATUS),
+logs are JSON lines (service/logs.py). Life cycle: NOT_SERVING while the model loads and warms up, SERVING after;
 on SIGTERM NOT_SERVING again, new requests refused, accepted ones finished within the grace period.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import signal
 import sys
 import time
@@ -22,147 +21,75 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import numpy as np
-from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from service.beam import SearchOptions
 from service.config import Settings, load_settings
-from service.engine import AlignmentMode, Engine, InvalidInput, Translation
-from service.errors import NotReady, reject_reason, status_for
+from service.engine import Engine, Translation
+from service.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    DecodeFailed,
+    InvalidInput,
+    NotReady,
+    QueueFull,
+    ShuttingDown,
+)
+from service.logs import configure_logging
 from service.metrics import Metrics, start_metrics_http_server
+from service.options import SearchOptions
+from service.protocol import (
+    MalformedRequest,
+    deserialize_translate_request,
+    model_info,
+    parse_request,
+    translation_to_pb,
+)
 from service.worker import Job, Worker
 
 log = logging.getLogger("s2s.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
-ALIGNMENT_FROM_PB: dict[int, AlignmentMode] = {
-    pb.ALIGNMENT_MODE_UNSPECIFIED: "none",
-    pb.ALIGNMENT_MODE_NONE: "none",
-    pb.ALIGNMENT_MODE_SUBWORD: "subword",
-    pb.ALIGNMENT_MODE_WORD: "word",
+
+
+# --- errors → status codes: the one place where errors become codes -------------------------------
+
+STATUS: dict[type[Exception], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+    NotReady: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Cancelled: grpc.StatusCode.CANCELLED,
+    DecodeFailed: grpc.StatusCode.INTERNAL,
+}
+
+REJECT_REASON: dict[grpc.StatusCode, str] = {
+    grpc.StatusCode.INVALID_ARGUMENT: "invalid_argument",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "queue_full",
+    grpc.StatusCode.UNAVAILABLE: "shutting_down",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "deadline_exceeded",
+    grpc.StatusCode.CANCELLED: "cancelled",
+    grpc.StatusCode.INTERNAL: "internal",
 }
 
 
-# --- protobuf ↔ plain types ----------------------------------------------------------------------
+def reject_reason(code: grpc.StatusCode, error: Exception | None = None) -> str:
+    """The `reason` label of s2s_rejected_requests_total: by status code, but a model still loading
+    is told apart from a server shutting down (both UNAVAILABLE)."""
+    if isinstance(error, NotReady):
+        return "not_ready"
+    return REJECT_REASON.get(code, "internal")
 
 
-class MalformedRequest:
-    """Request bytes that are not a TranslateRequest (bad wire format, a string that is not UTF-8).
-
-    grpc would answer such bytes itself, UNKNOWN with the parser's exception and unseen by the
-    metrics; the servicer gets this instead and answers INVALID_ARGUMENT like any other bad input.
-    """
-
-    texts: tuple[str, ...] = ()
-    request_id = ""
-
-    def __init__(self, error: str) -> None:
-        self.error = error
-
-
-def deserialize_translate_request(data: bytes) -> pb.TranslateRequest | MalformedRequest:
-    try:
-        return pb.TranslateRequest.FromString(data)
-    except DecodeError as err:
-        return MalformedRequest(str(err))
-
-
-@dataclass(frozen=True)
-class ParsedRequest:
-    texts: list[str]
-    options: SearchOptions
-    alignment: AlignmentMode
-
-
-def parse_request(request: pb.TranslateRequest, settings: Settings) -> ParsedRequest:
-    """Validate a TranslateRequest against the limits; InvalidInput says what to change."""
-    server = settings.server
-    texts = list(request.texts)
-    if not texts:
-        raise InvalidInput("texts is empty: send at least one text to translate")
-    if len(texts) > server.max_texts:
-        raise InvalidInput(
-            f"{len(texts)} texts in one request, over the limit of {server.max_texts}: split the request"
-        )
-    for i, text in enumerate(texts):
-        if not text.strip():
-            raise InvalidInput(f"texts[{i}] is empty or only whitespace")
-        if len(text) > server.max_text_chars:
-            raise InvalidInput(
-                f"texts[{i}] has {len(text)} characters, over the limit of {server.max_text_chars}"
-            )
-    return ParsedRequest(
-        texts, parse_options(request.options, settings), parse_alignment(request.options.alignment)
-    )
-
-
-def parse_options(o: pb.DecodingOptions, settings: Settings) -> SearchOptions:
-    d, limits = settings.decoding, settings.limits
-    beam = o.beam_size if o.HasField("beam_size") else d.beam_size
-    n_best = o.n_best if o.HasField("n_best") else d.n_best
-    max_length = (
-        o.max_length if o.HasField("max_length") else min(d.max_length, limits.max_target_tokens)
-    )
-    a = o.max_length_a if o.HasField("max_length_a") else d.max_len_a
-    b = o.max_length_b if o.HasField("max_length_b") else d.max_len_b
-    alpha = o.length_penalty if o.HasField("length_penalty") else d.length_penalty
-    beta = o.coverage_penalty if o.HasField("coverage_penalty") else d.coverage_penalty
-    check_range("beam_size", beam, 1, limits.max_beam_size)
-    check_range(
-        "n_best", n_best, 1, beam, f"n_best ({n_best}) must be between 1 and beam_size ({beam})"
-    )
-    check_range("max_length", max_length, 1, limits.max_target_tokens)
-    for name, value in (("max_length_a", a), ("length_penalty", alpha), ("coverage_penalty", beta)):
-        if not math.isfinite(value) or value < 0 or value > 100:
-            raise InvalidInput(f"{name} must be a finite number in [0, 100], got {value}")
-    if abs(b) > limits.max_target_tokens:
-        raise InvalidInput(f"max_length_b must be within ±{limits.max_target_tokens}, got {b}")
-    return SearchOptions(
-        beam_size=beam,
-        n_best=n_best,
-        max_len_a=float(a),
-        max_len_b=int(b),
-        max_len_cap=max_length,
-        length_penalty=float(alpha),
-        coverage_penalty=float(beta),
-    )
-
-
-def check_range(name: str, value: int, low: int, high: int, message: str = "") -> None:
-    if not low <= value <= high:
-        raise InvalidInput(message or f"{name} must be between {low} and {high}, got {value}")
-
-
-def parse_alignment(value: int) -> AlignmentMode:
-    if value not in ALIGNMENT_FROM_PB:
-        raise InvalidInput(f"unknown alignment mode {value}: use NONE, SUBWORD or WORD")
-    return ALIGNMENT_FROM_PB[value]
-
-
-def translation_to_pb(t: Translation) -> pb.Translation:
-    out = pb.Translation(source_tokens=t.source_tokens)
-    for h in t.hypotheses:
-        hyp = out.hypotheses.add(
-            text=h.text, tokens=h.tokens, score=h.score, log_prob=h.log_prob, finished=h.finished
-        )
-        if h.alignment is not None:
-            matrix = np.asarray(h.alignment.matrix, dtype=np.float32)
-            rows, cols = matrix.shape
-            hyp.alignment.CopyFrom(
-                pb.Alignment(
-                    rows=rows,
-                    cols=cols,
-                    weights=matrix.reshape(-1).tolist(),
-                    source_tokens=h.alignment.source_tokens,
-                    target_tokens=h.alignment.target_tokens,
-                    pharaoh=h.alignment.pharaoh,
-                )
-            )
-    return out
+def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status code and the message a client sees; unknown errors are INTERNAL without details."""
+    for cls, code in STATUS.items():
+        if isinstance(error, cls):
+            return code, str(error)
+    return grpc.StatusCode.INTERNAL, "internal error; the cause was logged by the server"
 
 
 # --- the servicer ------------------------------------------------------------------------------
@@ -341,34 +268,6 @@ def resolve(
         future.set_result(results or [])
 
 
-def model_info(engine: Engine, settings: Settings) -> pb.ModelInfo:
-    d, limits = settings.decoding, settings.limits
-    return pb.ModelInfo(
-        name=engine.bundle.name,
-        version=engine.bundle.version,
-        architecture_json=json.dumps(engine.cfg.to_dict(), sort_keys=True),
-        limits=pb.Limits(
-            max_texts=settings.server.max_texts,
-            max_text_chars=settings.server.max_text_chars,
-            max_source_tokens=limits.max_source_tokens,
-            max_beam_size=limits.max_beam_size,
-            max_length=limits.max_target_tokens,
-        ),
-        defaults=pb.DecodingOptions(
-            beam_size=d.beam_size,
-            n_best=d.n_best,
-            max_length=min(d.max_length, limits.max_target_tokens),
-            max_length_a=d.max_len_a,
-            max_length_b=d.max_len_b,
-            length_penalty=d.length_penalty,
-            coverage_penalty=d.coverage_penalty,
-            alignment=pb.ALIGNMENT_MODE_NONE,
-        ),
-        execution_providers=engine.model.providers,
-        scheduling_policy=settings.batching.policy,
-    )
-
-
 # --- life cycle --------------------------------------------------------------------------------
 
 
@@ -399,8 +298,7 @@ class Running:
         """NOT_SERVING, refuse new work, finish accepted requests within the grace period, stop."""
         grace = self.settings.server.grace_s if grace is None else grace
         await self.health.enter_graceful_shutdown()
-        with self.worker.cond:
-            self.worker.accepting = False
+        self.worker.close_intake()
         await self.server.stop(grace)
         await asyncio.get_running_loop().run_in_executor(None, self.worker.stop, 5.0)
         if self.metrics_http is not None:
@@ -515,35 +413,8 @@ async def create_server(
 
 def warm_up(engine: Engine) -> None:
     """Decode once at several batch shapes so the first real request pays no first-run costs."""
-    engine.translate(["one"], SearchOptions(beam_size=1, max_len_b=4))
-    engine.translate(["one two three", "four"], SearchOptions(beam_size=4, max_len_b=4))
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message and any `extra` fields."""
-
-    RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
-        "message",
-        "asctime",
-    }
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        entry.update({k: v for k, v in record.__dict__.items() if k not in self.RESERVED})
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    engine.translate(["one"], SearchOptions(beam_size=1, max_length_b=4))
+    engine.translate(["one two three", "four"], SearchOptions(beam_size=4, max_length_b=4))
 
 
 async def serve(settings: Settings) -> None:

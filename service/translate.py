@@ -13,11 +13,11 @@ import json
 import sys
 from pathlib import Path
 
-from service.beam import SearchOptions
 from service.bundle import BundleError
 from service.config import RuntimeConfig
 from service.engine import AlignmentMode, Engine, InvalidInput, Translation
 from service.heatmap import save_heatmap_png
+from service.options import SearchOptions, add_option_flags, options_from_args
 from service.render import translation_to_json
 
 DEFAULT_BUNDLE = Path(__file__).resolve().parent.parent / "models" / "default"
@@ -33,12 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_BUNDLE,
         help="model bundle directory (default: %(default)s)",
     )
-    p.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
-    p.add_argument("--nbest", type=int, default=1)
-    p.add_argument("--length-penalty", type=float, default=0.0, help="GNMT alpha")
-    p.add_argument("--coverage-penalty", type=float, default=0.0, help="GNMT beta")
-    p.add_argument("--max-len-a", type=float, default=2.0)
-    p.add_argument("--max-len-b", type=int, default=10)
+    add_option_flags(p, SearchOptions())
     p.add_argument("--batch-size", type=int, default=32, help="sentences decoded together")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--align", action="store_true", help="print translation<TAB>Pharaoh alignment")
@@ -62,7 +57,7 @@ def format_line(t: Translation, args: argparse.Namespace) -> str:
         return json.dumps(translation_to_json(t), ensure_ascii=False)
     lines = []
     for h in t.hypotheses:
-        text = h.text if args.nbest == 1 else f"{h.score:.4f}\t{h.text}"
+        text = h.text if args.n_best == 1 else f"{h.score:.4f}\t{h.text}"
         lines.append(f"{text}\t{h.alignment.pharaoh}" if args.align and h.alignment else text)
     return "\n".join(lines)
 
@@ -76,14 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             int8_decoder=args.int8,
         )
         engine = Engine.load(args.bundle, runtime)
-        options = SearchOptions(
-            beam_size=args.beam,
-            n_best=args.nbest,
-            max_len_a=args.max_len_a,
-            max_len_b=args.max_len_b,
-            length_penalty=args.length_penalty,
-            coverage_penalty=args.coverage_penalty,
-        )
+        options = SearchOptions(**options_from_args(args))
     except (BundleError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -111,6 +111,11 @@ class Worker:
             self.cancelled.add(job)
             self.cond.notify()
 
+    def close_intake(self) -> None:
+        """Refuse new jobs (ShuttingDown) from now on; accepted ones go on decoding."""
+        with self.cond:
+            self.accepting = False
+
     def stop(self, drain_timeout: float | None = None) -> None:
         """Refuse new jobs; finish the accepted ones (up to drain_timeout), then end the loop."""
         with self.cond:

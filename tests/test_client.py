@@ -21,16 +21,8 @@ import pytest
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.alignment import pharaoh, render_text_heatmap
-from service.client import (
-    TranslatorClient,
-    alignment_from_pb,
-    alignment_mode,
-    channel_credentials,
-    decoding_options_to_pb,
-    main,
-    parse_args,
-    translation_from_pb,
-)
+from service.client import TranslatorClient, alignment_mode, channel_credentials, main, parse_args
+from service.protocol import alignment_from_pb, decoding_options_to_pb, translation_from_pb
 
 # --- a fake servicer ----------------------------------------------------------------------------
 
@@ -192,7 +184,7 @@ def test_parse_args_defaults() -> None:
     args = parse_args(["hello"])
     assert args.texts == ["hello"]
     assert args.server == "localhost:50051"
-    assert args.beam is None and args.nbest is None
+    assert args.beam_size is None and args.n_best is None
     assert args.timeout == 30.0
     assert not args.json and not args.round_robin
     assert alignment_mode(args) == "none"
@@ -202,7 +194,12 @@ def test_parse_args_all_flags() -> None:
     argv = "--server dns:///s2s:50051 --beam 4 --nbest 2 --align word --heatmap h.png --json --timeout 2.5"
     argv += " --round-robin --tls-ca ca.pem --tls-cert c.pem --tls-key c.key a b"
     args = parse_args(argv.split())
-    assert (args.server, args.beam, args.nbest, args.align) == ("dns:///s2s:50051", 4, 2, "word")
+    assert (args.server, args.beam_size, args.n_best, args.align) == (
+        "dns:///s2s:50051",
+        4,
+        2,
+        "word",
+    )
     assert args.heatmap == Path("h.png")
     assert args.json and args.round_robin
     assert args.timeout == 2.5

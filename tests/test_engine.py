@@ -23,7 +23,7 @@ def engine(tiny: TinyModel) -> Engine:
 
 
 def options(beam: int, n_best: int = 1, **kw: float) -> SearchOptions:
-    return SearchOptions(beam_size=beam, n_best=n_best, max_len_a=1.0, max_len_b=5, **kw)  # type: ignore[arg-type]
+    return SearchOptions(beam_size=beam, n_best=n_best, max_length_a=1.0, max_length_b=5, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("beam", [1, 4])

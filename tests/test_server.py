@@ -341,12 +341,12 @@ def test_unset_options_use_the_server_defaults(
     server: ServerThread, engine: Engine, texts: list[str]
 ) -> None:
     response = server.stub.Translate(pb.TranslateRequest(texts=texts[6:9]), timeout=WAIT_S)
-    d, cap = server.r.settings.decoding, server.r.settings.limits.max_target_tokens
+    d, cap = server.r.settings.decoding, server.r.settings.limits.max_length
     defaults = SearchOptions(
         d.beam_size,
         d.n_best,
-        d.max_len_a,
-        d.max_len_b,
+        d.max_length_a,
+        d.max_length_b,
         min(d.max_length, cap),
         d.length_penalty,
         d.coverage_penalty,
