@@ -365,8 +365,9 @@ class BeamSearch:
         if vocab_size is not None and vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
         self._decoder = decoder
-        self._K = beam_size
-        self._k = beam_size + 1 if vocab_size is None else min(beam_size + 1, vocab_size)
+        self._beam_size = beam_size
+        # tokens asked of the decoder per slot: K + 1 leaves K non-EOS ones even if one is EOS
+        self._candidates = beam_size + 1 if vocab_size is None else min(beam_size + 1, vocab_size)
         self._bos_id = bos_id
         self._eos_id = eos_id
         self._beams = _Beams.empty()
@@ -376,7 +377,7 @@ class BeamSearch:
 
     @property
     def beam_size(self) -> int:
-        return self._K
+        return self._beam_size
 
     @property
     def sentence_ids(self) -> list[Hashable]:
@@ -397,9 +398,9 @@ class BeamSearch:
 
         options.beam_size may be below the batch's K: the extra slots stay dead.
         """
-        if options.beam_size > self._K:
+        if options.beam_size > self._beam_size:
             raise ValueError(
-                f"sentence beam_size {options.beam_size} exceeds the batch's beam size {self._K}"
+                f"sentence beam_size {options.beam_size} exceeds the batch's beam size {self._beam_size}"
             )
         if src_len < 1:
             raise ValueError(f"src_len must be >= 1, got {src_len}")
@@ -416,17 +417,17 @@ class BeamSearch:
                 history=_History(src_len, keep_attention=options.return_attention),
             )
         )
-        self._joining.append(_Beams.start(self._K, self._bos_id, state_row, src_len))
+        self._joining.append(_Beams.start(self._beam_size, self._bos_id, state_row, src_len))
 
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         """Advance every sentence by one token; return the sentences done now with their n-best lists."""
         if not self._sentences:
             return []
         self._merge_joining()
-        B, K = len(self._sentences), self._K
+        B, K = len(self._sentences), self._beam_size
         # one decoder call for every slot of every sentence
-        out = self._decoder.step(self._beams.tokens, self._beams.parents, self._k)
-        _check_step_output(out, B * K, self._k)
+        out = self._decoder.step(self._beams.tokens, self._beams.parents, self._candidates)
+        _check_step_output(out, B * K, self._candidates)
         N, S = out.attention.shape
         # coverage of each current slot including this step's attention
         coverage = _fit_columns(self._beams.coverage, S) + out.attention  # (N, S)
@@ -456,7 +457,7 @@ class BeamSearch:
 
     def _finish_eos(self, cands: _Candidates, ends: np.ndarray, coverage: np.ndarray) -> None:
         """Finish the candidates ends (B, K*k) marks, with the coverage (N, S) of their slots."""
-        K = self._K
+        K = self._beam_size
         for b in np.flatnonzero(ends.any(axis=1)).tolist():
             sentence = self._sentences[b]
             slots = cands.slots[b, ends[b]]  # (M,)
@@ -466,7 +467,7 @@ class BeamSearch:
     def _settle(self) -> np.ndarray:
         """(B,) bool: the sentences done after this step. At its max length a sentence's live slots
         finish as they are; otherwise it is done when nothing is live or nothing live can win."""
-        B, K = len(self._sentences), self._K
+        B, K = len(self._sentences), self._beam_size
         scores = self._beams.scores.reshape(B, K)  # (B, K)
         best_live = scores.max(axis=1).tolist()  # (B,)
         done = np.zeros(B, bool)  # (B,)
@@ -506,7 +507,7 @@ class BeamSearch:
     def _drop(self, done: np.ndarray) -> None:
         """Remove the sentences done (B,) marks from the beams, the batch and the decoder."""
         self._merge_joining()
-        K = self._K
+        K = self._beam_size
         keep = compaction_order(done)  # (B',) int64
         rows = (keep[:, None] * K + np.arange(K)).reshape(-1)  # (B'*K,)
         self._beams = self._beams.select(rows)

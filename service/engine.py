@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
@@ -62,11 +62,14 @@ class Prepared:
     pieces: list[str]
 
 
-@dataclass(frozen=True)
-class DecodeRequest:
-    """One sentence for a running batch."""
+KeyT = TypeVar("KeyT", bound=Hashable)
 
-    key: Hashable
+
+@dataclass(frozen=True)
+class DecodeRequest(Generic[KeyT]):
+    """One sentence for a running batch, under its caller's key (the worker's: a SentenceKey)."""
+
+    key: KeyT
     sentence: Prepared
     options: SearchOptions
     alignment: AlignmentMode = "subword"
@@ -131,7 +134,7 @@ class Engine:
 
     # --- decoding -----------------------------------------------------------------------------
 
-    def new_batch(self, beam_size: int) -> RunningBatch:
+    def new_batch(self, beam_size: int) -> RunningBatch[Any]:
         return RunningBatch(self, beam_size)
 
     def translate(
@@ -146,21 +149,21 @@ class Engine:
             raise InvalidInput("no texts to translate")
         self.check_options(options, alignment)
         prepared = [self.prepare(t) for t in texts]
-        batch = self.new_batch(options.beam_size)
+        batch: RunningBatch[int] = self.new_batch(options.beam_size)
         batch.add([DecodeRequest(i, p, options, alignment) for i, p in enumerate(prepared)])
-        results: dict[Hashable, Translation] = {}
+        results: dict[int, Translation] = {}
         while len(batch):
             results.update(batch.step())
         return [results[i] for i in range(len(texts))]
 
-    def to_translation(self, request: DecodeRequest, hyps: list[Hypothesis]) -> Translation:
+    def to_translation(self, request: DecodeRequest[Any], hyps: list[Hypothesis]) -> Translation:
         return Translation(
             source=request.sentence.text,
             source_tokens=request.sentence.pieces,
             hypotheses=[self.to_hypothesis(request, h) for h in hyps],
         )
 
-    def to_hypothesis(self, request: DecodeRequest, hyp: Hypothesis) -> TranslationHypothesis:
+    def to_hypothesis(self, request: DecodeRequest[Any], hyp: Hypothesis) -> TranslationHypothesis:
         pieces = self.tgt_tok.pieces(hyp.tokens)
         return TranslationHypothesis(
             text=self.tgt_tok.decode(hyp.tokens),
@@ -190,8 +193,9 @@ def make_alignment(
     )
 
 
-class RunningBatch:
-    """Sentences decoding together with K hypothesis slots each; sentences join and leave between steps."""
+class RunningBatch(Generic[KeyT]):
+    """Sentences decoding together with K hypothesis slots each; sentences join and leave between
+    steps. Sentences are known by their requests' keys."""
 
     def __init__(self, engine: Engine, beam_size: int) -> None:
         self.engine = engine
@@ -200,7 +204,7 @@ class RunningBatch:
         self.search = BeamSearch(
             self.decoder, beam_size, cfg.bos_id, cfg.eos_id, vocab_size=cfg.tgt_vocab_size
         )
-        self.requests: dict[Hashable, DecodeRequest] = {}
+        self.requests: dict[Hashable, DecodeRequest[KeyT]] = {}
 
     @property
     def beam_size(self) -> int:
@@ -214,7 +218,9 @@ class RunningBatch:
         return len(self.search) * self.search.beam_size
 
     def add(
-        self, requests: Sequence[DecodeRequest], encoded: Sequence[EncodedSentence] | None = None
+        self,
+        requests: Sequence[DecodeRequest[KeyT]],
+        encoded: Sequence[EncodedSentence] | None = None,
     ) -> None:
         """Append the joining sentences; encoded[i] belongs to requests[i] (None: encode them now,
         in one encoder call)."""
@@ -235,17 +241,12 @@ class RunningBatch:
             )
             self.requests[request.key] = request
 
-    def remove(self, keys: Collection[Hashable]) -> list[Hashable]:
+    def remove(self, keys: Collection[KeyT]) -> list[KeyT]:
         """Drop sentences mid-decode (their client went away); returns the keys that were here."""
-        removed = self.search.remove(keys)
-        for key in removed:
-            del self.requests[key]
+        removed = [self.requests.pop(key).key for key in self.search.remove(keys)]
         return removed
 
-    def step(self) -> list[tuple[Hashable, Translation]]:
+    def step(self) -> list[tuple[KeyT, Translation]]:
         """One decoder call for every hypothesis; returns the sentences that finished at this step."""
-        finished = self.search.step()
-        return [
-            (key, self.engine.to_translation(self.requests.pop(key), hyps))
-            for key, hyps in finished
-        ]
+        finished = [(self.requests.pop(key), hyps) for key, hyps in self.search.step()]
+        return [(r.key, self.engine.to_translation(r, hyps)) for r, hyps in finished]
