@@ -26,9 +26,8 @@ class Encoded:
     """What the encoder hands the decoder, once per sentence."""
 
     values: Tensor  # (B, S, 2*He) encoder states
-    keys: (
-        Tensor  # (B, S, Dk) precomputed source-side attention projections ((B, 1, 2*He) for "none")
-    )
+    # (B, S, Dk) precomputed source-side attention projections ((B, 1, 2*He) for "none")
+    keys: Tensor
     mask: Tensor  # (B, S) bool, True on real source tokens
     state: Tensor  # (B, state_dim) initial packed decoder state
 
@@ -84,9 +83,7 @@ class Attention(nn.Module):
             self.w_query = nn.Linear(H, A, bias=False)
             self.w_key = nn.Linear(D, A, bias=True)
             self.v = nn.Linear(A, 1, bias=False)
-        elif (
-            self.kind == "concat"
-        ):  # v^T tanh(W [s; h]); W split column-wise into its s and h parts
+        elif self.kind == "concat":  # v^T tanh(W [s; h]), W split by columns into s and h parts
             self.w = nn.Linear(H + D, A, bias=True)
             self.v = nn.Linear(A, 1, bias=False)
         elif self.kind == "general":  # s^T W h
@@ -121,13 +118,13 @@ class Attention(nn.Module):
         self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
         """query (B, K, H) → context (B, K, D), weights (B, K, S); padding gets exactly zero weight."""
-        scores = self.scores(query, keys).masked_fill(~mask.unsqueeze(1), float("-inf"))
-        weights = torch.softmax(scores, dim=-1)  # (B, K, S)
+        weights = masked_softmax(self.scores(query, keys), mask.unsqueeze(1))  # (B, K, S)
         return weights @ values, weights
 
 
 def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
-    """Softmax over the last axis with masked positions at exactly zero (used by tests and docs)."""
+    """Softmax over the last axis with masked positions (mask False) at exactly zero; mask
+    broadcasts against scores."""
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
 
 

@@ -205,9 +205,7 @@ class EncoderRows:
     """
 
     def __init__(self, keys_follow_source: bool) -> None:
-        self.keys_follow_source = (
-            keys_follow_source  # False for attention "none": keys are (B, 1, D)
-        )
+        self.keys_follow_source = keys_follow_source  # False for attention "none": keys (B, 1, D)
         self.count = 0
         self.values: np.ndarray | None = None  # (capacity, S, D)
         self.keys: np.ndarray | None = None  # (capacity, S or 1, Dk)
@@ -323,10 +321,6 @@ class OnnxDecoder:
         self.rows = EncoderRows(keys_follow_source=model.bundle.architecture.attention != "none")
         self.device_tensors: tuple[ort.OrtValue, ort.OrtValue, ort.OrtValue] | None = None
         self.state: ort.OrtValue | None = None  # (R, D_state)
-
-    @property
-    def num_sentences(self) -> int:
-        return self.rows.count
 
     @property
     def state_rows(self) -> int:
