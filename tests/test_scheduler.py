@@ -72,7 +72,9 @@ def test_iteration_admits_into_a_running_batch_only_the_encoded_prefix() -> None
     d = decide(cfg(), now=0.0, waiting=waiting, running={5: 1}, ready={"a", "c"})
     assert d.admit == ("a",) and d.step_beam == 5  # "c" is encoded but must not overtake "b"
     none_ready = decide(cfg(), now=0.0, waiting=waiting, running={5: 1}, ready=set())
-    assert none_ready.admit == () and none_ready.step_beam == 5  # the batch keeps stepping meanwhile
+    assert (
+        none_ready.admit == () and none_ready.step_beam == 5
+    )  # the batch keeps stepping meanwhile
 
 
 def test_iteration_with_nothing_running_admits_whether_encoded_or_not() -> None:
