@@ -91,7 +91,7 @@ def torch_batched(
     decode(TorchDecoder(model, src, lengths), lengths.tolist(), beam, target_len, vocab)
 
 
-def best_of(fn: Callable[[], None], repeats: int) -> float:
+def best_of(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up: first-run allocations and kernel selection
     times = []
     for _ in range(repeats):

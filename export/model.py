@@ -219,6 +219,7 @@ class Seq2Seq(nn.Module):
                 torch.zeros_like(values[:, :, 0]).unsqueeze(1).expand(B, K, S).reshape(N, S)
             )  # no alignment
         elif self.cfg.input_feeding:  # Luong: query is the current state s_t
+            assert feed is not None  # input feeding keeps h~_{t-1} in the packed state
             s_t, rnn_state = self.rnn_step(torch.cat([emb, feed], -1), rnn_state)
             context, weights = self.attend(s_t, keys, values, mask)
             hidden = torch.tanh(self.combine(torch.cat([context, s_t], -1)))  # h~_t (N, H)

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -90,7 +90,8 @@ class DecoderStepGraph(nn.Module):
 def top_k_log_probs(logits: Tensor, k: Tensor | int) -> tuple[Tensor, Tensor]:
     """The k best log-softmax values and their ids, (N, k) each. (TopK on the logits minus a
     logsumexp was tried: ONNX Runtime's ReduceLogSumExp is 6x slower than its LogSoftmax.)"""
-    return torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
+    # k as a 0-d tensor stays a graph input (a Python int would be baked in); topk's stub says int
+    return torch.topk(torch.log_softmax(logits, dim=-1), cast(int, k), dim=-1)
 
 
 def example_inputs(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 import pytest
@@ -114,7 +114,8 @@ def options(**kw: object) -> SearchOptions:
 
 def sequence_log_prob(dist: Dist, src_len: int, tokens: Sequence[int], by_eos: bool) -> float:
     """log P of tokens (+ EOS) under dist, summed in float64 from dist's float32 values."""
-    total, prefix = 0.0, (BOS,)
+    total = 0.0
+    prefix: tuple[int, ...] = (BOS,)
     for tok in [*tokens, EOS] if by_eos else tokens:
         total += float(dist(src_len, prefix)[0][tok])
         prefix = (*prefix, tok)
@@ -334,7 +335,7 @@ def test_sentence_added_mid_way_equals_decoded_alone(join_after: int) -> None:
     search = BeamSearch(decoder, beam_size=4, bos_id=BOS, eos_id=EOS, vocab_size=vocab)
     search.add("a", 5, opts, state_row=0)
     search.add("b", 8, opts, state_row=1)
-    results = {}
+    results: dict[Hashable, list[Hypothesis]] = {}
     for _ in range(join_after):
         results.update(search.step())
     (row,) = decoder.join([11])  # a longer source: the padded width S grows

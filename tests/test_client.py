@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -435,7 +436,7 @@ def test_mutual_tls(certificates: Path) -> None:
     server, _, port = start_fake(credentials)
     target = f"127.0.0.1:{port}"
     try:
-        tls = {
+        tls: dict[str, Any] = {
             "tls_ca": str(d / "ca.pem"),
             "tls_cert": str(d / "client.pem"),
             "tls_key": str(d / "client.key"),

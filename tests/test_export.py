@@ -39,9 +39,9 @@ def tiny_model(rnn: str, attention: str, style: str, seed: int = 0) -> Seq2Seq:
         attn_dim=7,
         enc_layers=2 if rnn == "lstm" else 1,
         dec_layers=2 if style == "luong" else 1,
-        rnn=rnn,
-        attention=attention,
-        decoder_style=style,
+        rnn=rnn,  # type: ignore[arg-type]
+        attention=attention,  # type: ignore[arg-type]
+        decoder_style=style,  # type: ignore[arg-type]
     )
     return Seq2Seq(cfg).eval()
 

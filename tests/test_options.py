@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from service.options import OPTIONS, SearchOptions, problems
 from service.protocol import decoding_options_to_pb, default_options, parse_options
 
 # A value inside every option's range, different from its default.
-OTHER = {
+OTHER: dict[str, Any] = {
     "beam_size": 3,
     "n_best": 2,
     "max_length_a": 1.5,

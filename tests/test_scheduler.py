@@ -121,7 +121,7 @@ def test_round_robin_over_beam_groups() -> None:
     running = {5: 1, 1: 3, 4: 2}
     order, last = [], None
     for _ in range(6):
-        d = decide(cfg(), now=0.0, waiting=[], running=running, last_stepped=last)
+        d: Decision[str] = decide(cfg(), now=0.0, waiting=[], running=running, last_stepped=last)
         order.append(d.step_beam)
         last = d.step_beam
     assert order == [1, 4, 5, 1, 4, 5]
@@ -130,13 +130,13 @@ def test_round_robin_over_beam_groups() -> None:
 def test_round_robin_skips_empty_groups_and_includes_the_one_just_admitted() -> None:
     d = decide(cfg(), now=0.0, waiting=[w("a", beam=2)], running={1: 0, 5: 3}, last_stepped=1)
     assert d.admit_beam == 2 and d.step_beam == 2
-    wrap = decide(cfg(), now=0.0, waiting=[], running={1: 0, 5: 3}, last_stepped=5)
+    wrap: Decision[str] = decide(cfg(), now=0.0, waiting=[], running={1: 0, 5: 3}, last_stepped=5)
     assert wrap.step_beam == 5
 
 
 def test_idle_with_nothing_to_do_sleeps_until_work_arrives() -> None:
     for policy in ("none", "request", "iteration"):
-        d = decide(cfg(policy), now=7.0, waiting=[], running={})
+        d: Decision[str] = decide(cfg(policy), now=7.0, waiting=[], running={})
         assert d.idle and d.wake_at is None and d == Decision()
 
 

@@ -32,7 +32,13 @@ from service.tokenizer import Tokenizer
 torch.set_num_threads(1)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TINY_MODEL = {"emb_dim": 16, "enc_hidden": 16, "dec_hidden": 32, "attn_dim": 16, "dropout": 0.0}
+TINY_MODEL: dict[str, Any] = {
+    "emb_dim": 16,
+    "enc_hidden": 16,
+    "dec_hidden": 32,
+    "attn_dim": 16,
+    "dropout": 0.0,
+}
 
 
 def is_png(path: Path) -> bool:
