@@ -6,6 +6,8 @@ token's attention over the source (rows sum to 1). Pure numpy and string ops.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 WORD_START = "\u2581"  # SentencePiece's "▁": the piece begins a new word
@@ -107,3 +109,13 @@ def render_text_heatmap(
         for label, row in zip(tgt, levels.tolist(), strict=True)
     ]
     return "\n".join(line.rstrip() for line in header + body)
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """One hypothesis's alignment, as the engine returns it and the client receives it."""
+
+    matrix: np.ndarray  # (T_y, T_x): row t is target token t's attention over the source tokens
+    source_tokens: list[str]
+    target_tokens: list[str]
+    pharaoh: str  # hard alignment "src-tgt ..." (argmax per target token)

@@ -16,6 +16,7 @@ from typing import Any, Generic, Literal, TypeVar
 import numpy as np
 
 from service import alignment as align
+from service.alignment import Alignment
 from service.beam import BeamSearch, Hypothesis, SearchOptions
 from service.bundle import Bundle, load_bundle
 from service.config import EngineLimits, RuntimeConfig
@@ -25,14 +26,6 @@ from service.tokenizer import Tokenizer
 
 AlignmentMode = Literal["none", "subword", "word"]
 ALIGNMENT_MODES: tuple[str, ...] = ("none", "subword", "word")
-
-
-@dataclass(frozen=True)
-class Alignment:
-    matrix: np.ndarray  # (T_y, T_x): row t is target token t's attention over the source tokens
-    source_tokens: list[str]
-    target_tokens: list[str]
-    pharaoh: str  # hard alignment "src-tgt ..." (argmax per target token)
 
 
 @dataclass(frozen=True)

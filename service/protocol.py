@@ -19,6 +19,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from proto.translation.v1 import translation_pb2 as pb
+from service.alignment import Alignment
 from service.errors import InvalidInput
 from service.options import OPTIONS, SearchOptions, problems
 
@@ -165,12 +166,7 @@ def model_info(engine: Engine, settings: Settings) -> pb.ModelInfo:
 # --- client side -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ClientAlignment:
-    matrix: np.ndarray  # (rows, cols) float32: row t is target token t's attention over the source
-    source_tokens: list[str]
-    target_tokens: list[str]
-    pharaoh: str  # hard alignment "src-tgt ..." (argmax per target token)
+ClientAlignment = Alignment  # the engine's own type: matrix (rows, cols) float32
 
 
 @dataclass(frozen=True)
