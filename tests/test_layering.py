@@ -44,3 +44,16 @@ def test_generated_stubs_match_the_proto(tmp_path: Path) -> None:
         fresh = (tmp_path / "proto/translation/v1" / name).read_text()
         current = (REPO / "proto/translation/v1" / name).read_text()
         assert fresh == current, f"{name} is stale: run scripts/gen_proto.sh"
+
+
+def test_domain_errors_the_worker_and_the_serving_loop_benchmark_import_no_grpc() -> None:
+    """grpc stays at the edges: the status codes are the server's business (service/server.py)."""
+    code = (
+        "import sys\n"
+        "import service.errors, service.worker, service.options, benchmarks.serving_loop\n"
+        "print(','.join(sorted(m for m in sys.modules if m == 'grpc' or m.startswith('grpc.'))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "", f"grpc pulled in: {out.stdout.strip()}"
