@@ -3,9 +3,10 @@
     s2s-serve --bundle models/default --port 50051 --metrics-port 9090
 
 Protobuf stays at this edge: service/protocol.py validates requests and converts them to plain
-types, the worker decodes, and results are converted back; errors become status codes here (STATUS),
-logs are JSON lines (service/logs.py). Life cycle: NOT_SERVING while the model loads and warms up, SERVING after;
-on SIGTERM NOT_SERVING again, new requests refused, accepted ones finished within the grace period.
+types, the worker decodes, and results are converted back; errors become status codes here
+(STATUS); logs are JSON lines (service/logs.py). Life cycle: NOT_SERVING while the model loads and
+warms up, SERVING after; on SIGTERM NOT_SERVING again, new requests refused (the worker's intake
+closed), accepted ones finished within the grace period.
 """
 
 from __future__ import annotations
