@@ -126,7 +126,6 @@ def _specs() -> tuple[OptionSpec, ...]:
 
 
 OPTIONS: tuple[OptionSpec, ...] = _specs()
-OPTION: dict[str, OptionSpec] = {spec.name: spec for spec in OPTIONS}
 
 
 # --- the one validator ---------------------------------------------------------------------------
