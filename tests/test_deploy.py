@@ -359,6 +359,7 @@ def unknown_fields(given: Any, kept: Any, path: str = "") -> list[str]:
     return []
 
 
+@pytest.mark.slow
 def test_crd_objects_validate_against_the_prometheus_operator_models(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
