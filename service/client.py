@@ -73,9 +73,7 @@ def channel_options(max_message_bytes: int, round_robin: bool) -> list[tuple[str
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
     ]
-    if (
-        round_robin
-    ):  # spread calls over every address the resolver returns (dns:/// + headless service)
+    if round_robin:  # spread calls over every address the resolver returns (dns:/// + headless)
         options.append(("grpc.service_config", ROUND_ROBIN_SERVICE_CONFIG))
     return options
 

@@ -51,13 +51,14 @@ def test_append_grow_compact_and_shrink_keep_rows_in_order() -> None:
     rng = np.random.default_rng(0)
     buf = EncoderRows(keys_follow_source=True)
     model: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    # grows S (3 → 5 → 9) and capacity (16 → more)
     for lengths in (
         [3, 1],
         [5],
         [2, 2, 2] * 6,
         [9],
         [1],
-    ):  # grows S (3 → 5 → 9) and capacity (16 → more)
+    ):
         values, keys, mask = sentence_rows(rng, lengths)
         buf.append(as_sentences(values, keys, mask))
         model += [(values[i], keys[i], mask[i]) for i in range(len(lengths))]
