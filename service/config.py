@@ -1,8 +1,8 @@
 """Typed configuration, one dataclass per concern, validated when built.
 
 Values come from command-line flags and environment variables (`S2S_*`), read once at start-up by
-`load_settings`. The server reads the environment nowhere else (service/healthcheck.py, a separate
-probe process, reads S2S_PORT and the TLS variables itself). The decoding defaults are a
+`load_settings`. The server reads the environment nowhere else; service/healthcheck.py, a separate
+probe process, reads S2S_PORT itself for its default target. The decoding defaults are a
 `SearchOptions` (service/options.py declares the options): flags `--default-<option>`.
 """
 
