@@ -3,17 +3,18 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
 
 from proto.translation.v1 import translation_pb2 as pb
 from service import client, translate
-from service.config import EngineLimits, load_settings
+from service.config import EngineLimits, RuntimeConfig, load_settings
+from service.engine import Engine
 from service.errors import InvalidInput
 from service.options import OPTIONS, SearchOptions, problems
 from service.protocol import decoding_options_to_pb, default_options, parse_options
+from tests.conftest import TinyModel
 
 # A value inside every option's range, different from its default.
 OTHER: dict[str, Any] = {
@@ -66,19 +67,26 @@ def test_server_parsing_takes_every_set_field_and_defaults_the_rest() -> None:
     assert parse_options(pb.DecodingOptions(**OTHER), settings).values() == OTHER
 
 
-def test_server_and_engine_report_the_same_problems() -> None:
-    """The server refuses what the engine's check refuses, with the same message."""
-    settings = load_settings([], {})
-    request = pb.DecodingOptions(beam_size=17, max_length=600, length_penalty=math.inf)
-    with pytest.raises(InvalidInput) as refused:
-        parse_options(request, settings)
-    values = {
-        **default_options(settings),
-        "beam_size": 17,
-        "max_length": 600,
-        "length_penalty": math.inf,
-    }
-    assert str(refused.value) == "; ".join(problems(values, settings.limits))
+def test_server_and_engine_report_the_same_problems(tiny: TinyModel) -> None:
+    """Options within the static ranges but over the engine's limits: the server refuses them as
+    the engine does, with the same message."""
+    settings = load_settings(["--max-beam-size", "8", "--max-length", "100"], {})
+    engine = Engine.load(
+        tiny.bundle, RuntimeConfig(providers=("CPUExecutionProvider",)), settings.limits
+    )
+    over: dict[str, Any] = {"beam_size": 9, "max_length": 101, "max_length_b": -101}
+    with pytest.raises(InvalidInput) as by_server:
+        parse_options(pb.DecodingOptions(**over), settings)
+    with pytest.raises(InvalidInput) as by_engine:
+        engine.check_options(SearchOptions(**{**default_options(settings), **over}), "none")
+    assert (
+        str(by_server.value)
+        == str(by_engine.value)
+        == (
+            "beam_size must be between 1 and 8, got 9; max_length_b must be within ±100, got -101; "
+            "max_length must be between 1 and 100, got 101"
+        )
+    )
 
 
 def test_server_defaults_come_from_flags_and_the_environment() -> None:
