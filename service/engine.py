@@ -19,6 +19,7 @@ from service import alignment as align
 from service.beam import BeamSearch, Hypothesis, SearchOptions
 from service.bundle import Bundle, load_bundle
 from service.config import EngineLimits, RuntimeConfig
+from service.embedded import resolve_bundle
 from service.runtime import EncodedSentence, OnnxDecoder, OnnxModel
 from service.tokenizer import Tokenizer
 
@@ -92,7 +93,7 @@ class Engine:
         runtime: RuntimeConfig | None = None,
         limits: EngineLimits | None = None,
     ) -> Engine:
-        bundle = load_bundle(path)
+        bundle = load_bundle(resolve_bundle(path))
         return cls(bundle, OnnxModel(bundle, runtime or RuntimeConfig()), limits or EngineLimits())
 
     @property
