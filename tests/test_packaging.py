@@ -8,14 +8,18 @@ scripts from a directory with no models/ beside them.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
+import warnings
 from pathlib import Path
 
 import pytest
 
 from export import cli
+from service.client import parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +39,36 @@ def test_training_script_errors_of_its_own_are_not_hidden(monkeypatch: pytest.Mo
     monkeypatch.delitem(sys.modules, "export.to_onnx", raising=False)
     with pytest.raises(ModuleNotFoundError):
         cli.export()
+
+
+def test_pyproject_has_no_deprecated_fields() -> None:
+    # The `license = { text = ... }` table made every build warn (setuptools >= 77).
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist = apply_configuration(Distribution(), ROOT / "pyproject.toml")
+    assert dist.metadata.license_expression == "Apache-2.0"
+
+
+def test_readme_installs_the_pinned_torch_from_the_cpu_index() -> None:
+    train = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (pin,) = [req for req in train["train"] if req.startswith("torch")]
+    readme = (ROOT / "README.md").read_text()
+    assert f"pip install {pin} --index-url https://download.pytorch.org/whl/cpu" in readme
+
+
+def test_readme_client_commands_parse() -> None:
+    # The README shows the project's client where it showed grpcurl, which nothing installs.
+    readme = (ROOT / "README.md").read_text()
+    lines = [line.split("#")[0] for line in readme.splitlines() if "-m service.client " in line]
+    flags = {"--list-services", "--model-info"}
+    for line in lines:
+        args = shlex.split(line)[3:]  # after ".venv/bin/python -m service.client"
+        parse_args(args)
+        flags -= set(args)
+    assert not flags, f"the README does not show {flags}"
 
 
 def clean_copy(dest: Path) -> Path:
