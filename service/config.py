@@ -75,6 +75,7 @@ class ServerConfig:
     tls_client_ca: str = ""  # set to require client certificates (mutual TLS)
     log_level: str = "INFO"
     warmup: bool = True
+    reflection: bool = True  # gRPC server reflection (lists the services and their schemas)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535 or not -1 <= self.metrics_port <= 65535:

@@ -326,13 +326,38 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
         key = f.read()
     with open(s.tls_cert, "rb") as f:
         cert = f.read()
-    client_ca = None
-    if s.tls_client_ca:
-        with open(s.tls_client_ca, "rb") as f:
-            client_ca = f.read()
+    client_ca = read_client_ca(s.tls_client_ca) if s.tls_client_ca else None
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=client_ca, require_client_auth=bool(client_ca)
     )
+
+
+def read_client_ca(path: str) -> bytes:
+    """The client CA bundle, refused by name when it holds no PEM certificate: grpc would only
+    fail to bind, and the message would blame the (valid) server certificate and key."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise OSError(err.errno, f"cannot read the TLS client CA {path}: {err.strerror}") from err
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise ValueError(
+            f"TLS client CA {path} holds no PEM certificate (expected '-----BEGIN CERTIFICATE-----')"
+        )
+    return data
+
+
+def start_metrics_endpoint(settings: Settings, metrics: Metrics) -> tuple[Any, int]:
+    """The Prometheus endpoint; a port in use is named, with what to do about it."""
+    host, port = settings.server.metrics_host, settings.server.metrics_port
+    try:
+        return start_metrics_http_server(port, host, metrics.registry)
+    except OSError as err:
+        raise OSError(
+            err.errno,
+            f"cannot serve metrics on {host}:{port}: {err.strerror} "
+            "(choose another --metrics-port, 0 for any free port, or -1 to disable metrics)",
+        ) from err
 
 
 async def create_server(
@@ -352,9 +377,10 @@ async def create_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    if settings.server.reflection:
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
     address = f"{settings.server.host}:{settings.server.port}"
     credentials = server_credentials(settings)
     try:
@@ -367,9 +393,10 @@ async def create_server(
         if not credentials:
             raise
         s = settings.server
+        ca = f", and {s.tls_client_ca} PEM CA certificates" if s.tls_client_ca else ""
         raise RuntimeError(
             f"{err} (or the TLS files are wrong: {s.tls_cert} and {s.tls_key} must be a PEM "
-            "certificate and its private key)"
+            f"certificate and its private key{ca})"
         ) from err
     servicer = TranslatorServicer(settings, metrics)
     add_translator_servicer(servicer, server)  # before start: grpc takes no handlers after it
@@ -390,9 +417,7 @@ async def create_server(
             engine.model.providers[0],
         )
         if settings.server.metrics_port >= 0:
-            running.metrics_http, running.metrics_port = start_metrics_http_server(
-                settings.server.metrics_port, settings.server.metrics_host, metrics.registry
-            )
+            running.metrics_http, running.metrics_port = start_metrics_endpoint(settings, metrics)
         if settings.server.warmup:
             await loop.run_in_executor(None, warm_up, engine)
         worker.start()

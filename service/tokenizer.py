@@ -49,6 +49,11 @@ class Tokenizer:
             )
 
     @property
+    def special_ids(self) -> dict[str, int]:
+        p = self.processor
+        return {"pad": p.pad_id(), "bos": p.bos_id(), "eos": p.eos_id(), "unk": p.unk_id()}
+
+    @property
     def vocab_size(self) -> int:
         return int(self.processor.GetPieceSize())
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import http.client
 import shutil
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,42 @@ def test_wrong_tls_files_stop_the_start_with_an_error_naming_them(
             assert named in str(info.value), (name, info.value)
         finally:
             srv.close()
+
+
+def start_error(engine: Engine, *flags: str) -> BaseException:
+    """The error create_server() raises with these flags (it must raise)."""
+    srv = ServerThread()
+    try:
+        with pytest.raises((RuntimeError, OSError, ValueError)) as info:
+            srv.ready(srv.begin([*base_args(DEFAULT_BUNDLE), *flags], engine))
+        return info.value
+    finally:
+        srv.close()
+
+
+def test_an_unusable_client_ca_is_named_and_the_valid_certificate_is_not_blamed(
+    engine: Engine, pki: Path, tmp_path: Path
+) -> None:
+    t = pki / "trusted"
+    garbage = tmp_path / "ca.pem"
+    garbage.write_bytes(b"\xa0 not a certificate\n")
+    for ca, says in (
+        (garbage, "holds no PEM certificate"),
+        (tmp_path / "nowhere.pem", "cannot read"),
+    ):
+        err = str(start_error(engine, *tls_flags(pki), "--tls-client-ca", str(ca)))
+        assert str(ca) in err and says in err, err
+        assert str(t / "server.pem") not in err and str(t / "server.key") not in err, err
+
+
+def test_a_metrics_port_in_use_is_named(engine: Engine) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        err = start_error(engine, "--metrics-port", str(port), "--metrics-host", "127.0.0.1")
+    assert isinstance(err, OSError) and f"127.0.0.1:{port}" in str(err), err
+    assert "--metrics-port" in str(err)
 
 
 # --- message sizes -------------------------------------------------------------------------------

@@ -38,6 +38,8 @@ import service.server
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.beam import SearchOptions
+from service.client import TranslatorClient
+from service.client import main as client_main
 from service.config import load_settings
 from service.engine import AlignmentMode, Engine, Translation
 from service.runtime import OnnxDecoder
@@ -542,6 +544,29 @@ def test_reflection_lists_the_translator(server: ServerThread) -> None:
     } <= services
     translator = descriptor_pool.DescriptorPool(db).FindServiceByName("translation.v1.Translator")
     assert {m.name for m in translator.methods} == {"Translate", "GetModelInfo"}
+
+
+def test_the_client_cli_lists_services_and_model_info_without_grpcurl(
+    server: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = f"127.0.0.1:{server.r.port}"
+    assert client_main(["--server", target, "--list-services", "--model-info"]) == 0
+    out = capsys.readouterr().out
+    services, _, info = out.partition("{")
+    assert "translation.v1.Translator" in services.split()
+    assert "grpc.health.v1.Health" in services.split()
+    assert json.loads("{" + info)["name"] == server.r.engine.bundle.name
+
+
+def test_reflection_can_be_turned_off(
+    start_server: Callable[..., ServerThread], capsys: pytest.CaptureFixture[str]
+) -> None:
+    srv = start_server("--reflection", "false")
+    with TranslatorClient(f"127.0.0.1:{srv.r.port}") as client:
+        assert error_of(client.list_services).code() == Code.UNIMPLEMENTED
+        assert client.model_info()["name"]  # the Translator itself still answers
+    assert client_main(["--server", f"127.0.0.1:{srv.r.port}", "--list-services"]) == 1
+    assert "UNIMPLEMENTED" in capsys.readouterr().err
 
 
 # --- bad input -------------------------------------------------------------------------------
