@@ -80,6 +80,8 @@ class Engine:
         self.cfg = bundle.architecture
         self._keys = itertools.count()
         check_loaded_bundle(bundle, model, self.src_tok, self.tgt_tok)
+        # The longest piece of either vocabulary in UTF-8 bytes: bounds a response's size up front.
+        self.max_piece_bytes = max(self.src_tok.max_piece_bytes, self.tgt_tok.max_piece_bytes)
 
     @classmethod
     def load(

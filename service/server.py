@@ -12,12 +12,13 @@ closed), accepted ones finished within the grace period.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,9 @@ from service.logs import configure_logging
 from service.metrics import Metrics, start_metrics_http_server
 from service.options import SearchOptions
 from service.protocol import (
+    MAX_REQUEST_ID_CHARS,
     MalformedRequest,
+    check_response_bound,
     deserialize_translate_request,
     model_info,
     parse_request,
@@ -93,6 +96,45 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "internal error; the cause was logged by the server"
 
 
+# A client's deadline passes on the client's clock, which runs ahead of the server's view of the same
+# deadline by the time the request took to arrive: its cancellation can reach the server while
+# `time_remaining()` is still a little above 0. Within this margin it counts as a deadline.
+DEADLINE_MARGIN_S = 0.25
+# On stop, the gRPC server is shut once no Translate handler has run for this long: requests that
+# reached gRPC core before the stop began have been handed to a handler by then.
+QUIET_S = 0.3
+
+
+def cancel_code(remaining: float | None) -> grpc.StatusCode:
+    """The status of a handler cancelled by gRPC, from the time its deadline had left then."""
+    if remaining is not None and remaining <= DEADLINE_MARGIN_S:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.CANCELLED
+
+
+class Handlers:
+    """Counts the Translate handlers running, so a stop can wait until none has run for a while
+    (gRPC core may still hold requests the server has not picked up: stopping it then would answer
+    them CANCELLED, unlogged and uncounted)."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.last_ended = time.monotonic()
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+            self.last_ended = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since the last handler ended; 0 while one runs."""
+        return 0.0 if self.active else time.monotonic() - self.last_ended
+
+
 # --- the servicer ------------------------------------------------------------------------------
 
 
@@ -104,6 +146,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self.metrics = metrics
         self._engine: Engine | None = None
         self._worker: Worker | None = None
+        self.handlers = Handlers()
 
     def attach(self, engine: Engine, worker: Worker) -> None:
         self._engine, self._worker = engine, worker
@@ -124,19 +167,18 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self, request: pb.TranslateRequest | MalformedRequest, context: grpc.aio.ServicerContext
     ) -> pb.TranslateResponse:
         request_id = request.request_id or uuid.uuid4().hex[:16]
+        if (
+            len(request_id) > MAX_REQUEST_ID_CHARS
+        ):  # refused in translate(); not echoed or logged whole
+            request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
         started = time.perf_counter()
         code, message, response = grpc.StatusCode.OK, "", None
         error: Exception | None = None
-        with self.metrics.track_in_flight("Translate"):
+        with self.handlers.track(), self.metrics.track_in_flight("Translate"):
             try:
                 response = await self.translate(request, request_id, context)
-            except asyncio.CancelledError:  # the client cancelled or its deadline passed
-                remaining = context.time_remaining()
-                code = (
-                    grpc.StatusCode.DEADLINE_EXCEEDED
-                    if remaining is not None and remaining <= 0
-                    else grpc.StatusCode.CANCELLED
-                )
+            except asyncio.CancelledError:  # the client cancelled or a deadline passed
+                code = cancel_code(context.time_remaining())
                 self.finish("Translate", request_id, code, started, len(request.texts))
                 raise
             except Exception as err:
@@ -144,9 +186,9 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 code, message = status_for(err)
                 if code == grpc.StatusCode.INTERNAL:
                     log.error("request failed", exc_info=err, extra={"request_id": request_id})
-        self.finish("Translate", request_id, code, started, len(request.texts), message, error)
-        if code != grpc.StatusCode.OK:
-            await context.abort(code, message)
+            self.finish("Translate", request_id, code, started, len(request.texts), message, error)
+            if code != grpc.StatusCode.OK:
+                await context.abort(code, message)
         assert response is not None
         return response
 
@@ -168,6 +210,13 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 prepared.append(self.engine.prepare(text))
             except InvalidInput as err:
                 raise InvalidInput(f"texts[{i}]: {err}") from err
+        check_response_bound(
+            [len(p.ids) for p in prepared],
+            parsed.options,
+            parsed.alignment,
+            self.engine.max_piece_bytes,
+            self.settings.server.max_message_bytes,
+        )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Translation]] = loop.create_future()
 
@@ -283,6 +332,7 @@ class Running:
     engine: Engine
     metrics: Metrics
     settings: Settings
+    servicer: TranslatorServicer | None = None
     metrics_port: int | None = None
     metrics_http: Any = None
 
@@ -296,12 +346,23 @@ class Running:
             await self.health.set(name, status)
 
     async def stop(self, grace: float | None = None) -> None:
-        """NOT_SERVING, refuse new work, finish accepted requests within the grace period, stop."""
+        """NOT_SERVING, refuse new work, finish accepted requests within the grace period, stop.
+
+        The gRPC server goes on taking requests until the handlers are done (new ones answered
+        UNAVAILABLE, logged and counted, since the worker's intake is closed): stopping it at once
+        would have gRPC core answer CANCELLED the requests that reached it but no handler yet, and
+        cancel at the end of the grace the ones it did hand over. It stops once no handler has run
+        for QUIET_S, with what is left of the grace for the answers still being sent."""
         grace = self.settings.server.grace_s if grace is None else grace
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         await self.health.enter_graceful_shutdown()
         self.worker.close_intake()
-        await self.server.stop(grace)
-        await asyncio.get_running_loop().run_in_executor(None, self.worker.stop, 5.0)
+        if self.servicer is not None:
+            while loop.time() < deadline and self.servicer.handlers.idle_for() < QUIET_S:
+                await asyncio.sleep(0.02)
+        await self.server.stop(max(0.0, deadline - loop.time()))
+        await loop.run_in_executor(None, self.worker.stop, 5.0)
         if self.metrics_http is not None:
             self.metrics_http.shutdown()
             self.metrics_http.server_close()  # release the port: shutdown() only ends the serving loop
@@ -409,7 +470,9 @@ async def create_server(
             )
         worker = Worker(engine, settings.batching, metrics)
         servicer.attach(engine, worker)
-        running = Running(server, port, worker, health_servicer, engine, metrics, settings)
+        running = Running(
+            server, port, worker, health_servicer, engine, metrics, settings, servicer
+        )
         metrics.set_model_info(
             engine.bundle.name,
             engine.bundle.version,

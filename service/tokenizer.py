@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,12 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return int(self.processor.GetPieceSize())
+
+    @functools.cached_property
+    def max_piece_bytes(self) -> int:
+        """The longest piece of the vocabulary, in UTF-8 bytes."""
+        p = self.processor
+        return max(len(p.IdToPiece(i).encode()) for i in range(self.vocab_size))
 
     def encode(self, text: str) -> list[int]:
         return list(self.processor.EncodeAsIds(text))
