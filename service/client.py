@@ -148,7 +148,7 @@ class TranslatorClient:
 
     def list_services(self) -> list[str]:
         """The services the server offers, through its reflection service (what `grpcurl list`
-        shows). Raises grpc.RpcError UNIMPLEMENTED when the server runs with --reflection false."""
+        shows). Raises grpc.RpcError UNIMPLEMENTED when the server runs with --no-reflection."""
         return sorted(ProtoReflectionDescriptorDatabase(self.channel).get_services())
 
     def close(self) -> None:

@@ -59,7 +59,7 @@ def start_server(engine: Engine) -> Iterator[Callable[..., ServerThread]]:
     servers: list[ServerThread] = []
 
     def start(*extra: str) -> ServerThread:
-        srv = ServerThread.start([*base_args(DEFAULT_BUNDLE), "--warmup", "false", *extra], engine)
+        srv = ServerThread.start([*base_args(DEFAULT_BUNDLE), "--no-warmup", *extra], engine)
         servers.append(srv)
         return srv
 

@@ -290,7 +290,7 @@ def start_server(bundle: Path, engine: Engine) -> Iterator[Callable[..., ServerT
     servers: list[ServerThread] = []
 
     def start(*extra: str) -> ServerThread:
-        srv = ServerThread.start([*base_args(bundle), "--warmup", "false", *extra], engine)
+        srv = ServerThread.start([*base_args(bundle), "--no-warmup", *extra], engine)
         servers.append(srv)
         return srv
 
@@ -561,7 +561,7 @@ def test_the_client_cli_lists_services_and_model_info_without_grpcurl(
 def test_reflection_can_be_turned_off(
     start_server: Callable[..., ServerThread], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    srv = start_server("--reflection", "false")
+    srv = start_server("--no-reflection")
     with TranslatorClient(f"127.0.0.1:{srv.r.port}") as client:
         assert error_of(client.list_services).code() == Code.UNIMPLEMENTED
         assert client.model_info()["name"]  # the Translator itself still answers
@@ -986,9 +986,7 @@ def test_sigterm_drains_a_loaded_server_process(
                     report
                 )
             else:  # never reached a handler: sent after the listener closed
-                assert code == Code.UNAVAILABLE and sent > sigterm_at - 1.0, (
-                    report
-                )
+                assert code == Code.UNAVAILABLE and sent > sigterm_at - 1.0, report
         assert any(
             sent < sigterm_at < answered and code == Code.OK for _, sent, answered, code in results
         ), report
