@@ -167,9 +167,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self, request: pb.TranslateRequest | MalformedRequest, context: grpc.aio.ServicerContext
     ) -> pb.TranslateResponse:
         request_id = request.request_id or uuid.uuid4().hex[:16]
-        if (
-            len(request_id) > MAX_REQUEST_ID_CHARS
-        ):  # refused in translate(); not echoed or logged whole
+        if len(request_id) > MAX_REQUEST_ID_CHARS:  # refused by parse_request: not logged whole
             request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
         started = time.perf_counter()
         code, message, response = grpc.StatusCode.OK, "", None
@@ -186,9 +184,9 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 code, message = status_for(err)
                 if code == grpc.StatusCode.INTERNAL:
                     log.error("request failed", exc_info=err, extra={"request_id": request_id})
-            self.finish("Translate", request_id, code, started, len(request.texts), message, error)
-            if code != grpc.StatusCode.OK:
-                await context.abort(code, message)
+        self.finish("Translate", request_id, code, started, len(request.texts), message, error)
+        if code != grpc.StatusCode.OK:
+            await context.abort(code, message)
         assert response is not None
         return response
 
