@@ -14,6 +14,8 @@ from typing import Any
 
 from service.scheduler import BatchingConfig
 
+CUDA_ARENA_EXTEND: tuple[str, ...] = ("kSameAsRequested", "kNextPowerOfTwo")
+
 
 @dataclass(frozen=True)
 class RuntimeConfig:
@@ -30,10 +32,21 @@ class RuntimeConfig:
     # ONNX Runtime's intra-op threads spin while waiting for work by default: good for a dedicated
     # core, bad when the gRPC loop and the search share the cores with them. Off unless asked for.
     spin_wait: bool = False
+    # CUDA execution provider (service/runtime.py's cuda_provider_options says why each is set so).
+    cuda_arena_extend: str = "kSameAsRequested"  # or "kNextPowerOfTwo"
+    cuda_mem_limit_mb: int = 0  # cap on the CUDA memory arena; 0 = no cap
+    cuda_copy_in_default_stream: bool = True  # False: host↔device copies on their own stream
+    cuda_tf32: bool = False  # TF32 matrix products (faster on Ampere+, not the CPU's fp32 rounding)
 
     def __post_init__(self) -> None:
         if not self.providers:
             raise ValueError("providers must name at least one execution provider")
+        if self.cuda_arena_extend not in CUDA_ARENA_EXTEND:
+            raise ValueError(
+                f"cuda_arena_extend must be one of {CUDA_ARENA_EXTEND}, got {self.cuda_arena_extend!r}"
+            )
+        if self.cuda_mem_limit_mb < 0:
+            raise ValueError("cuda_mem_limit_mb must be >= 0 (0: no cap)")
         if (
             min(self.device_id, self.intra_op_threads, self.encoder_threads, self.inter_op_threads)
             < 0
