@@ -109,6 +109,19 @@ def _dims(prefix: str, rank: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(rank)]
 
 
+def _pad(dtype: int, x: str, pads: str, out: str) -> list[onnx.NodeProto]:
+    """Zero-pad x by pads into out. A bool tensor is padded as float: ONNX Runtime's CUDA Pad
+    kernel is registered for floating types, and a node it cannot place runs on the CPU behind
+    hidden copies (the mask is a small tensor: the casts cost next to nothing)."""
+    if dtype != BOOL:
+        return [helper.make_node("Pad", [x, pads], [out])]
+    return [
+        helper.make_node("Cast", [x], [f"{x}_f"], to=FLOAT),
+        helper.make_node("Pad", [f"{x}_f", pads], [f"{out}_f"]),
+        helper.make_node("Cast", [f"{out}_f"], [out], to=BOOL),
+    ]
+
+
 def append_graph() -> bytes:
     """buffers (C, S, ·), rows (n, 1), new rows (n, S_i, ·), pads (2·rank,) → the buffers with the
     new rows zero-padded to S and written at `rows` (outputs bound to the inputs' memory)."""
@@ -120,10 +133,10 @@ def append_graph() -> bytes:
             helper.make_tensor_value_info(f"new_{name}", dtype, _dims(f"{name}_n", rank)),
             helper.make_tensor_value_info(f"pads_{name}", INT64, [2 * rank]),
         ]
-        nodes += [
-            helper.make_node("Pad", [f"new_{name}", f"pads_{name}"], [f"padded_{name}"]),
-            helper.make_node("ScatterND", [name, "rows", f"padded_{name}"], [f"out_{name}"]),
-        ]
+        nodes += _pad(dtype, f"new_{name}", f"pads_{name}", f"padded_{name}")
+        nodes.append(
+            helper.make_node("ScatterND", [name, "rows", f"padded_{name}"], [f"out_{name}"])
+        )
         outputs.append(
             helper.make_tensor_value_info(f"out_{name}", dtype, _dims(f"{name}_c", rank))
         )
