@@ -149,7 +149,8 @@ def test_compaction_keep_moves_only_the_rows_that_change_place_in_place(ops: Row
     moved = ops.device.ledger.snapshot()
     buf.keep(compaction_order(np.array([False, True, False, False, True])))  # rows 1, 4 leave
     moved = ops.device.ledger.snapshot().minus(moved)
-    assert [b.data_ptr() for b in buf.buffers] == pointers  # the same device memory, written in place
+    # the same device memory, written in place
+    assert [b.data_ptr() for b in buf.buffers] == pointers
     # only the row indices crossed: src and dst of the one row that moved, as int64
     assert moved.total_bytes == moved.by_reason()["indices"] == 2 * 8
     after, _, after_mask = buf.to_host()
