@@ -111,8 +111,8 @@ def _dims(prefix: str, rank: int) -> list[str]:
 
 def _pad(dtype: int, x: str, pads: str, out: str) -> list[onnx.NodeProto]:
     """Zero-pad x by pads into out. A bool tensor is padded as float: ONNX Runtime's CUDA Pad
-    kernel is registered for floating types, and a node it cannot place runs on the CPU behind
-    hidden copies (the mask is a small tensor: the casts cost next to nothing)."""
+    kernel is registered for float, double and float16 only, and a node it cannot place runs on
+    the CPU behind hidden copies (the mask is a small tensor: the casts cost next to nothing)."""
     if dtype != BOOL:
         return [helper.make_node("Pad", [x, pads], [out])]
     return [
