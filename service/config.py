@@ -17,6 +17,8 @@ from typing import Any
 from service.options import SearchOptions
 from service.scheduler import BatchingConfig
 
+CUDA_ARENA_EXTEND: tuple[str, ...] = ("kSameAsRequested", "kNextPowerOfTwo")
+
 
 def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
     """A settable field with its --help text (and its choices, if it has a fixed set)."""
@@ -48,10 +50,29 @@ class RuntimeConfig:
     spin_wait: bool = setting(
         False, "let ONNX Runtime's threads spin while idle (only with cores to spare)"
     )
+    # CUDA execution provider (service/runtime.py's cuda_provider_options says why each is set so).
+    cuda_arena_extend: str = setting(
+        "kSameAsRequested",
+        "how the CUDA memory arena grows: by what is requested, or to the next power of two",
+        CUDA_ARENA_EXTEND,
+    )
+    cuda_mem_limit_mb: int = setting(0, "cap on the CUDA memory arena in MiB; 0 = no cap")
+    cuda_copy_in_default_stream: bool = setting(
+        True, "host<->device copies on the compute stream (off: on a copy stream of their own)"
+    )
+    cuda_tf32: bool = setting(
+        False, "TF32 matrix products on the GPU (faster on Ampere and later, not fp32 rounding)"
+    )
 
     def __post_init__(self) -> None:
         if not self.providers:
             raise ValueError("providers must name at least one execution provider")
+        if self.cuda_arena_extend not in CUDA_ARENA_EXTEND:
+            raise ValueError(
+                f"cuda_arena_extend must be one of {CUDA_ARENA_EXTEND}, got {self.cuda_arena_extend!r}"
+            )
+        if self.cuda_mem_limit_mb < 0:
+            raise ValueError("cuda_mem_limit_mb must be >= 0 (0: no cap)")
         if (
             min(self.device_id, self.intra_op_threads, self.encoder_threads, self.inter_op_threads)
             < 0

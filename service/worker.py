@@ -77,6 +77,7 @@ class Worker:
         self.engine = engine
         self.config = config
         self.metrics = metrics
+        metrics.watch_transfers(engine.model.transfers)
         self.clock = clock
         self.cond = threading.Condition()
         self.inbox: list[Job] = []  # submitted, not yet seen by the loop (guarded by cond)
