@@ -75,6 +75,12 @@ class ServerConfig:
     tls_client_ca: str = ""  # set to require client certificates (mutual TLS)
     log_level: str = "INFO"
     warmup: bool = True
+    # The HTTP/JSON face (service/http_api.py) on its own port, same host and TLS files as gRPC:
+    # 0 picks a free port, -1 turns it off.
+    http_port: int = -1
+    ui: bool = False  # the attention explorer page at / on the HTTP port (needs http_port >= 0)
+    # Origins allowed to call the HTTP API from a browser page served elsewhere (CORS); none by default.
+    http_cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535 or not -1 <= self.metrics_port <= 65535:
@@ -83,6 +89,10 @@ class ServerConfig:
             raise ValueError("TLS needs both tls_cert and tls_key")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("mutual TLS (tls_client_ca) needs tls_cert and tls_key too")
+        if not -1 <= self.http_port <= 65535:
+            raise ValueError("http_port must be in 0..65535, or -1 to turn the HTTP face off")
+        if self.ui and self.http_port < 0:
+            raise ValueError("ui needs the HTTP face: set http_port (0 picks a free port)")
         if self.max_texts < 1 or self.max_text_chars < 1 or self.grace_s < 0:
             raise ValueError("max_texts and max_text_chars must be >= 1, grace_s >= 0")
 
@@ -148,8 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
             name = prefix + f.name
             default = f.default
             shown = ",".join(default) if isinstance(default, tuple) else default
+            flag = (
+                {"nargs": "?", "const": "true"} if isinstance(default, bool) else {}
+            )  # --ui alone
             group.add_argument(
-                "--" + name.replace("_", "-"), dest=name, default=None, help=f"(default: {shown})"
+                "--" + name.replace("_", "-"),
+                dest=name,
+                default=None,
+                help=f"(default: {shown})",
+                **flag,  # type: ignore[arg-type]
             )
     return parser
 
