@@ -21,6 +21,7 @@ import pytest
 from google.protobuf import json_format
 
 from proto.translation.v1 import translation_pb2 as pb
+from tests.conftest import REPO
 from tests.test_server import (  # noqa: F401  (fixtures)
     ServerThread,
     base_args,
@@ -283,27 +284,37 @@ def test_api_errors_are_shown_as_text(ui: ServerThread, browser: Any) -> None:
     assert "n_best" in status
 
 
-def test_screenshot_for_the_docs(
-    ui: ServerThread,
-    browser: Any,
-    texts: list[str],  # noqa: F811
-) -> None:
-    """Saved only when S2S_SCREENSHOTS names a folder (the docs' pictures come from here)."""
+BUNDLES = sorted(p.parent for p in (REPO / "models").glob("*/manifest.json"))
+# What each embedded model is shown translating; S2S_SCREENSHOT_TEXTS="a|b" overrides.
+SCREENSHOT_TEXTS = {
+    "default": ["one thousand, two hundred and eighty-seven", "March 5, 2021"],
+    "g2p": ["attention", "explorer", "alignment"],
+}
+
+
+@pytest.mark.parametrize("model", BUNDLES, ids=lambda p: p.name)
+def test_screenshot_for_the_docs(model: Path, browser: Any) -> None:
+    """Saved only when S2S_SCREENSHOTS names a folder (the docs' pictures come from here), one per
+    bundle under models/."""
     folder = os.environ.get("S2S_SCREENSHOTS")
     if not folder:
         pytest.skip("set S2S_SCREENSHOTS=<folder> to save the page's screenshots")
-    name = ui.r.engine.bundle.name
-    lines = texts[:2]
-    open_page(browser, page_url(ui, texts="\n".join(lines), beam=4, nbest=2, alignment="word"))
-    wait_ready(browser)
-    height = browser.execute_script("return document.documentElement.scrollHeight")
-    browser.set_window_size(1400, min(int(height) + 40, 2400))
-    heat = card(browser, 0, 0).find_element(By.CSS_SELECTOR, "svg.heatmap")
-    ActionChains(browser).move_to_element(
-        heat.find_element(By.CSS_SELECTOR, 'text.tgt-label[data-row="0"]')
-    ).perform()
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    path = Path(folder) / f"{name}.png"
-    assert browser.save_screenshot(str(path))
-    browser.set_window_size(1400, 1000)
-    assert path.stat().st_size > 10_000
+    override = os.environ.get("S2S_SCREENSHOT_TEXTS")
+    lines = override.split("|") if override else SCREENSHOT_TEXTS.get(model.name, ["hello"])
+    srv = ServerThread.start([*base_args(model), "--warmup", "false", "--http-port", "0", "--ui"])
+    try:
+        open_page(browser, page_url(srv, texts="\n".join(lines), beam=4, nbest=2, alignment="word"))
+        wait_ready(browser)
+        height = browser.execute_script("return document.documentElement.scrollHeight")
+        browser.set_window_size(1400, min(int(height) + 40, 2400))
+        heat = card(browser, 0, 0).find_element(By.CSS_SELECTOR, "svg.heatmap")
+        ActionChains(browser).move_to_element(
+            heat.find_element(By.CSS_SELECTOR, 'text.tgt-label[data-row="0"]')
+        ).perform()
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        path = Path(folder) / f"{srv.r.engine.bundle.name}.png"
+        assert browser.save_screenshot(str(path))
+        assert path.stat().st_size > 10_000
+    finally:
+        browser.set_window_size(1400, 1000)
+        srv.close()
