@@ -228,7 +228,7 @@ class HttpFace:
                 texts = route.texts(request)
                 remaining = timeout_of(http_request)
                 work = route.call(self.core, request, request_id, remaining)
-                response = await asyncio.wait_for(work, remaining)
+                response = await (work if remaining is None else asyncio.wait_for(work, remaining))
             except TimeoutError:
                 code = grpc.StatusCode.DEADLINE_EXCEEDED
                 message = "the deadline passed before the request was answered"
