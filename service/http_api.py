@@ -40,6 +40,7 @@ from google.protobuf.message import Message
 from proto.translation.v1 import translation_pb2 as pb
 from service.config import Settings
 from service.errors import InvalidInput
+from service.protocol import MAX_REQUEST_ID_CHARS
 
 if TYPE_CHECKING:
     from service.server import TranslatorServicer
@@ -225,6 +226,8 @@ class HttpFace:
                 request = await read_message(route, http_request, self.limit)
                 if route.has_id:
                     request_id = request.request_id or uuid.uuid4().hex[:16]  # type: ignore[attr-defined]
+                    if len(request_id) > MAX_REQUEST_ID_CHARS:  # refused later: not logged whole
+                        request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
                 texts = route.texts(request)
                 remaining = timeout_of(http_request)
                 work = route.call(self.core, request, request_id, remaining)

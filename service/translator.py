@@ -14,7 +14,13 @@ from service.config import Settings
 from service.engine import Engine, Translation
 from service.errors import InvalidInput, NotReady
 from service.metrics import Metrics
-from service.protocol import MalformedRequest, model_info, parse_request, translation_to_pb
+from service.protocol import (
+    MalformedRequest,
+    check_response_bound,
+    model_info,
+    parse_request,
+    translation_to_pb,
+)
 from service.worker import Job, Worker
 
 
@@ -62,6 +68,13 @@ class TranslatorCore:
                 prepared.append(self.engine.prepare(text))
             except InvalidInput as err:
                 raise InvalidInput(f"texts[{i}]: {err}") from err
+        check_response_bound(
+            [len(p.ids) for p in prepared],
+            parsed.options,
+            parsed.alignment,
+            self.engine.max_piece_bytes,
+            self.settings.server.max_message_bytes,
+        )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Translation]] = loop.create_future()
 

@@ -51,7 +51,7 @@ TOL = 1e-6
 @pytest.fixture(scope="module")
 def ui(bundle: Path, engine: Any) -> Iterator[ServerThread]:  # noqa: F811
     srv = ServerThread.start(
-        [*base_args(bundle), "--warmup", "false", "--http-port", "0", "--ui"], engine
+        [*base_args(bundle), "--no-warmup", "--http-port", "0", "--ui"], engine
     )
     yield srv
     srv.close()
@@ -301,7 +301,7 @@ def test_screenshot_for_the_docs(model: Path, browser: Any) -> None:
         pytest.skip("set S2S_SCREENSHOTS=<folder> to save the page's screenshots")
     override = os.environ.get("S2S_SCREENSHOT_TEXTS")
     lines = override.split("|") if override else SCREENSHOT_TEXTS.get(model.name, ["hello"])
-    srv = ServerThread.start([*base_args(model), "--warmup", "false", "--http-port", "0", "--ui"])
+    srv = ServerThread.start([*base_args(model), "--no-warmup", "--http-port", "0", "--ui"])
     try:
         open_page(browser, page_url(srv, texts="\n".join(lines), beam=4, nbest=2, alignment="word"))
         wait_ready(browser)

@@ -70,7 +70,7 @@ def call(
 @pytest.fixture(scope="module")
 def http(bundle: Path, engine: Any) -> Iterator[ServerThread]:  # noqa: F811
     srv = ServerThread.start(
-        [*base_args(bundle), "--warmup", "false", "--http-port", "0", "--max-texts", "8"], engine
+        [*base_args(bundle), "--no-warmup", "--http-port", "0", "--max-texts", "8"], engine
     )
     yield srv
     srv.close()
@@ -82,7 +82,7 @@ def start_http(bundle: Path, engine: Any) -> Iterator[Callable[..., ServerThread
 
     def start(*extra: str) -> ServerThread:
         srv = ServerThread.start(
-            [*base_args(bundle), "--warmup", "false", "--http-port", "0", *extra], engine
+            [*base_args(bundle), "--no-warmup", "--http-port", "0", *extra], engine
         )
         servers.append(srv)
         return srv
