@@ -1,4 +1,4 @@
-"""Locust load test of translation.v1.Translator over gRPC.
+"""Locust load test of translation.v1.Translator over gRPC (or its HTTP/JSON face).
 
     locust -f loadtest/locustfile.py --headless -u 32 -r 32 -t 30s --host 127.0.0.1:50051
     python -m loadtest.run --users 32 --duration 30s --out runs/loadtest/NAME   # the same, and more
@@ -17,6 +17,9 @@ Environment:
     S2S_LOADTEST_WAIT_S      wait between a user's requests: SECONDS or MIN,MAX (default 0)
     S2S_LOADTEST_ROUND_ROBIN 1 to balance over every address a dns:/// target resolves to
     S2S_LOADTEST_TLS_CA, S2S_LOADTEST_TLS_CERT, S2S_LOADTEST_TLS_KEY   PEM files: TLS, mutual TLS
+    S2S_LOADTEST_PROTOCOL    grpc (default) | http: the same requests as JSON to POST /v1/Translate
+                             (--host is then the HTTP face's URL, e.g. http://127.0.0.1:8080;
+                             loadtest/protocols.py compares the two under the same load)
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 import gevent
 import grpc
 import grpc.experimental.gevent as grpc_gevent
-from locust import User, between, constant, events, stats
+from locust import FastHttpUser, User, between, constant, events, stats
 from locust.rpc import Message
 from locust.runners import MasterRunner, WorkerRunner
 
@@ -41,6 +44,8 @@ try:
 except ImportError:  # run as a plain file (`locust -f`) without the project installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from loadtest import workload
+from google.protobuf import json_format
+
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.client import channel_credentials, channel_options
@@ -50,6 +55,9 @@ from service.protocol import decoding_options_to_pb
 grpc_gevent.init_gevent()
 
 CONFIG = workload.LoadTestConfig.from_env()
+PROTOCOL = os.environ.get("S2S_LOADTEST_PROTOCOL", "grpc")
+if PROTOCOL not in ("grpc", "http"):
+    raise SystemExit(f"S2S_LOADTEST_PROTOCOL must be grpc or http, got {PROTOCOL!r}")
 SOURCES, SOURCES_FROM = workload.load_sources(CONFIG.sentences)
 SHORT, LONG = workload.split_by_length(SOURCES)
 POOLS: dict[str, list[str]] = {"short": SHORT, "long": LONG, "all": SOURCES}
@@ -193,8 +201,45 @@ class GrpcUser(User):
         )
 
 
+class HttpJsonUser(FastHttpUser):
+    """A user of the HTTP/JSON face: the same request as GrpcUser's, as proto3 JSON."""
+
+    abstract = True
+
+    def on_start(self) -> None:
+        self.rng = random.Random()
+
+    def call(self, name: str, texts: list[str], beam: int) -> None:
+        request_id = f"lt-{uuid.uuid4().hex[:12]}"
+        options = decoding_options_to_pb(beam_size=beam, alignment=CONFIG.alignment)
+        body = {
+            "texts": texts,
+            "options": json_format.MessageToDict(options, preserving_proto_field_name=True),
+            "request_id": request_id,
+        }
+        with self.client.post(
+            f"/v1/Translate?timeout={CONFIG.timeout_s:g}",
+            json=body,
+            name=name,
+            catch_response=True,
+            context={"request_id": request_id, "texts": len(texts), "beam": beam},
+        ) as response:
+            if response.status_code != 200:
+                try:
+                    error = response.json()
+                    response.failure(f"{error['code']}: {error['message']}")
+                except (ValueError, KeyError, TypeError):
+                    response.failure(f"HTTP {response.status_code}")
+                return
+            translations = response.json().get("translations", [])
+            if len(translations) != len(texts) or not all(t["hypotheses"] for t in translations):
+                response.failure(
+                    f"BAD_RESPONSE: {len(translations)} translations for {len(texts)} texts"
+                )
+
+
 def make_task(kind: workload.RequestKind) -> Any:
-    def task(user: GrpcUser) -> None:
+    def task(user: GrpcUser | HttpJsonUser) -> None:
         pool = POOLS[kind.pool]
         texts = [user.rng.choice(pool)] if kind.texts == 1 else user.rng.choices(pool, k=kind.texts)
         user.call(kind.name, texts, kind.beam)
@@ -203,17 +248,27 @@ def make_task(kind: workload.RequestKind) -> Any:
     return task
 
 
+TASKS = [  # a task listed `weight` times is picked in proportion (locust's {task: weight})
+    task
+    for name, weight in workload.mix_weights(CONFIG.mix).items()
+    for task in [make_task(workload.REQUEST_KINDS[name])] * weight
+]
+WAIT = (
+    constant(CONFIG.wait_s[0]) if CONFIG.wait_s[0] == CONFIG.wait_s[1] else between(*CONFIG.wait_s)
+)
+
+
+class HttpTranslatorUser(HttpJsonUser):
+    """TranslatorUser's workload over HTTP/JSON; the only user class when S2S_LOADTEST_PROTOCOL=http."""
+
+    abstract = PROTOCOL != "http"
+    tasks = TASKS
+    wait_time = WAIT
+
+
 class TranslatorUser(GrpcUser):
     """The workload S2S_LOADTEST_MIX selects: its request kinds, weighted."""
 
-    # a task listed `weight` times is picked in proportion (what locust makes of a {task: weight} dict)
-    tasks = [  # noqa: RUF012 (locust's class-level task table)
-        task
-        for name, weight in workload.mix_weights(CONFIG.mix).items()
-        for task in [make_task(workload.REQUEST_KINDS[name])] * weight
-    ]
-    wait_time = (
-        constant(CONFIG.wait_s[0])
-        if CONFIG.wait_s[0] == CONFIG.wait_s[1]
-        else between(*CONFIG.wait_s)
-    )
+    abstract = PROTOCOL != "grpc"
+    tasks = TASKS
+    wait_time = WAIT

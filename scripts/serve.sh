@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Install (serving only, no torch) and serve the embedded default model: gRPC :50051, metrics :9090.
+# Install (serving only, no torch) and serve the embedded default model: gRPC :50051, HTTP/JSON and
+# the attention explorer page :8080, metrics :9090.
 # Extra arguments go to the server, e.g. scripts/serve.sh --port 6000 --policy request
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec .venv/bin/python -m service.server --bundle models/default "$@"
+exec .venv/bin/python -m service.server --bundle models/default --http-port 8080 --ui "$@"

@@ -2,9 +2,14 @@
 # Install everything the tests need and run them (the README's second command; CI runs this).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# promtool (Debian's prometheus package) checks the metrics; installed when we can, skipped otherwise.
-if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null || true
+# promtool (Debian's prometheus package) checks the metrics, chromium and chromedriver drive the
+# explorer's browser tests; installed when we can, those tests skipped otherwise.
+packages=()
+command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
+command -v chromium >/dev/null 2>&1 || packages+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || packages+=(chromium-driver)
+if [ ${#packages[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null || true
 fi
 bash scripts/install.sh dev,train
 . .venv/bin/activate

@@ -128,6 +128,18 @@ class ServerConfig:
     reflection: bool = setting(
         True, "gRPC server reflection (lists the services and their schemas, as grpcurl uses)"
     )
+    http_port: int = setting(
+        -1,
+        "HTTP/JSON port for the same API (service/http_api.py), on --host with the TLS files of "
+        "gRPC; 0 picks a free one, -1 turns it off",
+    )
+    ui: bool = setting(
+        False, "serve the attention explorer page at / of the HTTP port (needs --http-port)"
+    )
+    http_cors_origins: tuple[str, ...] = setting(
+        (),
+        "origins whose browser pages may call the HTTP API (CORS), comma-separated; none by default",
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535 or not -1 <= self.metrics_port <= 65535:
@@ -136,6 +148,10 @@ class ServerConfig:
             raise ValueError("TLS needs both tls_cert and tls_key")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("mutual TLS (tls_client_ca) needs tls_cert and tls_key too")
+        if not -1 <= self.http_port <= 65535:
+            raise ValueError("http_port must be in 0..65535, or -1 to turn the HTTP face off")
+        if self.ui and self.http_port < 0:
+            raise ValueError("ui needs the HTTP face: set http_port (0 picks a free port)")
         if self.max_texts < 1 or self.max_text_chars < 1 or self.grace_s < 0:
             raise ValueError("max_texts and max_text_chars must be >= 1, grace_s >= 0")
 

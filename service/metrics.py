@@ -38,6 +38,7 @@ CODES: tuple[str, ...] = (  # gRPC status names, as grpc.StatusCode.X.name
     "UNAVAILABLE",
     "INTERNAL",
 )
+PROTOCOLS: tuple[str, ...] = ("grpc", "http")  # the face a request came in by (service/http_api.py)
 REJECT_REASONS: tuple[str, ...] = (
     "invalid_argument",
     "queue_full",
@@ -111,8 +112,8 @@ class Metrics:
         # requests
         self.request_duration = Histogram(
             "s2s_request_duration_seconds",
-            "Time to answer one RPC, by method and gRPC status code.",
-            ["method", "code"],
+            "Time to answer one RPC, by method, gRPC status code and protocol (grpc or http).",
+            ["method", "code", "protocol"],
             buckets=REQUEST_SECONDS_BUCKETS,
             registry=r,
         )
@@ -184,16 +185,22 @@ class Metrics:
         for method in METHODS:
             self.in_flight.labels(method=method)
             for code in CODES:
-                self.request_duration.labels(method=method, code=code)
+                for protocol in PROTOCOLS:
+                    self.request_duration.labels(method=method, code=code, protocol=protocol)
         for reason in REJECT_REASONS:
             self.rejected.labels(reason=reason)
 
     # --- requests -----------------------------------------------------------------------------
 
-    def observe_request(self, method: str, code: str, seconds: float) -> None:
-        """One finished RPC: its method, gRPC status name (e.g. "OK") and duration in seconds."""
+    def observe_request(
+        self, method: str, code: str, seconds: float, protocol: str = "grpc"
+    ) -> None:
+        """One finished RPC: its method, gRPC status name (e.g. "OK"), duration in seconds, and the
+        protocol it came by (an HTTP request is counted under the gRPC code it was mapped from)."""
         self.request_duration.labels(
-            method=_check_label("method", method, METHODS), code=_check_label("code", code, CODES)
+            method=_check_label("method", method, METHODS),
+            code=_check_label("code", code, CODES),
+            protocol=_check_label("protocol", protocol, PROTOCOLS),
         ).observe(seconds)
 
     @contextmanager

@@ -29,7 +29,7 @@ from grpc_reflection.v1alpha import reflection
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.config import Settings, load_settings
-from service.engine import Engine, Translation
+from service.engine import Engine
 from service.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -39,19 +39,17 @@ from service.errors import (
     QueueFull,
     ShuttingDown,
 )
+from service.http_api import HttpFace
 from service.logs import configure_logging
 from service.metrics import Metrics, start_metrics_http_server
 from service.options import SearchOptions
 from service.protocol import (
     MAX_REQUEST_ID_CHARS,
     MalformedRequest,
-    check_response_bound,
     deserialize_translate_request,
-    model_info,
-    parse_request,
-    translation_to_pb,
 )
-from service.worker import Job, Worker
+from service.translator import TranslatorCore
+from service.worker import Worker
 
 log = logging.getLogger("s2s.server")
 
@@ -138,30 +136,16 @@ class Handlers:
 # --- the servicer ------------------------------------------------------------------------------
 
 
-class TranslatorServicer(pb_grpc.TranslatorServicer):
-    """Registered before the server starts; answers UNAVAILABLE until `attach` gives it the model."""
+class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
+    """Registered before the server starts; answers UNAVAILABLE until `attach` gives it the model.
+
+    The work is TranslatorCore's (service/translator.py), shared with the HTTP face; this class
+    adds the gRPC context: deadlines, cancellation, status codes, and counts its handlers for the
+    stop."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
-        self.settings = settings
-        self.metrics = metrics
-        self._engine: Engine | None = None
-        self._worker: Worker | None = None
+        super().__init__(settings, metrics)
         self.handlers = Handlers()
-
-    def attach(self, engine: Engine, worker: Worker) -> None:
-        self._engine, self._worker = engine, worker
-
-    @property
-    def engine(self) -> Engine:
-        if self._engine is None:
-            raise NotReady("the model is still loading: retry in a few seconds")
-        return self._engine
-
-    @property
-    def worker(self) -> Worker:
-        if self._worker is None:
-            raise NotReady("the model is still loading: retry in a few seconds")
-        return self._worker
 
     async def Translate(
         self, request: pb.TranslateRequest | MalformedRequest, context: grpc.aio.ServicerContext
@@ -196,52 +180,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         request_id: str,
         context: grpc.aio.ServicerContext,
     ) -> pb.TranslateResponse:
-        if isinstance(request, MalformedRequest):
-            raise InvalidInput(
-                f"the request is not a valid {pb.TranslateRequest.DESCRIPTOR.full_name}: {request.error}"
-            )
-        parsed = parse_request(request, self.settings)
-        self.engine.check_options(parsed.options, parsed.alignment)
-        prepared = []
-        for i, text in enumerate(parsed.texts):
-            try:
-                prepared.append(self.engine.prepare(text))
-            except InvalidInput as err:
-                raise InvalidInput(f"texts[{i}]: {err}") from err
-        check_response_bound(
-            [len(p.ids) for p in prepared],
-            parsed.options,
-            parsed.alignment,
-            self.engine.max_piece_bytes,
-            self.settings.server.max_message_bytes,
-        )
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Translation]] = loop.create_future()
-
-        def on_done(results: list[Translation] | None, error: Exception | None) -> None:
-            loop.call_soon_threadsafe(resolve, future, results, error)
-
-        remaining = context.time_remaining()
-        deadline = None if remaining is None else self.worker.clock() + remaining
-        job = Job(request_id, prepared, parsed.options, parsed.alignment, on_done, deadline)
-        self.worker.submit(job)
-        try:
-            results = await future
-        except asyncio.CancelledError:
-            self.worker.cancel(job)
-            raise
-        response = pb.TranslateResponse(
-            translations=[translation_to_pb(t) for t in results],
-            request_id=request_id,
-            model_version=self.engine.bundle.version,
-        )
-        size, limit = response.ByteSize(), self.settings.server.max_message_bytes
-        if size > limit:  # grpc would refuse to send it, after the metrics counted it OK
-            raise InvalidInput(
-                f"the response would be {size} bytes, over the server's message limit of {limit}: "
-                "send fewer texts, or ask for a smaller n_best or no alignment"
-            )
-        return response
+        return await self.decode(request, request_id, context.time_remaining())
 
     async def GetModelInfo(
         self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext
@@ -249,7 +188,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         started = time.perf_counter()
         with self.metrics.track_in_flight("GetModelInfo"):
             try:
-                info = model_info(self.engine, self.settings)
+                info = self.model_info()
             except NotReady as err:
                 code, message = status_for(err)
                 self.finish("GetModelInfo", "", code, started, 0, message, err)
@@ -266,9 +205,10 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         texts: int,
         message: str = "",
         error: Exception | None = None,
+        protocol: str = "grpc",
     ) -> None:
         seconds = time.perf_counter() - started
-        self.metrics.observe_request(method, code.name, seconds)
+        self.metrics.observe_request(method, code.name, seconds, protocol)
         if code != grpc.StatusCode.OK:
             self.metrics.reject(reject_reason(code, error))
         log.info(
@@ -276,6 +216,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             extra={
                 "request_id": request_id,
                 "method": method,
+                "protocol": protocol,
                 "code": code.name,
                 "texts": texts,
                 "ms": round(seconds * 1000, 2),
@@ -303,19 +244,6 @@ def add_translator_servicer(servicer: TranslatorServicer, server: grpc.aio.Serve
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-def resolve(
-    future: asyncio.Future[list[Translation]],
-    results: list[Translation] | None,
-    error: Exception | None,
-) -> None:
-    if future.done():  # the RPC was cancelled meanwhile
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(results or [])
-
-
 # --- life cycle --------------------------------------------------------------------------------
 
 
@@ -333,6 +261,11 @@ class Running:
     servicer: TranslatorServicer | None = None
     metrics_port: int | None = None
     metrics_http: Any = None
+    http: HttpFace | None = None  # the HTTP/JSON face (service/http_api.py), when --http-port >= 0
+
+    @property
+    def http_port(self) -> int | None:
+        return None if self.http is None else self.http.port
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -359,7 +292,11 @@ class Running:
         if self.servicer is not None:
             while loop.time() < deadline and self.servicer.handlers.idle_for() < QUIET_S:
                 await asyncio.sleep(0.02)
-        await self.server.stop(max(0.0, deadline - loop.time()))
+        remaining = max(0.0, deadline - loop.time())
+        if self.http is not None:  # stops listening, then waits for its answers in progress
+            await asyncio.gather(self.http.stop(), self.server.stop(remaining))
+        else:
+            await self.server.stop(remaining)
         await loop.run_in_executor(None, self.worker.stop, 5.0)
         if self.metrics_http is not None:
             self.metrics_http.shutdown()
@@ -460,7 +397,11 @@ async def create_server(
     servicer = TranslatorServicer(settings, metrics)
     add_translator_servicer(servicer, server)  # before start: grpc takes no handlers after it
     await server.start()  # health answers NOT_SERVING, Translate UNAVAILABLE, while the model loads
+    http: HttpFace | None = None
     try:
+        if settings.server.http_port >= 0:
+            http = HttpFace(servicer, status_for)
+            await http.start()
         loop = asyncio.get_running_loop()
         if engine is None:
             engine = await loop.run_in_executor(
@@ -469,7 +410,7 @@ async def create_server(
         worker = Worker(engine, settings.batching, metrics)
         servicer.attach(engine, worker)
         running = Running(
-            server, port, worker, health_servicer, engine, metrics, settings, servicer
+            server, port, worker, health_servicer, engine, metrics, settings, servicer, http=http
         )
         metrics.set_model_info(
             engine.bundle.name,
@@ -488,11 +429,14 @@ async def create_server(
             extra={
                 "port": port,
                 "metrics_port": running.metrics_port,
+                "http_port": running.http_port,
                 "model": engine.bundle.name,
                 "providers": engine.model.providers,
             },
         )
     except BaseException:  # a bad bundle, a failed warm-up: release the port before raising
+        if http is not None:
+            await http.stop()
         await server.stop(None)
         raise
     return running

@@ -376,3 +376,19 @@ def test_a_server_that_cannot_start_fails_the_run(
     )
     assert status == run.EXIT_FAILED
     assert "model bundle not found" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="needs the loadtest extra")
+def test_protocols_compares_grpc_and_http_on_one_server(tiny, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from loadtest import protocols
+
+    out = tmp_path / "protocols"
+    argv = ["--users", "2", "--duration", "3s", "--rounds", "1", "--bundle", str(tiny.bundle)]
+    assert protocols.main([*argv, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["protocol"] for r in summary["runs"]] == ["grpc", "http"]
+    for result in summary["runs"]:  # both faces answered every request
+        assert result["requests"] > 0 and result["failures"] == 0, result
+    assert summary["ratios"]["requests_per_s"] > 0

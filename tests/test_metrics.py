@@ -11,7 +11,14 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.metrics import CODES, METHODS, REJECT_REASONS, Metrics, start_metrics_http_server
+from service.metrics import (
+    CODES,
+    METHODS,
+    PROTOCOLS,
+    REJECT_REASONS,
+    Metrics,
+    start_metrics_http_server,
+)
 
 METRIC_NAMES = (
     "s2s_request_duration_seconds",
@@ -76,18 +83,33 @@ def test_request_duration_by_method_and_code(metrics: Metrics) -> None:
     metrics.observe_request("Translate", "OK", 0.02)
     metrics.observe_request("Translate", "OK", 0.2)
     name = "s2s_request_duration_seconds"
-    assert value(metrics, f"{name}_count", method="Translate", code="OK") == 2
-    assert value(metrics, f"{name}_sum", method="Translate", code="OK") == pytest.approx(0.22)
-    assert value(metrics, f"{name}_bucket", method="Translate", code="OK", le="0.025") == 1
-    assert value(metrics, f"{name}_bucket", method="Translate", code="OK", le="30.0") == 2
+    assert value(metrics, f"{name}_count", method="Translate", code="OK", protocol="grpc") == 2
+    assert value(
+        metrics, f"{name}_sum", method="Translate", code="OK", protocol="grpc"
+    ) == pytest.approx(0.22)
+    assert (
+        value(metrics, f"{name}_bucket", method="Translate", code="OK", protocol="grpc", le="0.025")
+        == 1
+    )
+    assert (
+        value(metrics, f"{name}_bucket", method="Translate", code="OK", protocol="grpc", le="30.0")
+        == 2
+    )
 
 
 def test_declared_label_series_exist_at_zero(metrics: Metrics) -> None:
     for method in METHODS:
         assert value(metrics, "s2s_requests_in_flight", method=method) == 0
         for code in CODES:
-            count = value(metrics, "s2s_request_duration_seconds_count", method=method, code=code)
-            assert count == 0
+            for protocol in PROTOCOLS:
+                count = value(
+                    metrics,
+                    "s2s_request_duration_seconds_count",
+                    method=method,
+                    code=code,
+                    protocol=protocol,
+                )
+                assert count == 0
     for reason in REJECT_REASONS:
         assert value(metrics, "s2s_rejected_requests_total", reason=reason) == 0
 
@@ -97,6 +119,8 @@ def test_unknown_label_values_are_refused(metrics: Metrics) -> None:
         metrics.observe_request("Frobnicate", "OK", 0.1)
     with pytest.raises(ValueError, match="code"):
         metrics.observe_request("Translate", "ok", 0.1)
+    with pytest.raises(ValueError, match="protocol"):
+        metrics.observe_request("Translate", "OK", 0.1, protocol="smtp")
     with pytest.raises(ValueError, match="reason"):
         metrics.reject("because")
 

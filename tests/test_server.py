@@ -208,8 +208,11 @@ def metric(running: Running, sample: str, /, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
-def requests_done(running: Running, code: str, method: str = "Translate") -> float:
-    return metric(running, "s2s_request_duration_seconds_count", method=method, code=code)
+def requests_done(
+    running: Running, code: str, method: str = "Translate", protocol: str = "grpc"
+) -> float:
+    sample = "s2s_request_duration_seconds_count"
+    return metric(running, sample, method=method, code=code, protocol=protocol)
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:

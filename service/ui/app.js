@@ -1,0 +1,409 @@
+// The attention explorer: calls the server's HTTP/JSON API (/v1/...) and draws every hypothesis's
+// alignment as an SVG heatmap and as links. No library, no network access but this origin.
+// Safety: every piece of user input and model output reaches the page through textContent or
+// setAttribute on SVG attributes that are never scripts; nothing is ever parsed as HTML.
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+const CELL = 26; // heatmap cell size in px
+const ALIGNMENT = { none: "ALIGNMENT_MODE_NONE", subword: "ALIGNMENT_MODE_SUBWORD", word: "ALIGNMENT_MODE_WORD" };
+
+const state = { models: [], listed: false, response: null, request: null };
+const $ = (id) => document.getElementById(id);
+
+// --- colour: viridis as a degree-6 polynomial (fit by Matt Zucker, public domain) -------------
+const VIRIDIS = [
+  [0.2777273272234177, 0.005407344544966578, 0.3340998053353061],
+  [0.1050930431085774, 1.404613529898575, 1.384590162594685],
+  [-0.3308618287255563, 0.214847559468213, 0.09509516302823659],
+  [-4.634230498983486, -5.799100973351585, -19.33244095627987],
+  [6.228269936347081, 14.17993336680509, 56.69055260068105],
+  [4.776384997670288, -13.74514537774601, -65.35303263337234],
+  [-5.435455855934631, 4.645852612178535, 26.3124352495832],
+];
+function viridis(t) {
+  t = Math.min(1, Math.max(0, t));
+  const rgb = [0, 1, 2].map((k) => {
+    let v = VIRIDIS[6][k];
+    for (let i = 5; i >= 0; i--) v = VIRIDIS[i][k] + t * v;
+    return Math.round(255 * Math.min(1, Math.max(0, v)));
+  });
+  return `rgb(${rgb[0]},${rgb[1]},${rgb[2]})`;
+}
+const textColour = (t) => (t > 0.6 ? "#000" : "#fff");
+
+// --- small DOM helpers (text only) -------------------------------------------------------------
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined) node.textContent = String(text);
+  return node;
+}
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  if (text !== undefined) node.textContent = String(text);
+  return node;
+}
+function setStatus(text, isError) {
+  const s = $("status");
+  s.textContent = text;
+  s.classList.toggle("error", Boolean(isError));
+}
+function showTip(event, text) {
+  const tip = $("tooltip");
+  tip.textContent = text;
+  tip.hidden = false;
+  tip.style.left = `${event.clientX + 12}px`;
+  tip.style.top = `${event.clientY + 12}px`;
+}
+const hideTip = () => { $("tooltip").hidden = true; };
+const clip = (s, n) => (s.length > n ? `${s.slice(0, n - 1)}…` : s);
+
+// --- API ----------------------------------------------------------------------------------------
+async function api(method, body) {
+  const init = body === undefined ? { method: "GET" } : {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+  };
+  const response = await fetch(`/v1/${method}`, init);
+  let payload = null;
+  try { payload = await response.json(); } catch (e) { payload = null; }
+  if (!response.ok) {
+    const code = payload && payload.code ? payload.code : `HTTP ${response.status}`;
+    const message = payload && payload.message ? payload.message : response.statusText;
+    const err = new Error(`${code}: ${message}`);
+    err.status = response.status;
+    throw err;
+  }
+  return payload;
+}
+
+async function loadModels() {
+  // ListModels when the server has a model repository; else the one model GetModelInfo describes.
+  try {
+    const listed = await api("ListModels", {});
+    state.models = (listed.models || []).map((m) => ({ name: m.name, version: m.version || "", info: m }));
+    state.listed = state.models.length > 0;
+  } catch (e) {
+    state.listed = false;
+  }
+  const info = await api("GetModelInfo");
+  if (!state.listed) state.models = [{ name: info.name, version: info.version, info }];
+  const select = $("model");
+  select.replaceChildren();
+  for (const m of state.models) {
+    const option = el("option", "", m.version ? `${m.name} ${m.version}` : m.name);
+    option.value = m.name;
+    select.append(option);
+  }
+  const limits = info.limits || {};
+  const defaults = info.defaults || {};
+  $("beam").max = limits.max_beam_size || 16;
+  $("nbest").max = limits.max_beam_size || 16;
+  if (!location.hash) {
+    $("beam").value = defaults.beam_size || 5;
+    $("nbest").value = Math.min(3, defaults.beam_size || 5);
+  }
+  $("model-info").textContent = `${info.name} ${info.version} · up to ${limits.max_texts} texts of ${limits.max_text_chars} characters · beam ≤ ${limits.max_beam_size}`;
+}
+
+// --- URL state: the inputs live in the fragment, so a view can be shared ------------------------
+function readHash() {
+  const p = new URLSearchParams(location.hash.slice(1));
+  if (p.has("texts")) $("texts").value = p.get("texts");
+  if (p.has("beam")) $("beam").value = p.get("beam");
+  if (p.has("nbest")) $("nbest").value = p.get("nbest");
+  if (p.has("alignment") && ALIGNMENT[p.get("alignment")]) $("alignment").value = p.get("alignment");
+  if (p.has("model")) $("model").value = p.get("model");
+  return p.has("texts");
+}
+function writeHash() {
+  const p = new URLSearchParams({
+    texts: $("texts").value, beam: $("beam").value, nbest: $("nbest").value,
+    alignment: $("alignment").value, model: $("model").value,
+  });
+  history.replaceState(null, "", `#${p.toString()}`);
+}
+
+// --- translate ----------------------------------------------------------------------------------
+function buildRequest() {
+  const texts = $("texts").value.split("\n").map((t) => t.replace(/\r$/, "")).filter((t) => t.trim() !== "");
+  const request = {
+    texts,
+    options: {
+      beam_size: Number($("beam").value),
+      n_best: Number($("nbest").value),
+      alignment: ALIGNMENT[$("alignment").value],
+    },
+  };
+  if (state.listed) {
+    const m = state.models.find((x) => x.name === $("model").value);
+    if (m) request.model = { name: m.name, version: m.version };
+  }
+  return request;
+}
+
+async function translate() {
+  const request = buildRequest();
+  if (request.texts.length === 0) { setStatus("Type at least one text (one per line).", true); return; }
+  writeHash();
+  document.body.dataset.ready = "0";
+  setStatus("translating…");
+  $("translate").disabled = true;
+  const started = performance.now();
+  try {
+    const response = await api("Translate", request);
+    state.request = request;
+    state.response = response;
+    render(request, response);
+    $("download-json").disabled = false;
+    const ms = Math.round(performance.now() - started);
+    setStatus(`${response.translations.length} text(s) translated in ${ms} ms · model ${response.model_version} · request ${response.request_id}`);
+    document.body.dataset.ready = "1";
+  } catch (err) {
+    setStatus(err.message, true);
+    document.body.dataset.ready = "error";
+  } finally {
+    $("translate").disabled = false;
+  }
+}
+
+// --- rendering ----------------------------------------------------------------------------------
+function confidence(h) {
+  // exp of the mean token log-probability; the end-of-sentence token counts when the hypothesis finished.
+  const n = (h.tokens || []).length + (h.finished ? 1 : 0);
+  return Math.exp((h.log_prob || 0) / Math.max(1, n));
+}
+
+function render(request, response) {
+  const results = $("results");
+  results.replaceChildren();
+  response.translations.forEach((t, ti) => {
+    const section = el("section", "text");
+    section.dataset.text = ti;
+    section.append(el("h2", "", `${ti + 1}. ${request.texts[ti]}`));
+    const hyps = el("div", "hyps");
+    (t.hypotheses || []).forEach((h, hi) => hyps.append(hypothesisCard(h, ti, hi)));
+    section.append(hyps);
+    results.append(section);
+  });
+}
+
+function hypothesisCard(h, ti, hi) {
+  const card = el("div", "hyp");
+  card.dataset.text = ti;
+  card.dataset.rank = hi;
+  const head = el("div", "hyp-head");
+  head.append(el("span", "badge", `#${hi + 1}`));
+  head.append(el("span", "hyp-text", h.text));
+  head.append(el("span", "badge score", `score ${Number(h.score || 0).toFixed(3)}`));
+  const conf = el("span", "badge confidence", `confidence ${confidence(h).toFixed(3)}`);
+  conf.title = "exp(mean token log-probability)";
+  head.append(conf);
+  head.append(el("span", h.finished ? "badge finished" : "badge unfinished", h.finished ? "finished" : "not finished (cut at max length)"));
+  card.append(head);
+  const a = h.alignment;
+  if (!a || !a.rows || !a.cols) {
+    card.append(el("p", "muted no-alignment", "no alignment (alignment mode none, or a model without attention)"));
+    return card;
+  }
+  const view = { rows: a.rows, cols: a.cols, weights: a.weights, src: a.source_tokens, tgt: a.target_tokens, pharaoh: a.pharaoh || "" };
+  const heat = heatmap(view);
+  const links = linksView(view);
+  card.append(heat.node, links.node);
+  linkHighlights(view, heat, links);
+  const actions = el("div", "hyp-actions");
+  const png = el("button", "download-png", "Download PNG");
+  png.type = "button";
+  png.addEventListener("click", () => downloadPng(view, `alignment-${ti + 1}-${hi + 1}.png`));
+  actions.append(png);
+  card.append(actions);
+  return card;
+}
+
+function heatmap(v) {
+  const left = 12 + 8 * Math.min(16, Math.max(...v.tgt.map((s) => s.length), 1));
+  const top = 12 + 7 * Math.min(16, Math.max(...v.src.map((s) => s.length), 1));
+  const width = left + v.cols * CELL + Math.round(0.7 * (top - 12)) + 4; // rotated labels reach right
+  const height = top + v.rows * CELL + 4;
+  const node = svg("svg", { class: "heatmap", width, height, viewBox: `0 0 ${width} ${height}`, "data-rows": v.rows, "data-cols": v.cols });
+  const cells = [];
+  const srcLabels = [];
+  const tgtLabels = [];
+  for (let j = 0; j < v.cols; j++) {
+    const x = left + j * CELL + CELL / 2;
+    const label = svg("text", { class: "label src-label", "data-col": j, x, y: top - 6, transform: `rotate(-50 ${x} ${top - 6})` }, clip(v.src[j], 16));
+    node.append(label);
+    srcLabels.push(label);
+  }
+  for (let i = 0; i < v.rows; i++) {
+    const y = top + i * CELL + CELL / 2 + 4;
+    const label = svg("text", { class: "label tgt-label", "data-row": i, x: left - 6, y, "text-anchor": "end" }, clip(v.tgt[i], 16));
+    node.append(label);
+    tgtLabels.push(label);
+    const row = [];
+    for (let j = 0; j < v.cols; j++) {
+      const w = v.weights[i * v.cols + j];
+      const cell = svg("rect", {
+        class: "cell", x: left + j * CELL, y: top + i * CELL, width: CELL, height: CELL,
+        fill: viridis(w), "data-row": i, "data-col": j, "data-weight": w,
+      });
+      cell.append(svg("title", {}, `${v.tgt[i]} → ${v.src[j]}: ${w.toFixed(3)}`));
+      node.append(cell);
+      row.push(cell);
+    }
+    cells.push(row);
+  }
+  return { node, cells, srcLabels, tgtLabels };
+}
+
+function linksView(v) {
+  // The hard alignment (pharaoh "src-tgt" pairs) as lines between the source words (top) and the target words (bottom).
+  const pitch = 9;
+  const gap = 12;
+  const place = (tokens) => {
+    let x = 4;
+    return tokens.map((t) => { const w = Math.max(1, clip(t, 16).length) * 7.2 + gap; const c = x + w / 2 - gap / 2; x += w; return { c, x0: x - w }; });
+  };
+  const sp = place(v.src);
+  const tp = place(v.tgt);
+  const width = Math.max(sp.length ? sp[sp.length - 1].x0 : 0, tp.length ? tp[tp.length - 1].x0 : 0) + 140;
+  const height = 86;
+  const node = svg("svg", { class: "links", width, height, viewBox: `0 0 ${width} ${height}` });
+  const srcWords = v.src.map((t, j) => { const w = svg("text", { class: "word src-word", "data-col": j, x: sp[j].x0, y: 14 }, clip(t, 16)); node.append(w); return w; });
+  const tgtWords = v.tgt.map((t, i) => { const w = svg("text", { class: "word tgt-word", "data-row": i, x: tp[i].x0, y: height - 6 }, clip(t, 16)); node.append(w); return w; });
+  const lines = [];
+  for (const pair of v.pharaoh.split(/\s+/).filter(Boolean)) {
+    const [s, t] = pair.split("-").map(Number);
+    if (!(s >= 0 && s < v.cols && t >= 0 && t < v.rows)) continue;
+    const line = svg("line", { class: "link", x1: sp[s].c, y1: 20, x2: tp[t].c, y2: height - 20, "data-col": s, "data-row": t });
+    node.append(line);
+    lines.push(line);
+  }
+  void pitch;
+  return { node, srcWords, tgtWords, lines };
+}
+
+function linkHighlights(v, heat, links) {
+  const clear = () => {
+    for (const row of heat.cells) for (const c of row) c.classList.remove("hl", "dim");
+    for (const l of [...heat.srcLabels, ...heat.tgtLabels, ...links.srcWords, ...links.tgtWords]) {
+      l.classList.remove("hl");
+      l.removeAttribute("data-weight");
+      l.style.fill = "";
+    }
+    for (const l of links.lines) l.classList.remove("hl");
+    hideTip();
+  };
+  const weightLabel = (label, w) => {
+    // The other axis' tokens take the weight's colour (darkened text for light weights) and carry it.
+    label.setAttribute("data-weight", w);
+    label.style.fill = w > 0.05 ? viridis(Math.max(w, 0.15)) : "";
+  };
+  const focusRow = (i, event) => {
+    clear();
+    heat.tgtLabels[i].classList.add("hl");
+    links.tgtWords[i].classList.add("hl");
+    heat.cells.forEach((row, r) => row.forEach((c) => c.classList.add(r === i ? "hl" : "dim")));
+    for (let j = 0; j < v.cols; j++) { weightLabel(heat.srcLabels[j], v.weights[i * v.cols + j]); weightLabel(links.srcWords[j], v.weights[i * v.cols + j]); }
+    for (const l of links.lines) if (Number(l.dataset.row) === i) l.classList.add("hl");
+    if (event) showTip(event, v.src.map((s, j) => `${s}  ${v.weights[i * v.cols + j].toFixed(3)}`).join("\n"));
+  };
+  const focusCol = (j, event) => {
+    clear();
+    heat.srcLabels[j].classList.add("hl");
+    links.srcWords[j].classList.add("hl");
+    heat.cells.forEach((row) => row.forEach((c, cj) => c.classList.add(cj === j ? "hl" : "dim")));
+    for (let i = 0; i < v.rows; i++) { weightLabel(heat.tgtLabels[i], v.weights[i * v.cols + j]); weightLabel(links.tgtWords[i], v.weights[i * v.cols + j]); }
+    for (const l of links.lines) if (Number(l.dataset.col) === j) l.classList.add("hl");
+    if (event) showTip(event, v.tgt.map((t, i) => `${t}  ${v.weights[i * v.cols + j].toFixed(3)}`).join("\n"));
+  };
+  heat.tgtLabels.forEach((l, i) => l.addEventListener("mouseenter", (e) => focusRow(i, e)));
+  links.tgtWords.forEach((l, i) => l.addEventListener("mouseenter", (e) => focusRow(i, e)));
+  heat.srcLabels.forEach((l, j) => l.addEventListener("mouseenter", (e) => focusCol(j, e)));
+  links.srcWords.forEach((l, j) => l.addEventListener("mouseenter", (e) => focusCol(j, e)));
+  heat.cells.forEach((row, i) => row.forEach((c, j) => {
+    c.addEventListener("mouseenter", (e) => showTip(e, `${v.tgt[i]} → ${v.src[j]}: ${v.weights[i * v.cols + j].toFixed(3)}`));
+    c.addEventListener("mouseleave", hideTip);
+  }));
+  heat.node.addEventListener("mouseleave", clear);
+  links.node.addEventListener("mouseleave", clear);
+}
+
+// --- downloads ----------------------------------------------------------------------------------
+function save(blob, name) {
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = name;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
+function downloadJson() {
+  if (!state.response) return;
+  save(new Blob([JSON.stringify(state.response, null, 2)], { type: "application/json" }), "translation.json");
+}
+
+function downloadPng(v, name) {
+  // Drawn afresh on a canvas (text with fillText), at twice the size for sharpness.
+  const scale = 2;
+  const left = 12 + 8 * Math.min(16, Math.max(...v.tgt.map((s) => s.length), 1));
+  const top = 12 + 7 * Math.min(16, Math.max(...v.src.map((s) => s.length), 1));
+  const canvas = document.createElement("canvas");
+  canvas.width = (left + v.cols * CELL + 4) * scale;
+  canvas.height = (top + v.rows * CELL + 4) * scale;
+  const ctx = canvas.getContext("2d");
+  ctx.scale(scale, scale);
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  ctx.font = "12px monospace";
+  for (let i = 0; i < v.rows; i++) {
+    for (let j = 0; j < v.cols; j++) {
+      const w = v.weights[i * v.cols + j];
+      ctx.fillStyle = viridis(w);
+      ctx.fillRect(left + j * CELL, top + i * CELL, CELL - 1, CELL - 1);
+      ctx.fillStyle = textColour(w);
+      ctx.textAlign = "center";
+      if (w >= 0.1) ctx.fillText(w.toFixed(1), left + j * CELL + CELL / 2, top + i * CELL + CELL / 2 + 4);
+    }
+    ctx.fillStyle = "#000";
+    ctx.textAlign = "right";
+    ctx.fillText(clip(v.tgt[i], 16), left - 6, top + i * CELL + CELL / 2 + 4);
+  }
+  for (let j = 0; j < v.cols; j++) {
+    ctx.save();
+    ctx.translate(left + j * CELL + CELL / 2, top - 6);
+    ctx.rotate(-50 * Math.PI / 180);
+    ctx.textAlign = "left";
+    ctx.fillStyle = "#000";
+    ctx.fillText(clip(v.src[j], 16), 0, 0);
+    ctx.restore();
+  }
+  canvas.toBlob((blob) => save(blob, name), "image/png");
+}
+
+// --- start ----------------------------------------------------------------------------------------
+function drawScale() {
+  const bar = $("scale");
+  for (let k = 0; k <= 20; k++) { const s = el("span"); s.style.background = viridis(k / 20); bar.append(s); }
+}
+
+async function start() {
+  drawScale();
+  $("form").addEventListener("submit", (e) => { e.preventDefault(); translate(); });
+  $("download-json").addEventListener("click", downloadJson);
+  try {
+    await loadModels();
+  } catch (err) {
+    setStatus(`cannot reach the model: ${err.message}`, true);
+    return;
+  }
+  document.body.dataset.loaded = "1";
+  window.addEventListener("hashchange", () => { if (readHash()) translate(); }); // a pasted link
+  if (readHash()) await translate();
+}
+
+document.addEventListener("DOMContentLoaded", start);
