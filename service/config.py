@@ -9,8 +9,9 @@ probe process, reads S2S_PORT itself for its default target. The decoding defaul
 from __future__ import annotations
 
 import argparse
+import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import Field, dataclass, fields
 from typing import Any
 
@@ -58,8 +59,39 @@ class EngineLimits:
 
 
 @dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions of each model are served: "latest" or "all", and pinned versions
+    (`NAME:VERSION`) that override it for the models they name."""
+
+    policy: str = "latest"
+    pinned: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("latest", "all"):
+            raise ValueError(f"version policy must be 'latest' or 'all', got {self.policy!r}")
+        bad = [p for p in self.pinned if p.count(":") != 1 or "" in p.split(":")]
+        if bad:
+            raise ValueError(f"pinned versions must be NAME:VERSION, got {bad}")
+
+    def select(self, name: str, versions: Iterable[str]) -> list[str]:
+        """The versions of model `name` to serve, oldest first."""
+        ordered = sorted(versions, key=lambda v: (1, int(v)) if v.isdigit() else (0, v))
+        pins = [p.split(":")[1] for p in self.pinned if p.split(":")[0] == name]
+        if pins:
+            return [v for v in ordered if v in pins]
+        return ordered if self.policy == "all" else ordered[-1:]
+
+
+@dataclass(frozen=True)
 class ServerConfig:
-    bundle: str = "models/default"
+    # One bundle (--bundle PATH), else a model repository folder (--models DIR: DIR/NAME/VERSION/,
+    # or bundle folders such as the embedded models/default): service/repository.py.
+    bundle: str = ""
+    models: str = "models"
+    default_model: str = ""  # the model of requests that name none ("": see Repository.default)
+    version_policy: str = "latest"  # or "all"
+    pinned_versions: tuple[str, ...] = ()  # NAME:VERSION,... served instead of the policy's
+    reload_interval_s: float = 30.0  # poll the repository folder for new versions; 0 = only SIGHUP
     host: str = "0.0.0.0"
     port: int = 50051
     metrics_host: str = "0.0.0.0"
@@ -83,6 +115,9 @@ class ServerConfig:
             raise ValueError("TLS needs both tls_cert and tls_key")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("mutual TLS (tls_client_ca) needs tls_cert and tls_key too")
+        VersionPolicy(self.version_policy, self.pinned_versions)  # raises on a bad one
+        if not 0 <= self.reload_interval_s < math.inf:
+            raise ValueError("reload_interval_s must be a finite number >= 0 (0: no polling)")
         if self.max_texts < 1 or self.max_text_chars < 1 or self.grace_s < 0:
             raise ValueError("max_texts and max_text_chars must be >= 1, grace_s >= 0")
 
