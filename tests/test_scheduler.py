@@ -66,7 +66,9 @@ def test_iteration_counts_hypotheses_over_every_running_batch() -> None:
 
 def test_iteration_respects_max_batch_sentences() -> None:
     config = cfg(max_batch_sentences=3)
-    d = decide(config, now=0.0, waiting=[w("a", 1), w("b", 1), w("c", 1)], running={B(1): 1, B(4): 1})
+    d = decide(
+        config, now=0.0, waiting=[w("a", 1), w("b", 1), w("c", 1)], running={B(1): 1, B(4): 1}
+    )
     assert d.admit == ("a",)
     full = decide(config, now=0.0, waiting=[w("a", 1)], running={B(1): 2, B(4): 1})
     assert full.admit == () and full.admit_batch is None and full.step_batch == B(1)
@@ -77,14 +79,16 @@ def test_iteration_admits_into_a_running_batch_only_the_encoded_prefix() -> None
     d = decide(cfg(), now=0.0, waiting=waiting, running={B(5): 1}, ready={"a", "c"})
     assert d.admit == ("a",) and d.step_batch == B(5)  # "c" is encoded but must not overtake "b"
     none_ready = decide(cfg(), now=0.0, waiting=waiting, running={B(5): 1}, ready=set())
-    assert (
-        none_ready.admit == () and none_ready.step_batch == B(5)
+    assert none_ready.admit == () and none_ready.step_batch == B(
+        5
     )  # the batch keeps stepping meanwhile
 
 
 def test_iteration_with_nothing_running_admits_whether_encoded_or_not() -> None:
     d = decide(cfg(), now=0.0, waiting=[w("a"), w("b")], running={}, ready=set())
-    assert d.admit == ("a", "b") and d.step_batch == B(5)  # an idle loop encodes them itself: no wait
+    assert d.admit == ("a", "b") and d.step_batch == B(
+        5
+    )  # an idle loop encodes them itself: no wait
 
 
 @pytest.mark.parametrize("policy", ["request", "none"])
@@ -133,9 +137,13 @@ def test_round_robin_over_beam_groups() -> None:
 
 
 def test_round_robin_skips_empty_groups_and_includes_the_one_just_admitted() -> None:
-    d = decide(cfg(), now=0.0, waiting=[w("a", beam=2)], running={B(1): 0, B(5): 3}, last_stepped=B(1))
+    d = decide(
+        cfg(), now=0.0, waiting=[w("a", beam=2)], running={B(1): 0, B(5): 3}, last_stepped=B(1)
+    )
     assert d.admit_batch == B(2) and d.step_batch == B(2)
-    wrap: Decision[str] = decide(cfg(), now=0.0, waiting=[], running={B(1): 0, B(5): 3}, last_stepped=B(5))
+    wrap: Decision[str] = decide(
+        cfg(), now=0.0, waiting=[], running={B(1): 0, B(5): 3}, last_stepped=B(5)
+    )
     assert wrap.step_batch == B(5)
 
 
@@ -350,3 +358,67 @@ def test_batching_flags_are_validated_at_load() -> None:
         load_settings(["--policy", "dynamic"], environ={})
     with pytest.raises(ValueError, match="max_queue_delay_s must be"):
         load_settings([], environ={"S2S_MAX_QUEUE_DELAY_S": "nan"})
+
+
+# --- several models -------------------------------------------------------------------------
+
+
+def test_models_take_turns_at_admission_and_a_blocked_turn_blocks_the_flood() -> None:
+    config = cfg(max_batch_hypotheses=10)
+    flood = [
+        Waiting(f"a{i}", f"a{i}", 5, float(i), model="A")  # type: ignore[var-annotated]
+        for i in range(20)
+    ]
+    late = Waiting("b0", "b0", 5, 30.0, model="B")
+    # A was admitted last: B's turn, though 20 of A's sentences came first
+    turn = decide(config, 31.0, [*flood, late], {B(5, "A"): 1}, last_admitted="A")
+    assert turn.admit == ("b0",) and turn.admit_batch == B(5, "B")
+    # B's turn but no room (A's batch is full): nothing joins, A does not refill the room
+    blocked = decide(config, 31.0, [*flood, late], {B(5, "A"): 2}, last_admitted="A")
+    assert blocked.admit == () and blocked.step_batch == B(5, "A")
+    # then A's turn again
+    after = decide(config, 31.0, flood, {B(5, "A"): 1}, last_admitted="B")
+    assert after.admit == ("a0",)
+
+
+def test_running_batches_of_two_models_step_in_turn() -> None:
+    running = {B(5, "A"): 60, B(5, "B"): 1}
+    order, last = [], None
+    for _ in range(4):
+        d: Decision[str] = decide(cfg(), 0.0, [], running, last_stepped=last)
+        order.append(d.step_batch)
+        last = d.step_batch
+    assert order == [B(5, "A"), B(5, "B"), B(5, "A"), B(5, "B")]
+
+
+def test_simulated_flood_of_one_model_admits_the_other_within_a_few_decisions() -> None:
+    """Fake clock: 200 sentences of A at t=0, one of B at t=5; B joins within a few ticks, while
+    first in, first out would admit it after all of A's."""
+    config = cfg(max_batch_hypotheses=40, max_batch_sentences=8)
+    waiting = [Waiting(f"a{i}", f"a{i}", 5, 0.0, model="A") for i in range(200)]
+    running: dict[BatchKey, int] = {}
+    left: dict[str, int] = {}
+    last_step, last_admitted = None, None
+    for tick in range(2000):
+        if tick == 5:
+            waiting.append(Waiting("b", "b", 5, 5.0, model="B"))
+        d: Decision[str] = decide(
+            config, float(tick), waiting, running, last_step, None, last_admitted
+        )
+        if d.admit and d.admit_batch is not None:
+            waiting = [w for w in waiting if w.key not in d.admit]
+            running[d.admit_batch] = running.get(d.admit_batch, 0) + len(d.admit)
+            left.update({k: 6 for k in d.admit})
+            last_admitted = d.admit_batch.model
+            if "b" in d.admit:
+                break
+        if d.step_batch is not None:  # every sentence of the stepped batch needs 6 steps
+            last_step = d.step_batch
+            done = [k for k in left if k[0] == str(d.step_batch.model).lower()]
+            for k in done:
+                left[k] -= 1
+                if left[k] == 0:
+                    del left[k]
+                    running[d.step_batch] -= 1
+    assert tick < 20, f"B joined only at tick {tick}"
+    assert len(waiting) > 150  # most of A's flood was still waiting: B did overtake it
