@@ -275,10 +275,14 @@ class Metrics:
         ).set(1)
         self.model_resident_memory.labels(name, version).set(resident_bytes)
         self.model_request_duration.labels(name, version)
+        for code in CODES:  # every code's series from the start, as s2s_request_duration_seconds
+            self.model_requests.labels(name, version, code)
+        self.model_queue_depth.labels(name, version).set(0)
+        self.model_running.labels(name, version).set(0)
         self.model_steps.labels(name, version)
         self.model_hypothesis_steps.labels(name, version)
         self.model_load_failures.labels(name)
-        self._model_series.setdefault((name, version), set())
+        self._model_series.setdefault((name, version), set()).update(CODES)
 
     def model_unloaded(self, name: str, version: str) -> None:
         """A version unloaded: every series labelled with it goes (label sets stay bounded)."""
