@@ -9,6 +9,9 @@ fairness (a flood of one model's requests does not hold another model's request 
 
 from __future__ import annotations
 
+import concurrent.futures
+import csv
+import importlib.util
 import os
 import shutil
 import signal
@@ -310,3 +313,46 @@ def test_a_flood_of_one_model_does_not_hold_back_another_models_request(
     assert still_queued > 0, "the flood was over before echo's answer: nothing was measured"
     assert numbers_during <= echo_during + 20
     assert numbers_during < flood_steps / 4
+
+
+# --- a reload under load ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="needs the loadtest extra")
+def test_no_request_fails_under_locust_load_through_reloads(
+    repo: Path, bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """locust (loadtest/run.py, a workload naming two models) against a server process polling its
+    repository every 0.5 s; meanwhile a new version of one model arrives (swapped in, the old one
+    retired and unloaded) and a broken version of the other (refused). Not one request fails."""
+    from loadtest import run
+
+    monkeypatch.setenv("S2S_RELOAD_INTERVAL_S", "0.5")
+    monkeypatch.setenv("S2S_LOG_LEVEL", "INFO")
+    out = tmp_path / "load"
+    argv = [
+        *("--models", str(repo), "--model-mix", "numbers,echo", "--mix", "short-long"),
+        *("--users", "4", "--spawn-rate", "4", "--duration", "12s", "--policy", "iteration"),
+        *("--out", str(out), "--slo-max-error-ratio", "0"),
+    ]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        status = pool.submit(run.main, argv)
+        wait_for(lambda: (out / "metrics-before.txt").is_file(), "locust to start", timeout=120)
+        time.sleep(2.0)
+        add_version(repo, "numbers", "3", bundle)  # swapped in under load
+        time.sleep(3.0)
+        add_broken_version(repo, "echo", "2", bundle)  # refused under load
+        assert status.result(200) == run.EXIT_OK, (out / "locust.log").read_text()[-3000:]
+    with open(out / "locust_stats.csv", newline="") as f:
+        rows = {r["Name"]: r for r in csv.DictReader(f)}
+    assert int(rows["Aggregated"]["Failure Count"]) == 0
+    assert int(rows["Aggregated"]["Request Count"]) > 20
+    assert {"short-b5@numbers", "long-b5@echo"} <= set(rows)  # both models were asked
+    metrics = (out / "metrics.txt").read_text()
+    assert 'name="numbers",provider="CPUExecutionProvider",version="3"' in metrics
+    assert 'version="2"' not in metrics.split("s2s_model_info")[1].split("# HELP")[0]
+    assert 's2s_model_load_failures_total{model="echo"} 1.0' in metrics
+    log = (out / "server.log").read_text()
+    assert '"message": "model version unloaded"' in log and '"version": "2"' in log
