@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec .venv/bin/python -m service.server --bundle models/default "$@"
+exec .venv/bin/python -m service.server --models models "$@"  # the embedded models
