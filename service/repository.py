@@ -47,6 +47,7 @@ class ModelVersion:
     resident_bytes: int = 0  # the process's resident memory growth while it loaded and warmed up
     in_flight: int = 0  # requests admitted to it and not yet answered (guarded by the repository)
     retired: bool = False  # no new requests: unloaded once in_flight reaches 0
+    unloaded: bool = False
 
     def __str__(self) -> str:
         return f"{self.name}:{self.version}"
@@ -216,9 +217,17 @@ class Repository:
     def release(self, model: ModelVersion) -> None:
         with self.lock:
             model.in_flight -= 1
-            unload = model.retired and model.in_flight == 0
+            unload = self._take_unload(model)
         if unload:
             self._unloaded(model)
+
+    def _take_unload(self, model: ModelVersion) -> bool:
+        """Whether to unload `model` now (retired, idle, not yet unloaded); under the lock, so
+        exactly one caller (a release or the reload that retired it) unloads it."""
+        if model.retired and model.in_flight == 0 and not model.unloaded:
+            model.unloaded = True
+            return True
+        return False
 
     def _resolve(self, name: str, version: str) -> ModelVersion:
         name = name or self._default()
@@ -271,7 +280,9 @@ class Repository:
         for model in retired:
             report.retired.append(str(model))
             log.info("model version retired", extra={"model": model.name, "version": model.version})
-            if model.in_flight == 0:
+            with self.lock:
+                unload = self._take_unload(model)
+            if unload:
                 self._unloaded(model)
         return report
 

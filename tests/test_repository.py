@@ -151,6 +151,7 @@ def test_a_new_version_replaces_the_old_which_unloads_when_its_last_request_ends
     repo.release(held)
     assert events.log[-1] == ("unloaded", "numbers:1")
     assert repo.reload().changed is False and len(spy.loaded) == 2  # nothing new: nothing loaded
+    assert events.log.count(("unloaded", "numbers:1")) == 1  # exactly once
 
 
 def test_a_broken_version_is_refused_and_the_old_one_keeps_serving(tmp_path: Path) -> None:
