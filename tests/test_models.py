@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +26,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+import service.server
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from service.engine import Engine
 from service.server import SERVICE_NAME
 from tests.conftest import DEFAULT_BUNDLE, REPO, TinyModel
 from tests.test_server import (
@@ -356,3 +359,25 @@ def test_no_request_fails_under_locust_load_through_reloads(
     assert 's2s_model_load_failures_total{model="echo"} 1.0' in metrics
     log = (out / "server.log").read_text()
     assert '"message": "model version unloaded"' in log and '"version": "2"' in log
+
+
+def test_a_new_version_takes_requests_only_once_warmed_up(
+    served: ServerThread, repo: Path, bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the new version warms up (held here), requests keep going to the old one, answered."""
+    warming, release = threading.Event(), threading.Event()
+    warm_up = service.server.warm_up
+
+    def held_warm_up(engine: Engine) -> None:
+        warming.set()
+        assert release.wait(WAIT_S)
+        warm_up(engine)
+
+    monkeypatch.setattr(service.server, "warm_up", held_warm_up)
+    add_version(repo, "numbers", "3", bundle)
+    reloading = served.submit(served.r.reload())
+    assert warming.wait(WAIT_S)
+    assert translate(served, ["one"], "numbers").model_version == "2"  # still the old one
+    release.set()
+    assert reloading.result(WAIT_S).loaded == ["numbers:3"]
+    assert translate(served, ["one"], "numbers").model_version == "3"
