@@ -26,12 +26,14 @@ from torch import Tensor, nn
 from export.checkpoint import load_checkpoint
 from export.model import Seq2Seq
 from service import bundle as bundle_format
+from service import graph_contract as contract
 
 OPSET = 17
-ENCODER_INPUTS = ["src", "src_lengths"]
-ENCODER_OUTPUTS = ["values", "keys", "mask", "state"]
-DECODER_INPUTS = ["tokens", "state", "reorder", "values", "keys", "mask", "k"]
-DECODER_OUTPUTS = ["log_probs", "token_ids", "new_state", "attention"]
+# The graphs' input and output names, in the order of the forward() arguments: the runtime's contract.
+ENCODER_INPUTS = [port.name for port in contract.ENCODER_INPUTS]
+ENCODER_OUTPUTS = [port.name for port in contract.ENCODER_OUTPUTS]
+DECODER_INPUTS = [port.name for port in contract.DECODER_INPUTS]
+DECODER_OUTPUTS = [port.name for port in contract.DECODER_OUTPUTS]
 ENCODER_AXES = {
     "src": {0: "batch", 1: "src_len"},
     "src_lengths": {0: "batch"},

@@ -39,9 +39,22 @@ def pharaoh(matrix: np.ndarray) -> str:
 
 
 def word_index(pieces: list[str]) -> np.ndarray:
-    """(P,) int64: the word of each piece; a "▁" piece, or the first piece, begins a word."""
-    starts = [i == 0 or piece.startswith(WORD_START) for i, piece in enumerate(pieces)]
-    return np.cumsum(np.array(starts, dtype=np.int64)) - 1  # (P,)
+    """(P,) int64: the word of each piece; a "▁" piece, or the first piece, begins a word.
+
+    A piece with no text of its own (a bare "▁", which a beam can emit before "▁soixante") is no
+    word: it joins the word after it, or the word before it at the end. Otherwise the word rows
+    would outnumber the words of the detokenized text (`['', 'soixante', ...]`).
+    """
+    index = np.zeros(len(pieces), dtype=np.int64)  # (P,)
+    word, has_text = 0, False  # the current word, and whether a piece with text is in it yet
+    for i, piece in enumerate(pieces):
+        if piece.startswith(WORD_START) and has_text:
+            word, has_text = word + 1, False
+        index[i] = word
+        has_text = has_text or bool(piece.replace(WORD_START, ""))
+    if len(pieces) and not has_text and word > 0:
+        index[index == word] = word - 1  # trailing pieces without text join the last word
+    return index
 
 
 def _words(pieces: list[str], index: np.ndarray) -> list[str]:

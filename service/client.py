@@ -4,6 +4,7 @@
     echo "March 5, 2021" | python -m service.client --server localhost:50051 --align word
     python -m service.client --server dns:///s2s-headless:50051 --round-robin --json --nbest 3 "..."
     python -m service.client --server s2s.example:443 --tls-ca ca.pem --tls-cert me.pem --tls-key me.key "..."
+    python -m service.client --server localhost:50051 --list-services --model-info
 
 `TranslatorClient` hides protobuf: it returns `ClientTranslation` dataclasses with numpy alignment
 matrices. gRPC failures propagate as `grpc.RpcError` (use `.code()` and `.details()`); the CLI prints
@@ -21,6 +22,9 @@ from types import TracebackType
 from typing import Any
 
 import grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
 
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
@@ -157,6 +161,11 @@ class TranslatorClient:
         )
         return [model_info_from_pb(m) for m in response.models]
 
+    def list_services(self) -> list[str]:
+        """The services the server offers, through its reflection service (what `grpcurl list`
+        shows). Raises grpc.RpcError UNIMPLEMENTED when the server runs with --no-reflection."""
+        return sorted(ProtoReflectionDescriptorDatabase(self.channel).get_services())
+
     def close(self) -> None:
         self.channel.close()
 
@@ -204,6 +213,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--round-robin",
         action="store_true",
         help="balance over every resolved address (dns:///...)",
+    )
+    p.add_argument(
+        "--list-services",
+        action="store_true",
+        help="print the server's services (by reflection) and exit, like `grpcurl list`",
+    )
+    p.add_argument(
+        "--model-info", action="store_true", help="print the served model's info as JSON and exit"
     )
     p.add_argument("--tls-ca", help="PEM root certificate(s) that verify the server (enables TLS)")
     p.add_argument("--tls-cert", help="PEM client certificate for mutual TLS (with --tls-key)")
@@ -253,14 +270,26 @@ def save_first_heatmap(translations: list[ClientTranslation], path: Path) -> Pat
     return save_heatmap_png(a.matrix, a.source_tokens, a.target_tokens, path, title=first.text)
 
 
+def describe(client: TranslatorClient, args: argparse.Namespace) -> None:
+    """--list-services and --model-info: what a server offers, without translating."""
+    if args.list_services:
+        print("\n".join(client.list_services()))
+    if args.model_info:
+        print(json.dumps(client.model_info(), indent=2, ensure_ascii=False))
+
+
 def run(args: argparse.Namespace) -> int:
+    client_options = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    if args.list_services or args.model_info:
+        with TranslatorClient(args.server, timeout=args.timeout, **client_options) as client:
+            describe(client, args)
+        return 0
     texts = read_texts(args)
     if not texts:
         print(
             "error: no texts to translate (give TEXT arguments or lines on stdin)", file=sys.stderr
         )
         return 2
-    client_options = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
     with TranslatorClient(
         args.server, timeout=args.timeout, round_robin=args.round_robin, **client_options
     ) as client:

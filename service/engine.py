@@ -16,10 +16,12 @@ from typing import Any, Generic, Literal, TypeVar
 import numpy as np
 
 from service import alignment as align
+from service import graph_contract as contract
 from service.alignment import Alignment
 from service.beam import BeamSearch, Hypothesis, SearchOptions
-from service.bundle import Bundle, load_bundle
+from service.bundle import MANIFEST, Bundle, load_bundle
 from service.config import EngineLimits, RuntimeConfig
+from service.embedded import resolve_bundle
 from service.errors import InvalidInput
 from service.runtime import EncodedSentence, OnnxDecoder, OnnxModel
 from service.tokenizer import Tokenizer
@@ -77,6 +79,9 @@ class Engine:
         self.tgt_tok = Tokenizer.load(bundle.file("target.model"))
         self.cfg = bundle.architecture
         self._keys = itertools.count()
+        check_loaded_bundle(bundle, model, self.src_tok, self.tgt_tok)
+        # The longest piece of either vocabulary in UTF-8 bytes: bounds a response's size up front.
+        self.max_piece_bytes = max(self.src_tok.max_piece_bytes, self.tgt_tok.max_piece_bytes)
 
     @classmethod
     def load(
@@ -85,7 +90,7 @@ class Engine:
         runtime: RuntimeConfig | None = None,
         limits: EngineLimits | None = None,
     ) -> Engine:
-        bundle = load_bundle(path)
+        bundle = load_bundle(resolve_bundle(path))
         return cls(bundle, OnnxModel(bundle, runtime or RuntimeConfig()), limits or EngineLimits())
 
     @property
@@ -169,6 +174,26 @@ class Engine:
             ),
             finished=hyp.finished_by_eos,
         )
+
+
+def check_loaded_bundle(
+    bundle: Bundle, model: OnnxModel, source: Tokenizer, target: Tokenizer
+) -> None:
+    """The graphs keep the runtime's contract and the tokenizers agree with the manifest
+    (BundleError naming the file otherwise): see service/graph_contract.py."""
+    decoder_file = "decoder.int8.onnx" if model.config.int8_decoder else "decoder.onnx"
+    for role, session, name in (
+        ("encoder", model.encoder, "encoder.onnx"),
+        ("decoder", model.decoder, decoder_file),
+    ):
+        contract.check_graph(
+            bundle.file(name),
+            role,
+            session.get_inputs(),
+            session.get_outputs(),
+            bundle.architecture,
+        )
+    contract.check_vocabularies(bundle.file(MANIFEST), bundle.architecture, source, target)
 
 
 def make_alignment(

@@ -11,6 +11,7 @@ option's name is its DecodingOptions field, so both directions loop over `OPTION
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,9 @@ ALIGNMENT_MODES: dict[str, pb.AlignmentMode] = {
     "subword": pb.ALIGNMENT_MODE_SUBWORD,
     "word": pb.ALIGNMENT_MODE_WORD,
 }
+
+# A request_id is echoed back and written in every log line of its request: bounded.
+MAX_REQUEST_ID_CHARS = 128
 
 
 # --- server side: requests in ------------------------------------------------------------------
@@ -83,6 +87,11 @@ def parse_request(request: pb.TranslateRequest, settings: Settings) -> ParsedReq
         raise InvalidInput(
             f"{len(texts)} texts in one request, over the limit of {server.max_texts}: split the request"
         )
+    if len(request.request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidInput(
+            f"request_id has {len(request.request_id)} characters, over the limit of "
+            f"{MAX_REQUEST_ID_CHARS}: send a shorter id (or none: the server makes one)"
+        )
     for i, text in enumerate(texts):
         if not text.strip():
             raise InvalidInput(f"texts[{i}] is empty or only whitespace")
@@ -119,6 +128,52 @@ def parse_alignment(value: int) -> AlignmentMode:
     if value not in ALIGNMENT_FROM_PB:
         raise InvalidInput(f"unknown alignment mode {value}: use NONE, SUBWORD or WORD")
     return ALIGNMENT_FROM_PB[value]
+
+
+def worst_case_response_bytes(
+    source_lengths: Sequence[int], options: SearchOptions, alignment: str, piece_bytes: int
+) -> int:
+    """An upper bound on the TranslateResponse's size for texts of these source lengths (tokens),
+    known before decoding: every hypothesis of the n-best list at the maximum target length, each
+    token the longest piece (`piece_bytes` UTF-8 bytes), the alignment matrix full (float32).
+
+    Word alignment has no more rows, columns or characters than subword alignment, so one bound
+    serves both. The field overheads (tags, lengths, varints) are counted generously."""
+    token = piece_bytes + 3  # a repeated string: tag, length, bytes
+    total = 64  # request_id (bounded separately), model_version, their tags
+    for src_len in source_lengths:
+        cols = src_len + 1  # the source's pieces and its end-of-sentence
+        rows = options.max_len(src_len) + 1  # target tokens, end-of-sentence included
+        hypothesis = rows * piece_bytes + 6 + rows * token + 5 + 5 + 2 + 6  # text, tokens, ...
+        if alignment != "none":
+            weights = 4 * rows * cols + 6  # packed float32
+            strings = (rows + cols) * token
+            pharaoh = rows * 14 + 6  # "src-tgt " per target token
+            hypothesis += weights + strings + pharaoh + 12 + 6  # rows, cols, the message
+        total += cols * token + 6 + options.n_best * hypothesis
+    return total
+
+
+def check_response_bound(
+    source_lengths: Sequence[int],
+    options: SearchOptions,
+    alignment: str,
+    piece_bytes: int,
+    limit: int,
+) -> None:
+    """Refuse, before any decoding, a request whose response could exceed the message limit:
+    grpc could not send it, and decoding it would hold that much (several times over as Python
+    objects) for nothing."""
+    bound = worst_case_response_bytes(source_lengths, options, alignment, piece_bytes)
+    if bound > limit:
+        raise InvalidInput(
+            f"the response could reach {bound} bytes ({len(source_lengths)} texts x n_best "
+            f"{options.n_best} x up to max_length {options.max_length} target tokens"
+            f"{', with alignment' if alignment != 'none' else ''}), over the server's message "
+            f"limit of {limit}: send fewer or shorter texts, or ask for a smaller n_best, a smaller "
+            "max_length (or max_length_a/max_length_b)"
+            + (", or alignment NONE" if alignment != "none" else "")
+        )
 
 
 # --- server side: results out ------------------------------------------------------------------
@@ -159,6 +214,8 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
             max_source_tokens=limits.max_source_tokens,
             max_beam_size=limits.max_beam_size,
             max_length=limits.max_length,
+            max_message_bytes=settings.server.max_message_bytes,
+            max_request_id_chars=MAX_REQUEST_ID_CHARS,
         ),
         defaults=pb.DecodingOptions(**default_options(settings), alignment=pb.ALIGNMENT_MODE_NONE),
         execution_providers=engine.model.providers,

@@ -21,7 +21,7 @@ import onnxruntime as ort
 
 from service.architecture import PAD_ID
 from service.beam import StepOutput
-from service.bundle import Bundle
+from service.bundle import Bundle, BundleError
 from service.config import RuntimeConfig
 
 log = logging.getLogger(__name__)
@@ -54,9 +54,12 @@ def make_session(path: str, config: RuntimeConfig, threads: int) -> ort.Inferenc
     provider_options = [
         {"device_id": str(config.device_id)} if p == CUDA else {} for p in providers
     ]
-    return ort.InferenceSession(
-        path, sess_options=options, providers=providers, provider_options=provider_options
-    )
+    try:
+        return ort.InferenceSession(
+            path, sess_options=options, providers=providers, provider_options=provider_options
+        )
+    except Exception as err:  # a damaged graph fails with messages that may not name it
+        raise BundleError(f"{path}: ONNX Runtime cannot load this graph: {err}") from err
 
 
 @dataclass

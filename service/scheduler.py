@@ -36,12 +36,40 @@ POLICIES: tuple[str, ...] = ("none", "request", "iteration")
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    policy: Policy = "iteration"
-    max_batch_hypotheses: int = 320  # sentences × beam, summed over the running batches
-    max_batch_sentences: int = 128
-    max_queue_delay_s: float = 0.004  # request-level: how long the oldest may wait for company
-    max_queue_sentences: int = 2048  # beyond this, new requests are refused (RESOURCE_EXHAUSTED)
-    encode_ahead: bool = True  # encode queued sentences on a second thread (encode_ahead.py)
+    """How the decode loop batches (service/config.py reads each field's help for --help)."""
+
+    policy: Policy = field(
+        default="iteration",
+        metadata={
+            "help": "batching policy: none (one request at a time), request (whole requests "
+            "batched together), iteration (sentences join and leave the running batch at every "
+            "decoder step)",
+            "choices": POLICIES,
+        },
+    )
+    max_batch_hypotheses: int = field(
+        default=320,
+        metadata={"help": "the most hypotheses (sentences x beam) decoded together, all beams"},
+    )
+    max_batch_sentences: int = field(
+        default=128, metadata={"help": "the most sentences decoded together"}
+    )
+    max_queue_delay_s: float = field(
+        default=0.004,
+        metadata={
+            "help": "policy request: how long the oldest queued request may wait for company"
+        },
+    )
+    max_queue_sentences: int = field(
+        default=2048,
+        metadata={
+            "help": "queued sentences beyond which requests are refused (RESOURCE_EXHAUSTED)"
+        },
+    )
+    encode_ahead: bool = field(
+        default=True,
+        metadata={"help": "encode queued sentences on a second thread while the decoder steps"},
+    )
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,9 @@ from service.logs import configure_logging
 from service.metrics import Metrics, start_metrics_http_server
 from service.options import SearchOptions
 from service.protocol import (
+    MAX_REQUEST_ID_CHARS,
     MalformedRequest,
+    check_response_bound,
     deserialize_translate_request,
     model_info,
     parse_request,
@@ -105,6 +107,45 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "internal error; the cause was logged by the server"
 
 
+# A client's deadline passes on the client's clock, which runs ahead of the server's view of the same
+# deadline by the time the request took to arrive: its cancellation can reach the server while
+# `time_remaining()` is still a little above 0. Within this margin it counts as a deadline.
+DEADLINE_MARGIN_S = 0.25
+# On stop, the gRPC server is shut once no Translate handler has run for this long: requests that
+# reached gRPC core before the stop began have been handed to a handler by then.
+QUIET_S = 0.3
+
+
+def cancel_code(remaining: float | None) -> grpc.StatusCode:
+    """The status of a handler cancelled by gRPC, from the time its deadline had left then."""
+    if remaining is not None and remaining <= DEADLINE_MARGIN_S:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.CANCELLED
+
+
+class Handlers:
+    """Counts the Translate handlers running, so a stop can wait until none has run for a while
+    (gRPC core may still hold requests the server has not picked up: stopping it then would answer
+    them CANCELLED, unlogged and uncounted)."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.last_ended = time.monotonic()
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+            self.last_ended = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since the last handler ended; 0 while one runs."""
+        return 0.0 if self.active else time.monotonic() - self.last_ended
+
+
 # --- the servicer ------------------------------------------------------------------------------
 
 
@@ -116,6 +157,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self.metrics = metrics
         self._repository: Repository | None = None
         self._worker: Worker | None = None
+        self.handlers = Handlers()
 
     def attach(self, repository: Repository, worker: Worker) -> None:
         self._repository, self._worker = repository, worker
@@ -141,22 +183,19 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self, request: pb.TranslateRequest | MalformedRequest, context: grpc.aio.ServicerContext
     ) -> pb.TranslateResponse:
         request_id = request.request_id or uuid.uuid4().hex[:16]
+        if len(request_id) > MAX_REQUEST_ID_CHARS:  # refused by parse_request: not logged whole
+            request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
         started = time.perf_counter()
         code, message, response = grpc.StatusCode.OK, "", None
         error: Exception | None = None
         model: ModelVersion | None = None
-        with self.metrics.track_in_flight("Translate"):
+        with self.handlers.track(), self.metrics.track_in_flight("Translate"):
             try:
                 # held until answered: a reload does not unload it meanwhile
                 model = self.repository.acquire(request.model.name, request.model.version)
                 response = await self.translate(request, request_id, context, model)
-            except asyncio.CancelledError:  # the client cancelled or its deadline passed
-                remaining = context.time_remaining()
-                code = (
-                    grpc.StatusCode.DEADLINE_EXCEEDED
-                    if remaining is not None and remaining <= 0
-                    else grpc.StatusCode.CANCELLED
-                )
+            except asyncio.CancelledError:  # the client cancelled or a deadline passed
+                code = cancel_code(context.time_remaining())
                 self.finish("Translate", request_id, code, started, len(request.texts), model=model)
                 raise
             except Exception as err:
@@ -195,6 +234,13 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 prepared.append(engine.prepare(text))
             except InvalidInput as err:
                 raise InvalidInput(f"texts[{i}]: {err}") from err
+        check_response_bound(
+            [len(p.ids) for p in prepared],
+            parsed.options,
+            parsed.alignment,
+            engine.max_piece_bytes,
+            self.settings.server.max_message_bytes,
+        )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Translation]] = loop.create_future()
 
@@ -344,6 +390,7 @@ class Running:
     metrics: Metrics
     settings: Settings
     repository: Repository
+    servicer: TranslatorServicer | None = None
     metrics_port: int | None = None
     metrics_http: Any = None
     health_names: set[str] = field(default_factory=set)  # per-model names set so far
@@ -383,12 +430,23 @@ class Running:
         return report
 
     async def stop(self, grace: float | None = None) -> None:
-        """NOT_SERVING, refuse new work, finish accepted requests within the grace period, stop."""
+        """NOT_SERVING, refuse new work, finish accepted requests within the grace period, stop.
+
+        The gRPC server goes on taking requests until the handlers are done (new ones answered
+        UNAVAILABLE, logged and counted, since the worker's intake is closed): stopping it at once
+        would have gRPC core answer CANCELLED the requests that reached it but no handler yet, and
+        cancel at the end of the grace the ones it did hand over. It stops once no handler has run
+        for QUIET_S, with what is left of the grace for the answers still being sent."""
         grace = self.settings.server.grace_s if grace is None else grace
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         await self.health.enter_graceful_shutdown()
         self.worker.close_intake()
-        await self.server.stop(grace)
-        await asyncio.get_running_loop().run_in_executor(None, self.worker.stop, 5.0)
+        if self.servicer is not None:
+            while loop.time() < deadline and self.servicer.handlers.idle_for() < QUIET_S:
+                await asyncio.sleep(0.02)
+        await self.server.stop(max(0.0, deadline - loop.time()))
+        await loop.run_in_executor(None, self.worker.stop, 5.0)
         if self.metrics_http is not None:
             self.metrics_http.shutdown()
             self.metrics_http.server_close()  # release the port: shutdown() only ends the serving loop
@@ -462,13 +520,38 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
         key = f.read()
     with open(s.tls_cert, "rb") as f:
         cert = f.read()
-    client_ca = None
-    if s.tls_client_ca:
-        with open(s.tls_client_ca, "rb") as f:
-            client_ca = f.read()
+    client_ca = read_client_ca(s.tls_client_ca) if s.tls_client_ca else None
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=client_ca, require_client_auth=bool(client_ca)
     )
+
+
+def read_client_ca(path: str) -> bytes:
+    """The client CA bundle, refused by name when it holds no PEM certificate: grpc would only
+    fail to bind, and the message would blame the (valid) server certificate and key."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise OSError(err.errno, f"cannot read the TLS client CA {path}: {err.strerror}") from err
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise ValueError(
+            f"TLS client CA {path} holds no PEM certificate (expected '-----BEGIN CERTIFICATE-----')"
+        )
+    return data
+
+
+def start_metrics_endpoint(settings: Settings, metrics: Metrics) -> tuple[Any, int]:
+    """The Prometheus endpoint; a port in use is named, with what to do about it."""
+    host, port = settings.server.metrics_host, settings.server.metrics_port
+    try:
+        return start_metrics_http_server(port, host, metrics.registry)
+    except OSError as err:
+        raise OSError(
+            err.errno,
+            f"cannot serve metrics on {host}:{port}: {err.strerror} "
+            "(choose another --metrics-port, 0 for any free port, or -1 to disable metrics)",
+        ) from err
 
 
 async def create_server(
@@ -488,9 +571,10 @@ async def create_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    if settings.server.reflection:
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
     address = f"{settings.server.host}:{settings.server.port}"
     credentials = server_credentials(settings)
     try:
@@ -503,9 +587,10 @@ async def create_server(
         if not credentials:
             raise
         s = settings.server
+        ca = f", and {s.tls_client_ca} PEM CA certificates" if s.tls_client_ca else ""
         raise RuntimeError(
             f"{err} (or the TLS files are wrong: {s.tls_cert} and {s.tls_key} must be a PEM "
-            "certificate and its private key)"
+            f"certificate and its private key{ca})"
         ) from err
     servicer = TranslatorServicer(settings, metrics)
     add_translator_servicer(servicer, server)  # before start: grpc takes no handlers after it
@@ -524,12 +609,18 @@ async def create_server(
         worker = Worker(default.engine, settings.batching, metrics)
         servicer.attach(repository, worker)
         running = Running(
-            server, port, worker, health_servicer, default.engine, metrics, settings, repository
+            server,
+            port,
+            worker,
+            health_servicer,
+            default.engine,
+            metrics,
+            settings,
+            repository,
+            servicer,
         )
         if settings.server.metrics_port >= 0:
-            running.metrics_http, running.metrics_port = start_metrics_http_server(
-                settings.server.metrics_port, settings.server.metrics_host, metrics.registry
-            )
+            running.metrics_http, running.metrics_port = start_metrics_endpoint(settings, metrics)
         worker.start()
         await running.set_serving(True)
         log.info(

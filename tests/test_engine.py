@@ -194,3 +194,18 @@ def test_encode_sentences_in_length_buckets_equals_each_sentence_encoded_alone(
         assert np.allclose(got.values, alone.values, atol=1e-5)
         assert np.allclose(got.keys, alone.keys, atol=1e-5)
         assert np.allclose(got.state, alone.state, atol=1e-5)
+
+
+def test_word_alignment_has_one_row_per_word_of_the_text() -> None:
+    # The case: the shipped model, beam 16, n-best 16; one hypothesis began with a bare "▁".
+    engine = Engine.load(
+        "models/default", RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1)
+    )
+    (translation,) = engine.translate(
+        ["seventy-one point five"], SearchOptions(beam_size=16, n_best=16), alignment="word"
+    )
+    assert any(h.tokens[0] == "▁" for h in translation.hypotheses)  # the case is still exercised
+    for h in translation.hypotheses:
+        assert h.alignment is not None
+        assert h.alignment.target_tokens == h.text.split(), h.tokens
+        assert h.alignment.matrix.shape == (len(h.text.split()), 3)
