@@ -2,8 +2,11 @@
 # Serving images: no torch, no compilers. Both run scripts/install.sh, the same install CI runs.
 #   docker build --target cpu -t s2s-serve:cpu .
 #   docker build --target gpu -t s2s-serve:gpu .      (onnxruntime-gpu on CUDA 12 + cuDNN 9)
-# Another model: mount a bundle and point S2S_BUNDLE at it, e.g.
+#   docker build --target models -t s2s-models .     (the model repository alone, for an init container)
+# The image serves the repository baked into /app/models (S2S_MODELS; every embedded model). Another
+# model: mount a bundle and point S2S_BUNDLE at it, or a repository (DIR/NAME/VERSION/) and S2S_MODELS:
 #   docker run -v /models/mine:/models/mine -e S2S_BUNDLE=/models/mine s2s-serve:cpu
+#   docker run -v /srv/models:/models -e S2S_MODELS=/models s2s-serve:cpu
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
@@ -25,7 +28,7 @@ RUN useradd --create-home --uid 10001 s2s
 COPY --from=build-cpu --chown=10001:10001 /app /app
 WORKDIR /app
 USER 10001
-ENV S2S_BUNDLE=/app/models/default S2S_HOST=0.0.0.0 S2S_PORT=50051 S2S_METRICS_PORT=9090 \
+ENV S2S_MODELS=/app/models S2S_HOST=0.0.0.0 S2S_PORT=50051 S2S_METRICS_PORT=9090 \
     S2S_PROVIDERS=CPUExecutionProvider PYTHONUNBUFFERED=1
 EXPOSE 50051 9090
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
@@ -52,9 +55,15 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 \
 COPY --from=build-gpu --chown=10001:10001 /app /app
 WORKDIR /app
 USER 10001
-ENV S2S_BUNDLE=/app/models/default S2S_HOST=0.0.0.0 S2S_PORT=50051 S2S_METRICS_PORT=9090 \
+ENV S2S_MODELS=/app/models S2S_HOST=0.0.0.0 S2S_PORT=50051 S2S_METRICS_PORT=9090 \
     S2S_PROVIDERS=CUDAExecutionProvider,CPUExecutionProvider PYTHONUNBUFFERED=1
 EXPOSE 50051 9090
 HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
     CMD ["/app/.venv/bin/python", "-m", "service.healthcheck"]
 ENTRYPOINT ["/app/.venv/bin/python", "-m", "service.server"]
+
+# ---- the model repository alone -------------------------------------------------------------------
+# For deploy/overlays/repository-volume: an init container copies /repository onto the pod's volume.
+FROM ${PYTHON_IMAGE} AS models
+COPY --chown=10001:10001 models/default/ /repository/default/
+USER 10001

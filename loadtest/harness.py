@@ -82,11 +82,15 @@ class LocalServer:
     log: Path
 
     @classmethod
-    def start(cls, bundle: str, policy: str, out: Path, ready_timeout_s: float) -> LocalServer:
+    def start(
+        cls, bundle: str, policy: str, out: Path, ready_timeout_s: float, models: str = ""
+    ) -> LocalServer:
+        """Serve one bundle, or with `models` a model repository folder (service/repository.py)."""
         port, metrics_port = free_port(), free_port()
         log = out / "server.log"
+        source = ["--models", models] if models else ["--bundle", bundle]
         command = [
-            sys.executable, "-m", "service.server", "--bundle", bundle, "--policy", policy,
+            sys.executable, "-m", "service.server", *source, "--policy", policy,
             "--host", "127.0.0.1", "--port", str(port),
             "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
         ]  # fmt: skip
@@ -201,6 +205,7 @@ def run_locust(args: argparse.Namespace, target: str, out: Path) -> None:
             workload.ENV_ALIGNMENT: args.alignment,
             workload.ENV_TIMEOUT: str(args.timeout_s),
             workload.ENV_WAIT: args.wait,
+            workload.ENV_MODELS: getattr(args, "model_mix", "") or "",
         }
     )
     if args.sentences:

@@ -122,6 +122,12 @@ def count_the_last_calls(environment: Any, **_kwargs: Any) -> None:
         setattr(runner, "quit", quit_after_the_last_reports)  # noqa: B010 (replaces a method)
 
 
+MODEL_NAMES = [
+    name for name, _ in CONFIG.models
+]  # S2S_LOADTEST_MODELS: which model each call names
+MODEL_WEIGHTS = [weight for _, weight in CONFIG.models]
+
+
 class TranslateFailed(Exception):
     """A failed call, in a form that groups well in locust's failure table: 'CODE: details'."""
 
@@ -164,10 +170,13 @@ class GrpcUser(User):
 
     def call(self, name: str, texts: list[str], beam: int) -> None:
         request_id = f"lt-{uuid.uuid4().hex[:12]}"
+        model = self.rng.choices(MODEL_NAMES, MODEL_WEIGHTS)[0]
+        name = workload.request_name(name, model)
         request = pb.TranslateRequest(
             texts=texts,
             options=decoding_options_to_pb(beam_size=beam, alignment=CONFIG.alignment),
             request_id=request_id,
+            model=pb.ModelSpec(name=model),
         )
         exception: Exception | None = None
         response_length = 0

@@ -109,6 +109,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--bundle", default="models/default", help="model bundle (default: %(default)s)"
     )
     where.add_argument(
+        "--models", default="", help="serve a model repository folder instead of --bundle"
+    )
+    p.add_argument(
+        "--model-mix",
+        default="",
+        help="models the requests name, NAME[:WEIGHT],... (default: the server's default model); "
+        "locust reports each kind per model as KIND@MODEL",
+    )
+    where.add_argument(
         "--ready-timeout-s", type=float, default=180.0, help="wait this long for SERVING"
     )
     slo = p.add_argument_group("SLOs (exit status 1 when missed)")
@@ -129,6 +138,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     try:
         args.duration_s = parse_duration(args.duration)
         workload.parse_wait(args.wait)
+        workload.parse_models(args.model_mix)
     except ValueError as err:
         p.error(str(err))
     if args.users < 1 or args.duration_s <= 0 or args.timeout_s <= 0:
@@ -288,7 +298,8 @@ def run(args: argparse.Namespace) -> int:
         target, metrics_url = args.target, args.metrics_url
     else:
         bundle = str(Path(args.bundle).resolve()) if Path(args.bundle).exists() else args.bundle
-        server = LocalServer.start(bundle, args.policy, out, args.ready_timeout_s)
+        models = str(Path(args.models).resolve()) if args.models else ""
+        server = LocalServer.start(bundle, args.policy, out, args.ready_timeout_s, models)
         target, metrics_url = server.target, server.metrics_url
     try:
         info = server_info(target)

@@ -41,6 +41,7 @@ ENV_MIX = "S2S_LOADTEST_MIX"
 ENV_ALIGNMENT = "S2S_LOADTEST_ALIGNMENT"
 ENV_TIMEOUT = "S2S_LOADTEST_TIMEOUT_S"
 ENV_WAIT = "S2S_LOADTEST_WAIT_S"
+ENV_MODELS = "S2S_LOADTEST_MODELS"  # e.g. "numbers:3,g2p:1": the models requests name, weighted
 ENV_TARGET = "S2S_TARGET"
 DEFAULT_TARGET = "127.0.0.1:50051"
 DEFAULT_TIMEOUT_S = 10.0
@@ -89,8 +90,9 @@ DEFAULT_MIX = "mixed"
 
 
 def texts_per_request(name: str) -> int:
-    """Texts sent by one request of the kind called `name` (1 for names this module does not know)."""
-    kind = REQUEST_KINDS.get(name)
+    """Texts sent by one request of the kind called `name` (1 for names this module does not know);
+    a model suffix (`kind@model`) is ignored."""
+    kind = REQUEST_KINDS.get(name.partition("@")[0])
     return kind.texts if kind else 1
 
 
@@ -116,6 +118,26 @@ def parse_wait(raw: str) -> tuple[float, float]:
     return values[0], values[1]
 
 
+def parse_models(raw: str) -> tuple[tuple[str, int], ...]:
+    """'' -> (("", 1),) (the server's default model); 'a,b' -> a and b equally; 'a:3,b:1' weighted."""
+    models: list[tuple[str, int]] = []
+    for part in (p.strip() for p in raw.split(",") if p.strip()):
+        name, _, weight = part.partition(":")
+        try:
+            w = int(weight or "1")
+        except ValueError:
+            w = 0
+        if not name or w < 1:
+            raise ValueError(f"{ENV_MODELS}: expected NAME[:WEIGHT],... (weight >= 1), got {raw!r}")
+        models.append((name, w))
+    return tuple(models) or (("", 1),)
+
+
+def request_name(kind: str, model: str) -> str:
+    """The name locust groups a call under: its kind, and its model when the workload names one."""
+    return f"{kind}@{model}" if model else kind
+
+
 @dataclass(frozen=True)
 class LoadTestConfig:
     """The locustfile's settings, from the environment."""
@@ -126,6 +148,7 @@ class LoadTestConfig:
     timeout_s: float
     wait_s: tuple[float, float]
     sentences: str  # the TSV path, or a note that they were generated
+    models: tuple[tuple[str, int], ...] = (("", 1),)  # (model name, weight); "" = the default
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LoadTestConfig:
@@ -145,6 +168,7 @@ class LoadTestConfig:
             timeout_s=timeout_s,
             wait_s=parse_wait(env.get(ENV_WAIT, "0") or "0"),
             sentences=env.get(ENV_SENTENCES, ""),
+            models=parse_models(env.get(ENV_MODELS, "")),
         )
 
 

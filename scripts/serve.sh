@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec .venv/bin/python -m service.server --bundle models/default --http-port 8080 --ui "$@"
+exec .venv/bin/python -m service.server --models models --http-port 8080 --ui "$@"  # the embedded models

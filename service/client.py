@@ -113,6 +113,8 @@ class TranslatorClient:
         alignment: str = "none",
         timeout: float | None = None,
         request_id: str = "",
+        model: str = "",
+        version: str = "",
         **options: float | None,
     ) -> list[ClientTranslation]:
         """One translation per text, in order.
@@ -121,12 +123,14 @@ class TranslatorClient:
         max_length, max_length_a, max_length_b, length_penalty, coverage_penalty); unset or None
         ones take the server's defaults. alignment is "none", "subword" or "word"; timeout
         (seconds) defaults to the client's. Raises grpc.RpcError (e.g. INVALID_ARGUMENT,
-        RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED), TypeError for an unknown option name.
+        RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, NOT_FOUND for a model not served), TypeError for
+        an unknown option name. model (and version) pick a served model; empty: the default.
         """
         request = pb.TranslateRequest(
             texts=list(texts),
             options=decoding_options_to_pb(alignment, **options),
             request_id=request_id,
+            model=pb.ModelSpec(name=model, version=version),
         )
         response = self._stub.Translate(
             request, timeout=self.timeout if timeout is None else timeout
@@ -139,12 +143,23 @@ class TranslatorClient:
             translation_from_pb(t, s) for t, s in zip(response.translations, texts, strict=True)
         ]
 
-    def model_info(self, *, timeout: float | None = None) -> dict[str, Any]:
-        """The served model's name, version, architecture, limits and defaults. Raises grpc.RpcError."""
+    def model_info(
+        self, *, model: str = "", version: str = "", timeout: float | None = None
+    ) -> dict[str, Any]:
+        """A served model's name, version, architecture, limits and defaults (empty model: the
+        default one). Raises grpc.RpcError (NOT_FOUND for a model not served)."""
         info = self._stub.GetModelInfo(
-            pb.ModelInfoRequest(), timeout=self.timeout if timeout is None else timeout
+            pb.ModelInfoRequest(model=pb.ModelSpec(name=model, version=version)),
+            timeout=self.timeout if timeout is None else timeout,
         )
         return model_info_from_pb(info)
+
+    def list_models(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Every served model version (as `model_info`'s dicts), by name then version."""
+        response = self._stub.ListModels(
+            pb.ListModelsRequest(), timeout=self.timeout if timeout is None else timeout
+        )
+        return [model_info_from_pb(m) for m in response.models]
 
     def list_services(self) -> list[str]:
         """The services the server offers, through its reflection service (what `grpcurl list`
@@ -179,6 +194,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "texts", nargs="*", metavar="TEXT", help="texts to translate (default: one per stdin line)"
     )
     p.add_argument("--server", default="localhost:50051", help="gRPC target (default: %(default)s)")
+    p.add_argument("--model", default="", help="the served model to use (default: the server's)")
+    p.add_argument("--model-version", default="", help="its version (default: the latest served)")
     add_option_flags(p, None)  # unset: the server's defaults
     p.add_argument(
         "--align",
@@ -277,7 +294,11 @@ def run(args: argparse.Namespace) -> int:
         args.server, timeout=args.timeout, round_robin=args.round_robin, **client_options
     ) as client:
         translations = client.translate(
-            texts, alignment=alignment_mode(args), **options_from_args(args)
+            texts,
+            alignment=alignment_mode(args),
+            model=args.model,
+            version=args.model_version,
+            **options_from_args(args),
         )
     for t in translations:
         print(format_translation(t, args))

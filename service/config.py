@@ -9,8 +9,9 @@ probe process, reads S2S_PORT itself for its default target. The decoding defaul
 from __future__ import annotations
 
 import argparse
+import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
@@ -97,8 +98,51 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions of each model are served: "latest" or "all", and pinned versions
+    (`NAME:VERSION`) that override it for the models they name."""
+
+    policy: str = "latest"
+    pinned: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("latest", "all"):
+            raise ValueError(f"version policy must be 'latest' or 'all', got {self.policy!r}")
+        bad = [p for p in self.pinned if p.count(":") != 1 or "" in p.split(":")]
+        if bad:
+            raise ValueError(f"pinned versions must be NAME:VERSION, got {bad}")
+
+    def select(self, name: str, versions: Iterable[str]) -> list[str]:
+        """The versions of model `name` to serve, oldest first."""
+        ordered = sorted(versions, key=lambda v: (1, int(v)) if v.isdigit() else (0, v))
+        pins = [p.split(":")[1] for p in self.pinned if p.split(":")[0] == name]
+        if pins:
+            return [v for v in ordered if v in pins]
+        return ordered if self.policy == "all" else ordered[-1:]
+
+
+@dataclass(frozen=True)
 class ServerConfig:
-    bundle: str = setting("models/default", "model bundle directory")
+    # One bundle (--bundle PATH), else a model repository folder (--models DIR: DIR/NAME/VERSION/,
+    # or bundle folders such as the embedded models/default): service/repository.py.
+    bundle: str = setting("", "serve this one model bundle directory (instead of --models)")
+    models: str = setting(
+        "models",
+        "model repository: DIR/NAME/VERSION/ bundles, or bundle folders as one-version models "
+        "(the embedded models/ by default)",
+    )
+    default_model: str = setting(
+        "", "the model of requests that name none (default: the only one, or models/default's)"
+    )
+    version_policy: str = setting(
+        "latest", "which versions of each model to serve", ("latest", "all")
+    )
+    pinned_versions: tuple[str, ...] = setting(
+        (), "NAME:VERSION,... to serve instead of the policy's, for the models named"
+    )
+    reload_interval_s: float = setting(
+        30.0, "re-read the repository every this many seconds (also on SIGHUP); 0 = only SIGHUP"
+    )
     host: str = setting("0.0.0.0", "address the gRPC server listens on")
     port: int = setting(50051, "gRPC port; 0 picks a free one")
     metrics_host: str = setting("0.0.0.0", "address of the Prometheus /metrics endpoint")
@@ -152,6 +196,9 @@ class ServerConfig:
             raise ValueError("http_port must be in 0..65535, or -1 to turn the HTTP face off")
         if self.ui and self.http_port < 0:
             raise ValueError("ui needs the HTTP face: set http_port (0 picks a free port)")
+        VersionPolicy(self.version_policy, self.pinned_versions)  # raises on a bad one
+        if not 0 <= self.reload_interval_s < math.inf:
+            raise ValueError("reload_interval_s must be a finite number >= 0 (0: no polling)")
         if self.max_texts < 1 or self.max_text_chars < 1 or self.grace_s < 0:
             raise ValueError("max_texts and max_text_chars must be >= 1, grace_s >= 0")
 

@@ -7,8 +7,13 @@ step. The scheduler admits into a running batch only the sentences whose encodin
 with nothing running admits at once and encodes what is not ready itself (`take` + the caller's own
 encoder call), so an idle server adds no latency.
 
-Memory stays bounded: at most `max_ready` encoded sentences wait here, and a sentence that leaves
-the queue (admitted, cancelled, expired) is forgotten, so its encoding is dropped or never stored.
+Memory stays bounded: at most `max_ready` encoded sentences per model wait here, and a sentence that
+leaves the queue (admitted, cancelled, expired) is forgotten, so its encoding is dropped or never stored.
+
+Several models: each sentence is submitted with its model (any hashable; the worker's: a
+ModelVersion) and encoded with it; one encoder call holds one model's sentences, the models take
+turns, and each has its own room, so a flood of one model's sentences never keeps another's waiting
+for its encoding.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from service.runtime import EncodedSentence
 
 log = logging.getLogger(__name__)
 
-EncodeFn = Callable[[list[Sequence[int]]], list[EncodedSentence]]
+EncodeFn = Callable[[Hashable, list[Sequence[int]]], list[EncodedSentence]]  # (model, ids)
 
 
 class EncodeAhead:
@@ -34,9 +39,11 @@ class EncodeAhead:
         self.max_batch = max_batch
         self.max_ready = max_ready
         self.cond = threading.Condition()
-        self.pending: dict[Hashable, Sequence[int]] = {}  # not started yet, arrival order
+        self.pending: dict[Hashable, tuple[Hashable, Sequence[int]]] = {}  # key → (model, ids)
         self.in_flight: set[Hashable] = set()  # inside the current encoder call
         self.ready: dict[Hashable, EncodedSentence | None] = {}  # None: failed, encode at admission
+        self.model_of: dict[Hashable, Hashable] = {}  # in_flight and ready keys → model
+        self.last_model: Hashable = None  # the model of the latest encoder call
         self.stopping = False
         self.thread = threading.Thread(target=self.run, name="encode-ahead", daemon=True)
 
@@ -45,12 +52,14 @@ class EncodeAhead:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, items: Sequence[tuple[Hashable, Sequence[int]]]) -> None:
-        """Queue sentences (key, source ids) for encoding, after the ones already queued."""
+    def submit(
+        self, items: Sequence[tuple[Hashable, Sequence[int]]], model: Hashable = None
+    ) -> None:
+        """Queue sentences (key, source ids) of `model` for encoding, after the ones already queued."""
         if not items:
             return
         with self.cond:
-            self.pending.update(items)
+            self.pending.update((key, (model, ids)) for key, ids in items)
             self.cond.notify()
 
     def ready_keys(self) -> frozenset[Hashable]:
@@ -67,6 +76,7 @@ class EncodeAhead:
                 if encoded is not None:
                     taken[key] = encoded
                 self.pending.pop(key, None)
+                self.model_of.pop(key, None)
                 self.in_flight.discard(key)  # its result, when it comes, is not stored
             self.cond.notify()  # room for more
         return taken
@@ -90,12 +100,15 @@ class EncodeAhead:
 
     def run(self) -> None:
         while True:
-            batch = self.next_batch()
-            if batch is None:
+            taken = self.next_batch()
+            if taken is None:
                 return
+            model, batch = taken
             keys = [key for key, _ in batch]
             try:
-                encoded: list[EncodedSentence | None] = list(self.encode([ids for _, ids in batch]))
+                encoded: list[EncodedSentence | None] = list(
+                    self.encode(model, [ids for _, ids in batch])
+                )
             except Exception:  # the decode loop encodes them again at admission and reports it
                 log.exception("encoding ahead failed for %d sentences", len(batch))
                 encoded = [None] * len(batch)
@@ -105,18 +118,36 @@ class EncodeAhead:
                         self.in_flight.discard(key)
                         self.ready[key] = enc
 
-    def next_batch(self) -> list[tuple[Hashable, Sequence[int]]] | None:
-        """Wait for pending sentences and room to keep their encodings; None when stopping."""
+    def next_batch(self) -> tuple[Hashable, list[tuple[Hashable, Sequence[int]]]] | None:
+        """Wait for pending sentences of a model with room to keep their encodings; returns that
+        model and its oldest pending sentences; None when stopping."""
         with self.cond:
-            while not self.stopping and not (self.pending and self.has_room()):
+            while not self.stopping and not (models := self.next_models()):
                 self.cond.wait()
             if self.stopping:
                 return None
-            room = self.max_ready - len(self.ready) - len(self.in_flight)
-            keys = list(self.pending)[: min(self.max_batch, room)]
-            batch = [(key, self.pending.pop(key)) for key in keys]
+            model = models[0]
+            room = self.max_ready - self.held(model)
+            keys = [k for k, (m, _) in self.pending.items() if m == model][
+                : min(self.max_batch, room)
+            ]
+            batch = [(key, self.pending.pop(key)[1]) for key in keys]
             self.in_flight.update(keys)
-            return batch
+            self.model_of.update((key, model) for key in keys)
+            self.last_model = model
+            return model, batch
 
-    def has_room(self) -> bool:
-        return len(self.ready) + len(self.in_flight) < self.max_ready
+    def next_models(self) -> list[Hashable]:
+        """The models to encode, first the next: those with pending sentences and room, in order of
+        their oldest pending sentence, the one encoded last going after the others."""
+        models = [m for m in dict.fromkeys(m for m, _ in self.pending.values()) if self.has_room(m)]
+        if len(models) > 1 and models[0] == self.last_model:
+            models.append(models.pop(0))
+        return models
+
+    def held(self, model: Hashable) -> int:
+        """The encodings of `model` kept or being made here."""
+        return sum(1 for m in self.model_of.values() if m == model)
+
+    def has_room(self, model: Hashable = None) -> bool:
+        return self.held(model) < self.max_ready

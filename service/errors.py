@@ -33,3 +33,7 @@ class Cancelled(Exception):
 
 class DecodeFailed(Exception):
     """The model runtime raised while decoding; the cause is in the server log."""
+
+
+class ModelNotFound(LookupError):
+    """The request names a model or version that is not served; the message lists what is."""

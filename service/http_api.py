@@ -41,6 +41,7 @@ from proto.translation.v1 import translation_pb2 as pb
 from service.config import Settings
 from service.errors import InvalidInput
 from service.protocol import MAX_REQUEST_ID_CHARS
+from service.repository import ModelVersion
 
 if TYPE_CHECKING:
     from service.server import TranslatorServicer
@@ -86,15 +87,39 @@ class BadBody(InvalidInput):
 
 
 async def translate(
-    core: TranslatorServicer, request: Any, request_id: str, remaining: float | None
+    core: TranslatorServicer,
+    request: Any,
+    request_id: str,
+    remaining: float | None,
+    model: ModelVersion | None,
 ) -> Message:
-    return await core.decode(request, request_id, remaining)
+    assert model is not None  # Route.holds_model: acquired by HttpFace.call
+    return await core.decode(request, request_id, remaining, model)
 
 
 async def get_model_info(
-    core: TranslatorServicer, request: Any, request_id: str, remaining: float | None
+    core: TranslatorServicer,
+    request: Any,
+    request_id: str,
+    remaining: float | None,
+    model: ModelVersion | None,
 ) -> Message:
-    return core.model_info()
+    return core.model_info(request.model)
+
+
+async def list_models(
+    core: TranslatorServicer,
+    request: Any,
+    request_id: str,
+    remaining: float | None,
+    model: ModelVersion | None,
+) -> Message:
+    return core.list_models()
+
+
+RouteCall = Callable[
+    ["TranslatorServicer", Any, str, float | None, ModelVersion | None], Awaitable[Message]
+]
 
 
 @dataclass(frozen=True)
@@ -103,9 +128,10 @@ class Route:
 
     method: str  # the RPC's name: the path and the metrics' method label
     request: type[Message]  # the body, in the proto3 JSON mapping
-    call: Callable[[TranslatorServicer, Any, str, float | None], Awaitable[Message]]
+    call: RouteCall
     verbs: tuple[str, ...] = ("POST",)
     has_id: bool = False  # the request carries request_id (one is generated when empty)
+    holds_model: bool = False  # the request's model version is held until it is answered
     texts: Callable[[Any], int] = field(default=lambda _request: 0)  # logged
 
 
@@ -115,9 +141,11 @@ ROUTES: tuple[Route, ...] = (
         pb.TranslateRequest,
         translate,
         has_id=True,
+        holds_model=True,
         texts=lambda request: len(request.texts),
     ),
     Route("GetModelInfo", pb.ModelInfoRequest, get_model_info, verbs=("GET", "POST")),
+    Route("ListModels", pb.ListModelsRequest, list_models, verbs=("GET", "POST")),
 )
 
 
@@ -220,6 +248,7 @@ class HttpFace:
         code, message, request_id, texts = grpc.StatusCode.OK, "", "", 0
         error: Exception | None = None
         response: Message | None = None
+        model: ModelVersion | None = None
         http_status = 200
         with self.core.metrics.track_in_flight(route.method):
             try:
@@ -230,7 +259,9 @@ class HttpFace:
                         request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
                 texts = route.texts(request)
                 remaining = timeout_of(http_request)
-                work = route.call(self.core, request, request_id, remaining)
+                if route.holds_model:
+                    model = self.core.acquire(request)
+                work = route.call(self.core, request, request_id, remaining, model)
                 response = await (work if remaining is None else asyncio.wait_for(work, remaining))
             except TimeoutError:
                 code = grpc.StatusCode.DEADLINE_EXCEEDED
@@ -243,6 +274,7 @@ class HttpFace:
                     started,
                     texts,
                     protocol="http",
+                    model=model,
                 )
                 raise
             except Exception as err:
@@ -250,11 +282,22 @@ class HttpFace:
                 code, message = self.status_for(err)
                 if code == grpc.StatusCode.INTERNAL:
                     log.error("request failed", exc_info=err, extra={"request_id": request_id})
+            finally:
+                if model is not None:
+                    self.core.release(model)
             http_status = (
                 error.http_status if isinstance(error, BadBody) else HTTP_STATUS.get(code, 500)
             )
         self.core.finish(
-            route.method, request_id, code, started, texts, message, error, protocol="http"
+            route.method,
+            request_id,
+            code,
+            started,
+            texts,
+            message,
+            error,
+            protocol="http",
+            model=model,
         )
         headers = {"X-Request-Id": request_id} if request_id else {}
         if response is None:

@@ -2,7 +2,9 @@
 
 Names follow Prometheus conventions (base unit seconds, `_total` on counters); every label set is
 bounded and declared up front (METHODS, CODES, REJECT_REASONS), and each labelled series is created
-at zero when `Metrics` is built, so dashboards see it before the first event. The call sites use the
+at zero when `Metrics` is built, so dashboards see it before the first event. The per-model series
+(`s2s_model_*`, labelled model and version) are bounded by the loaded versions: created when a
+version loads, removed when it is unloaded. The call sites use the
 small typed methods below, never the prometheus_client objects. `start_metrics_http_server` serves
 the registry, and only it, on its own port.
 """
@@ -10,7 +12,7 @@ the registry, and only it, on its own port.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -28,10 +30,11 @@ from service.transfers import DIRECTIONS, REASONS, TransferLedger
 
 # --- bounded label values ---------------------------------------------------------------------
 
-METHODS: tuple[str, ...] = ("Translate", "GetModelInfo")
+METHODS: tuple[str, ...] = ("Translate", "GetModelInfo", "ListModels")
 CODES: tuple[str, ...] = (  # gRPC status names, as grpc.StatusCode.X.name
     "OK",
     "INVALID_ARGUMENT",
+    "NOT_FOUND",
     "RESOURCE_EXHAUSTED",
     "DEADLINE_EXCEEDED",
     "CANCELLED",
@@ -41,6 +44,7 @@ CODES: tuple[str, ...] = (  # gRPC status names, as grpc.StatusCode.X.name
 PROTOCOLS: tuple[str, ...] = ("grpc", "http")  # the face a request came in by (service/http_api.py)
 REJECT_REASONS: tuple[str, ...] = (
     "invalid_argument",
+    "not_found",
     "queue_full",
     "deadline_exceeded",
     "cancelled",
@@ -178,6 +182,58 @@ class Metrics:
         # device transfers (s2s_device_transfer_bytes_total, s2s_device_transfers_total)
         self.transfers = TransferCollector()
         r.register(self.transfers)
+        # per model version (series exist while the version is loaded)
+        mv = ["model", "version"]
+        self.model_requests = Counter(
+            "s2s_model_requests_total",
+            "Translate RPCs answered, by model, version and gRPC status code.",
+            [*mv, "code"],
+            registry=r,
+        )
+        self.model_request_duration = Histogram(
+            "s2s_model_request_duration_seconds",
+            "Time to answer one Translate RPC, by model and version.",
+            mv,
+            buckets=REQUEST_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.model_queue_depth = Gauge(
+            "s2s_model_queue_depth_sentences",
+            "Sentences waiting to join a decoding batch, by model and version.",
+            mv,
+            registry=r,
+        )
+        self.model_running = Gauge(
+            "s2s_model_running_sentences",
+            "Sentences being decoded now, by model and version.",
+            mv,
+            registry=r,
+        )
+        self.model_steps = Counter(
+            "s2s_model_decoder_steps_total", "Decoder steps, by model and version.", mv, registry=r
+        )
+        self.model_hypothesis_steps = Counter(
+            "s2s_model_hypothesis_steps_total",
+            "Hypotheses advanced by decoder steps (the decode work done), by model and version.",
+            mv,
+            registry=r,
+        )
+        self.model_resident_memory = Gauge(
+            "s2s_model_resident_memory_bytes",
+            "Growth of the process's resident memory while the version loaded and warmed up.",
+            mv,
+            registry=r,
+        )
+        self.model_load_failures = Counter(
+            "s2s_model_load_failures_total",
+            "Model versions refused at a (re)load: broken bundle, failed warm-up.",
+            ["model"],
+            registry=r,
+        )
+        self.model_reloads = Counter(
+            "s2s_model_reloads_total", "Repository reloads (SIGHUP or polling).", registry=r
+        )
+        self._model_series: dict[tuple[str, str], set[str]] = {}  # version → its codes seen
         self._create_labelled_series()
 
     def _create_labelled_series(self) -> None:
@@ -250,11 +306,77 @@ class Metrics:
         self.translated_sentences.inc(sentences)
 
     def set_model_info(self, name: str, version: str, attention: str, provider: str) -> None:
-        """Describe the served model (the only s2s_model_info series afterwards)."""
+        """Describe the served model (the only s2s_model_info series afterwards); a repository
+        of several versions uses `model_loaded` / `model_unloaded` instead."""
         self.model_info.clear()
         self.model_info.labels(
             name=name, version=version, attention=attention, provider=provider
         ).set(1)
+
+    # --- per model version ----------------------------------------------------------------------
+
+    def model_loaded(
+        self, name: str, version: str, attention: str, provider: str, resident_bytes: int
+    ) -> None:
+        """A version loaded: its info series, memory gauge and zeroed counters."""
+        self.model_info.labels(
+            name=name, version=version, attention=attention, provider=provider
+        ).set(1)
+        self.model_resident_memory.labels(name, version).set(resident_bytes)
+        self.model_request_duration.labels(name, version)
+        for code in CODES:  # every code's series from the start, as s2s_request_duration_seconds
+            self.model_requests.labels(name, version, code)
+        self.model_queue_depth.labels(name, version).set(0)
+        self.model_running.labels(name, version).set(0)
+        self.model_steps.labels(name, version)
+        self.model_hypothesis_steps.labels(name, version)
+        self.model_load_failures.labels(name)
+        self._model_series.setdefault((name, version), set()).update(CODES)
+
+    def model_unloaded(self, name: str, version: str) -> None:
+        """A version unloaded: every series labelled with it goes (label sets stay bounded)."""
+        for labels in list(self.model_info._metrics):  # (name, version, attention, provider)
+            if labels[:2] == (name, version):
+                self.model_info.remove(*labels)
+        for metric in (
+            self.model_request_duration,
+            self.model_queue_depth,
+            self.model_running,
+            self.model_steps,
+            self.model_hypothesis_steps,
+            self.model_resident_memory,
+        ):
+            with suppress(KeyError):  # a series never created (e.g. no queue seen)
+                metric.remove(name, version)
+        for code in self._model_series.pop((name, version), set()):
+            self.model_requests.remove(name, version, code)
+
+    def model_load_failed(self, name: str) -> None:
+        self.model_load_failures.labels(name).inc()
+
+    def reloaded(self) -> None:
+        self.model_reloads.inc()
+
+    def observe_model_request(self, name: str, version: str, code: str, seconds: float) -> None:
+        """One Translate RPC answered by a model version (code: a gRPC status name)."""
+        self.model_requests.labels(name, version, _check_label("code", code, CODES)).inc()
+        self._model_series.setdefault((name, version), set()).add(code)
+        self.model_request_duration.labels(name, version).observe(seconds)
+
+    def set_model_queue_depth(self, name: str, version: str, sentences: int) -> None:
+        self.model_queue_depth.labels(name, version).set(sentences)
+
+    def set_model_running(self, running: dict[tuple[str, str], int]) -> None:
+        """Sentences decoding per (model, version); versions not named are set to 0."""
+        for labels in list(self.model_running._metrics):
+            if labels not in running:
+                self.model_running.labels(*labels).set(0)
+        for (name, version), n in running.items():
+            self.model_running.labels(name, version).set(n)
+
+    def observe_model_step(self, name: str, version: str, hypotheses: int) -> None:
+        self.model_steps.labels(name, version).inc()
+        self.model_hypothesis_steps.labels(name, version).inc(hypotheses)
 
 
 def start_metrics_http_server(

@@ -26,7 +26,8 @@ from service.options import OPTIONS, SearchOptions, problems
 
 if TYPE_CHECKING:  # the client imports this module: keep onnxruntime out of its imports
     from service.config import Settings
-    from service.engine import AlignmentMode, Engine, Translation
+    from service.engine import AlignmentMode, Translation
+    from service.repository import ModelVersion
 
 ALIGNMENT_FROM_PB: dict[int, AlignmentMode] = {
     pb.ALIGNMENT_MODE_UNSPECIFIED: "none",
@@ -56,6 +57,7 @@ class MalformedRequest:
 
     texts: tuple[str, ...] = ()
     request_id = ""
+    model = pb.ModelSpec()  # the default model: its metrics label the refusal
 
     def __init__(self, error: str) -> None:
         self.error = error
@@ -199,11 +201,12 @@ def translation_to_pb(t: Translation) -> pb.Translation:
     return out
 
 
-def model_info(engine: Engine, settings: Settings) -> pb.ModelInfo:
+def model_info(model: ModelVersion, settings: Settings, is_default: bool = False) -> pb.ModelInfo:
     limits = settings.limits
+    engine = model.engine
     return pb.ModelInfo(
-        name=engine.bundle.name,
-        version=engine.bundle.version,
+        name=model.name,
+        version=model.version,
         architecture_json=json.dumps(engine.cfg.to_dict(), sort_keys=True),
         limits=pb.Limits(
             max_texts=settings.server.max_texts,
@@ -217,6 +220,8 @@ def model_info(engine: Engine, settings: Settings) -> pb.ModelInfo:
         defaults=pb.DecodingOptions(**default_options(settings), alignment=pb.ALIGNMENT_MODE_NONE),
         execution_providers=engine.model.providers,
         scheduling_policy=settings.batching.policy,
+        is_default=is_default,
+        resident_memory_bytes=model.resident_bytes,
     )
 
 

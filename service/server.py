@@ -1,12 +1,18 @@
 """The gRPC server: translation.v1.Translator over grpc.aio, with health, reflection and metrics.
 
     s2s-serve --bundle models/default --port 50051 --metrics-port 9090
+    s2s-serve --models /srv/models   # a repository: DIR/NAME/VERSION/ bundles, reloaded on SIGHUP
 
 Protobuf stays at this edge: service/protocol.py validates requests and converts them to plain
 types, the worker decodes, and results are converted back; errors become status codes here
 (STATUS); logs are JSON lines (service/logs.py). Life cycle: NOT_SERVING while the model loads and
 warms up, SERVING after; on SIGTERM NOT_SERVING again, new requests refused (the worker's intake
 closed), accepted ones finished within the grace period.
+
+Several models (service/repository.py): a request names its model (or gets the default one), holds
+that version until it is answered, and decodes in that version's batches. SIGHUP and a polling
+interval reload the repository off the event loop; health has a service name per model
+(`translation.v1.Translator/NAME`), SERVING while a version of it is loaded.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,13 +35,14 @@ from grpc_reflection.v1alpha import reflection
 
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from service.config import Settings, load_settings
+from service.config import Settings, VersionPolicy, load_settings
 from service.engine import Engine
 from service.errors import (
     Cancelled,
     DeadlineExceeded,
     DecodeFailed,
     InvalidInput,
+    ModelNotFound,
     NotReady,
     QueueFull,
     ShuttingDown,
@@ -48,6 +56,7 @@ from service.protocol import (
     MalformedRequest,
     deserialize_translate_request,
 )
+from service.repository import Events, ModelVersion, ReloadReport, Repository, single
 from service.translator import TranslatorCore
 from service.worker import Worker
 
@@ -60,6 +69,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
 
 STATUS: dict[type[Exception], grpc.StatusCode] = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    ModelNotFound: grpc.StatusCode.NOT_FOUND,
     QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,
     NotReady: grpc.StatusCode.UNAVAILABLE,
@@ -70,6 +80,7 @@ STATUS: dict[type[Exception], grpc.StatusCode] = {
 
 REJECT_REASON: dict[grpc.StatusCode, str] = {
     grpc.StatusCode.INVALID_ARGUMENT: "invalid_argument",
+    grpc.StatusCode.NOT_FOUND: "not_found",
     grpc.StatusCode.RESOURCE_EXHAUSTED: "queue_full",
     grpc.StatusCode.UNAVAILABLE: "shutting_down",
     grpc.StatusCode.DEADLINE_EXCEEDED: "deadline_exceeded",
@@ -156,19 +167,27 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
         started = time.perf_counter()
         code, message, response = grpc.StatusCode.OK, "", None
         error: Exception | None = None
+        model: ModelVersion | None = None
         with self.handlers.track(), self.metrics.track_in_flight("Translate"):
             try:
-                response = await self.translate(request, request_id, context)
+                # held until answered: a reload does not unload it meanwhile
+                model = self.acquire(request)
+                response = await self.translate(request, request_id, context, model)
             except asyncio.CancelledError:  # the client cancelled or a deadline passed
                 code = cancel_code(context.time_remaining())
-                self.finish("Translate", request_id, code, started, len(request.texts))
+                self.finish("Translate", request_id, code, started, len(request.texts), model=model)
                 raise
             except Exception as err:
                 error = err
                 code, message = status_for(err)
                 if code == grpc.StatusCode.INTERNAL:
                     log.error("request failed", exc_info=err, extra={"request_id": request_id})
-        self.finish("Translate", request_id, code, started, len(request.texts), message, error)
+            finally:
+                if model is not None:
+                    self.repository.release(model)
+        self.finish(
+            "Translate", request_id, code, started, len(request.texts), message, error, model=model
+        )
         if code != grpc.StatusCode.OK:
             await context.abort(code, message)
         assert response is not None
@@ -179,8 +198,9 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
         request: pb.TranslateRequest | MalformedRequest,
         request_id: str,
         context: grpc.aio.ServicerContext,
+        model: ModelVersion,
     ) -> pb.TranslateResponse:
-        return await self.decode(request, request_id, context.time_remaining())
+        return await self.decode(request, request_id, context.time_remaining(), model)
 
     async def GetModelInfo(
         self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext
@@ -188,13 +208,27 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
         started = time.perf_counter()
         with self.metrics.track_in_flight("GetModelInfo"):
             try:
-                info = self.model_info()
-            except NotReady as err:
+                info = self.model_info(request.model)
+            except (NotReady, ModelNotFound) as err:
                 code, message = status_for(err)
                 self.finish("GetModelInfo", "", code, started, 0, message, err)
                 await context.abort(code, message)
         self.finish("GetModelInfo", "", grpc.StatusCode.OK, started, 0)
         return info
+
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListModelsResponse:
+        started = time.perf_counter()
+        with self.metrics.track_in_flight("ListModels"):
+            try:
+                response = self.list_models()
+            except NotReady as err:
+                code, message = status_for(err)
+                self.finish("ListModels", "", code, started, 0, message, err)
+                await context.abort(code, message)
+        self.finish("ListModels", "", grpc.StatusCode.OK, started, 0)
+        return response
 
     def finish(
         self,
@@ -206,9 +240,12 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
         message: str = "",
         error: Exception | None = None,
         protocol: str = "grpc",
+        model: ModelVersion | None = None,
     ) -> None:
         seconds = time.perf_counter() - started
         self.metrics.observe_request(method, code.name, seconds, protocol)
+        if model is not None:
+            self.metrics.observe_model_request(model.name, model.version, code.name, seconds)
         if code != grpc.StatusCode.OK:
             self.metrics.reject(reject_reason(code, error))
         log.info(
@@ -219,6 +256,7 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
                 "protocol": protocol,
                 "code": code.name,
                 "texts": texts,
+                "model": "" if model is None else str(model),
                 "ms": round(seconds * 1000, 2),
                 "error": message,
             },
@@ -239,6 +277,11 @@ def add_translator_servicer(servicer: TranslatorServicer, server: grpc.aio.Serve
             request_deserializer=pb.ModelInfoRequest.FromString,
             response_serializer=pb.ModelInfo.SerializeToString,
         ),
+        "ListModels": grpc.unary_unary_rpc_method_handler(
+            servicer.ListModels,
+            request_deserializer=pb.ListModelsRequest.FromString,
+            response_serializer=pb.ListModelsResponse.SerializeToString,
+        ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
@@ -255,12 +298,14 @@ class Running:
     port: int
     worker: Worker
     health: health.aio.HealthServicer
-    engine: Engine
+    engine: Engine  # the default model's, at start
     metrics: Metrics
     settings: Settings
+    repository: Repository
     servicer: TranslatorServicer | None = None
     metrics_port: int | None = None
     metrics_http: Any = None
+    health_names: set[str] = field(default_factory=set)  # per-model names set so far
     http: HttpFace | None = None  # the HTTP/JSON face (service/http_api.py), when --http-port >= 0
 
     @property
@@ -275,6 +320,31 @@ class Running:
         )
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
+        await self.set_model_health()
+
+    async def set_model_health(self) -> None:
+        """SERVING for each model with a loaded version, NOT_SERVING for models gone since."""
+        served = {model_health_name(name) for name in self.repository.names()}
+        for name in sorted(served | self.health_names):
+            await self.health.set(
+                name,
+                health_pb2.HealthCheckResponse.SERVING
+                if name in served
+                else health_pb2.HealthCheckResponse.NOT_SERVING,
+            )
+        self.health_names |= served
+
+    async def reload(self) -> ReloadReport:
+        """Reload the repository off the event loop (loads and warm-ups are slow), then health."""
+        loop = asyncio.get_running_loop()
+        report = await loop.run_in_executor(None, self.repository.reload)
+        self.metrics.reloaded()
+        await self.set_model_health()
+        log.info(
+            "reloaded",
+            extra={"loaded": report.loaded, "failed": report.failed, "retired": report.retired},
+        )
+        return report
 
     async def stop(self, grace: float | None = None) -> None:
         """NOT_SERVING, refuse new work, finish accepted requests within the grace period, stop.
@@ -301,6 +371,55 @@ class Running:
         if self.metrics_http is not None:
             self.metrics_http.shutdown()
             self.metrics_http.server_close()  # release the port: shutdown() only ends the serving loop
+
+
+def model_health_name(name: str) -> str:
+    """The grpc.health.v1 service name of one model."""
+    return f"{SERVICE_NAME}/{name}"
+
+
+class MetricEvents(Events):
+    """Repository events → metrics (per-version series come and go with the versions)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def loaded(self, model: ModelVersion) -> None:
+        engine = model.engine
+        self.metrics.model_loaded(
+            model.name,
+            model.version,
+            engine.cfg.attention,
+            engine.model.providers[0],
+            model.resident_bytes,
+        )
+
+    def unloaded(self, model: ModelVersion) -> None:
+        self.metrics.model_unloaded(model.name, model.version)
+
+    def failed(self, name: str, version: str, error: Exception) -> None:
+        self.metrics.model_load_failed(name)
+
+
+def build_repository(settings: Settings, metrics: Metrics) -> Repository:
+    """The repository the settings name: one bundle (--bundle) or a folder (--models). Each
+    version is loaded and, unless --warmup false, warmed up before it takes requests."""
+    s = settings.server
+
+    def load(path: Path) -> Engine:
+        engine = Engine.load(path, settings.runtime, settings.limits)
+        if s.warmup:
+            warm_up(engine)
+        return engine
+
+    return Repository(
+        Path(s.bundle or s.models),
+        load,
+        VersionPolicy(s.version_policy, s.pinned_versions),
+        s.default_model,
+        MetricEvents(metrics),
+        single=bool(s.bundle),
+    )
 
 
 def connection_age_options(seconds: float) -> list[tuple[str, int]]:
@@ -404,24 +523,30 @@ async def create_server(
             await http.start()
         loop = asyncio.get_running_loop()
         if engine is None:
-            engine = await loop.run_in_executor(
-                None, Engine.load, settings.server.bundle, settings.runtime, settings.limits
-            )
-        worker = Worker(engine, settings.batching, metrics)
-        servicer.attach(engine, worker)
+            repository = build_repository(settings, metrics)
+            await loop.run_in_executor(None, repository.load_all)
+        else:
+            if settings.server.warmup:
+                await loop.run_in_executor(None, warm_up, engine)
+            repository = Repository.of(single(engine))
+            MetricEvents(metrics).loaded(repository.get())
+        default = repository.get()
+        worker = Worker(default.engine, settings.batching, metrics)
+        servicer.attach(repository, worker)
         running = Running(
-            server, port, worker, health_servicer, engine, metrics, settings, servicer, http=http
-        )
-        metrics.set_model_info(
-            engine.bundle.name,
-            engine.bundle.version,
-            engine.cfg.attention,
-            engine.model.providers[0],
+            server,
+            port,
+            worker,
+            health_servicer,
+            default.engine,
+            metrics,
+            settings,
+            repository,
+            servicer,
+            http=http,
         )
         if settings.server.metrics_port >= 0:
             running.metrics_http, running.metrics_port = start_metrics_endpoint(settings, metrics)
-        if settings.server.warmup:
-            await loop.run_in_executor(None, warm_up, engine)
         worker.start()
         await running.set_serving(True)
         log.info(
@@ -430,8 +555,9 @@ async def create_server(
                 "port": port,
                 "metrics_port": running.metrics_port,
                 "http_port": running.http_port,
-                "model": engine.bundle.name,
-                "providers": engine.model.providers,
+                "model": repository.default(),
+                "models": [str(m) for m in repository.loaded()],
+                "providers": default.engine.model.providers,
             },
         )
     except BaseException:  # a bad bundle, a failed warm-up: release the port before raising
@@ -451,13 +577,29 @@ def warm_up(engine: Engine) -> None:
 async def serve(settings: Settings) -> None:
     running = await create_server(settings)
     stop = asyncio.Event()
+    reload = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload.set)
+    reloader = asyncio.create_task(reload_loop(running, reload, settings.server.reload_interval_s))
     await stop.wait()
+    reloader.cancel()
     log.info("shutting down", extra={"grace_s": settings.server.grace_s})
     await running.stop()
     log.info("stopped")
+
+
+async def reload_loop(running: Running, asked: asyncio.Event, interval_s: float) -> None:
+    """Reload the repository when asked (SIGHUP) or every `interval_s` (0: only when asked)."""
+    while True:
+        with contextlib.suppress(TimeoutError):  # the polling interval passed
+            await asyncio.wait_for(asked.wait(), interval_s or None)
+        asked.clear()
+        try:
+            await running.reload()
+        except Exception:  # a reload never takes the server down; the old versions serve on
+            log.exception("reload failed")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

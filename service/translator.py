@@ -3,6 +3,9 @@
 Both faces call it, the gRPC servicer (service/server.py) and the HTTP/JSON one (service/http_api.py),
 so both validate, decode and limit requests the same way. It raises only the domain errors of
 service/errors.py; each face maps them to its own status codes and counts them in the metrics.
+
+A face acquires the request's model version (`acquire`) before `decode` and releases it when the
+answer is out: a reload meanwhile does not unload the version a request is decoding on.
 """
 
 from __future__ import annotations
@@ -21,26 +24,32 @@ from service.protocol import (
     parse_request,
     translation_to_pb,
 )
+from service.repository import ModelVersion, Repository
 from service.worker import Job, Worker
 
 
 class TranslatorCore:
-    """Built before the server starts; raises NotReady until `attach` gives it the model."""
+    """Built before the server starts; raises NotReady until `attach` gives it the models."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._engine: Engine | None = None
+        self._repository: Repository | None = None
         self._worker: Worker | None = None
 
-    def attach(self, engine: Engine, worker: Worker) -> None:
-        self._engine, self._worker = engine, worker
+    def attach(self, repository: Repository, worker: Worker) -> None:
+        self._repository, self._worker = repository, worker
+
+    @property
+    def repository(self) -> Repository:
+        if self._repository is None:
+            raise NotReady("the model is still loading: retry in a few seconds")
+        return self._repository
 
     @property
     def engine(self) -> Engine:
-        if self._engine is None:
-            raise NotReady("the model is still loading: retry in a few seconds")
-        return self._engine
+        """The default model's engine."""
+        return self.repository.get().engine
 
     @property
     def worker(self) -> Worker:
@@ -48,11 +57,20 @@ class TranslatorCore:
             raise NotReady("the model is still loading: retry in a few seconds")
         return self._worker
 
+    def acquire(self, request: pb.TranslateRequest | MalformedRequest) -> ModelVersion:
+        """The version the request names (empty: the default model), held until `release`;
+        ModelNotFound names the models served."""
+        return self.repository.acquire(request.model.name, request.model.version)
+
+    def release(self, model: ModelVersion) -> None:
+        self.repository.release(model)
+
     async def decode(
         self,
         request: pb.TranslateRequest | MalformedRequest,
         request_id: str,
         remaining: float | None,
+        model: ModelVersion,
     ) -> pb.TranslateResponse:
         """Validate, queue on the worker, wait, convert; `remaining` is the client's deadline in
         seconds from now (None: no deadline). Cancelling the awaiting task cancels the job."""
@@ -60,19 +78,20 @@ class TranslatorCore:
             raise InvalidInput(
                 f"the request is not a valid {pb.TranslateRequest.DESCRIPTOR.full_name}: {request.error}"
             )
+        engine = model.engine
         parsed = parse_request(request, self.settings)
-        self.engine.check_options(parsed.options, parsed.alignment)
+        engine.check_options(parsed.options, parsed.alignment)
         prepared = []
         for i, text in enumerate(parsed.texts):
             try:
-                prepared.append(self.engine.prepare(text))
+                prepared.append(engine.prepare(text))
             except InvalidInput as err:
                 raise InvalidInput(f"texts[{i}]: {err}") from err
         check_response_bound(
             [len(p.ids) for p in prepared],
             parsed.options,
             parsed.alignment,
-            self.engine.max_piece_bytes,
+            engine.max_piece_bytes,
             self.settings.server.max_message_bytes,
         )
         loop = asyncio.get_running_loop()
@@ -82,7 +101,7 @@ class TranslatorCore:
             loop.call_soon_threadsafe(resolve, future, results, error)
 
         deadline = None if remaining is None else self.worker.clock() + remaining
-        job = Job(request_id, prepared, parsed.options, parsed.alignment, on_done, deadline)
+        job = Job(request_id, prepared, parsed.options, parsed.alignment, on_done, deadline, model)
         self.worker.submit(job)
         try:
             results = await future
@@ -92,7 +111,8 @@ class TranslatorCore:
         response = pb.TranslateResponse(
             translations=[translation_to_pb(t) for t in results],
             request_id=request_id,
-            model_version=self.engine.bundle.version,
+            model_version=model.version,
+            model=model.name,
         )
         size, limit = response.ByteSize(), self.settings.server.max_message_bytes
         if size > limit:  # grpc would refuse to send it, after the metrics counted it OK
@@ -102,8 +122,20 @@ class TranslatorCore:
             )
         return response
 
-    def model_info(self) -> pb.ModelInfo:
-        return model_info(self.engine, self.settings)
+    def model_info(self, spec: pb.ModelSpec | None = None) -> pb.ModelInfo:
+        """The named model version (None or empty: the default model); ModelNotFound otherwise."""
+        repository = self.repository
+        name, version = ("", "") if spec is None else (spec.name, spec.version)
+        model = repository.get(name, version)
+        return model_info(model, self.settings, model.name == repository.default())
+
+    def list_models(self) -> pb.ListModelsResponse:
+        repository = self.repository
+        default = repository.default()
+        return pb.ListModelsResponse(
+            models=[model_info(m, self.settings, m.name == default) for m in repository.loaded()],
+            default_model=default,
+        )
 
 
 def resolve(

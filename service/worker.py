@@ -1,7 +1,10 @@
 """The decode loop: one thread that owns the running batches and applies the scheduler's decisions.
 
-The gRPC server submits a `Job` (one request's sentences) and gets its translations back through the
-job's callback, called from this thread. Submitting never waits: a full queue is refused at once.
+The gRPC server submits a `Job` (one request's sentences, for one model version) and gets its
+translations back through the job's callback, called from this thread. Submitting never waits: a
+full queue is refused at once. The running batches are keyed by (model version, beam size), so one
+decoder call only ever holds one model version's hypotheses; the scheduler takes turns between
+models (service/scheduler.py).
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from service.encode_ahead import EncodeAhead
 from service.engine import AlignmentMode, DecodeRequest, Engine, Prepared, RunningBatch, Translation
 from service.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
 from service.metrics import Metrics
+from service.repository import ModelVersion, single
 from service.runtime import EncodedSentence
-from service.scheduler import BatchingConfig, Decision, Waiting, decide
+from service.scheduler import BatchingConfig, BatchKey, Decision, Waiting, decide
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,7 @@ class Job:
     alignment: AlignmentMode
     on_done: Callable[[list[Translation] | None, Exception | None], None]
     deadline: float | None = None  # clock reading
+    model: ModelVersion | None = None  # None: the worker's default model
     results: dict[int, Translation] = field(default_factory=dict)
     finished: bool = False
 
@@ -75,6 +80,7 @@ class Worker:
         clock: Clock = time.monotonic,
     ) -> None:
         self.engine = engine
+        self.default = single(engine)  # the model of jobs that name none
         self.config = config
         self.metrics = metrics
         metrics.watch_transfers(engine.model.transfers)
@@ -86,12 +92,18 @@ class Worker:
         self.accepting = True
         self.stopping = False
         self.waiting: list[Queued] = []  # loop thread only
-        self.batches: dict[int, RunningBatch[SentenceKey]] = {}  # beam size → running batch
-        self.last_stepped: int | None = None
+        self.batches: dict[BatchKey, RunningBatch[SentenceKey]] = {}  # (model, beam) → batch
+        self.last_stepped: BatchKey | None = None
+        self.last_admitted: ModelVersion | None = None
+        self.queued_per_model: dict[ModelVersion, int] = {}  # waiting sentences (loop thread)
         self.thread = threading.Thread(target=self.run, name="decode-loop", daemon=True)
         self._seq = itertools.count()
         self.ahead = (
-            EncodeAhead(self.encode_now, config.max_batch_sentences, config.max_batch_sentences)
+            EncodeAhead(
+                self.encode_now,  # type: ignore[arg-type]  # its models are ModelVersions
+                config.max_batch_sentences,
+                config.max_batch_sentences,
+            )
             if config.encode_ahead
             else None
         )
@@ -155,9 +167,10 @@ class Worker:
                 self.config,
                 self.clock(),
                 self.waiting,
-                {beam: len(batch) for beam, batch in self.batches.items()},
+                {key: len(batch) for key, batch in self.batches.items()},
                 self.last_stepped,
                 None if self.ahead is None else self.ahead.ready_keys(),
+                self.last_admitted,
             )
             self.apply(decision)
             if decision.idle:
@@ -168,14 +181,30 @@ class Worker:
     def enqueue(self, jobs: list[Job]) -> None:
         now = self.clock()
         for job in jobs:
+            model = self.model_of(job)
             keys = [SentenceKey(job, i) for i in range(len(job.sentences))]
             for key in keys:
-                self.waiting.append(Waiting(key, job, job.options.beam_size, now, job.deadline))
+                self.waiting.append(
+                    Waiting(key, job, job.options.beam_size, now, job.deadline, model)
+                )
             if self.ahead is not None:
                 self.ahead.submit(
-                    [(key, s.ids) for key, s in zip(keys, job.sentences, strict=True)]
+                    [(key, s.ids) for key, s in zip(keys, job.sentences, strict=True)], model
                 )
+            self.count_queued(model, len(keys))
         self.metrics.set_queue_depth(len(self.waiting))
+
+    def model_of(self, job: Job) -> ModelVersion:
+        return job.model or self.default
+
+    def count_queued(self, model: ModelVersion, change: int) -> None:
+        """Keep the per-model queue gauge; a model's series goes when its queue empties."""
+        n = self.queued_per_model.get(model, 0) + change
+        if n:
+            self.queued_per_model[model] = n
+        else:
+            self.queued_per_model.pop(model, None)
+        self.metrics.set_model_queue_depth(model.name, model.version, n)
 
     def sleep_until(self, wake_at: float | None) -> None:
         with self.cond:
@@ -194,66 +223,84 @@ class Worker:
                 set(decision.expire),
                 DeadlineExceeded("the deadline passed while the request was queued"),
             )
-        if decision.admit and decision.admit_beam is not None:
-            self.admit(decision.admit, decision.admit_beam)
+        if decision.admit and decision.admit_batch is not None:
+            self.admit(decision.admit, decision.admit_batch)
         # admit() may have failed the batch
-        if decision.step_beam is not None and decision.step_beam in self.batches:
-            self.step(decision.step_beam)
+        if decision.step_batch is not None and decision.step_batch in self.batches:
+            self.step(decision.step_batch)
 
     def take_waiting(self, keys: set[SentenceKey]) -> list[Queued]:
         """Remove these sentences from the queue; returns their entries (key, arrival time, ...)."""
         taken = [w for w in self.waiting if w.key in keys]
         self.waiting = [w for w in self.waiting if w.key not in keys]
+        for w in taken:
+            self.count_queued(self.model_of(w.request), -1)
         with self.cond:
             self.queued_sentences -= len(taken)
         self.metrics.set_queue_depth(len(self.waiting))
         return taken
 
-    def admit(self, keys: Sequence[SentenceKey], beam: int) -> None:
+    def admit(self, keys: Sequence[SentenceKey], key: BatchKey) -> None:
         taken = self.take_waiting(set(keys))
         now = self.clock()
         for w in taken:
             self.metrics.observe_queue_wait(now - w.arrived)
-        batch: RunningBatch[SentenceKey] = self.batches.get(beam) or self.engine.new_batch(beam)
-        self.batches[beam] = batch
+        model: ModelVersion = key.model  # type: ignore[assignment]  # the worker's batch keys
+        self.last_admitted = model
+        batch = self.batches.get(key) or model.engine.new_batch(key.beam)
+        self.batches[key] = batch
         requests = [sentence_request(w.key) for w in taken]
         encoded = {} if self.ahead is None else self.ahead.take([r.key for r in requests])
         missing = [r for r in requests if r.key not in encoded]
         try:
             if missing:  # nothing was running, or encoding ahead is off: encode here
-                fresh = self.encode_now([r.sentence.ids for r in missing])
+                fresh = self.encode_now(model, [r.sentence.ids for r in missing])
                 encoded.update(zip([r.key for r in missing], fresh, strict=True))
             batch.add(requests, [encoded[r.key] for r in requests])
         except Exception:  # the model failed: these jobs and the batch's others get INTERNAL
-            log.exception("encoder failed; failing the batch of beam %d", beam)
-            self.fail_batch(beam, jobs_of(taken))
+            log.exception("encoder failed; failing the batch of %s beam %d", model, key.beam)
+            self.fail_batch(key, jobs_of(taken))
             return
-        self.metrics.set_running(self.load.decoding)
+        self.set_running()
 
-    def encode_now(self, id_lists: list[Sequence[int]]) -> list[EncodedSentence]:
-        """One encoder call (from this loop or the encode-ahead thread), timed for the metrics."""
+    def encode_now(
+        self, model: ModelVersion, id_lists: list[Sequence[int]]
+    ) -> list[EncodedSentence]:
+        """One encoder call with `model` (from this loop or the encode-ahead thread), timed for the
+        metrics."""
         started = time.perf_counter()
-        encoded = self.engine.model.encode_sentences(id_lists)
+        encoded = model.engine.model.encode_sentences(id_lists)
         self.metrics.observe_encoder(time.perf_counter() - started)
         return encoded
 
-    def step(self, beam: int) -> None:
-        batch = self.batches[beam]
-        self.last_stepped = beam
+    def step(self, key: BatchKey) -> None:
+        batch = self.batches[key]
+        model: ModelVersion = key.model  # type: ignore[assignment]
+        self.last_stepped = key
         sentences, hypotheses = len(batch), batch.num_hypotheses
         started = time.perf_counter()
         try:
             finished = batch.step()
         except Exception:
-            log.exception("decoder step failed; failing the batch of beam %d", beam)
-            self.fail_batch(beam, set())
+            log.exception("decoder step failed; failing the batch of %s beam %d", model, key.beam)
+            self.fail_batch(key, set())
             return
         self.metrics.observe_step(sentences, hypotheses, time.perf_counter() - started)
-        for key, translation in finished:
-            self.deliver(key, translation)
+        self.metrics.observe_model_step(model.name, model.version, hypotheses)
+        for sentence, translation in finished:
+            self.deliver(sentence, translation)
         if not len(batch):
-            del self.batches[beam]
+            del self.batches[key]
+        self.set_running()
+
+    def set_running(self) -> None:
+        """The running gauges: in total and per model version (series of idle versions removed)."""
         self.metrics.set_running(self.load.decoding)
+        per_model: dict[ModelVersion, int] = {}
+        for key, batch in self.batches.items():
+            model: ModelVersion = key.model  # type: ignore[assignment]
+            per_model[model] = per_model.get(model, 0) + len(batch)
+        self.metrics.set_model_running({(m.name, m.version): n for m, n in per_model.items()})
 
     def deliver(self, key: SentenceKey, translation: Translation) -> None:
         job = key.job
@@ -263,8 +310,8 @@ class Worker:
         if len(job.results) == len(job.sentences):
             job.complete()
 
-    def fail_batch(self, beam: int, extra_jobs: set[Job]) -> None:
-        batch = self.batches.pop(beam, None)
+    def fail_batch(self, key: BatchKey, extra_jobs: set[Job]) -> None:
+        batch = self.batches.pop(key, None)
         jobs = set(extra_jobs)
         if batch is not None:
             jobs |= {r.key.job for r in batch.requests.values()}
@@ -292,14 +339,14 @@ class Worker:
             self.take_waiting(waiting_keys)
             if self.ahead is not None:
                 self.ahead.discard(waiting_keys)
-        for beam, batch in list(self.batches.items()):
+        for key, batch in list(self.batches.items()):
             batch.remove([r.key for r in batch.requests.values() if r.key.job in jobs])
             if not len(batch):
-                del self.batches[beam]
+                del self.batches[key]
         if notify:
             for job in jobs:
                 job.complete(Cancelled("the request was cancelled"))
-        self.metrics.set_running(self.load.decoding)
+        self.set_running()
 
 
 def sentence_request(key: SentenceKey) -> DecodeRequest[SentenceKey]:

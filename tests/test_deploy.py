@@ -52,7 +52,7 @@ ADAPTER_VALUES = MONITORING / "prometheus-adapter-values.yaml"
 PROMETHEUSRULE = DEPLOY / "base" / "prometheusrule.yaml"
 DOCKERFILE = REPO / "Dockerfile"
 
-APP_KUSTOMIZATIONS = ("base", "overlays/cpu", "overlays/gpu")
+APP_KUSTOMIZATIONS = ("base", "overlays/cpu", "overlays/gpu", "overlays/repository-volume")
 KUSTOMIZATIONS = (*APP_KUSTOMIZATIONS, "monitoring")
 APP_KINDS = sorted(
     [
@@ -795,6 +795,32 @@ def test_probed_health_services_report_serving(
 # --- the Dockerfile -------------------------------------------------------------------------------------
 
 
+def test_the_repository_reaches_the_pods_baked_in_or_on_a_volume_an_init_container_fills(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Base: the image's /app/models (every embedded model, a COPY in each serving stage). The
+    repository-volume overlay: an init container copies the models image's /repository onto an
+    emptyDir that the server mounts read-only at S2S_MODELS."""
+    assert env_of(rendered["base"])["S2S_MODELS"] == "/app/models"
+    stages = dockerfile_stages()
+    for name in ("build-cpu", "build-gpu"):
+        assert "COPY models/default/ models/default/" in stages[name]
+    assert any(line.startswith("COPY") and "/repository/" in line for line in stages["models"])
+    objects = rendered["overlays/repository-volume"]
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    models_dir = env_of(objects)["S2S_MODELS"]
+    server_mount = next(
+        m for m in container(objects)["volumeMounts"] if m["mountPath"] == models_dir
+    )
+    assert server_mount["readOnly"] is True
+    init_mount = next(m for m in init["volumeMounts"] if m["name"] == server_mount["name"])
+    assert init["command"][-1].rstrip("/") == init_mount["mountPath"].rstrip("/")
+    assert "emptyDir" in {v["name"]: v for v in pod["volumes"]}[server_mount["name"]]
+    assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    assert init["securityContext"]["runAsUser"] == 10001
+
+
 def dockerfile_stages() -> dict[str, list[str]]:
     """Stage name → its instructions (continuation lines joined, comments dropped)."""
     text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
@@ -818,7 +844,9 @@ def test_dockerfile_builds_with_install_script_and_runs_unprivileged(
     stages = dockerfile_stages()
     builds = [name for name in stages if name.startswith("build-")]
     finals = [name for name in stages if not name.startswith("build-")]
-    assert sorted(builds) == ["build-cpu", "build-gpu"] and sorted(finals) == ["cpu", "gpu"]
+    assert sorted(builds) == ["build-cpu", "build-gpu"]
+    assert sorted(finals) == ["cpu", "gpu", "models"]  # models: the repository alone (no server)
+    finals.remove("models")
     for name in builds:
         runs = [line for line in stages[name] if line.upper().startswith("RUN ")]
         install = [line for line in runs if re.search(r"\bbash scripts/install\.sh\s*$", line)]

@@ -21,12 +21,14 @@ class FakeEncoder:
 
     def __init__(self) -> None:
         self.calls: list[list[list[int]]] = []
+        self.models: list[object] = []  # the model of each call
         self.gate = threading.Event()
         self.gate.set()
         self.fail = False
 
-    def __call__(self, id_lists: list[Sequence[int]]) -> list[EncodedSentence]:
+    def __call__(self, model: object, id_lists: list[Sequence[int]]) -> list[EncodedSentence]:
         self.calls.append([list(ids) for ids in id_lists])
+        self.models.append(model)
         assert self.gate.wait(WAIT_S)
         if self.fail:
             raise RuntimeError("encoder exploded")
@@ -128,3 +130,22 @@ def test_a_failed_encoding_is_ready_with_nothing_so_the_caller_encodes_it_itself
 def test_bad_limits_are_refused(encoder: FakeEncoder) -> None:
     with pytest.raises(ValueError, match="max_batch and max_ready"):
         EncodeAhead(encoder, max_batch=0, max_ready=1)
+
+
+def test_each_call_encodes_one_models_sentences_and_a_flooded_model_leaves_room_for_another(
+    make_ahead, encoder: FakeEncoder
+) -> None:
+    ahead = make_ahead(max_batch=4, max_ready=4)
+    encoder.gate.clear()  # hold the first call so that everything below queues behind it
+    ahead.submit([(f"a{i}", [i + 1]) for i in range(40)], model="A")
+    wait_for(lambda: len(encoder.calls) == 1, "the first call")
+    ahead.submit([("b0", [7]), ("b1", [8])], model="B")
+    encoder.gate.set()
+    # A's room (4) is full after its first call: B is encoded next, though 36 of A's came first
+    wait_for(lambda: {"b0", "b1"} <= ahead.ready_keys(), "B's sentences")
+    assert encoder.models[:2] == ["A", "B"]
+    assert encoder.calls[1] == [[7], [8]]
+    assert len(ahead.ready_keys()) == 6  # A holds only its room until the loop takes some
+    ahead.take(["a0", "a1", "a2", "a3"])
+    wait_for(lambda: len(ahead.ready_keys()) == 6 and "a4" in ahead.ready_keys(), "A's next")
+    assert set(encoder.models) == {"A", "B"}

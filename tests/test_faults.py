@@ -319,7 +319,7 @@ def test_an_onnx_runtime_failure_mid_batch_fails_only_that_batch(
 
     def run_with_iobinding(*args: Any, **kwargs: Any) -> Any:
         if rows[-1] == 4 and not failed_while:  # the beam-2 batch of two sentences, once
-            failed_while.append(set(running.worker.batches))
+            failed_while.append({key.beam for key in running.worker.batches})
             raise RuntimeError("injected ONNX Runtime failure: device lost")
         return original_run(*args, **kwargs)
 

@@ -205,6 +205,19 @@ def test_config_from_env() -> None:
     assert workload.parse_wait("0") == (0.0, 0.0)
 
 
+def test_the_models_a_workload_names() -> None:
+    assert workload.LoadTestConfig.from_env({}).models == (("", 1),)  # the server's default
+    config = workload.LoadTestConfig.from_env({"S2S_LOADTEST_MODELS": "numbers:3, g2p"})
+    assert config.models == (("numbers", 3), ("g2p", 1))
+    for bad in ("numbers:0", ":2", "numbers:x"):
+        with pytest.raises(ValueError, match="S2S_LOADTEST_MODELS"):
+            workload.parse_models(bad)
+    # stats rows are KIND@MODEL; the sentences per request still come from the kind
+    assert workload.request_name("batch16-b5", "g2p") == "batch16-b5@g2p"
+    assert workload.request_name("short-b5", "") == "short-b5"
+    assert workload.texts_per_request("batch16-b5@g2p") == workload.BATCH_TEXTS
+
+
 # --- run: arguments and the summary ----------------------------------------------------------------
 
 

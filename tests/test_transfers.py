@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -164,7 +165,10 @@ class HostReferenceDecoder:
 
     def __init__(self, model: OnnxModel) -> None:
         self.session = model.decoder
-        self.values = self.keys = self.mask = self.state = None
+        self.values: Any = None  # (B, S, D) once sentences joined
+        self.keys: Any = None  # (B, S or 1, Dk)
+        self.mask: Any = None  # (B, S) bool
+        self.state: Any = None  # (R, D_state)
         self.lengths = np.zeros(0, np.int64)
 
     def add_sentences(self, sentences: Sequence[EncodedSentence]) -> int:

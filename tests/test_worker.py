@@ -12,12 +12,13 @@ import pytest
 
 from service.beam import SearchOptions
 from service.config import RuntimeConfig
-from service.engine import AlignmentMode, Engine, Translation
+from service.engine import AlignmentMode, Engine, RunningBatch, Translation
 from service.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
 from service.metrics import Metrics
+from service.repository import ModelVersion
 from service.runtime import OnnxDecoder, OnnxModel
 from service.scheduler import BatchingConfig
-from service.worker import Job, Worker
+from service.worker import Job, SentenceKey, Worker
 from tests.conftest import TinyModel, wait_for
 
 SCORE_TOL = 1e-4
@@ -407,3 +408,60 @@ def test_stop_refuses_new_jobs_and_finishes_the_accepted_ones(
         assert outcome.done.is_set() and outcome.error is None
         assert_same(outcome.results, engine.translate(tiny.sources[i : i + 2], opts(2)))
     assert not late_outcome.done.is_set()
+
+
+# --- several models -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encode_ahead", [True, False])
+def test_each_decoder_call_and_encoder_call_holds_one_model_versions_sentences(
+    engine: Engine,
+    tiny: TinyModel,
+    make_worker: Callable[..., Worker],
+    monkeypatch: pytest.MonkeyPatch,
+    encode_ahead: bool,
+) -> None:
+    """Two versions (the tiny bundle loaded twice: separate sessions) decode side by side: every
+    step's batch and every encoder call hold one version's sentences, and each job's translations
+    equal its own engine's."""
+    other = ModelVersion("other", "1", Engine.load(tiny.bundle, engine.model.config))
+    mine = ModelVersion("tiny", "1", engine)
+    steps: list[tuple[object, set[object]]] = []  # (the batch's engine, its sentences' engines)
+    encodes: list[tuple[object, int]] = []  # (the OnnxModel called, sentences)
+    original_step, original_encode = RunningBatch.step, OnnxModel.encode_sentences
+
+    def step(batch: RunningBatch[SentenceKey]) -> object:
+        keys = [r.key for r in batch.requests.values() if isinstance(r.key, SentenceKey)]
+        if keys:  # the worker's batches (engine.translate's below have int keys)
+            steps.append((batch.engine, {k.job.model.engine for k in keys if k.job.model}))
+        return original_step(batch)
+
+    def encode(model: OnnxModel, id_lists: list[Sequence[int]]) -> object:
+        if threading.current_thread().name in ("decode-loop", "encode-ahead"):
+            encodes.append((model, len(id_lists)))
+        return original_encode(model, id_lists)
+
+    monkeypatch.setattr(RunningBatch, "step", step)
+    monkeypatch.setattr(OnnxModel, "encode_sentences", encode)
+    worker = make_worker(BatchingConfig(encode_ahead=encode_ahead))
+    worker.start()
+    jobs = []
+    for i in range(6):
+        model = (mine, other)[i % 2]
+        texts = tiny.sources[i * 3 : i * 3 + 3]
+        job, outcome = make_job(model.engine, texts, opts(2))
+        job.model = model
+        worker.submit(job)
+        jobs.append((model, texts, outcome))
+    for model, texts, outcome in jobs:
+        assert outcome.wait().error is None
+        assert_same(outcome.results, model.engine.translate(texts, opts(2), "subword"))
+    assert steps and all(models == {batch_engine} for batch_engine, models in steps)
+    assert {e for e, _ in steps} == {engine, other.engine}  # both were decoded
+    per_model = {m: sum(n for c, n in encodes if c is m) for m in {c for c, _ in encodes}}
+    # each model's 9 sentences encoded by its own session (ahead, or again at admission)
+    assert set(per_model) == {engine.model, other.engine.model}
+    assert all(n >= 9 for n in per_model.values())
+    labels = {"model": "other", "version": "1"}
+    steps_other = worker.metrics.registry.get_sample_value("s2s_model_decoder_steps_total", labels)
+    assert steps_other == sum(1 for e, _ in steps if e is other.engine)
