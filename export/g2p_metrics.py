@@ -103,9 +103,7 @@ def g2p_scores(
     buckets: list[dict[str, Any]] = []
     low = 1
     for high in (*length_edges, None):
-        inside = [
-            s for w, s in scored if len(w) >= low and (high is None or len(w) <= high)
-        ]
+        inside = [s for w, s in scored if len(w) >= low and (high is None or len(w) <= high)]
         label = f"{low}-{high}" if high is not None else f"{low}+"
         buckets.append({"letters": label, **error_rates(inside)})
         low = (high or 0) + 1

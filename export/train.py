@@ -25,8 +25,8 @@ from tqdm import tqdm
 from export import corpus, g2p
 from export.checkpoint import save_checkpoint
 from export.data import Batch, batches, encode_pairs, make_batch
-from export.model import Seq2Seq, count_parameters
 from export.g2p_metrics import word_error_rate
+from export.model import Seq2Seq, count_parameters
 from export.tokenizer import SpmOptions, train_tokenizers
 from service.architecture import PAD_ID, ModelConfig
 from service.tokenizer import Tokenizer
@@ -66,7 +66,6 @@ class OptimConfig:
     seed: int = 1
     select_by: str = "bleu"  # the dev score that picks best.pt: "bleu" (higher) or "wer" (lower)
     threads: int = 0  # torch intra-op threads; 0 = torch's default. 1 is robust when other jobs share the cores
-
 
     def __post_init__(self) -> None:
         if self.select_by not in ("bleu", "wer"):
