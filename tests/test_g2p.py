@@ -343,3 +343,12 @@ def test_init_from_continues_from_a_runs_weights_and_tokenizers(tmp_path: Path) 
     assert extra["step"] == 2
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(x, y), name
+
+
+def test_the_two_g2p_stages_describe_one_model() -> None:
+    first, second = (
+        TrainConfig.load(G2P_CONFIG),
+        TrainConfig.load(REPO / "configs" / "g2p_anneal.toml"),
+    )
+    assert first.model == second.model and first.data == second.data
+    assert second.optim.init_from == "runs/g2p" and second.optim.lr < first.optim.lr
