@@ -21,13 +21,13 @@ import torch
 
 from export.checkpoint import load_checkpoint
 from export.corpus import read_tsv
-from export.evaluate import _pyplot, load_tokenizers
 from export.g2p import strip_stress
 from export.g2p_metrics import g2p_scores, references
 from export.train import translate_greedy
 from service.beam import SearchOptions
 from service.config import RuntimeConfig
 from service.engine import Engine
+from service.tokenizer import Tokenizer
 
 DEFAULT_HEATMAP_WORDS = ("knight", "phoenix", "thoughtfully", "xylophone")
 LENGTH_EDGES = (4, 6, 8, 10, 12)  # letters: 1-4, 5-6, 7-8, 9-10, 11-12, 13+
@@ -64,7 +64,9 @@ def decode_torch_greedy(
 ) -> tuple[dict[str, str], float]:
     """word → greedy hypothesis of the PyTorch model (the trainer's own decoder); and its seconds."""
     model, _ = load_checkpoint(checkpoint)
-    src_tok, tgt_tok = load_tokenizers(tokenizers, model)
+    src_tok, tgt_tok = (
+        Tokenizer.load(tokenizers / f"{side}.model") for side in ("source", "target")
+    )
     started = time.perf_counter()
     hyps = translate_greedy(model, [src_tok.encode(w) for w in words], tgt_tok, torch.device("cpu"))
     return dict(zip(words, hyps, strict=True)), time.perf_counter() - started
@@ -84,7 +86,11 @@ def plot_word_alignments(engine: Engine, word: str, path: Path, n_best: int = 3)
     result = engine.translate(
         [word], SearchOptions(beam_size=5, n_best=n_best), alignment="subword"
     )[0]
-    plt = _pyplot()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     hyps = result.hypotheses
     fig, axes = plt.subplots(1, len(hyps), figsize=(3.2 * len(hyps) + 1, 3.6), squeeze=False)
     for ax, hyp in zip(axes[0], hyps, strict=True):
@@ -145,7 +151,7 @@ def report_markdown(metrics: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     refs = references(read_tsv(args.test))
-    words = sorted(refs)
+    words = list(refs)  # the split's own (shuffled) order
     runs: dict[str, Any] = {}
     hyps, seconds = decode_torch_greedy(args.checkpoint, args.tokenizers, words)
     runs["greedy (PyTorch)"] = {**score_both(refs, hyps), "words_per_s": len(words) / seconds}
