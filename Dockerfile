@@ -4,7 +4,6 @@
 #   docker build --target gpu -t s2s-serve:gpu .      (onnxruntime-gpu on CUDA 12 + cuDNN 9)
 # Another model: mount a bundle and point S2S_BUNDLE at it, e.g.
 #   docker run -v /models/mine:/models/mine -e S2S_BUNDLE=/models/mine s2s-serve:cpu
-# The G2P model is in the image too: -e S2S_BUNDLE=/app/models/g2p
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
