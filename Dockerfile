@@ -21,6 +21,7 @@ COPY service/ service/
 COPY export/__init__.py export/__init__.py
 COPY loadtest/__init__.py loadtest/__init__.py
 COPY models/default/ models/default/
+COPY models/g2p/ models/g2p/
 RUN bash scripts/install.sh
 
 FROM ${PYTHON_IMAGE} AS cpu
@@ -47,6 +48,7 @@ COPY service/ service/
 COPY export/__init__.py export/__init__.py
 COPY loadtest/__init__.py loadtest/__init__.py
 COPY models/default/ models/default/
+COPY models/g2p/ models/g2p/
 RUN S2S_ONNXRUNTIME=gpu bash scripts/install.sh
 
 FROM ${CUDA_IMAGE} AS gpu
@@ -66,4 +68,5 @@ ENTRYPOINT ["/app/.venv/bin/python", "-m", "service.server"]
 # For deploy/overlays/repository-volume: an init container copies /repository onto the pod's volume.
 FROM ${PYTHON_IMAGE} AS models
 COPY --chown=10001:10001 models/default/ /repository/default/
+COPY --chown=10001:10001 models/g2p/ /repository/g2p/
 USER 10001

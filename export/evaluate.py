@@ -8,6 +8,8 @@ plus an attention heatmap for one sentence; `compare` lines up several runs' BLE
     python -m export.evaluate compare --runs docs/eval/default docs/eval/none \
         --labels attention none --out docs/eval/compare
 
+    python -m export.evaluate g2p ...   (a G2P model's WER and PER: see export/g2p_eval.py)
+
 Evaluation writes metrics.json, buckets.md, bleu_by_length.png and attention_heatmap.png (not for
 attention "none" models) into --out; compare writes compare.md and bleu_by_length.png. This module
 is the command line: the scores are export/scoring.py's, the reports export/report.py's, the
@@ -242,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     """`compare ...` compares runs; anything else evaluates one checkpoint."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["g2p"]:
+            from export import g2p_eval  # the G2P task's metrics, in their own module
+
+            return g2p_eval.main(argv[1:])
         if argv[:1] == ["compare"]:
             args = compare_parser().parse_args(argv[1:])
             run_compare(args)

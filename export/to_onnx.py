@@ -27,6 +27,7 @@ from export.checkpoint import load_checkpoint
 from export.model import Seq2Seq
 from service import bundle as bundle_format
 from service import graph_contract as contract
+from service.input_rule import InputRule
 
 OPSET = 17
 # The graphs' input and output names, in the order of the forward() arguments: the runtime's contract.
@@ -187,6 +188,7 @@ def export_bundle(
     version: str,
     int8: bool = False,
     extra: dict[str, Any] | None = None,
+    input_rule: InputRule | None = None,
 ) -> Path:
     """Checkpoint + tokenizers → a verified bundle directory (written to a temp dir, then moved into place)."""
     model, meta = load_checkpoint(checkpoint)
@@ -199,7 +201,12 @@ def export_bundle(
             shutil.copyfile(tokenizers / f"{side}.model", tmp / f"{side}.model")
         info = {"dev_bleu": meta.get("dev_bleu"), "train_step": meta.get("step"), **(extra or {})}
         bundle_format.write_manifest(
-            tmp, name=name, version=version, architecture=model.cfg.to_dict(), info=info
+            tmp,
+            name=name,
+            version=version,
+            architecture=model.cfg.to_dict(),
+            info=info,
+            input_rule=input_rule,
         )
         bundle_format.load_bundle(tmp)  # verify what we wrote before it replaces anything
         if out.exists():
@@ -234,10 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--info", type=Path, help="JSON file of figures to record in the manifest (e.g. test BLEU)"
     )
+    parser.add_argument(
+        "--input-rule",
+        type=json.loads,
+        help='JSON input rule for the manifest, e.g. \'{"lowercase": true, "alphabet": "abc", "max_chars": 40}\' '
+        "(see service/input_rule.py; absent: any text)",
+    )
     args = parser.parse_args(argv)
     extra = json.loads(args.info.read_text()) if args.info else None
+    rule = InputRule.from_dict(args.input_rule) if args.input_rule else None
     out = export_bundle(
-        args.checkpoint, args.tokenizers, args.out, args.name, args.version, args.int8, extra
+        args.checkpoint, args.tokenizers, args.out, args.name, args.version, args.int8, extra, rule
     )
     print(f"wrote bundle {out}")
     return 0

@@ -3,9 +3,10 @@
     s2s-train --config configs/default.toml --out runs/default
 
 Writes into --out: the corpus splits (when generated), source/target SentencePiece models,
-`best.pt` (highest dev BLEU) and `train_log.jsonl`. The run ends at the first limit reached
-(optim.max_steps, optim.max_minutes, optim.patience or optim.max_epochs); which one is printed, is the
-last line of `train_log.jsonl` and is `ended_by` in `summary.json` and in best.pt's metadata.
+`best.pt` (highest dev BLEU, or lowest dev WER with `optim.select_by = "wer"`) and
+`train_log.jsonl`. The run ends at the first limit reached (optim.max_steps, optim.max_minutes,
+optim.patience or optim.max_epochs); which one is printed, is the last line of `train_log.jsonl`
+and is `ended_by` in `summary.json` and in best.pt's metadata.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import time
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
@@ -24,19 +26,21 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from export import corpus
+from export import corpus, g2p
 from export.checkpoint import load_checkpoint, save_checkpoint
 from export.data import Batch, batches, encode_pairs
+from export.g2p_metrics import word_error_rate
 from export.greedy import translate_greedy
 from export.model import Seq2Seq, count_parameters
-from export.tokenizer import train_tokenizers
+from export.tokenizer import SpmOptions, train_tokenizers
 from service.architecture import PAD_ID, ModelConfig
 from service.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Either TSV files (train/dev/test) or a generated demo corpus (generate_seed set)."""
+    """Either TSV files (train/dev/test), the generated demo corpus (generate_seed set) or the
+    CMUdict G2P corpus split by word (cmudict_seed set; see export/g2p.py)."""
 
     train: str = ""
     dev: str = ""
@@ -46,6 +50,7 @@ class DataConfig:
     n_dev: int = 500
     n_test: int = 1000
     n_test_long: int = 200
+    cmudict_seed: int | None = None
     src_vocab: int = 320
     tgt_vocab: int = 400
 
@@ -64,7 +69,23 @@ class OptimConfig:
     lr_decay: float = 0.5  # multiply the learning rate on each evaluation without gain
     min_lr: float = 5e-5
     seed: int = 1
+    # A run directory to continue from: its best.pt's weights and its tokenizers (a second stage,
+    # e.g. at a lower learning rate); "" = a fresh model and new tokenizers.
+    init_from: str = ""
+    select_by: str = "bleu"  # the dev score that picks best.pt: "bleu" (higher) or "wer" (lower)
     threads: int = 0  # torch intra-op threads; 0 = torch's default. 1 is robust when other jobs share the cores
+
+    def __post_init__(self) -> None:
+        if self.select_by not in ("bleu", "wer"):
+            raise ValueError(f"select_by must be 'bleu' or 'wer', got {self.select_by!r}")
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """[tokenizer.source] and [tokenizer.target]: SentencePiece options per side (sizes are in [data])."""
+
+    source: SpmOptions = field(default_factory=SpmOptions)
+    target: SpmOptions = field(default_factory=SpmOptions)
 
 
 @dataclass(frozen=True)
@@ -72,17 +93,26 @@ class TrainConfig:
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields except the vocab sizes
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
     @classmethod
     def load(cls, path: str | Path) -> TrainConfig:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        unknown = sorted(set(raw) - {"model", "data", "optim"})
+        unknown = sorted(set(raw) - {"model", "data", "optim", "tokenizer"})
         if unknown:
             raise ValueError(f"{path}: unknown sections {unknown}")
+        tok = dict(raw.get("tokenizer", {}))
+        unknown = sorted(set(tok) - {"source", "target"})
+        if unknown:
+            raise ValueError(f"{path}: unknown [tokenizer] sections {unknown}")
         return cls(
             model=dict(raw.get("model", {})),
             data=_build(DataConfig, raw.get("data", {}), path),
             optim=_build(OptimConfig, raw.get("optim", {}), path),
+            tokenizer=TokenizerConfig(
+                source=_build(SpmOptions, tok.get("source", {}), path),
+                target=_build(SpmOptions, tok.get("target", {}), path),
+            ),
         )
 
 
@@ -100,6 +130,12 @@ def prepare_corpus(cfg: DataConfig, out: Path) -> dict[str, list[tuple[str, str]
         splits = corpus.generate_splits(
             cfg.generate_seed, cfg.n_train, cfg.n_dev, cfg.n_test, cfg.n_test_long
         )
+        (out / "data").mkdir(parents=True, exist_ok=True)
+        for name, pairs in splits.items():
+            corpus.write_tsv(out / "data" / f"{name}.tsv", pairs)
+        return splits
+    if cfg.cmudict_seed is not None:
+        splits = g2p.cmudict_splits(cfg.cmudict_seed)
         (out / "data").mkdir(parents=True, exist_ok=True)
         for name, pairs in splits.items():
             corpus.write_tsv(out / "data" / f"{name}.tsv", pairs)
@@ -169,42 +205,69 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out.mkdir(parents=True, exist_ok=True)
     splits = prepare_corpus(cfg.data, out)
-    src_path, tgt_path = train_tokenizers(
-        splits["train"], out, cfg.data.src_vocab, cfg.data.tgt_vocab
-    )
+    if o.init_from:
+        src_path, tgt_path = (
+            Path(shutil.copyfile(Path(o.init_from) / f"{side}.model", out / f"{side}.model"))
+            for side in ("source", "target")
+        )
+    else:
+        src_path, tgt_path = train_tokenizers(
+            splits["train"],
+            out,
+            cfg.data.src_vocab,
+            cfg.data.tgt_vocab,
+            cfg.tokenizer.source,
+            cfg.tokenizer.target,
+        )
     src_tok, tgt_tok = Tokenizer.load(src_path), Tokenizer.load(tgt_path)
     model_cfg = ModelConfig(
         src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, **cfg.model
     )
     model = Seq2Seq(model_cfg).to(device)
+    if o.init_from:
+        start, _ = load_checkpoint(Path(o.init_from) / "best.pt")
+        if start.cfg != model_cfg:
+            raise ValueError(
+                f"{o.init_from}/best.pt is a {start.cfg}, the config asks for {model_cfg}"
+            )
+        model.load_state_dict(start.state_dict())
     train_examples = encode_pairs(splits["train"], src_tok, tgt_tok)
     opt = torch.optim.Adam(model.parameters(), lr=o.lr)
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=o.label_smoothing)
     rng = random.Random(o.seed)
     log_path = out / "train_log.jsonl"
     log_path.write_text("")
-    best, stale, step, started, last_eval = -1.0, 0, 0, time.monotonic(), -1
+    best, stale, step, started, last_eval = -float("inf"), 0, 0, time.monotonic(), -1
     extra = {"train_config": asdict(cfg), "dev_bleu": 0.0, "step": 0}
+    by_wer = o.select_by == "wer"
 
     def evaluate_and_checkpoint() -> bool:
-        """Dev BLEU, checkpoint on gain, lr decay on no gain; returns True to stop early."""
+        """Dev score, checkpoint on gain, lr decay on no gain; returns True to stop early."""
         nonlocal best, stale, last_eval
         last_eval = step
-        bleu = dev_bleu(model, splits["dev"], src_tok, tgt_tok, device)
+        dev = splits["dev"]
+        hyps = translate_greedy(model, [src_tok.encode(s) for s, _ in dev], tgt_tok, device)
+        bleu = float(sacrebleu.corpus_bleu(hyps, [[t for _, t in dev]]).score)
+        # WER over distinct sources: a hypothesis is right when it equals any target of its source
+        wer = word_error_rate(dev, hyps)
         minutes = (time.monotonic() - started) / 60
         entry = {
             "step": step,
             "dev_bleu": round(bleu, 2),
+            "dev_wer": round(wer, 2),
             "lr": opt.param_groups[0]["lr"],
             "minutes": round(minutes, 2),
         }
+        gain = -wer if by_wer else bleu
         with log_path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
         if not quiet:
             tqdm.write(json.dumps(entry))
-        if bleu > best:
-            best, stale = bleu, 0
-            save_checkpoint(out / "best.pt", model, {**extra, "dev_bleu": bleu, "step": step})
+        if gain > best:
+            best, stale = gain, 0
+            save_checkpoint(
+                out / "best.pt", model, {**extra, "dev_bleu": bleu, "dev_wer": wer, "step": step}
+            )
             return False
         stale += 1
         for group in opt.param_groups:
@@ -252,7 +315,7 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
             out / "best.pt", best_model, {**meta, "ended_by": ended_by, "last_step": step}
         )
     summary = {
-        "best_dev_bleu": round(best, 2),
+        f"best_dev_{o.select_by}": round(-best if by_wer else best, 2),
         "steps": step,
         "ended_by": ended_by,
         "minutes": round(minutes, 2),
@@ -277,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg.model,
             cfg.data,
             OptimConfig(**{**asdict(cfg.optim), "max_minutes": args.max_minutes}),
+            cfg.tokenizer,
         )
     print(json.dumps(train(cfg, args.out), indent=2))
     return 0

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from service.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
+from service.input_rule import InputRule
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -33,6 +34,7 @@ class Bundle:
     architecture: ModelConfig
     files: dict[str, str]  # file name → sha256
     info: dict[str, Any]
+    input_rule: InputRule | None = None  # the manifest's "input"; None: any text, as tokenized
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -56,6 +58,7 @@ def write_manifest(
     version: str,
     architecture: dict[str, Any],
     info: dict[str, Any] | None = None,
+    input_rule: InputRule | None = None,
 ) -> Path:
     """Hash every bundle file present in `directory` and write manifest.json next to them."""
     present = [f for f in (*REQUIRED_FILES, *OPTIONAL_FILES) if (directory / f).is_file()]
@@ -71,6 +74,8 @@ def write_manifest(
         "files": {f: sha256_of(directory / f) for f in present},
         "info": info or {},
     }
+    if input_rule is not None:
+        manifest["input"] = input_rule.to_dict()
     path = directory / MANIFEST
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
@@ -126,6 +131,12 @@ def load_bundle(path: str | Path) -> Bundle:
         architecture = ModelConfig.from_dict(dict(manifest["architecture"]))
     except (TypeError, ValueError) as err:
         raise BundleError(f"{directory / MANIFEST}: bad architecture: {err}") from err
+    input_rule = None
+    if "input" in manifest:
+        try:
+            input_rule = InputRule.from_dict(dict(manifest["input"]))
+        except (TypeError, ValueError) as err:
+            raise BundleError(f"{directory / MANIFEST}: bad input rule: {err}") from err
     return Bundle(
         path=directory,
         name=str(manifest["name"]),
@@ -133,4 +144,5 @@ def load_bundle(path: str | Path) -> Bundle:
         architecture=architecture,
         files=dict(manifest["files"]),
         info=dict(manifest.get("info", {})),
+        input_rule=input_rule,
     )

@@ -23,6 +23,7 @@ from service.bundle import MANIFEST, Bundle, load_bundle
 from service.config import EngineLimits, RuntimeConfig
 from service.embedded import resolve_bundle
 from service.errors import InvalidInput
+from service.input_rule import InputRejected
 from service.runtime import EncodedSentence, OnnxDecoder, OnnxModel
 from service.tokenizer import Tokenizer
 
@@ -107,7 +108,13 @@ class Engine:
             raise InvalidInput(
                 "text is empty or only whitespace: send at least one word to translate"
             )
-        ids = self.src_tok.encode(text)
+        source = text
+        if self.bundle.input_rule is not None:  # the bundle's declared alphabet and length
+            try:
+                source = self.bundle.input_rule.apply(text)
+            except InputRejected as err:
+                raise InvalidInput(str(err)) from err
+        ids = self.src_tok.encode(source)
         if not ids:
             raise InvalidInput("text has no translatable content after tokenization")
         if len(ids) > self.limits.max_source_tokens:
