@@ -403,7 +403,7 @@ class MetricEvents(Events):
 
 def build_repository(settings: Settings, metrics: Metrics) -> Repository:
     """The repository the settings name: one bundle (--bundle) or a folder (--models). Each
-    version is loaded and, unless --warmup false, warmed up before it takes requests."""
+    version is loaded and, unless --no-warmup, warmed up before it takes requests."""
     s = settings.server
 
     def load(path: Path) -> Engine:

@@ -261,7 +261,7 @@ def test_engine_applies_the_bundles_input_rule(ruled_bundle: Path) -> None:
 
 
 def test_server_answers_bad_words_with_invalid_argument(ruled_bundle: Path) -> None:
-    server = ServerThread.start([*base_args(ruled_bundle), "--warmup", "false"])
+    server = ServerThread.start([*base_args(ruled_bundle), "--no-warmup"])
     try:
         ok = server.stub.Translate(pb.TranslateRequest(texts=["Knight"]), timeout=20)
         assert len(ok.translations) == 1
