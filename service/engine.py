@@ -20,7 +20,7 @@ from service.beam import BeamSearch, Hypothesis, SearchOptions
 from service.bundle import Bundle, load_bundle
 from service.config import EngineLimits, RuntimeConfig
 from service.runtime import EncodedSentence, OnnxDecoder, OnnxModel
-from service.tokenizer import Tokenizer
+from service.vocab import is_word_level, load_tokenizers
 
 AlignmentMode = Literal["none", "subword", "word"]
 ALIGNMENT_MODES: tuple[str, ...] = ("none", "subword", "word")
@@ -80,8 +80,8 @@ class Engine:
         self.bundle = bundle
         self.model = model
         self.limits = limits
-        self.src_tok = Tokenizer.load(bundle.file("source.model"))
-        self.tgt_tok = Tokenizer.load(bundle.file("target.model"))
+        self.src_tok, self.tgt_tok = load_tokenizers(bundle)
+        self.word_level = is_word_level(self.src_tok) and is_word_level(self.tgt_tok)
         self.cfg = bundle.architecture
         self._keys = itertools.count()
 
@@ -175,7 +175,10 @@ class Engine:
             score=float(hyp.score),
             log_prob=float(hyp.log_prob),
             alignment=make_alignment(
-                hyp.attention, request.sentence.pieces, pieces, request.alignment
+                hyp.attention,
+                request.sentence.pieces,
+                pieces,
+                "subword" if self.word_level and request.alignment == "word" else request.alignment,
             ),
             finished=hyp.finished_by_eos,
         )
@@ -204,7 +207,12 @@ class RunningBatch:
         self.decoder: OnnxDecoder = engine.model.new_decoder()
         cfg = engine.cfg
         self.search = BeamSearch(
-            self.decoder, beam_size, cfg.bos_id, cfg.eos_id, vocab_size=cfg.tgt_vocab_size
+            self.decoder,
+            beam_size,
+            cfg.bos_id,
+            cfg.eos_id,
+            vocab_size=cfg.tgt_vocab_size,
+            narrow_on_eos=cfg.toolkit != "native",  # imported models: the toolkit's beam rule
         )
         self.requests: dict[Hashable, DecodeRequest] = {}
 
