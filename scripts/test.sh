@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null || true
 fi
-bash scripts/install.sh dev,train
+bash scripts/install.sh dev,train,import
 . .venv/bin/activate
 ruff check .
 ruff format --check .

@@ -95,12 +95,13 @@ def train_onmt(task: Path, out: Path, options: dict[str, Any], steps: int = 300)
 
 
 def translate_onmt(checkpoint: Path, src: Path, out: Path, beam: int, batch_size: int = 32) -> Path:
-    """onmt_translate with the settings our search reproduces: no length penalty, no length ratio
-    cut (OpenNMT-py's default ties the maximum length to the batch's longest source), and at beam 1
-    the argmax (its default at beam 1 samples)."""
+    """onmt_translate with the settings our search reproduces: no length penalty (its default is
+    "avg") and no length-ratio cut (its default ties the maximum length to the batch's longest
+    source). Beam 1 is its beam search with one hypothesis, the argmax (any -random_sampling_topk,
+    even 1, switches every beam size to its sampling search)."""
     cmd = [_bin("onmt_translate"), "-model", str(checkpoint), "-src", str(src), "-output", str(out)]
     cmd += ["-beam_size", str(beam), "-batch_size", str(batch_size), "-length_penalty", "none"]
-    cmd += ["-max_length_ratio", "0", "-random_sampling_topk", "1"]
+    cmd += ["-max_length_ratio", "0"]
     _run(cmd, out.with_suffix(".log"))
     return out
 
