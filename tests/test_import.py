@@ -149,7 +149,10 @@ def test_joeynmt_outputs_match_joey_translate(task: Path, tmp_path: Path, name: 
         assert len(translation.hypotheses) == 5
         for hyp in translation.hypotheses:
             assert hyp.alignment is not None
-            assert hyp.alignment.matrix.shape == (len(hyp.tokens), len(translation.source.split()) + 1)
+            assert hyp.alignment.matrix.shape == (
+                len(hyp.tokens),
+                len(translation.source.split()) + 1,
+            )
             assert hyp.alignment.source_tokens[-1] == "</s>"
             np.testing.assert_allclose(hyp.alignment.matrix.sum(axis=1), 1.0, atol=1e-5)
 
@@ -253,8 +256,13 @@ def test_opennmt_step_log_probs_match_pytorch(
         changes["word_vec_size"] = 32
     model, vocabs = onmt_checkpoint(tmp_path / "m.pt", onmt_base, changes, seed=layers)
     bundle = tmp_path / "bundle"
-    assert cli.main(["opennmt-py", "--checkpoint", str(tmp_path / "m.pt"), "--out", str(bundle)]) == 0
-    src_tok, tgt_tok = WordTokenizer.load(bundle / "source.vocab"), WordTokenizer.load(bundle / "target.vocab")
+    assert (
+        cli.main(["opennmt-py", "--checkpoint", str(tmp_path / "m.pt"), "--out", str(bundle)]) == 0
+    )
+    src_tok, tgt_tok = (
+        WordTokenizer.load(bundle / "source.vocab"),
+        WordTokenizer.load(bundle / "target.vocab"),
+    )
     rng = np.random.default_rng(layers)
     for _ in range(3):
         words = [f"w{i}" for i in rng.integers(0, 40, rng.integers(2, 9))]
@@ -266,7 +274,9 @@ def test_opennmt_step_log_probs_match_pytorch(
             [vocabs["src"][w] for w in words],
             [vocabs["tgt"]["<s>"]] + [vocabs["tgt"][w] for w in tgt_words],
         )
-        ours = graph_log_probs(bundle, src_tok.encode(" ".join(words)), [1] + tgt_tok.encode(" ".join(tgt_words)))
+        ours = graph_log_probs(
+            bundle, src_tok.encode(" ".join(words)), [1, *tgt_tok.encode(" ".join(tgt_words))]
+        )
         # the toolkit's column of each of our ids
         cols = [vocabs["tgt"][tok] for tok in tgt_tok.tokens]
         np.testing.assert_allclose(ours, ref[:, cols], atol=1e-4)
@@ -313,9 +323,20 @@ def test_joeynmt_step_log_probs_match_pytorch(
 
     config.write_text(yaml.safe_dump(toolkits.joey_config(tmp_path, tmp_path, model_cfg)))
     bundle = tmp_path / "bundle"
-    args = ["joeynmt", "--config", str(config), "--checkpoint", str(tmp_path / "best.ckpt"), "--out", str(bundle)]
+    args = [
+        "joeynmt",
+        "--config",
+        str(config),
+        "--checkpoint",
+        str(tmp_path / "best.ckpt"),
+        "--out",
+        str(bundle),
+    ]
     assert cli.main(args) == 0
-    src_tok, tgt_tok = WordTokenizer.load(bundle / "source.vocab", append_eos=True), WordTokenizer.load(bundle / "target.vocab")
+    src_tok, tgt_tok = (
+        WordTokenizer.load(bundle / "source.vocab", append_eos=True),
+        WordTokenizer.load(bundle / "target.vocab"),
+    )
     rng = np.random.default_rng(layers)
     for _ in range(3):
         sw = [words[i] for i in rng.integers(0, 40, rng.integers(2, 9))]
@@ -327,7 +348,9 @@ def test_joeynmt_step_log_probs_match_pytorch(
             enc = model._encode(src, torch.tensor([src.shape[1]]), mask)
             out = model._decode(enc[0], enc[1], mask, trg_in, unroll_steps=trg_in.shape[1])
             ref = torch.log_softmax(out[0], -1)[0].numpy()  # (T, V)
-        ours = graph_log_probs(bundle, src_tok.encode(" ".join(sw)), [1] + tgt_tok.encode(" ".join(tw)))
+        ours = graph_log_probs(
+            bundle, src_tok.encode(" ".join(sw)), [1, *tgt_tok.encode(" ".join(tw))]
+        )
         cols = [model.trg_vocab.lookup(tok) for tok in tgt_tok.tokens]
         ref = ref[:, cols]
         allowed = np.isfinite(ours)  # BOS, PAD and the first step's EOS are Joey's forbidden tokens
@@ -343,7 +366,11 @@ def run_cli(args: list[str]) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "export.importers.cli", *args],
         capture_output=True,
         text=True,
-        env={**toolkits.TOOL_ENV, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[1])},
+        env={
+            **toolkits.TOOL_ENV,
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(Path(__file__).parents[1]),
+        },
         check=False,
     )
 
@@ -361,14 +388,22 @@ def test_not_a_checkpoint_is_refused(tmp_path: Path) -> None:
     junk = tmp_path / "model.pt"
     junk.write_text("this is not a checkpoint\n")
     out = tmp_path / "bundle"
-    assert_refused(run_cli(["opennmt-py", "--checkpoint", str(junk), "--out", str(out)]), out, "not a PyTorch checkpoint")
+    assert_refused(
+        run_cli(["opennmt-py", "--checkpoint", str(junk), "--out", str(out)]),
+        out,
+        "not a PyTorch checkpoint",
+    )
     config = tmp_path / "config.yaml"
     config.write_text("model: {}\ndata: {}\n")
-    result = run_cli(["joeynmt", "--config", str(config), "--checkpoint", str(junk), "--out", str(out)])
+    result = run_cli(
+        ["joeynmt", "--config", str(config), "--checkpoint", str(junk), "--out", str(out)]
+    )
     assert_refused(result, out, "not a PyTorch checkpoint")
 
 
-def test_unsupported_opennmt_architectures_are_refused(onmt_base: dict[str, Any], tmp_path: Path) -> None:
+def test_unsupported_opennmt_architectures_are_refused(
+    onmt_base: dict[str, Any], tmp_path: Path
+) -> None:
     for option, value in (("copy_attn", True), ("coverage_attn", True), ("context_gate", "both"),
                           ("encoder_type", "transformer"), ("global_attention", "none")):  # fmt: skip
         ckpt = dict(onmt_base)
@@ -377,10 +412,17 @@ def test_unsupported_opennmt_architectures_are_refused(onmt_base: dict[str, Any]
         path = tmp_path / f"{option}.pt"
         torch.save(ckpt, path)
         out = tmp_path / f"bundle_{option}"
-        assert_refused(run_cli(["opennmt-py", "--checkpoint", str(path), "--out", str(out)]), out, option, repr(value))
+        assert_refused(
+            run_cli(["opennmt-py", "--checkpoint", str(path), "--out", str(out)]),
+            out,
+            option,
+            repr(value),
+        )
 
 
-def test_opennmt_vocabulary_size_mismatch_is_refused(onmt_base: dict[str, Any], tmp_path: Path) -> None:
+def test_opennmt_vocabulary_size_mismatch_is_refused(
+    onmt_base: dict[str, Any], tmp_path: Path
+) -> None:
     ckpt = dict(onmt_base)
     ckpt["vocab"] = {**onmt_base["vocab"], "tgt": [*onmt_base["vocab"]["tgt"], "EXTRA"]}
     torch.save(ckpt, tmp_path / "m.pt")
@@ -405,18 +447,48 @@ def test_joey_config_mismatch_and_unsupported_are_refused(tmp_path: Path) -> Non
         return str(path)
 
     # the vocabulary file is one token short of the checkpoint's embeddings
-    result = run_cli(["joeynmt", "--config", with_model(JOEY_GRU_BAHDANAU, "a.yaml"), "--checkpoint", ckpt, "--out", str(out)])
+    result = run_cli(
+        [
+            "joeynmt",
+            "--config",
+            with_model(JOEY_GRU_BAHDANAU, "a.yaml"),
+            "--checkpoint",
+            ckpt,
+            "--out",
+            str(out),
+        ]
+    )
     assert_refused(result, out, "vocabulary size mismatch", "target")
     (tmp_path / "trg_vocab.txt").write_text("\n".join(model.trg_vocab._itos) + "\n")
     # a config whose sizes are not the checkpoint's
     wrong = copy.deepcopy(JOEY_GRU_BAHDANAU)
     wrong["decoder"]["hidden_size"] = 48
-    result = run_cli(["joeynmt", "--config", with_model(wrong, "b.yaml"), "--checkpoint", ckpt, "--out", str(out)])
+    result = run_cli(
+        [
+            "joeynmt",
+            "--config",
+            with_model(wrong, "b.yaml"),
+            "--checkpoint",
+            ckpt,
+            "--out",
+            str(out),
+        ]
+    )
     assert_refused(result, out, "does not match the checkpoint")
     # an architecture the importer does not rebuild
     transformer = copy.deepcopy(JOEY_GRU_BAHDANAU)
     transformer["encoder"]["type"] = "transformer"
-    result = run_cli(["joeynmt", "--config", with_model(transformer, "c.yaml"), "--checkpoint", ckpt, "--out", str(out)])
+    result = run_cli(
+        [
+            "joeynmt",
+            "--config",
+            with_model(transformer, "c.yaml"),
+            "--checkpoint",
+            ckpt,
+            "--out",
+            str(out),
+        ]
+    )
     assert_refused(result, out, "model.encoder.type", "'transformer'")
 
 
@@ -433,3 +505,64 @@ def test_refusal_keeps_an_existing_bundle(tmp_path: Path) -> None:
         opennmt.import_checkpoint(junk, out, "n", "1")
     assert (out / "keep.txt").read_text() == "x"
     shutil.rmtree(out)
+
+
+# --- alignments of every beam-5 hypothesis, through the server and the translate CLI -----------
+
+
+def test_imported_alignments_through_server_and_cli(
+    onmt_base: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """OpenNMT-py gives no alignments for RNN models at beam > 1; an imported one has one per
+    hypothesis, word-level with the toolkit's own tokens, from the server and from s2s-translate."""
+    from proto.translation.v1 import translation_pb2 as pb
+    from service import translate
+    from tests.test_server import Opts, ServerThread, assert_matches, base_args, matrix, reference
+
+    changes = {"encoder_type": "brnn", "rnn_type": "GRU", "global_attention": "mlp", "input_feed": 0,
+               "bridge": False, "enc_layers": 1, "dec_layers": 1, "hidden_size": 32,
+               "word_vec_size": 16}  # fmt: skip
+    onmt_checkpoint(tmp_path / "m.pt", onmt_base, changes, seed=0)
+    bundle = tmp_path / "bundle"
+    assert (
+        cli.main(["opennmt-py", "--checkpoint", str(tmp_path / "m.pt"), "--out", str(bundle)]) == 0
+    )
+    texts = ["w1 w2 w3", "w5 w9 w1 w30 w7", "w12 w0 unseenword w3"]
+    opts = Opts(beam=5, n_best=5, max_length=12, a=0.0, b=12, alignment=pb.ALIGNMENT_MODE_WORD)
+    server = ServerThread.start(base_args(bundle))
+    try:
+        response = server.stub.Translate(opts.request(texts))
+    finally:
+        server.close()
+    engine = Engine.load(bundle)
+    assert_matches(response, reference(engine, texts, opts))
+    for text, translation in zip(texts, response.translations, strict=True):
+        assert list(translation.source_tokens) == [
+            w if w != "unseenword" else "<unk>" for w in text.split()
+        ]
+        assert len(translation.hypotheses) == 5
+        for hyp in translation.hypotheses:
+            m = matrix(hyp.alignment)
+            assert m.shape == (len(hyp.tokens), len(text.split()))
+            np.testing.assert_allclose(m.sum(axis=1), 1.0, atol=1e-5)
+
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(texts) + "\n")
+    capsys.readouterr()
+    args = ["--bundle", str(bundle), "--beam", "5", "--nbest", "5", "--json", "--word-level",
+            "--providers", "CPUExecutionProvider", "--max-len-a", "0", "--max-len-b", "12"]  # fmt: skip
+    import io as _io
+
+    stdin = sys.stdin
+    sys.stdin = _io.StringIO(src.read_text())
+    try:
+        assert translate.main(args) == 0
+    finally:
+        sys.stdin = stdin
+    rows = [__import__("json").loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 3
+    for row in rows:
+        assert len(row["hypotheses"]) == 5
+        for hyp in row["hypotheses"]:
+            assert hyp["alignment"]["target_tokens"] == hyp["tokens"]
+            assert len(hyp["alignment"]["matrix"]) == len(hyp["tokens"])

@@ -19,7 +19,11 @@ import yaml
 
 WORDS = [f"w{i}" for i in range(40)]
 # OpenNMT-py 3.5.1 pickles its options; torch >= 2.6 refuses that by default.
-TOOL_ENV = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+TOOL_ENV = {
+    "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONWARNINGS": "ignore",
+}
 
 
 def make_task(directory: Path, n_train: int = 4000, n_test: int = 500, seed: int = 0) -> Path:
@@ -167,7 +171,12 @@ def translate_joey(config: Path, src: Path, out: Path, beam: int, batch_size: in
     cfg["testing"] = {**cfg["testing"], "beam_size": beam, "batch_size": batch_size}
     run_cfg = out.with_suffix(".yaml")
     run_cfg.write_text(yaml.safe_dump(cfg))
-    _run([sys.executable, "-m", "joeynmt", "translate", str(run_cfg)], out.with_suffix(".log"), src, out)
+    _run(
+        [sys.executable, "-m", "joeynmt", "translate", str(run_cfg)],
+        out.with_suffix(".log"),
+        src,
+        out,
+    )
     return out
 
 
