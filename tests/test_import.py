@@ -10,7 +10,10 @@ with no bundle written. Skipped where the toolkits are not installed (the `impor
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import json
 import shutil
 import subprocess
 import sys
@@ -362,17 +365,11 @@ def test_joeynmt_step_log_probs_match_pytorch(
 
 
 def run_cli(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "export.importers.cli", *args],
-        capture_output=True,
-        text=True,
-        env={
-            **toolkits.TOOL_ENV,
-            "PATH": "/usr/bin:/bin",
-            "PYTHONPATH": str(Path(__file__).parents[1]),
-        },
-        check=False,
-    )
+    """s2s-import in this process (a subprocess per case would re-import torch each time)."""
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = cli.main(args)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def assert_refused(result: subprocess.CompletedProcess[str], out: Path, *needles: str) -> None:
@@ -551,15 +548,13 @@ def test_imported_alignments_through_server_and_cli(
     capsys.readouterr()
     args = ["--bundle", str(bundle), "--beam", "5", "--nbest", "5", "--json", "--word-level",
             "--providers", "CPUExecutionProvider", "--max-len-a", "0", "--max-len-b", "12"]  # fmt: skip
-    import io as _io
-
     stdin = sys.stdin
-    sys.stdin = _io.StringIO(src.read_text())
+    sys.stdin = io.StringIO(src.read_text())
     try:
         assert translate.main(args) == 0
     finally:
         sys.stdin = stdin
-    rows = [__import__("json").loads(line) for line in capsys.readouterr().out.splitlines()]
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 3
     for row in rows:
         assert len(row["hypotheses"]) == 5
