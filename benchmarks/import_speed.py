@@ -150,7 +150,7 @@ def prepare(work: Path) -> list[dict[str, Any]]:
         out = work / f"joey_{name}"
         config = out / "config.yaml"
         if not (out / "model" / "best.ckpt").exists():
-            config, _ = toolkits.train_joey(task, out, model, epochs=3)
+            config, _ = toolkits.train_joey(task, out, model, epochs=5)
         bundle = out / "bundle"
         if not bundle.exists():
             cli.main(["joeynmt", "--config", str(config), "--checkpoint",

@@ -134,7 +134,7 @@ def joey_config(task: Path, out: Path, model: dict[str, Any], epochs: int = 5) -
             "batch_size": 64,
             "batch_type": "sentence",
             "epochs": epochs,
-            "validation_freq": 100000,
+            "validation_freq": 100,  # best.ckpt, which its test and translate modes load, is a validation's
             "logging_freq": 100,
             "eval_metrics": ["bleu"],
             "early_stopping_metric": "loss",
