@@ -97,8 +97,12 @@ class JoeyRnn(nn.Module):
         c = h if cfg.rnn == "lstm" else None
         feed = torch.zeros(B, H, dtype=values.dtype) if cfg.input_feeding else None
         mask = torch.arange(S).unsqueeze(0) < lengths.unsqueeze(1)  # (B, S)
+        # The context only enters att_vector_layer([s; c]) = W_s s + W_c (Σ a h) + b
+        # = W_s s + Σ a (W_c h) + b: attend over W_c h, projected once per sentence, and skip an
+        # H x D product per hypothesis and step.
+        projected = values @ self.att_vector_layer.weight[:, H:].t()  # (B, S, H)
         return Encoded(
-            values=values, keys=self.key_layer(values), mask=mask, state=pack_state(h, c, feed)
+            values=projected, keys=self.key_layer(values), mask=mask, state=pack_state(h, c, feed)
         )
 
     def decode_step(
@@ -121,8 +125,12 @@ class JoeyRnn(nn.Module):
             scores = self.energy_layer(energy).squeeze(-1)  # (B, K, S)
         else:
             scores = query @ keys.transpose(1, 2)  # (B, K, S)
-        context, weights = attend(scores, values, mask)  # (B, K, D), (B, K, S)
-        att_vector = self.activation(self.att_vector_layer(torch.cat([query, context], dim=-1)))
+        projected, weights = attend(scores, values, mask)  # (B, K, H) = W_c c, (B, K, S)
+        H = cfg.dec_hidden
+        own = self.att_vector_layer.weight[:, :H]
+        att_vector = self.activation(
+            projected + nn.functional.linear(query, own, self.att_vector_layer.bias)
+        )  # att_vector_layer([s; c]) (B, K, H)
         att_vector = att_vector.reshape(N, -1)  # (N, H)
         logits = self.output_layer(att_vector)
         new_state = pack_state(h, c, att_vector if cfg.input_feeding else None)

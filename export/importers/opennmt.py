@@ -103,8 +103,28 @@ class OnmtRnn(nn.Module):
             else None
         )
         mask = torch.arange(S).unsqueeze(0) < lengths.unsqueeze(1)  # (B, S)
-        keys = self.linear_context(values) if self.onmt_attention == "mlp" else values
-        return Encoded(values=values, keys=keys, mask=mask, state=pack_state(h, c, feed))
+        return Encoded(
+            values=self.project_values(values),
+            keys=self.project_keys(values),
+            mask=mask,
+            state=pack_state(h, c, feed),
+        )
+
+    def project_keys(self, values: Tensor) -> Tensor:
+        """Once per sentence, the source side of the score: U h (mlp), W^T h (general: s·(W^T h)
+        = (W s)·h, so the per-step W s is not needed), h (dot). values (B, S, H) → (B, S, H)."""
+        if self.onmt_attention == "mlp":
+            return self.linear_context(values)
+        if self.onmt_attention == "general":
+            return values @ self.linear_in.weight
+        return values
+
+    def project_values(self, values: Tensor) -> Tensor:
+        """Once per sentence, the context's part of linear_out: W_c h (B, S, H). The context is
+        only ever used through linear_out([c; s]) = W_c (Σ a h) + W_s s + b = Σ a (W_c h) + W_s s + b,
+        so each step attends over W_c h and skips an H x H product per hypothesis."""
+        H = self.cfg.dec_hidden
+        return values @ self.linear_out.weight[:, :H].t()
 
     def decode_step(
         self, tokens: Tensor, state: Tensor, keys: Tensor, values: Tensor, mask: Tensor
@@ -127,10 +147,13 @@ class OnmtRnn(nn.Module):
             )  # (B, K, S, H)
             scores = self.v(energy).squeeze(-1)  # (B, K, S)
         else:
-            q = self.linear_in(query) if self.onmt_attention == "general" else query
-            scores = q @ keys.transpose(1, 2)  # (B, K, S)
-        context, weights = attend(scores, values, mask)  # (B, K, H), (B, K, S)
-        out = self.linear_out(torch.cat([context, query], dim=-1)).reshape(N, -1)  # (N, H)
+            scores = query @ keys.transpose(1, 2)  # (B, K, S)
+        projected, weights = attend(scores, values, mask)  # (B, K, H) = W_c c, (B, K, S)
+        H = cfg.dec_hidden
+        out = projected + nn.functional.linear(
+            query, self.linear_out.weight[:, H:], self.linear_out.bias
+        )  # linear_out([c; s]) (B, K, H)
+        out = out.reshape(N, -1)  # (N, H)
         if self.onmt_attention in ("general", "dot"):
             out = torch.tanh(out)
         logits = self.generator(out)
