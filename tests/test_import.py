@@ -113,6 +113,7 @@ def agreement(ours: list[str], theirs: list[str]) -> float:
 # --- fidelity against the toolkits' own translate commands ------------------------------------
 
 
+@pytest.mark.timeout(1800)  # trains a model and decodes 500 sentences four times
 @pytest.mark.parametrize("name", ["gru_mlp", "lstm_default"])
 def test_opennmt_outputs_match_onmt_translate(task: Path, tmp_path: Path, name: str) -> None:
     options = ONMT_GRU_MLP if name == "gru_mlp" else ONMT_DEFAULT
@@ -130,6 +131,7 @@ def test_opennmt_outputs_match_onmt_translate(task: Path, tmp_path: Path, name: 
     assert len(set(theirs)) > 20  # the model does not answer every sentence alike
 
 
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("name", ["gru_bahdanau", "lstm_luong_feed"])
 def test_joeynmt_outputs_match_joey_translate(task: Path, tmp_path: Path, name: str) -> None:
     model = JOEY_GRU_BAHDANAU if name == "gru_bahdanau" else JOEY_LSTM_LUONG

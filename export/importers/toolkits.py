@@ -158,7 +158,7 @@ def train_joey(task: Path, out: Path, model: dict[str, Any], epochs: int = 5) ->
     out.mkdir(parents=True, exist_ok=True)
     config = out / "config.yaml"
     config.write_text(yaml.safe_dump(joey_config(task, out, model, epochs)))
-    _run([sys.executable, "-m", "joeynmt", "train", str(config)], out / "train.log")
+    _run([sys.executable, "-m", "joeynmt", "train", str(config), "--skip-test"], out / "train.log")
     model_dir = out / "model"
     ckpts = sorted(model_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     best = model_dir / "best.ckpt"
