@@ -159,13 +159,15 @@ def prepare(work: Path) -> list[dict[str, Any]]:
     return models
 
 
-def measure(models: list[dict[str, Any]], lines: list[str], repeats: int) -> list[dict[str, Any]]:
+def measure(
+    models: list[dict[str, Any]], lines: list[str], repeats: int, thread_counts: tuple[int, ...]
+) -> list[dict[str, Any]]:
     rows = []
     for m in models:
         toolkit = (
             onmt_system(m["ckpt"]) if m["toolkit"] == "opennmt-py" else joey_system(m["config"])
         )
-        for threads in (1, 2):
+        for threads in thread_counts:
             torch.set_num_threads(threads)
             systems = {
                 "ours": ours(m["bundle"], threads, int8=False),
@@ -201,12 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("runs/import_bench"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     args = parser.parse_args(argv)
     logging.disable(logging.INFO)
     torch.set_num_threads(1)
     models = prepare(args.work)
     lines = toolkits.read_lines(args.work / "task" / "test.src")
-    rows = measure(models, lines, args.repeats)
+    threads = tuple(int(t) for t in args.threads.split(","))
+    rows = measure(models, lines, args.repeats, threads)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
