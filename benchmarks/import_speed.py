@@ -92,7 +92,7 @@ def onmt_system(checkpoint: Path) -> Callable[[list[str]], list[str]]:
     parser = ArgumentParser()
     translate_opts(parser)
     opt = parser.parse_args(
-        ["-model", str(checkpoint), "-src", "-", "-beam_size", str(BEAM), "-batch_size", str(BATCH),
+        ["-model", str(checkpoint), "-src", "-", "-output", os.devnull, "-beam_size", str(BEAM), "-batch_size", str(BATCH),
          "-length_penalty", "none", "-max_length_ratio", "0", "-max_length", str(MAX_LEN)]
     )  # fmt: skip
     ArgumentParser.validate_translate_opts(opt)
