@@ -234,7 +234,9 @@ def onmt_reference(model: Any, src: list[int], tgt_in: list[int]) -> np.ndarray:
 def onmt_base(task: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A trained checkpoint's options and vocabulary (1 training step: only the format is used)."""
     ckpt = toolkits.train_onmt(task, tmp_path_factory.mktemp("onmt_base"), ONMT_DEFAULT, steps=1)
-    return dict(torch.load(ckpt, map_location="cpu", weights_only=False))
+    from export.importers.common import load_torch_file
+
+    return dict(load_torch_file(ckpt, "OpenNMT-py"))
 
 
 ONMT_MATRIX = [

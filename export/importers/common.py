@@ -8,6 +8,7 @@ and the server runs them unchanged.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -210,3 +211,19 @@ def encode_packed(
     out, final = rnn(packed)
     states, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=S)
     return states, final
+
+
+def load_torch_file(path: Path, what: str) -> Any:
+    """torch.load with weights_only=True: tensors and plain containers only, plus argparse.Namespace
+    (OpenNMT-py pickles its options as one). A file that is not a checkpoint, or that would need
+    any other class to unpickle, is refused."""
+    if not path.is_file():
+        raise ImportRefused(f"checkpoint not found: {path}")
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a file that is not a checkpoint
+        message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ImportRefused(
+            f"{path} is not a PyTorch checkpoint of {what}: {type(err).__name__}: {message}"
+        ) from err

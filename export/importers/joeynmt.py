@@ -30,6 +30,7 @@ from export.importers.common import (
     check_rows,
     encode_packed,
     gru_or_lstm,
+    load_torch_file,
     load_weights,
     pack_state,
     permuted,
@@ -167,14 +168,7 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def read_checkpoint(path: Path) -> dict[str, Tensor]:
-    if not path.is_file():
-        raise ImportRefused(f"checkpoint not found: {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # torch raises many types for a file that is not a checkpoint
-        raise ImportRefused(
-            f"{path} is not a PyTorch checkpoint: {type(err).__name__}: {err}"
-        ) from err
+    ckpt = load_torch_file(path, "Joey NMT")
     refuse_unless(
         isinstance(ckpt, dict) and isinstance(ckpt.get("model_state"), dict),
         f"{path} is not a Joey NMT checkpoint (no 'model_state')",

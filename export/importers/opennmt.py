@@ -23,11 +23,11 @@ import torch
 from torch import Tensor, nn
 
 from export.importers.common import (
-    ImportRefused,
     attend,
     check_rows,
     encode_packed,
     gru_or_lstm,
+    load_torch_file,
     load_weights,
     pack_state,
     permuted,
@@ -162,15 +162,8 @@ class OnmtRnn(nn.Module):
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """torch.load an OpenNMT-py checkpoint (it pickles its argparse options: trusted files only)."""
-    if not path.is_file():
-        raise ImportRefused(f"checkpoint not found: {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # torch raises many types for a file that is not a checkpoint
-        raise ImportRefused(
-            f"{path} is not a PyTorch checkpoint: {type(err).__name__}: {err}"
-        ) from err
+    """An OpenNMT-py 3.x checkpoint: model and generator weights, vocabularies, options."""
+    ckpt = load_torch_file(path, "OpenNMT-py")
     keys = ("model", "generator", "vocab", "opt")
     refuse_unless(
         isinstance(ckpt, dict) and all(k in ckpt for k in keys),
