@@ -11,7 +11,7 @@ ARG CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
 # ---- CPU -------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS build-cpu
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md ./
 COPY scripts/ scripts/
 COPY proto/ proto/
 COPY service/ service/
@@ -37,7 +37,7 @@ FROM ${CUDA_IMAGE} AS build-gpu
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md ./
 COPY scripts/ scripts/
 COPY proto/ proto/
 COPY service/ service/

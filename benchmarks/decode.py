@@ -57,7 +57,7 @@ class Workload:
 def decode(decoder: Decoder, lengths: list[int], beam: int, target_len: int, vocab: int) -> int:
     """Run the numpy search for target_len steps over a decoder whose state rows are 0..B-1."""
     options = SearchOptions(
-        beam_size=beam, max_len_a=0.0, max_len_b=target_len, max_len_cap=target_len
+        beam_size=beam, max_length_a=0.0, max_length_b=target_len, max_length=target_len
     )
     search = BeamSearch(decoder, beam, bos_id=1, eos_id=NEVER, vocab_size=vocab)
     for b, n in enumerate(lengths):
@@ -91,7 +91,7 @@ def torch_batched(
     decode(TorchDecoder(model, src, lengths), lengths.tolist(), beam, target_len, vocab)
 
 
-def best_of(fn: Callable[[], None], repeats: int) -> float:
+def best_of(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up: first-run allocations and kernel selection
     times = []
     for _ in range(repeats):

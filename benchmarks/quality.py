@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from export.corpus import read_tsv
-from export.evaluate import score
+from export.scoring import score
 from service.beam import SearchOptions
 from service.config import RuntimeConfig
 from service.engine import Engine

@@ -8,6 +8,10 @@ figures can be split into the engine's capacity and what the network layer and t
 take. Each policy runs in the same process on the same engine, one after the other; users submit
 their next request as soon as the previous one completes (no think time), with the request kinds
 and weights of `loadtest/workload.py`.
+
+It also prints the host↔device bytes per decoder step from the model's transfer ledger
+(`service/transfers.py`): everything the runtime copied during the run (encoder outputs, joining
+rows, tokens, top-k, attention) divided by the steps taken, and the part of it per reason.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ class ClosedLoopUser:
         sentences = (
             [self.rng.choice(pool)] if kind.texts == 1 else self.rng.choices(pool, k=kind.texts)
         )
-        options = SearchOptions(beam_size=kind.beam, max_len_a=2.0, max_len_b=10)
+        options = SearchOptions(beam_size=kind.beam, max_length_a=2.0, max_length_b=10)
         started = time.monotonic()
 
         def on_done(results: list[Translation] | None, error: Exception | None) -> None:
@@ -92,7 +96,9 @@ def run_policy(
     seconds: float,
     pools: dict[str, list[Prepared]],
 ) -> dict[str, object]:
-    worker = Worker(engine, BatchingConfig(policy=policy), Metrics())  # type: ignore[arg-type]
+    metrics = Metrics()
+    worker = Worker(engine, BatchingConfig(policy=policy), metrics)  # type: ignore[arg-type]
+    moved_before = engine.model.transfers.snapshot()
     worker.start()
     tally = Tally()
     stop_at = time.monotonic() + seconds
@@ -107,17 +113,32 @@ def run_policy(
         user.done.wait(seconds + 60)
     elapsed = time.monotonic() - started
     worker.stop(30)
+    moved = engine.model.transfers.snapshot().minus(moved_before)
+    steps = metrics.registry.get_sample_value("s2s_decoder_step_duration_seconds_count") or 0.0
     row: dict[str, object] = {
         "policy": policy,
         "sentences_per_s": tally.sentences / elapsed,
         "requests": sum(len(v) for v in tally.latencies.values()),
         "errors": tally.errors,
+        "steps": int(steps),
+        "bytes_per_step": moved.total_bytes / max(steps, 1.0),
+        "bytes_per_step_by_reason": {
+            reason: n / max(steps, 1.0) for reason, n in moved.by_reason().items()
+        },
     }
     for kind, values in sorted(tally.latencies.items()):
         row[f"{kind} p50/p99 ms"] = "{:.0f}/{:.0f}".format(
             *(1000 * np.percentile(values, [50, 99]))
         )
     return row
+
+
+def format_transfers(row: dict[str, object]) -> str:
+    """'N steps, B bytes/step (reason b, ...)': the ledger's bytes per decoder step."""
+    by_reason = row["bytes_per_step_by_reason"]
+    assert isinstance(by_reason, dict)
+    parts = ", ".join(f"{reason} {n:,.0f}" for reason, n in by_reason.items() if n)
+    return f"{row['steps']} steps, {row['bytes_per_step']:,.0f} host<->device bytes/step ({parts})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.mix} u{args.users} {row['policy']:9s}: {row['sentences_per_s']:.1f} sentences/s"
             f"{ratio}, {row['requests']} requests, {row['errors']} errors; {details}"
         )
+        print(f"  {format_transfers(row)}")
     return 0
 
 

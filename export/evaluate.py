@@ -9,7 +9,9 @@ plus an attention heatmap for one sentence; `compare` lines up several runs' BLE
         --labels attention none --out docs/eval/compare
 
 Evaluation writes metrics.json, buckets.md, bleu_by_length.png and attention_heatmap.png (not for
-attention "none" models) into --out; compare writes compare.md and bleu_by_length.png.
+attention "none" models) into --out; compare writes compare.md and bleu_by_length.png. This module
+is the command line: the scores are export/scoring.py's, the reports export/report.py's, the
+greedy decoding export/greedy.py's.
 Source length is counted in source SentencePiece tokens; decoding is greedy.
 """
 
@@ -19,301 +21,29 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import sacrebleu
 import torch
 
 from export import corpus
 from export.checkpoint import CheckpointError, load_checkpoint
-from export.data import make_batch
+from export.greedy import greedy_with_attention, translate_greedy
 from export.model import Seq2Seq
-from export.train import translate_greedy
+from export.report import (
+    BLEU_PLOT_FILE,
+    BUCKETS_FILE,
+    COMPARE_FILE,
+    HEATMAP_FILE,
+    METRICS_FILE,
+    buckets_markdown,
+    compare_markdown,
+    plot_attention,
+    plot_bleu_by_length,
+    read_metrics,
+)
+from export.scoring import DEFAULT_EDGES, EvaluationError, compute_metrics, make_buckets
 from service.tokenizer import Tokenizer, TokenizerError
-
-# Bucket upper bounds in source tokens: 1-10, 11-20, 21-30, 31-40, 41-50, 51+.
-DEFAULT_EDGES: tuple[int, ...] = (10, 20, 30, 40, 50)
-METRICS_FILE = "metrics.json"
-BUCKETS_FILE = "buckets.md"
-BLEU_PLOT_FILE = "bleu_by_length.png"
-HEATMAP_FILE = "attention_heatmap.png"
-COMPARE_FILE = "compare.md"
-
-
-class EvaluationError(ValueError):
-    """Bad evaluation input: an unreadable split, a mismatched tokenizer, an index out of range."""
-
-
-# --- length buckets ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """Source lengths lo..hi in tokens, inclusive; hi None means open-ended."""
-
-    lo: int
-    hi: int | None
-
-    @property
-    def label(self) -> str:
-        return f"{self.lo}+" if self.hi is None else f"{self.lo}-{self.hi}"
-
-
-def make_buckets(edges: Sequence[int] = DEFAULT_EDGES) -> list[Bucket]:
-    """Edges (10, 20) → buckets 1-10, 11-20, 21+."""
-    if not edges or list(edges) != sorted(set(edges)) or edges[0] < 1:
-        raise EvaluationError(
-            f"bucket edges must be increasing positive integers, got {list(edges)}"
-        )
-    los = [1, *(e + 1 for e in edges)]
-    his: list[int | None] = [*edges, None]
-    return [Bucket(lo, hi) for lo, hi in zip(los, his, strict=True)]
-
-
-def bucket_index(length: int, buckets: Sequence[Bucket]) -> int:
-    """Index of the bucket holding `length` (an empty source counts in the first bucket)."""
-    for i, b in enumerate(buckets):
-        if b.hi is None or length <= b.hi:
-            return i
-    raise AssertionError("the last bucket is open-ended")
-
-
-def beyond_train(bucket: Bucket, n_beyond: int, max_train_len: int | None) -> str | None:
-    """'all' if the whole bucket is longer than any training source, 'some' if part of it, else 'none'."""
-    if max_train_len is None:
-        return None
-    if bucket.lo > max_train_len:
-        return "all"
-    return "some" if n_beyond > 0 else "none"
-
-
-# --- scores ------------------------------------------------------------------------------------
-
-
-def score(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:
-    """Corpus BLEU and chrF (sacrebleu defaults) and exact match in %; None scores when empty."""
-    n = len(hyps)
-    if n == 0:
-        return {"n": 0, "bleu": None, "chrf": None, "exact_match": None}
-    bleu = sacrebleu.corpus_bleu(list(hyps), [list(refs)]).score
-    chrf = sacrebleu.corpus_chrf(list(hyps), [list(refs)]).score
-    exact = 100.0 * sum(h.strip() == r.strip() for h, r in zip(hyps, refs, strict=True)) / n
-    return {"n": n, "bleu": round(bleu, 2), "chrf": round(chrf, 2), "exact_match": round(exact, 2)}
-
-
-def bucket_scores(
-    lengths: Sequence[int],
-    hyps: Sequence[str],
-    refs: Sequence[str],
-    buckets: Sequence[Bucket],
-    max_train_len: int | None,
-) -> list[dict[str, Any]]:
-    """One row per bucket: its range, scores, and how much of it lies beyond the training lengths."""
-    members: list[list[int]] = [[] for _ in buckets]
-    for i, length in enumerate(lengths):
-        members[bucket_index(length, buckets)].append(i)
-    rows = []
-    for bucket, idx in zip(buckets, members, strict=True):
-        n_beyond = sum(lengths[i] > max_train_len for i in idx) if max_train_len is not None else 0
-        rows.append(
-            {
-                "label": bucket.label,
-                "lo": bucket.lo,
-                "hi": bucket.hi,
-                **score([hyps[i] for i in idx], [refs[i] for i in idx]),
-                "n_beyond_train": n_beyond if max_train_len is not None else None,
-                "beyond_train": beyond_train(bucket, n_beyond, max_train_len),
-            }
-        )
-    return rows
-
-
-def compute_metrics(
-    lengths: Sequence[int],
-    hyps: Sequence[str],
-    refs: Sequence[str],
-    buckets: Sequence[Bucket],
-    max_train_len: int | None,
-) -> dict[str, Any]:
-    """Overall scores and per-bucket scores of one system's outputs."""
-    return {
-        "overall": score(hyps, refs),
-        "max_train_source_len": max_train_len,
-        "buckets": bucket_scores(lengths, hyps, refs, buckets, max_train_len),
-    }
-
-
-# --- decoding with attention -------------------------------------------------------------------
-
-
-@torch.no_grad()
-def greedy_with_attention(
-    model: Seq2Seq, src_ids: Sequence[int], max_len: int | None = None
-) -> tuple[list[int], np.ndarray]:
-    """Greedy-decode one sentence; returns target ids (ending with EOS if produced) and weights (T_y, T_x).
-
-    Row t holds the attention used to emit target token t (all zeros for attention "none").
-    """
-    model.eval()
-    cfg = model.cfg
-    device = next(model.parameters()).device
-    batch = make_batch([(list(src_ids), [])]).to(device)  # src (1, T_x)
-    enc = model.encode(batch.src, batch.lengths)
-    max_len = max_len if max_len is not None else 2 * len(src_ids) + 10
-    token = torch.tensor([cfg.bos_id], device=device)  # (1,)
-    state = enc.state  # (1, state_dim)
-    ids: list[int] = []
-    rows: list[torch.Tensor] = []
-    for _ in range(max_len):
-        logits, state, weights = model.decode_step(token, state, enc.keys, enc.values, enc.mask)
-        token = logits.argmax(-1)  # (1,)
-        ids.append(int(token))
-        rows.append(weights[0])  # (T_x,)
-        if ids[-1] == cfg.eos_id:
-            break
-    return ids, torch.stack(rows).cpu().numpy()  # (T_y, T_x)
-
-
-# --- markdown ----------------------------------------------------------------------------------
-
-
-def _fmt(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}"
-
-
-def _beyond_mark(row: dict[str, Any]) -> str:
-    mark = row.get("beyond_train")
-    if mark == "all":
-        return "all"
-    if mark == "some":
-        return f"{row['n_beyond_train']} of {row['n']}"
-    return ""
-
-
-def buckets_markdown(metrics: dict[str, Any], title: str) -> str:
-    """A markdown table of one run: BLEU, chrF and exact match per source-length bucket."""
-    has_train = metrics.get("max_train_source_len") is not None
-    head = ["source tokens", "sentences", "BLEU", "chrF", "exact match %"]
-    head += ["beyond train"] if has_train else []
-    lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in [*metrics["buckets"], {**metrics["overall"], "label": "**all**"}]:
-        cells = [
-            row["label"],
-            str(row["n"]),
-            _fmt(row["bleu"]),
-            _fmt(row["chrf"]),
-            _fmt(row["exact_match"]),
-        ]
-        cells += [_beyond_mark(row)] if has_train else []
-        lines.append("| " + " | ".join(cells) + " |")
-    if has_train:
-        lines += ["", f"Longest training source: {metrics['max_train_source_len']} tokens."]
-    return "\n".join(lines) + "\n"
-
-
-def compare_markdown(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """A markdown table with BLEU per bucket (rows) per run (columns), sentence counts in brackets."""
-    labels = bucket_labels(runs)
-    head = ["source tokens", *(name for name, _ in runs)]
-    lines = [
-        "## BLEU by source length",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
-    for label in labels:
-        cells = [label + _compare_mark(runs, label)]
-        for _, metrics in runs:
-            row = next((r for r in metrics["buckets"] if r["label"] == label), None)
-            cells.append("–" if row is None else f"{_fmt(row['bleu'])} ({row['n']})")
-        lines.append("| " + " | ".join(cells) + " |")
-    overall = [f"{_fmt(m['overall']['bleu'])} ({m['overall']['n']})" for _, m in runs]
-    lines.append("| **all** | " + " | ".join(overall) + " |")
-    if any(_compare_mark(runs, label) for label in labels):
-        lines += ["", "† some or all of the bucket is longer than any training source."]
-    return "\n".join(lines) + "\n"
-
-
-def bucket_labels(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Bucket labels of all runs, in first-seen order."""
-    labels: list[str] = []
-    for _, metrics in runs:
-        labels += [r["label"] for r in metrics["buckets"] if r["label"] not in labels]
-    return labels
-
-
-def _compare_mark(runs: Sequence[tuple[str, dict[str, Any]]], label: str) -> str:
-    beyond = any(
-        r["label"] == label and r.get("beyond_train") in ("all", "some")
-        for _, m in runs
-        for r in m["buckets"]
-    )
-    return " †" if beyond else ""
-
-
-# --- plots (matplotlib, Agg backend) -----------------------------------------------------------
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_bleu_by_length(runs: Sequence[tuple[str, dict[str, Any]]], path: Path, title: str) -> None:
-    """One line per run: BLEU against source-length bucket; empty buckets are left out."""
-    plt = _pyplot()
-    labels = bucket_labels(runs)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name, metrics in runs:
-        by_label = {r["label"]: r["bleu"] for r in metrics["buckets"] if r["bleu"] is not None}
-        xs = [i for i, label in enumerate(labels) if label in by_label]
-        ax.plot(xs, [by_label[labels[i]] for i in xs], marker="o", label=name)
-    beyond = [i for i, label in enumerate(labels) if _compare_mark(runs, label)]
-    for i in beyond:
-        ax.axvspan(i - 0.5, i + 0.5, color="0.9", zorder=0)
-    ax.set_xticks(range(len(labels)), labels)
-    ax.set_xlim(-0.5, len(labels) - 0.5)
-    ax.set_ylim(0, 100)
-    shaded = "; shaded: holds sources longer than any in training" if beyond else ""
-    ax.set_xlabel("source length (tokens)" + shaded)
-    ax.set_ylabel("BLEU")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_attention(
-    weights: np.ndarray,
-    src_pieces: Sequence[str],
-    tgt_pieces: Sequence[str],
-    path: Path,
-    title: str,
-) -> None:
-    """Heatmap of weights (T_y, T_x): source pieces on x, target pieces on y, as in Bahdanau et al."""
-    plt = _pyplot()
-    T_y, T_x = weights.shape
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * T_x + 2.0), max(3.0, 0.3 * T_y + 1.5)))
-    image = ax.imshow(weights, cmap="Blues", aspect="auto", vmin=0.0, vmax=1.0)
-    ax.set_xticks(range(T_x), list(src_pieces), rotation=90)
-    ax.set_yticks(range(T_y), list(tgt_pieces))
-    ax.set_xlabel("source pieces")
-    ax.set_ylabel("target pieces (greedy output)")
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(image, ax=ax, label="attention weight")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
 
 # --- the evaluate command ----------------------------------------------------------------------
 
@@ -471,21 +201,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
     return p
 
 
-# --- the compare command -----------------------------------------------------------------------
-
-
-def read_metrics(path: Path) -> dict[str, Any]:
-    """A metrics.json, given the file or the folder holding it."""
-    file = path / METRICS_FILE if path.is_dir() else path
-    try:
-        metrics = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise EvaluationError(f"cannot read metrics from {file}: {err}") from err
-    if not isinstance(metrics, dict) or "buckets" not in metrics or "overall" not in metrics:
-        raise EvaluationError(
-            f"{file} is not an evaluation metrics.json (expected 'overall' and 'buckets')"
-        )
-    return metrics
+# --- the compare command ---------------------------------------------------------------------
 
 
 def run_compare(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:

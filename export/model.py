@@ -26,9 +26,8 @@ class Encoded:
     """What the encoder hands the decoder, once per sentence."""
 
     values: Tensor  # (B, S, 2*He) encoder states
-    keys: (
-        Tensor  # (B, S, Dk) precomputed source-side attention projections ((B, 1, 2*He) for "none")
-    )
+    # (B, S, Dk) precomputed source-side attention projections ((B, 1, 2*He) for "none")
+    keys: Tensor
     mask: Tensor  # (B, S) bool, True on real source tokens
     state: Tensor  # (B, state_dim) initial packed decoder state
 
@@ -89,9 +88,7 @@ class Attention(nn.Module):
             self.w_query = nn.Linear(H, A, bias=False)
             self.w_key = nn.Linear(D, A, bias=True)
             self.v = nn.Linear(A, 1, bias=False)
-        elif (
-            self.kind == "concat"
-        ):  # v^T tanh(W [s; h]); W split column-wise into its s and h parts
+        elif self.kind == "concat":  # v^T tanh(W [s; h]), W split by columns into s and h parts
             self.w = nn.Linear(H + D, A, bias=True)
             self.v = nn.Linear(A, 1, bias=False)
         elif self.kind == "general":  # s^T W h
@@ -126,13 +123,13 @@ class Attention(nn.Module):
         self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
         """query (B, K, H) → context (B, K, D), weights (B, K, S); padding gets exactly zero weight."""
-        scores = self.scores(query, keys).masked_fill(~mask.unsqueeze(1), float("-inf"))
-        weights = torch.softmax(scores, dim=-1)  # (B, K, S)
+        weights = masked_softmax(self.scores(query, keys), mask.unsqueeze(1))  # (B, K, S)
         return weights @ values, weights
 
 
 def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
-    """Softmax over the last axis with masked positions at exactly zero (used by tests and docs)."""
+    """Softmax over the last axis with masked positions (mask False) at exactly zero; mask
+    broadcasts against scores."""
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
 
 
@@ -227,6 +224,7 @@ class Seq2Seq(nn.Module):
                 torch.zeros_like(values[:, :, 0]).unsqueeze(1).expand(B, K, S).reshape(N, S)
             )  # no alignment
         elif self.cfg.input_feeding:  # Luong: query is the current state s_t
+            assert feed is not None  # input feeding keeps h~_{t-1} in the packed state
             s_t, rnn_state = self.rnn_step(torch.cat([emb, feed], -1), rnn_state)
             context, weights = self.attend(s_t, keys, values, mask)
             hidden = torch.tanh(self.combine(torch.cat([context, s_t], -1)))  # h~_t (N, H)
@@ -293,23 +291,36 @@ class Seq2Seq(nn.Module):
         return torch.stack(logits, dim=1)
 
     @torch.no_grad()
-    def greedy(self, src: Tensor, lengths: Tensor, max_len: int) -> list[list[int]]:
-        """Batched greedy decode (reference and dev-set evaluation); ids without BOS/EOS."""
+    def greedy_decode(self, src: Tensor, lengths: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
+        """The one greedy decoding loop (dev-set BLEU, evaluation, heatmaps, reference outputs).
+
+        Returns the tokens emitted (B, T), EOS and whatever follows it included, and the attention
+        behind each (B, T, S), zeros for attention "none"; stops once every sentence emitted EOS.
+        """
         cfg = self.cfg
         enc = self.encode(src, lengths)
         B = src.shape[0]
-        tokens = torch.full((B,), cfg.bos_id, dtype=torch.long, device=src.device)
-        state = enc.state
-        out = torch.zeros(B, 0, dtype=torch.long, device=src.device)
-        done = torch.zeros(B, dtype=torch.bool, device=src.device)
+        tokens = torch.full((B,), cfg.bos_id, dtype=torch.long, device=src.device)  # (B,)
+        state = enc.state  # (B, state_dim)
+        out: list[Tensor] = []  # T tensors (B,)
+        rows: list[Tensor] = []  # T tensors (B, S)
+        done = torch.zeros(B, dtype=torch.bool, device=src.device)  # (B,)
         for _ in range(max_len):
-            logits, state, _ = self.decode_step(tokens, state, enc.keys, enc.values, enc.mask)
+            logits, state, weights = self.decode_step(tokens, state, enc.keys, enc.values, enc.mask)
             tokens = logits.argmax(-1)  # (B,)
-            out = torch.cat([out, tokens.unsqueeze(1)], dim=1)
+            out.append(tokens)
+            rows.append(weights)
             done |= tokens == cfg.eos_id
             if bool(done.all()):
                 break
-        return [strip_eos(row, cfg.eos_id) for row in out.tolist()]
+        if not out:
+            return src.new_zeros(B, 0), enc.values.new_zeros(B, 0, src.shape[1])
+        return torch.stack(out, dim=1), torch.stack(rows, dim=1)  # (B, T), (B, T, S)
+
+    def greedy(self, src: Tensor, lengths: Tensor, max_len: int) -> list[list[int]]:
+        """Batched greedy decode; ids without BOS/EOS."""
+        tokens, _ = self.greedy_decode(src, lengths, max_len)  # (B, T)
+        return [strip_eos(row, self.cfg.eos_id) for row in tokens.tolist()]
 
 
 def gru_cell(gi: Tensor, gh: Tensor, h: Tensor) -> Tensor:

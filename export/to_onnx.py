@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -26,12 +26,14 @@ from torch import Tensor, nn
 from export.checkpoint import load_checkpoint
 from export.model import Seq2Seq
 from service import bundle as bundle_format
+from service import graph_contract as contract
 
 OPSET = 17
-ENCODER_INPUTS = ["src", "src_lengths"]
-ENCODER_OUTPUTS = ["values", "keys", "mask", "state"]
-DECODER_INPUTS = ["tokens", "state", "reorder", "values", "keys", "mask", "k"]
-DECODER_OUTPUTS = ["log_probs", "token_ids", "new_state", "attention"]
+# The graphs' input and output names, in the order of the forward() arguments: the runtime's contract.
+ENCODER_INPUTS = [port.name for port in contract.ENCODER_INPUTS]
+ENCODER_OUTPUTS = [port.name for port in contract.ENCODER_OUTPUTS]
+DECODER_INPUTS = [port.name for port in contract.DECODER_INPUTS]
+DECODER_OUTPUTS = [port.name for port in contract.DECODER_OUTPUTS]
 ENCODER_AXES = {
     "src": {0: "batch", 1: "src_len"},
     "src_lengths": {0: "batch"},
@@ -94,7 +96,8 @@ class DecoderStepGraph(nn.Module):
 def top_k_log_probs(logits: Tensor, k: Tensor | int) -> tuple[Tensor, Tensor]:
     """The k best log-softmax values and their ids, (N, k) each. (TopK on the logits minus a
     logsumexp was tried: ONNX Runtime's ReduceLogSumExp is 6x slower than its LogSoftmax.)"""
-    return torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
+    # k as a 0-d tensor stays a graph input (a Python int would be baked in); topk's stub says int
+    return torch.topk(torch.log_softmax(logits, dim=-1), cast(int, k), dim=-1)
 
 
 def example_inputs(

@@ -3,7 +3,9 @@
     s2s-train --config configs/default.toml --out runs/default
 
 Writes into --out: the corpus splits (when generated), source/target SentencePiece models,
-`best.pt` (highest dev BLEU) and `train_log.jsonl`.
+`best.pt` (highest dev BLEU) and `train_log.jsonl`. The run ends at the first limit reached
+(optim.max_steps, optim.max_minutes, optim.patience or optim.max_epochs); which one is printed, is the
+last line of `train_log.jsonl` and is `ended_by` in `summary.json` and in best.pt's metadata.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from torch import nn
 from tqdm import tqdm
 
 from export import corpus
-from export.checkpoint import save_checkpoint
-from export.data import Batch, batches, encode_pairs, make_batch
+from export.checkpoint import load_checkpoint, save_checkpoint
+from export.data import Batch, batches, encode_pairs
+from export.greedy import translate_greedy
 from export.model import Seq2Seq, count_parameters
 from export.tokenizer import train_tokenizers
 from service.architecture import PAD_ID, ModelConfig
@@ -108,26 +111,6 @@ def prepare_corpus(cfg: DataConfig, out: Path) -> dict[str, list[tuple[str, str]
     }
 
 
-def translate_greedy(
-    model: Seq2Seq,
-    sources: list[list[int]],
-    tgt_tok: Tokenizer,
-    device: torch.device,
-    batch_size: int = 200,
-) -> list[str]:
-    """Greedy-decode id lists in batches, sorted by length for speed; outputs in input order."""
-    model.eval()
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    out: list[str] = [""] * len(sources)
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        batch = make_batch([(sources[i], []) for i in idx]).to(device)
-        max_len = int(batch.lengths.max()) * 2 + 10
-        for i, ids in zip(idx, model.greedy(batch.src, batch.lengths, max_len), strict=True):
-            out[i] = tgt_tok.decode(ids)
-    return out
-
-
 def dev_bleu(
     model: Seq2Seq,
     pairs: list[tuple[str, str]],
@@ -150,6 +133,30 @@ def train_step(
     nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
     return loss.item()
+
+
+def budget_spent(o: OptimConfig, step: int, minutes: float) -> str | None:
+    """Which training budget is spent after `step` steps and `minutes` minutes: "max_steps",
+    "max_minutes" (a wall-clock safety stop that can cut a run short of its max_steps), or None.
+    The step budget wins a tie, since it is the one that makes a run reproducible."""
+    if step == o.max_steps:
+        return "max_steps"
+    if minutes >= o.max_minutes:
+        return "max_minutes"
+    return None
+
+
+def describe_end(o: OptimConfig, ended_by: str, step: int, minutes: float) -> str:
+    """One line saying which limit ended the run, and what to change when it was not the one asked for."""
+    line = f"training ended by {ended_by} at step {step} after {minutes:.2f} min"
+    if ended_by == "max_minutes" and o.max_steps:
+        return (
+            f"{line}: max_minutes ({o.max_minutes:g}) ran out before max_steps ({o.max_steps}); "
+            "raise --max-minutes (optim.max_minutes) to train for the full step budget"
+        )
+    if ended_by == "patience":
+        return f"{line}: no dev-BLEU gain in {o.patience} evaluations (optim.patience)"
+    return line
 
 
 def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
@@ -204,7 +211,7 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
             group["lr"] = max(group["lr"] * o.lr_decay, o.min_lr)
         return stale >= o.patience
 
-    stop = False
+    stop, ended_by = False, "max_epochs"
     for epoch in range(o.max_epochs):
         bar = tqdm(
             list(batches(train_examples, o.max_tokens, rng)),
@@ -220,9 +227,10 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
             bar.set_postfix(
                 loss=f"{loss:.3f}", tok_s=f"{batch.n_target_tokens / (time.monotonic() - tick):.0f}"
             )
-            out_of_time = (time.monotonic() - started) / 60 >= o.max_minutes or step == o.max_steps
-            if step % o.eval_every == 0 or out_of_time:
-                stop = evaluate_and_checkpoint() or out_of_time
+            spent = budget_spent(o, step, (time.monotonic() - started) / 60)
+            if step % o.eval_every == 0 or spent:
+                stop = evaluate_and_checkpoint() or spent is not None
+                ended_by = spent or ("patience" if stop else ended_by)
             if stop:
                 break
         if stop:
@@ -230,10 +238,24 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
     else:
         if last_eval != step:
             evaluate_and_checkpoint()
+    minutes = (time.monotonic() - started) / 60
+    end = {"step": step, "ended_by": ended_by, "minutes": round(minutes, 2)}
+    with log_path.open("a") as f:
+        f.write(json.dumps(end) + "\n")
+    if not quiet:
+        tqdm.write(describe_end(o, ended_by, step, minutes))
+    if (
+        out / "best.pt"
+    ).is_file():  # the checkpoint says how its run ended (it may predate the end)
+        best_model, meta = load_checkpoint(out / "best.pt")
+        save_checkpoint(
+            out / "best.pt", best_model, {**meta, "ended_by": ended_by, "last_step": step}
+        )
     summary = {
         "best_dev_bleu": round(best, 2),
         "steps": step,
-        "minutes": round((time.monotonic() - started) / 60, 2),
+        "ended_by": ended_by,
+        "minutes": round(minutes, 2),
         "parameters": count_parameters(model),
         "checkpoint": str(out / "best.pt"),
     }

@@ -46,7 +46,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest import prom, run, workload
+from loadtest import harness, prom, run, workload
 
 MAX_USERS = 256
 MAX_DURATION_S = 30 * 60
@@ -114,7 +114,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     try:
-        args.duration_s = run.parse_duration(args.duration)
+        args.duration_s = harness.parse_duration(args.duration)
     except ValueError as err:
         p.error(str(err))
     if not 1 <= args.users <= MAX_USERS:
@@ -131,7 +131,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--settle-s must be shorter than --duration")
     if args.out is None:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        args.out = run.REPO / "runs" / "soak" / f"{stamp}-u{args.users}-{args.duration_s:g}s"
+        args.out = harness.REPO / "runs" / "soak" / f"{stamp}-u{args.users}-{args.duration_s:g}s"
     # the same run as loadtest.run's, for its locust runner and summary (bounds checked above)
     load = [
         *("--users", str(args.users), "--duration", f"{args.duration_s:g}"),
@@ -391,25 +391,25 @@ def soak(args: argparse.Namespace) -> SoakReport:
     out.mkdir(parents=True, exist_ok=True)
     load = args.load
     bundle = str(Path(args.bundle).resolve()) if Path(args.bundle).exists() else args.bundle
-    server = run.LocalServer.start(bundle, args.policy, out, args.ready_timeout_s)
+    server = harness.LocalServer.start(bundle, args.policy, out, args.ready_timeout_s)
     status: int | None = None
     try:
-        info = run.server_info(server.target)
+        info = harness.server_info(server.target)
         before = scrape_series(server.metrics_url)
-        run.scrape(server.metrics_url, out / "metrics-before.txt")
+        harness.scrape(server.metrics_url, out / "metrics-before.txt")
         sampler = Sampler(server.process.pid, server.metrics_url, args.sample_s, out / "rss.csv")
         sampler.start()
         try:
-            run.run_locust(load, server.target, out)
+            harness.run_locust(load, server.target, out)
         finally:
             samples = sampler.stop()
         gauges = wait_drained(server.metrics_url)
         after = scrape_series(server.metrics_url)
-        after_text = run.scrape(server.metrics_url, out / "metrics.txt")
+        after_text = harness.scrape(server.metrics_url, out / "metrics.txt")
     finally:
         status = server.stop()
-    rows = run.read_stats(out / f"{run.CSV_PREFIX}_stats.csv")
-    total = rows[run.AGGREGATED]
+    rows = harness.read_stats(out / f"{harness.CSV_PREFIX}_stats.csv")
+    total = rows[harness.AGGREGATED]
     histogram = None
     before_text = (
         (out / "metrics-before.txt").read_text() if (out / "metrics-before.txt").is_file() else None
@@ -471,16 +471,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if importlib.util.find_spec("locust") is None:
         print("error: locust is not installed: pip install -e '.[loadtest]'", file=sys.stderr)
-        return run.EXIT_USAGE
+        return harness.EXIT_USAGE
     try:
         report = soak(args)
-    except run.RunFailed as err:
+    except harness.RunFailed as err:
         print(f"error: {err}", file=sys.stderr)
-        return run.EXIT_FAILED
+        return harness.EXIT_FAILED
     print(report.line)
     print(f"  {report.summary_line}")
     print(f"  results in {args.out}")
-    return run.EXIT_OK if report.passed else run.EXIT_SLO
+    return harness.EXIT_OK if report.passed else harness.EXIT_SLO
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ token's attention over the source (rows sum to 1). Pure numpy and string ops.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 WORD_START = "\u2581"  # SentencePiece's "▁": the piece begins a new word
@@ -37,9 +39,22 @@ def pharaoh(matrix: np.ndarray) -> str:
 
 
 def word_index(pieces: list[str]) -> np.ndarray:
-    """(P,) int64: the word of each piece; a "▁" piece, or the first piece, begins a word."""
-    starts = [i == 0 or piece.startswith(WORD_START) for i, piece in enumerate(pieces)]
-    return np.cumsum(np.array(starts, dtype=np.int64)) - 1  # (P,)
+    """(P,) int64: the word of each piece; a "▁" piece, or the first piece, begins a word.
+
+    A piece with no text of its own (a bare "▁", which a beam can emit before "▁soixante") is no
+    word: it joins the word after it, or the word before it at the end. Otherwise the word rows
+    would outnumber the words of the detokenized text (`['', 'soixante', ...]`).
+    """
+    index = np.zeros(len(pieces), dtype=np.int64)  # (P,)
+    word, has_text = 0, False  # the current word, and whether a piece with text is in it yet
+    for i, piece in enumerate(pieces):
+        if piece.startswith(WORD_START) and has_text:
+            word, has_text = word + 1, False
+        index[i] = word
+        has_text = has_text or bool(piece.replace(WORD_START, ""))
+    if len(pieces) and not has_text and word > 0:
+        index[index == word] = word - 1  # trailing pieces without text join the last word
+    return index
 
 
 def _words(pieces: list[str], index: np.ndarray) -> list[str]:
@@ -107,3 +122,13 @@ def render_text_heatmap(
         for label, row in zip(tgt, levels.tolist(), strict=True)
     ]
     return "\n".join(line.rstrip() for line in header + body)
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """One hypothesis's alignment, as the engine returns it and the client receives it."""
+
+    matrix: np.ndarray  # (T_y, T_x): row t is target token t's attention over the source tokens
+    source_tokens: list[str]
+    target_tokens: list[str]
+    pharaoh: str  # hard alignment "src-tgt ..." (argmax per target token)

@@ -19,12 +19,13 @@ enough non-EOS candidates even when every slot's best token is EOS.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import numpy as np
+
+from service.options import SearchOptions
 
 COVERAGE_FLOOR = 1e-6  # coverage is clipped to [COVERAGE_FLOOR, 1] before the log: no log 0
 
@@ -59,68 +60,6 @@ class Decoder(Protocol):
         """keep (B',) int64: sentence indices (into the current B sentences) that stay, in order.
         Drops encoder rows of finished sentences."""
         ...
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """How one sentence is decoded; checked when made.
-
-    The maximum target length (decoder steps) is min(max_len_cap, int(max_len_a * src_len +
-    max_len_b)), at least 1. length_penalty is GNMT's α, coverage_penalty GNMT's β.
-    """
-
-    beam_size: int = 5
-    n_best: int = 1
-    max_len_a: float = 2.0
-    max_len_b: int = 10
-    max_len_cap: int = 256
-    length_penalty: float = 0.0
-    coverage_penalty: float = 0.0
-    return_attention: bool = False
-
-    def __post_init__(self) -> None:
-        problems = self.problems()
-        if problems:
-            raise ValueError("invalid search options: " + "; ".join(problems))
-
-    def problems(self) -> list[str]:
-        """Every reason these options are invalid (empty when they are fine)."""
-        out: list[str] = []
-        if not _is_int(self.beam_size) or self.beam_size < 1:
-            out.append(f"beam_size must be an integer >= 1, got {self.beam_size!r}")
-        if not _is_int(self.n_best) or self.n_best < 1:
-            out.append(f"n_best must be an integer >= 1, got {self.n_best!r}")
-        elif _is_int(self.beam_size) and self.n_best > self.beam_size:
-            out.append(f"n_best ({self.n_best}) must not exceed beam_size ({self.beam_size})")
-        if not _is_number(self.max_len_a) or self.max_len_a < 0:
-            out.append(f"max_len_a must be a finite number >= 0, got {self.max_len_a!r}")
-        if not _is_int(self.max_len_b):
-            out.append(f"max_len_b must be an integer, got {self.max_len_b!r}")
-        if not _is_int(self.max_len_cap) or self.max_len_cap < 1:
-            out.append(f"max_len_cap must be an integer >= 1, got {self.max_len_cap!r}")
-        if not _is_number(self.length_penalty) or self.length_penalty < 0:
-            out.append(
-                f"length_penalty (alpha) must be a finite number >= 0, got {self.length_penalty!r}"
-            )
-        if not _is_number(self.coverage_penalty) or self.coverage_penalty < 0:
-            out.append(
-                f"coverage_penalty (beta) must be a finite number >= 0, got {self.coverage_penalty!r}"
-            )
-        if not isinstance(self.return_attention, bool):
-            out.append(f"return_attention must be a bool, got {self.return_attention!r}")
-        return out
-
-    def max_len(self, src_len: int) -> int:
-        """The most decoder steps for a source of src_len tokens."""
-        return max(1, min(self.max_len_cap, int(self.max_len_a * src_len + self.max_len_b)))
 
 
 def length_penalty(steps: int, alpha: float) -> float:
@@ -438,8 +377,9 @@ class BeamSearch:
         if vocab_size is not None and vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
         self._decoder = decoder
-        self._K = beam_size
-        self._k = beam_size + 1 if vocab_size is None else min(beam_size + 1, vocab_size)
+        self._beam_size = beam_size
+        # tokens asked of the decoder per slot: K + 1 leaves K non-EOS ones even if one is EOS
+        self._candidates = beam_size + 1 if vocab_size is None else min(beam_size + 1, vocab_size)
         self._bos_id = bos_id
         self._eos_id = eos_id
         self._narrow_on_eos = narrow_on_eos
@@ -450,7 +390,7 @@ class BeamSearch:
 
     @property
     def beam_size(self) -> int:
-        return self._K
+        return self._beam_size
 
     @property
     def sentence_ids(self) -> list[Hashable]:
@@ -471,9 +411,9 @@ class BeamSearch:
 
         options.beam_size may be below the batch's K: the extra slots stay dead.
         """
-        if options.beam_size > self._K:
+        if options.beam_size > self._beam_size:
             raise ValueError(
-                f"sentence beam_size {options.beam_size} exceeds the batch's beam size {self._K}"
+                f"sentence beam_size {options.beam_size} exceeds the batch's beam size {self._beam_size}"
             )
         if src_len < 1:
             raise ValueError(f"src_len must be >= 1, got {src_len}")
@@ -490,17 +430,17 @@ class BeamSearch:
                 history=_History(src_len, keep_attention=options.return_attention),
             )
         )
-        self._joining.append(_Beams.start(self._K, self._bos_id, state_row, src_len))
+        self._joining.append(_Beams.start(self._beam_size, self._bos_id, state_row, src_len))
 
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         """Advance every sentence by one token; return the sentences done now with their n-best lists."""
         if not self._sentences:
             return []
         self._merge_joining()
-        B, K = len(self._sentences), self._K
+        B, K = len(self._sentences), self._beam_size
         # one decoder call for every slot of every sentence
-        out = self._decoder.step(self._beams.tokens, self._beams.parents, self._k)
-        _check_step_output(out, B * K, self._k)
+        out = self._decoder.step(self._beams.tokens, self._beams.parents, self._candidates)
+        _check_step_output(out, B * K, self._candidates)
         N, S = out.attention.shape
         # coverage of each current slot including this step's attention
         coverage = _fit_columns(self._beams.coverage, S) + out.attention  # (N, S)
@@ -530,7 +470,7 @@ class BeamSearch:
 
     def _finish_eos(self, cands: _Candidates, ends: np.ndarray, coverage: np.ndarray) -> None:
         """Finish the candidates ends (B, K*k) marks, with the coverage (N, S) of their slots."""
-        K = self._K
+        K = self._beam_size
         for b in np.flatnonzero(ends.any(axis=1)).tolist():
             sentence = self._sentences[b]
             slots = cands.slots[b, ends[b]]  # (M,)
@@ -540,7 +480,7 @@ class BeamSearch:
     def _settle(self) -> np.ndarray:
         """(B,) bool: the sentences done after this step. At its max length a sentence's live slots
         finish as they are; otherwise it is done when nothing is live or nothing live can win."""
-        B, K = len(self._sentences), self._K
+        B, K = len(self._sentences), self._beam_size
         scores = self._beams.scores.reshape(B, K)  # (B, K)
         best_live = scores.max(axis=1).tolist()  # (B,)
         done = np.zeros(B, bool)  # (B,)
@@ -580,7 +520,7 @@ class BeamSearch:
     def _drop(self, done: np.ndarray) -> None:
         """Remove the sentences done (B,) marks from the beams, the batch and the decoder."""
         self._merge_joining()
-        K = self._K
+        K = self._beam_size
         keep = compaction_order(done)  # (B',) int64
         rows = (keep[:, None] * K + np.arange(K)).reshape(-1)  # (B'*K,)
         self._beams = self._beams.select(rows)

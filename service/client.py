@@ -4,6 +4,7 @@
     echo "March 5, 2021" | python -m service.client --server localhost:50051 --align word
     python -m service.client --server dns:///s2s-headless:50051 --round-robin --json --nbest 3 "..."
     python -m service.client --server s2s.example:443 --tls-ca ca.pem --tls-cert me.pem --tls-key me.key "..."
+    python -m service.client --server localhost:50051 --list-services --model-info
 
 `TranslatorClient` hides protobuf: it returns `ClientTranslation` dataclasses with numpy alignment
 matrices. gRPC failures propagate as `grpc.RpcError` (use `.code()` and `.details()`); the CLI prints
@@ -16,135 +17,34 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import grpc
-import numpy as np
-from google.protobuf import json_format
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
 
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.alignment import render_text_heatmap
 from service.heatmap import save_heatmap_png
+from service.options import add_option_flags, options_from_args
+from service.protocol import (
+    ClientAlignment,
+    ClientHypothesis,
+    ClientTranslation,
+    decoding_options_to_pb,
+    model_info_from_pb,
+    translation_from_pb,
+)
 from service.render import translation_to_json
+
+__all__ = ["ClientAlignment", "ClientHypothesis", "ClientTranslation", "TranslatorClient"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 ROUND_ROBIN_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
-ALIGNMENT_MODES: dict[str, pb.AlignmentMode] = {
-    "none": pb.ALIGNMENT_MODE_NONE,
-    "subword": pb.ALIGNMENT_MODE_SUBWORD,
-    "word": pb.ALIGNMENT_MODE_WORD,
-}
-
-
-# --- plain results ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClientAlignment:
-    matrix: np.ndarray  # (rows, cols) float32: row t is target token t's attention over the source
-    source_tokens: list[str]
-    target_tokens: list[str]
-    pharaoh: str  # hard alignment "src-tgt ..." (argmax per target token)
-
-
-@dataclass(frozen=True)
-class ClientHypothesis:
-    text: str
-    tokens: list[str]
-    score: float  # normalized score that ranks the n-best list
-    log_prob: float  # sum of token log-probabilities
-    finished: bool  # False when cut at the maximum length
-    alignment: ClientAlignment | None  # None unless asked for (and the model has attention)
-
-
-@dataclass(frozen=True)
-class ClientTranslation:
-    source: str  # the text sent
-    source_tokens: list[str]
-    hypotheses: list[ClientHypothesis]  # best first
-
-    @property
-    def best(self) -> ClientHypothesis:
-        return self.hypotheses[0]
-
-
-# --- protobuf <-> plain converters ------------------------------------------------------------
-
-
-def decoding_options_to_pb(
-    *,
-    beam_size: int | None = None,
-    n_best: int | None = None,
-    max_length: int | None = None,
-    length_penalty: float | None = None,
-    coverage_penalty: float | None = None,
-    alignment: str = "none",
-) -> pb.DecodingOptions:
-    """DecodingOptions with only the given fields set (unset = the server's default)."""
-    if alignment not in ALIGNMENT_MODES:
-        raise ValueError(f"alignment must be one of {tuple(ALIGNMENT_MODES)}, got {alignment!r}")
-    options = pb.DecodingOptions(alignment=ALIGNMENT_MODES[alignment])
-    if beam_size is not None:
-        options.beam_size = beam_size
-    if n_best is not None:
-        options.n_best = n_best
-    if max_length is not None:
-        options.max_length = max_length
-    if length_penalty is not None:
-        options.length_penalty = length_penalty
-    if coverage_penalty is not None:
-        options.coverage_penalty = coverage_penalty
-    return options
-
-
-def alignment_from_pb(message: pb.Alignment) -> ClientAlignment | None:
-    """The packed row-major weights as a (rows, cols) matrix; None for an empty alignment."""
-    rows, cols = message.rows, message.cols
-    if rows == 0 or cols == 0:
-        return None
-    if len(message.weights) != rows * cols:
-        raise ValueError(f"alignment has {len(message.weights)} weights, expected {rows} x {cols}")
-    matrix = np.asarray(message.weights, dtype=np.float32).reshape(rows, cols)  # (rows, cols)
-    return ClientAlignment(
-        matrix=matrix,
-        source_tokens=list(message.source_tokens),
-        target_tokens=list(message.target_tokens),
-        pharaoh=message.pharaoh,
-    )
-
-
-def hypothesis_from_pb(message: pb.Hypothesis) -> ClientHypothesis:
-    alignment = alignment_from_pb(message.alignment) if message.HasField("alignment") else None
-    return ClientHypothesis(
-        text=message.text,
-        tokens=list(message.tokens),
-        score=message.score,
-        log_prob=message.log_prob,
-        finished=message.finished,
-        alignment=alignment,
-    )
-
-
-def translation_from_pb(message: pb.Translation, source: str = "") -> ClientTranslation:
-    return ClientTranslation(
-        source=source,
-        source_tokens=list(message.source_tokens),
-        hypotheses=[hypothesis_from_pb(h) for h in message.hypotheses],
-    )
-
-
-def model_info_from_pb(message: pb.ModelInfo) -> dict[str, Any]:
-    """ModelInfo as a dict with proto field names; `architecture_json` also parsed as `architecture`."""
-    info = json_format.MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    if message.architecture_json:
-        info["architecture"] = json.loads(message.architecture_json)
-    return info
 
 
 # --- the client -------------------------------------------------------------------------------
@@ -177,9 +77,7 @@ def channel_options(max_message_bytes: int, round_robin: bool) -> list[tuple[str
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
     ]
-    if (
-        round_robin
-    ):  # spread calls over every address the resolver returns (dns:/// + headless service)
+    if round_robin:  # spread calls over every address the resolver returns (dns:/// + headless)
         options.append(("grpc.service_config", ROUND_ROBIN_SERVICE_CONFIG))
     return options
 
@@ -212,29 +110,24 @@ class TranslatorClient:
         self,
         texts: Sequence[str],
         *,
-        beam_size: int | None = None,
-        n_best: int | None = None,
-        max_length: int | None = None,
-        length_penalty: float | None = None,
-        coverage_penalty: float | None = None,
         alignment: str = "none",
         timeout: float | None = None,
         request_id: str = "",
+        **options: float | None,
     ) -> list[ClientTranslation]:
-        """One translation per text, in order. Unset options take the server's defaults.
+        """One translation per text, in order.
 
-        alignment is "none", "subword" or "word"; timeout (seconds) defaults to the client's.
-        Raises grpc.RpcError (e.g. INVALID_ARGUMENT, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED).
+        options are the decoding options by name (service/options.py: beam_size, n_best,
+        max_length, max_length_a, max_length_b, length_penalty, coverage_penalty); unset or None
+        ones take the server's defaults. alignment is "none", "subword" or "word"; timeout
+        (seconds) defaults to the client's. Raises grpc.RpcError (e.g. INVALID_ARGUMENT,
+        RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED), TypeError for an unknown option name.
         """
-        options = decoding_options_to_pb(
-            beam_size=beam_size,
-            n_best=n_best,
-            max_length=max_length,
-            length_penalty=length_penalty,
-            coverage_penalty=coverage_penalty,
-            alignment=alignment,
+        request = pb.TranslateRequest(
+            texts=list(texts),
+            options=decoding_options_to_pb(alignment, **options),
+            request_id=request_id,
         )
-        request = pb.TranslateRequest(texts=list(texts), options=options, request_id=request_id)
         response = self._stub.Translate(
             request, timeout=self.timeout if timeout is None else timeout
         )
@@ -252,6 +145,11 @@ class TranslatorClient:
             pb.ModelInfoRequest(), timeout=self.timeout if timeout is None else timeout
         )
         return model_info_from_pb(info)
+
+    def list_services(self) -> list[str]:
+        """The services the server offers, through its reflection service (what `grpcurl list`
+        shows). Raises grpc.RpcError UNIMPLEMENTED when the server runs with --no-reflection."""
+        return sorted(ProtoReflectionDescriptorDatabase(self.channel).get_services())
 
     def close(self) -> None:
         self.channel.close()
@@ -281,11 +179,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "texts", nargs="*", metavar="TEXT", help="texts to translate (default: one per stdin line)"
     )
     p.add_argument("--server", default="localhost:50051", help="gRPC target (default: %(default)s)")
-    p.add_argument("--beam", type=int, help="beam size (1 = greedy; default: the server's)")
-    p.add_argument("--nbest", type=int, help="hypotheses per text (default: the server's)")
-    p.add_argument("--max-length", type=int, help="maximum target tokens")
-    p.add_argument("--length-penalty", type=float, help="GNMT alpha")
-    p.add_argument("--coverage-penalty", type=float, help="GNMT beta")
+    add_option_flags(p, None)  # unset: the server's defaults
     p.add_argument(
         "--align",
         choices=("subword", "word"),
@@ -302,6 +196,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--round-robin",
         action="store_true",
         help="balance over every resolved address (dns:///...)",
+    )
+    p.add_argument(
+        "--list-services",
+        action="store_true",
+        help="print the server's services (by reflection) and exit, like `grpcurl list`",
+    )
+    p.add_argument(
+        "--model-info", action="store_true", help="print the served model's info as JSON and exit"
     )
     p.add_argument("--tls-ca", help="PEM root certificate(s) that verify the server (enables TLS)")
     p.add_argument("--tls-cert", help="PEM client certificate for mutual TLS (with --tls-key)")
@@ -351,25 +253,31 @@ def save_first_heatmap(translations: list[ClientTranslation], path: Path) -> Pat
     return save_heatmap_png(a.matrix, a.source_tokens, a.target_tokens, path, title=first.text)
 
 
+def describe(client: TranslatorClient, args: argparse.Namespace) -> None:
+    """--list-services and --model-info: what a server offers, without translating."""
+    if args.list_services:
+        print("\n".join(client.list_services()))
+    if args.model_info:
+        print(json.dumps(client.model_info(), indent=2, ensure_ascii=False))
+
+
 def run(args: argparse.Namespace) -> int:
+    client_options = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    if args.list_services or args.model_info:
+        with TranslatorClient(args.server, timeout=args.timeout, **client_options) as client:
+            describe(client, args)
+        return 0
     texts = read_texts(args)
     if not texts:
         print(
             "error: no texts to translate (give TEXT arguments or lines on stdin)", file=sys.stderr
         )
         return 2
-    client_options = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
     with TranslatorClient(
         args.server, timeout=args.timeout, round_robin=args.round_robin, **client_options
     ) as client:
         translations = client.translate(
-            texts,
-            beam_size=args.beam,
-            n_best=args.nbest,
-            max_length=args.max_length,
-            length_penalty=args.length_penalty,
-            coverage_penalty=args.coverage_penalty,
-            alignment=alignment_mode(args),
+            texts, alignment=alignment_mode(args), **options_from_args(args)
         )
     for t in translations:
         print(format_translation(t, args))

@@ -1,7 +1,9 @@
 """Typed configuration, one dataclass per concern, validated when built.
 
 Values come from command-line flags and environment variables (`S2S_*`), read once at start-up by
-`from_env_and_args`; no other module reads the environment.
+`load_settings`. The server reads the environment nowhere else; service/healthcheck.py, a separate
+probe process, reads S2S_PORT itself for its default target. The decoding defaults are a
+`SearchOptions` (service/options.py declares the options): flags `--default-<option>`.
 """
 
 from __future__ import annotations
@@ -9,31 +11,68 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from service.options import SearchOptions
 from service.scheduler import BatchingConfig
+
+CUDA_ARENA_EXTEND: tuple[str, ...] = ("kSameAsRequested", "kNextPowerOfTwo")
+
+
+def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
+    """A settable field with its --help text (and its choices, if it has a fixed set)."""
+    return field(default=default, metadata={"help": help, "choices": choices})
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     """ONNX Runtime: which execution providers, which device, how many threads."""
 
-    providers: tuple[str, ...] = ("CUDAExecutionProvider", "CPUExecutionProvider")
-    device_id: int = 0
-    intra_op_threads: int = 0  # decoder-step session; 0 = onnxruntime's default (one per core)
+    providers: tuple[str, ...] = setting(
+        ("CUDAExecutionProvider", "CPUExecutionProvider"),
+        "ONNX Runtime execution providers, comma-separated, in order of preference "
+        "(those not installed are skipped)",
+    )
+    device_id: int = setting(0, "the GPU used by the CUDA provider")
+    intra_op_threads: int = setting(
+        0, "threads of the decoder-step session; 0 = ONNX Runtime's default (one per core)"
+    )
     # The encoder session runs beside the decoder's (service/encode_ahead.py), so by default it
-    # takes one thread rather than competing for every core; 0 = onnxruntime's default.
-    encoder_threads: int = 1
-    inter_op_threads: int = 0
-    int8_decoder: bool = False
+    # takes one thread rather than competing for every core.
+    encoder_threads: int = setting(
+        1, "threads of the encoder session, which runs beside the decoder's; 0 = one per core"
+    )
+    inter_op_threads: int = setting(0, "ONNX Runtime inter-op threads; 0 = its default")
+    int8_decoder: bool = setting(False, "use the bundle's int8-quantized decoder-step graph")
     # ONNX Runtime's intra-op threads spin while waiting for work by default: good for a dedicated
     # core, bad when the gRPC loop and the search share the cores with them. Off unless asked for.
-    spin_wait: bool = False
+    spin_wait: bool = setting(
+        False, "let ONNX Runtime's threads spin while idle (only with cores to spare)"
+    )
+    # CUDA execution provider (service/runtime.py's cuda_provider_options says why each is set so).
+    cuda_arena_extend: str = setting(
+        "kSameAsRequested",
+        "how the CUDA memory arena grows: by what is requested, or to the next power of two",
+        CUDA_ARENA_EXTEND,
+    )
+    cuda_mem_limit_mb: int = setting(0, "cap on the CUDA memory arena in MiB; 0 = no cap")
+    cuda_copy_in_default_stream: bool = setting(
+        True, "host<->device copies on the compute stream (off: on a copy stream of their own)"
+    )
+    cuda_tf32: bool = setting(
+        False, "TF32 matrix products on the GPU (faster on Ampere and later, not fp32 rounding)"
+    )
 
     def __post_init__(self) -> None:
         if not self.providers:
             raise ValueError("providers must name at least one execution provider")
+        if self.cuda_arena_extend not in CUDA_ARENA_EXTEND:
+            raise ValueError(
+                f"cuda_arena_extend must be one of {CUDA_ARENA_EXTEND}, got {self.cuda_arena_extend!r}"
+            )
+        if self.cuda_mem_limit_mb < 0:
+            raise ValueError("cuda_mem_limit_mb must be >= 0 (0: no cap)")
         if (
             min(self.device_id, self.intra_op_threads, self.encoder_threads, self.inter_op_threads)
             < 0
@@ -45,47 +84,50 @@ class RuntimeConfig:
 class EngineLimits:
     """Input limits the engine enforces (the server reports them in ModelInfo)."""
 
-    max_source_tokens: int = 256
-    max_target_tokens: int = 512
-    max_beam_size: int = 16
+    max_source_tokens: int = setting(256, "the most subword tokens of one source text")
+    max_length: int = setting(512, "the most target tokens a request may ask for (max_length)")
+    max_beam_size: int = setting(16, "the largest beam a request may ask for")
 
     def __post_init__(self) -> None:
-        if min(self.max_source_tokens, self.max_target_tokens, self.max_beam_size) < 1:
+        if min(self.max_source_tokens, self.max_length, self.max_beam_size) < 1:
             raise ValueError("engine limits must be >= 1")
 
 
-@dataclass(frozen=True)
-class DecodingDefaults:
-    """What a request gets for each option it leaves unset."""
-
-    beam_size: int = 5
-    n_best: int = 1
-    max_len_a: float = 2.0
-    max_len_b: int = 10
-    max_length: int = 256
-    length_penalty: float = 0.0
-    coverage_penalty: float = 0.0
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    bundle: str = "models/default"
-    host: str = "0.0.0.0"
-    port: int = 50051
-    metrics_host: str = "0.0.0.0"
-    metrics_port: int = 9090  # 0 picks a free port; -1 disables the metrics endpoint
-    grace_s: float = 20.0  # SIGTERM: time to finish accepted requests
-    max_connection_age_s: float = (
-        300.0  # clients reconnect (and re-resolve DNS) after this; 0 = never
+    bundle: str = setting("models/default", "model bundle directory")
+    host: str = setting("0.0.0.0", "address the gRPC server listens on")
+    port: int = setting(50051, "gRPC port; 0 picks a free one")
+    metrics_host: str = setting("0.0.0.0", "address of the Prometheus /metrics endpoint")
+    metrics_port: int = setting(9090, "Prometheus port; 0 picks a free one, -1 disables metrics")
+    grace_s: float = setting(
+        20.0, "on SIGTERM, seconds to finish the accepted requests before stopping"
     )
-    max_texts: int = 64
-    max_text_chars: int = 2000
-    max_message_bytes: int = 4 * 1024 * 1024
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""  # set to require client certificates (mutual TLS)
-    log_level: str = "INFO"
-    warmup: bool = True
+    max_connection_age_s: float = setting(
+        300.0,
+        "close client connections after this many seconds (clients reconnect and re-resolve "
+        "DNS, reaching new replicas); 0 = never",
+    )
+    max_texts: int = setting(64, "the most texts in one request")
+    max_text_chars: int = setting(2000, "the most characters of one text")
+    max_message_bytes: int = setting(
+        4 * 1024 * 1024,
+        "the largest request or response in bytes; requests whose worst-case response is "
+        "larger are refused before decoding",
+    )
+    tls_cert: str = setting("", "PEM server certificate (with --tls-key; enables TLS)")
+    tls_key: str = setting("", "PEM private key of --tls-cert")
+    tls_client_ca: str = setting(
+        "", "PEM CA certificates; set, clients must present a certificate they signed (mTLS)"
+    )
+    log_level: str = setting("INFO", "logging level of the JSON log lines", LOG_LEVELS)
+    warmup: bool = setting(True, "decode a few sentences before reporting SERVING")
+    reflection: bool = setting(
+        True, "gRPC server reflection (lists the services and their schemas, as grpcurl uses)"
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535 or not -1 <= self.metrics_port <= 65535:
@@ -106,7 +148,7 @@ class Settings:
     runtime: RuntimeConfig
     limits: EngineLimits
     batching: BatchingConfig
-    decoding: DecodingDefaults
+    decoding: SearchOptions  # what a request gets for each option it leaves unset
 
 
 SECTIONS: tuple[tuple[str, type, str], ...] = (
@@ -114,13 +156,29 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
     ("runtime", RuntimeConfig, ""),
     ("limits", EngineLimits, ""),
     ("batching", BatchingConfig, ""),
-    ("decoding", DecodingDefaults, "default_"),
+    ("decoding", SearchOptions, "default_"),
 )
 ENV_PREFIX = "S2S_"
+# Settings renamed when the decoding options got one name each; the environment still takes the
+# former names (deployments set them there).
+FORMER_NAMES: dict[str, str] = {
+    "max_length": "max_target_tokens",
+    "default_max_length_a": "default_max_len_a",
+    "default_max_length_b": "default_max_len_b",
+}
 
 
-def parse_value(raw: str, default: Any, name: str) -> Any:
+def settable_fields(cls: type) -> list[Field[Any]]:
+    """The fields of a section that flags and the environment set (SearchOptions: its options)."""
+    if cls is SearchOptions:
+        return [f for f in fields(cls) if "option" in f.metadata]
+    return list(fields(cls))
+
+
+def parse_value(raw: str | bool, default: Any, name: str) -> Any:
     """A flag or environment string → the type of the field's default."""
+    if isinstance(raw, bool):  # a --NAME/--no-NAME flag
+        return raw
     try:
         if isinstance(default, bool):
             if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
@@ -133,20 +191,48 @@ def parse_value(raw: str, default: Any, name: str) -> Any:
         raise ValueError(f"{name}: cannot read {raw!r} as {type(default).__name__}") from err
 
 
+def field_help(f: Field[Any]) -> tuple[str, tuple[str, ...]]:
+    """A settable field's help text and choices, from its declaration."""
+    if "option" in f.metadata:  # a decoding option: service/options.py's spec
+        return "default for requests that leave it unset: " + f.metadata["option"].help, ()
+    return f.metadata.get("help", ""), tuple(f.metadata.get("choices", ()))
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """One flag per settable field, described by the field's declaration; booleans are
+    --NAME/--no-NAME (the environment takes true/false, 1/0, yes/no, on/off)."""
     parser = argparse.ArgumentParser(
+        prog="s2s-serve",
         description="Serve an attention seq2seq model bundle over gRPC.",
         epilog=f"Every flag can also be set by an environment variable: {ENV_PREFIX}<FLAG NAME IN CAPITALS>, "
-        f"e.g. {ENV_PREFIX}PORT=50051, {ENV_PREFIX}POLICY=iteration. Flags win over the environment.",
+        f"e.g. {ENV_PREFIX}PORT=50051, {ENV_PREFIX}POLICY=iteration, {ENV_PREFIX}WARMUP=false. "
+        "Flags win over the environment.",
     )
     for section, cls, prefix in SECTIONS:
         group = parser.add_argument_group(section)
-        for f in fields(cls):
+        for f in settable_fields(cls):
             name = prefix + f.name
             default = f.default
             shown = ",".join(default) if isinstance(default, tuple) else default
+            text, choices = field_help(f)
+            if choices:
+                text += f"; one of {', '.join(choices)}"
+            flag = "--" + name.replace("_", "-")
+            if isinstance(default, bool):
+                group.add_argument(
+                    flag,
+                    dest=name,
+                    default=None,
+                    action=argparse.BooleanOptionalAction,
+                    help=f"{text} (default: {'on' if default else 'off'})",
+                )
+                continue
             group.add_argument(
-                "--" + name.replace("_", "-"), dest=name, default=None, help=f"(default: {shown})"
+                flag,
+                dest=name,
+                default=None,
+                metavar=(name.upper() if not choices else "{" + ",".join(choices) + "}"),
+                help=f"{text} (default: {shown})",
             )
     return parser
 
@@ -160,11 +246,13 @@ def load_settings(
     built: dict[str, Any] = {}
     for section, cls, prefix in SECTIONS:
         values: dict[str, Any] = {}
-        for f in fields(cls):
+        for f in settable_fields(cls):
             name = prefix + f.name
             raw = args.get(name)
             if raw is None:
                 raw = environ.get(ENV_PREFIX + name.upper())
+            if raw is None and name in FORMER_NAMES:
+                raw = environ.get(ENV_PREFIX + FORMER_NAMES[name].upper())
             if raw is not None:
                 values[f.name] = parse_value(raw, f.default, "--" + name.replace("_", "-"))
         built[section] = cls(**values)

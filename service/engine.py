@@ -11,31 +11,23 @@ import itertools
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
 from service import alignment as align
+from service import graph_contract as contract
+from service.alignment import Alignment
 from service.beam import BeamSearch, Hypothesis, SearchOptions
-from service.bundle import Bundle, load_bundle
+from service.bundle import MANIFEST, Bundle, load_bundle
 from service.config import EngineLimits, RuntimeConfig
+from service.embedded import resolve_bundle
+from service.errors import InvalidInput
 from service.runtime import EncodedSentence, OnnxDecoder, OnnxModel
 from service.vocab import is_word_level, load_tokenizers
 
 AlignmentMode = Literal["none", "subword", "word"]
 ALIGNMENT_MODES: tuple[str, ...] = ("none", "subword", "word")
-
-
-class InvalidInput(ValueError):
-    """A request the engine refuses; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class Alignment:
-    matrix: np.ndarray  # (T_y, T_x): row t is target token t's attention over the source tokens
-    source_tokens: list[str]
-    target_tokens: list[str]
-    pharaoh: str  # hard alignment "src-tgt ..." (argmax per target token)
 
 
 @dataclass(frozen=True)
@@ -65,11 +57,14 @@ class Prepared:
     pieces: list[str]
 
 
-@dataclass(frozen=True)
-class DecodeRequest:
-    """One sentence for a running batch."""
+KeyT = TypeVar("KeyT", bound=Hashable)
 
-    key: Hashable
+
+@dataclass(frozen=True)
+class DecodeRequest(Generic[KeyT]):
+    """One sentence for a running batch, under its caller's key (the worker's: a SentenceKey)."""
+
+    key: KeyT
     sentence: Prepared
     options: SearchOptions
     alignment: AlignmentMode = "subword"
@@ -84,6 +79,9 @@ class Engine:
         self.word_level = is_word_level(self.src_tok) and is_word_level(self.tgt_tok)
         self.cfg = bundle.architecture
         self._keys = itertools.count()
+        check_loaded_bundle(bundle, model, self.src_tok, self.tgt_tok)
+        # The longest piece of either vocabulary in UTF-8 bytes: bounds a response's size up front.
+        self.max_piece_bytes = max(self.src_tok.max_piece_bytes, self.tgt_tok.max_piece_bytes)
 
     @classmethod
     def load(
@@ -92,7 +90,7 @@ class Engine:
         runtime: RuntimeConfig | None = None,
         limits: EngineLimits | None = None,
     ) -> Engine:
-        bundle = load_bundle(path)
+        bundle = load_bundle(resolve_bundle(path))
         return cls(bundle, OnnxModel(bundle, runtime or RuntimeConfig()), limits or EngineLimits())
 
     @property
@@ -120,14 +118,11 @@ class Engine:
         return Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids))
 
     def check_options(self, options: SearchOptions, alignment: str) -> None:
-        if options.beam_size > self.limits.max_beam_size:
-            raise InvalidInput(
-                f"beam_size {options.beam_size} is over the limit of {self.limits.max_beam_size}"
-            )
-        if options.max_len_cap > self.limits.max_target_tokens:
-            raise InvalidInput(
-                f"max_len_cap {options.max_len_cap} is over the limit of {self.limits.max_target_tokens}"
-            )
+        """Options within this engine's limits (service/options.py's ranges) and an alignment the
+        model can give; InvalidInput says what to change."""
+        problems = options.problems(self.limits)
+        if problems:
+            raise InvalidInput("; ".join(problems))
         if alignment not in ALIGNMENT_MODES:
             raise InvalidInput(f"alignment must be one of {ALIGNMENT_MODES}, got {alignment!r}")
         if alignment != "none" and not self.supports_alignment:
@@ -137,7 +132,7 @@ class Engine:
 
     # --- decoding -----------------------------------------------------------------------------
 
-    def new_batch(self, beam_size: int) -> RunningBatch:
+    def new_batch(self, beam_size: int) -> RunningBatch[Any]:
         return RunningBatch(self, beam_size)
 
     def translate(
@@ -152,21 +147,21 @@ class Engine:
             raise InvalidInput("no texts to translate")
         self.check_options(options, alignment)
         prepared = [self.prepare(t) for t in texts]
-        batch = self.new_batch(options.beam_size)
+        batch: RunningBatch[int] = self.new_batch(options.beam_size)
         batch.add([DecodeRequest(i, p, options, alignment) for i, p in enumerate(prepared)])
-        results: dict[Hashable, Translation] = {}
+        results: dict[int, Translation] = {}
         while len(batch):
             results.update(batch.step())
         return [results[i] for i in range(len(texts))]
 
-    def to_translation(self, request: DecodeRequest, hyps: list[Hypothesis]) -> Translation:
+    def to_translation(self, request: DecodeRequest[Any], hyps: list[Hypothesis]) -> Translation:
         return Translation(
             source=request.sentence.text,
             source_tokens=request.sentence.pieces,
             hypotheses=[self.to_hypothesis(request, h) for h in hyps],
         )
 
-    def to_hypothesis(self, request: DecodeRequest, hyp: Hypothesis) -> TranslationHypothesis:
+    def to_hypothesis(self, request: DecodeRequest[Any], hyp: Hypothesis) -> TranslationHypothesis:
         pieces = self.tgt_tok.pieces(hyp.tokens)
         return TranslationHypothesis(
             text=self.tgt_tok.decode(hyp.tokens),
@@ -184,6 +179,26 @@ class Engine:
         )
 
 
+def check_loaded_bundle(
+    bundle: Bundle, model: OnnxModel, source: Tokenizer, target: Tokenizer
+) -> None:
+    """The graphs keep the runtime's contract and the tokenizers agree with the manifest
+    (BundleError naming the file otherwise): see service/graph_contract.py."""
+    decoder_file = "decoder.int8.onnx" if model.config.int8_decoder else "decoder.onnx"
+    for role, session, name in (
+        ("encoder", model.encoder, "encoder.onnx"),
+        ("decoder", model.decoder, decoder_file),
+    ):
+        contract.check_graph(
+            bundle.file(name),
+            role,
+            session.get_inputs(),
+            session.get_outputs(),
+            bundle.architecture,
+        )
+    contract.check_vocabularies(bundle.file(MANIFEST), bundle.architecture, source, target)
+
+
 def make_alignment(
     matrix: np.ndarray | None, src_pieces: list[str], tgt_pieces: list[str], mode: AlignmentMode
 ) -> Alignment | None:
@@ -199,8 +214,9 @@ def make_alignment(
     )
 
 
-class RunningBatch:
-    """Sentences decoding together with K hypothesis slots each; sentences join and leave between steps."""
+class RunningBatch(Generic[KeyT]):
+    """Sentences decoding together with K hypothesis slots each; sentences join and leave between
+    steps. Sentences are known by their requests' keys."""
 
     def __init__(self, engine: Engine, beam_size: int) -> None:
         self.engine = engine
@@ -214,7 +230,7 @@ class RunningBatch:
             vocab_size=cfg.tgt_vocab_size,
             narrow_on_eos=cfg.toolkit != "native",  # imported models: the toolkit's beam rule
         )
-        self.requests: dict[Hashable, DecodeRequest] = {}
+        self.requests: dict[Hashable, DecodeRequest[KeyT]] = {}
 
     @property
     def beam_size(self) -> int:
@@ -228,7 +244,9 @@ class RunningBatch:
         return len(self.search) * self.search.beam_size
 
     def add(
-        self, requests: Sequence[DecodeRequest], encoded: Sequence[EncodedSentence] | None = None
+        self,
+        requests: Sequence[DecodeRequest[KeyT]],
+        encoded: Sequence[EncodedSentence] | None = None,
     ) -> None:
         """Append the joining sentences; encoded[i] belongs to requests[i] (None: encode them now,
         in one encoder call)."""
@@ -249,17 +267,12 @@ class RunningBatch:
             )
             self.requests[request.key] = request
 
-    def remove(self, keys: Collection[Hashable]) -> list[Hashable]:
+    def remove(self, keys: Collection[KeyT]) -> list[KeyT]:
         """Drop sentences mid-decode (their client went away); returns the keys that were here."""
-        removed = self.search.remove(keys)
-        for key in removed:
-            del self.requests[key]
+        removed = [self.requests.pop(key).key for key in self.search.remove(keys)]
         return removed
 
-    def step(self) -> list[tuple[Hashable, Translation]]:
+    def step(self) -> list[tuple[KeyT, Translation]]:
         """One decoder call for every hypothesis; returns the sentences that finished at this step."""
-        finished = self.search.step()
-        return [
-            (key, self.engine.to_translation(self.requests.pop(key), hyps))
-            for key, hyps in finished
-        ]
+        finished = [(self.requests.pop(key), hyps) for key, hyps in self.search.step()]
+        return [(r.key, self.engine.to_translation(r, hyps)) for r, hyps in finished]

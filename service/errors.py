@@ -1,10 +1,14 @@
-"""Every error a request can meet, and its gRPC status: the one place where errors become codes."""
+"""Every error a request can meet, as plain exceptions: no grpc here, and no engine.
+
+The transports map them to their status codes (service/server.py for gRPC), so the engine, the
+worker and the benchmarks raise and catch them without importing grpc.
+"""
 
 from __future__ import annotations
 
-import grpc
 
-from service.engine import InvalidInput
+class InvalidInput(ValueError):
+    """A request the engine refuses; the message says what to change."""
 
 
 class QueueFull(Exception):
@@ -29,39 +33,3 @@ class Cancelled(Exception):
 
 class DecodeFailed(Exception):
     """The model runtime raised while decoding; the cause is in the server log."""
-
-
-STATUS: dict[type[Exception], grpc.StatusCode] = {
-    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
-    QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ShuttingDown: grpc.StatusCode.UNAVAILABLE,
-    NotReady: grpc.StatusCode.UNAVAILABLE,
-    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
-    Cancelled: grpc.StatusCode.CANCELLED,
-    DecodeFailed: grpc.StatusCode.INTERNAL,
-}
-
-REJECT_REASON: dict[grpc.StatusCode, str] = {
-    grpc.StatusCode.INVALID_ARGUMENT: "invalid_argument",
-    grpc.StatusCode.RESOURCE_EXHAUSTED: "queue_full",
-    grpc.StatusCode.UNAVAILABLE: "shutting_down",
-    grpc.StatusCode.DEADLINE_EXCEEDED: "deadline_exceeded",
-    grpc.StatusCode.CANCELLED: "cancelled",
-    grpc.StatusCode.INTERNAL: "internal",
-}
-
-
-def reject_reason(code: grpc.StatusCode, error: Exception | None = None) -> str:
-    """The `reason` label of s2s_rejected_requests_total: by status code, but a model still loading
-    is told apart from a server shutting down (both UNAVAILABLE)."""
-    if isinstance(error, NotReady):
-        return "not_ready"
-    return REJECT_REASON.get(code, "internal")
-
-
-def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
-    """The status code and the message a client sees; unknown errors are INTERNAL without details."""
-    for cls, code in STATUS.items():
-        if isinstance(error, cls):
-            return code, str(error)
-    return grpc.StatusCode.INTERNAL, "internal error; the cause was logged by the server"

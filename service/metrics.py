@@ -9,7 +9,7 @@ the registry, and only it, on its own port.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from wsgiref.simple_server import WSGIServer
 
@@ -21,6 +21,10 @@ from prometheus_client import (
     ProcessCollector,
     start_http_server,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from service.transfers import DIRECTIONS, REASONS, TransferLedger
 
 # --- bounded label values ---------------------------------------------------------------------
 
@@ -63,6 +67,36 @@ def _check_label(kind: str, value: str, allowed: Sequence[str]) -> str:
     if value not in allowed:
         raise ValueError(f"{kind} label must be one of {tuple(allowed)}, got {value!r}")
     return value
+
+
+class TransferCollector(Collector):
+    """The models' transfer ledgers as two counters, read at scrape time (the decode loop only adds
+    to its ledger: no Prometheus call on the hot path). Every (direction, reason) series exists from
+    the start, at zero."""
+
+    def __init__(self) -> None:
+        self.ledgers: list[TransferLedger] = []
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        labels = ["direction", "reason"]
+        moved = CounterMetricFamily(
+            "s2s_device_transfer_bytes",
+            "Bytes copied between host memory and the model's device, by direction and reason.",
+            labels=labels,
+        )
+        copies = CounterMetricFamily(
+            "s2s_device_transfers",
+            "Copies between host memory and the model's device, by direction and reason.",
+            labels=labels,
+        )
+        snapshots = [ledger.snapshot() for ledger in self.ledgers]
+        for direction in DIRECTIONS:
+            for reason in REASONS:
+                key = (direction, reason)
+                moved.add_metric([direction, reason], sum(s.bytes[key] for s in snapshots))
+                copies.add_metric([direction, reason], sum(s.copies[key] for s in snapshots))
+        yield moved
+        yield copies
 
 
 class Metrics:
@@ -140,6 +174,9 @@ class Metrics:
             ["name", "version", "attention", "provider"],
             registry=r,
         )
+        # device transfers (s2s_device_transfer_bytes_total, s2s_device_transfers_total)
+        self.transfers = TransferCollector()
+        r.register(self.transfers)
         self._create_labelled_series()
 
     def _create_labelled_series(self) -> None:
@@ -192,6 +229,11 @@ class Metrics:
 
     def observe_encoder(self, seconds: float) -> None:
         self.encoder_duration.observe(seconds)
+
+    def watch_transfers(self, ledger: TransferLedger) -> None:
+        """Export a model's transfer ledger (added to any watched before; each ledger counted once)."""
+        if all(ledger is not watched for watched in self.transfers.ledgers):
+            self.transfers.ledgers.append(ledger)
 
     # --- output -------------------------------------------------------------------------------
 

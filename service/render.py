@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+DECIMALS = 4  # attention weights and scores: enough to read and plot, short in JSON
+
 
 def alignment_to_json(a: Any) -> dict[str, Any] | None:
     if a is None:
@@ -12,13 +16,14 @@ def alignment_to_json(a: Any) -> dict[str, Any] | None:
     return {
         "source_tokens": list(a.source_tokens),
         "target_tokens": list(a.target_tokens),
-        "matrix": a.matrix.round(5).tolist(),
+        # float64 before rounding: a rounded float32 prints as 0.12340000271797180
+        "matrix": np.asarray(a.matrix, dtype=np.float64).round(DECIMALS).tolist(),
         "pharaoh": a.pharaoh,
     }
 
 
 def translation_to_json(t: Any) -> dict[str, Any]:
-    """A JSON-ready dict; matrices as nested lists rounded to 5 decimals."""
+    """A JSON-ready dict; matrices as nested lists, floats rounded to DECIMALS places."""
     return {
         "source": t.source,
         "source_tokens": list(t.source_tokens),
@@ -26,8 +31,8 @@ def translation_to_json(t: Any) -> dict[str, Any]:
             {
                 "text": h.text,
                 "tokens": list(h.tokens),
-                "score": h.score,
-                "log_prob": h.log_prob,
+                "score": round(float(h.score), DECIMALS),
+                "log_prob": round(float(h.log_prob), DECIMALS),
                 "finished": h.finished,
                 "alignment": alignment_to_json(h.alignment),
             }

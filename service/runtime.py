@@ -2,11 +2,14 @@
 
 The decoder runs through IOBinding: the recurrent state and the encoder tensors are OrtValues on the
 session's device (GPU memory under the CUDA provider) and stay there between steps; only token ids and
-back-pointers go in, and only the top-k candidates and the attention row come back to the host. The same
-code runs under the CPU provider in the tests.
+back-pointers go in, and only the top-k candidates and the attention row come back to the host, into
+reusable host buffers. The same code runs under the CPU provider in the tests.
 
-Sentences joining or leaving the running batch (a batch-composition change, not a step) go through host
-numpy: cheap on the CPU, one device round trip per change on a GPU.
+Sentences joining or leaving the running batch change the device buffers in place
+(`service.device.RowOps`): a join uploads only the joining sentences' rows and initial states, a leave
+moves rows on the device, and the decoder state never leaves it. Every host↔device copy is counted
+in the model's `TransferLedger` (`service.transfers`), so the bytes per step are a tested quantity:
+O(joining sentences + hypotheses × (k + source length)), never O(batch × source length).
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import onnxruntime as ort
 
 from service.architecture import PAD_ID
 from service.beam import StepOutput
-from service.bundle import Bundle
+from service.bundle import Bundle, BundleError
 from service.config import RuntimeConfig
+from service.device import Device, RowOps
+from service.transfers import TransferLedger
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,35 @@ def resolve_providers(requested: tuple[str, ...]) -> list[str]:
     return chosen
 
 
+def cuda_provider_options(config: RuntimeConfig) -> dict[str, str]:
+    """The CUDA execution provider's options, each set on purpose (ONNX Runtime's names and values).
+
+    - device_id: the GPU the sessions and every OrtValue of the running batch live on.
+    - arena_extend_strategy kSameAsRequested: the running batch's tensors change size at almost
+      every step; the default kNextPowerOfTwo would reserve up to twice what a step needs each time
+      the arena grows.
+    - gpu_mem_limit: a cap on the arena (0 leaves ONNX Runtime's default, the whole device).
+    - do_copy_in_default_stream: host↔device copies on the compute stream (ONNX Runtime's
+      recommended setting: the copies are ordered with the kernels that read them); false gives
+      copies their own stream, which ONNX Runtime documents as faster but open to races.
+    - use_tf32: off by default, so a GPU's matrix products round like the CPU's fp32 ones and the
+      differential tests' outputs hold across devices.
+    """
+    options = {
+        "device_id": str(config.device_id),
+        "arena_extend_strategy": config.cuda_arena_extend,
+        "do_copy_in_default_stream": "1" if config.cuda_copy_in_default_stream else "0",
+        "use_tf32": "1" if config.cuda_tf32 else "0",
+    }
+    if config.cuda_mem_limit_mb:
+        options["gpu_mem_limit"] = str(config.cuda_mem_limit_mb * 1024 * 1024)
+    return options
+
+
+def provider_options(providers: Sequence[str], config: RuntimeConfig) -> list[dict[str, str]]:
+    return [cuda_provider_options(config) if p == CUDA else {} for p in providers]
+
+
 def make_session(path: str, config: RuntimeConfig, threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -51,12 +85,15 @@ def make_session(path: str, config: RuntimeConfig, threads: int) -> ort.Inferenc
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     providers = resolve_providers(config.providers)
-    provider_options = [
-        {"device_id": str(config.device_id)} if p == CUDA else {} for p in providers
-    ]
-    return ort.InferenceSession(
-        path, sess_options=options, providers=providers, provider_options=provider_options
-    )
+    try:
+        return ort.InferenceSession(
+            path,
+            sess_options=options,
+            providers=providers,
+            provider_options=provider_options(providers, config),
+        )
+    except Exception as err:  # a damaged graph fails with messages that may not name it
+        raise BundleError(f"{path}: ONNX Runtime cannot load this graph: {err}") from err
 
 
 @dataclass
@@ -88,10 +125,13 @@ class EncodedSentence:
 
 
 def split_sentences(
-    encoded: Encoded, lengths: np.ndarray, keys_follow_source: bool
+    encoded: Encoded, lengths: np.ndarray, keys_follow_source: bool, device: Device
 ) -> list[EncodedSentence]:
-    """A batch's encoder outputs → one EncodedSentence per sentence (copies: the rows outlive the batch)."""
-    values, keys, state = encoded.values.numpy(), encoded.keys.numpy(), encoded.state.numpy()
+    """A batch's encoder outputs → one EncodedSentence per sentence on the host (copies: the rows
+    outlive the batch, and wait there for their running batch, which may be on another thread)."""
+    values = device.download(encoded.values, "encoder_rows")  # (B, S, D)
+    keys = device.download(encoded.keys, "encoder_rows")  # (B, S or 1, Dk)
+    state = device.download(encoded.state, "state")  # (B, D_state)
     out = []
     for b, n in enumerate(lengths.tolist()):
         key_rows = keys[b, :n] if keys_follow_source else keys[b]
@@ -157,21 +197,21 @@ class OnnxModel:
         on_gpu = self.decoder.get_providers()[0] == CUDA
         self.device_type = "cuda" if on_gpu else "cpu"
         self.device_id = config.device_id if on_gpu else 0
+        self.transfers = TransferLedger()
+        self.device = Device(self.device_type, self.device_id, self.transfers)
+        providers = self.providers
+        self.row_ops = RowOps(self.device, providers, provider_options(providers, config))
 
     @property
     def providers(self) -> list[str]:
         return list(self.decoder.get_providers())
 
-    def to_device(self, array: np.ndarray) -> ort.OrtValue:
-        return ort.OrtValue.ortvalue_from_numpy(
-            np.ascontiguousarray(array), self.device_type, self.device_id
-        )
-
     def encode(self, src: np.ndarray, lengths: np.ndarray) -> Encoded:
         """src (B, S) int64 padded ids, lengths (B,) int64 → encoder outputs left on the device."""
         binding = self.encoder.io_binding()
-        binding.bind_cpu_input("src", np.ascontiguousarray(src, dtype=np.int64))
-        binding.bind_cpu_input("src_lengths", np.ascontiguousarray(lengths, dtype=np.int64))
+        self.device.bind_host_input(binding, "src", src.astype(np.int64, copy=False), "tokens")
+        lengths = lengths.astype(np.int64, copy=False)
+        self.device.bind_host_input(binding, "src_lengths", lengths, "tokens")
         for name in ("values", "keys", "mask", "state"):
             binding.bind_output(name, self.device_type, self.device_id)
         self.encoder.run_with_iobinding(binding)
@@ -185,7 +225,9 @@ class OnnxModel:
         out: list[EncodedSentence | None] = [None] * len(id_lists)
         for bucket in length_buckets([len(ids) for ids in id_lists]):
             src, lengths = pad_ids([id_lists[i] for i in bucket])
-            encoded = split_sentences(self.encode(src, lengths), lengths, keys_follow_source)
+            encoded = split_sentences(
+                self.encode(src, lengths), lengths, keys_follow_source, self.device
+            )
             for i, sentence in zip(bucket, encoded, strict=True):
                 out[i] = sentence
         return [s for s in out if s is not None]
@@ -195,138 +237,151 @@ class OnnxModel:
 
 
 class EncoderRows:
-    """The running batch's encoder tensors, one row per sentence, in host buffers with spare capacity.
+    """The running batch's encoder tensors, one row per sentence, in device buffers with spare capacity.
 
-    Sentences join and leave between almost every step under load, so rows are appended in place and
-    compacted in place rather than re-concatenated: a join writes only the new rows, a leave moves only
-    the rows whose place changes (the search's `compaction_order` keeps that to one per row dropped).
-    The source axis is the longest source present (shorter rows are masked) and shrinks when the
-    remaining sentences need at most half of it.
+    Sentences join and leave between almost every step under load, so rows are written and compacted
+    in place on the device (`RowOps`) rather than rebuilt on the host and uploaded: a join uploads
+    only the joining rows (at their own length; the device pads them), a leave moves only the rows
+    whose place changes (the search's `compaction_order` keeps that to one per row dropped), and
+    nothing else crosses. The source axis is the longest source present (shorter rows are masked)
+    and shrinks when the remaining sentences need at most half of it. Rows at and beyond `count`
+    hold nothing the step reads: it is bound to the leading `count` rows.
     """
 
-    def __init__(self, keys_follow_source: bool) -> None:
-        self.keys_follow_source = (
-            keys_follow_source  # False for attention "none": keys are (B, 1, D)
-        )
+    def __init__(self, ops: RowOps, keys_follow_source: bool) -> None:
+        self.ops = ops
+        self.keys_follow_source = keys_follow_source  # False for attention "none": keys (B, 1, Dk)
         self.count = 0
-        self.values: np.ndarray | None = None  # (capacity, S, D)
-        self.keys: np.ndarray | None = None  # (capacity, S or 1, Dk)
-        self.mask: np.ndarray | None = None  # (capacity, S) bool
-        self.lengths: np.ndarray | None = None  # (capacity,) int64 real source length per row
+        # values (capacity, S, D), keys (capacity, S or 1, Dk), mask (capacity, S) bool, on the device
+        self.buffers: list[ort.OrtValue] | None = None
+        self.lengths = np.zeros(0, np.int64)  # (capacity,) real source length per row, on the host
+        self.D = self.Dk = self.key_len = 0
 
-    def views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """values (B, S, D), keys (B, S or 1, Dk), mask (B, S): contiguous leading slices."""
-        assert self.values is not None and self.keys is not None and self.mask is not None
-        B = self.count
-        return self.values[:B], self.keys[:B], self.mask[:B]
+    @property
+    def capacity(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def source_len(self) -> int:
+        return 0 if self.buffers is None else int(self.buffers[2].shape()[1])
+
+    def shapes(self, rows: int, S: int | None = None) -> list[tuple[int, ...]]:
+        """The buffers' shapes over `rows` rows (and source length S, by default the current one)."""
+        S = self.source_len if S is None else S
+        key_len = S if self.keys_follow_source else self.key_len
+        return [(rows, S, self.D), (rows, key_len, self.Dk), (rows, S)]
 
     def append(self, sentences: Sequence[EncodedSentence]) -> None:
-        """Write joining sentences' rows after the current ones, straight from their own arrays."""
+        """Write joining sentences' rows after the current ones; only these rows cross to the device."""
         n, S_new = len(sentences), max(s.length for s in sentences)
         first = sentences[0]
-        if self.values is None:
-            D, Dk = first.values.shape[1], first.keys.shape[1]
-            self.allocate(max(16, 2 * n), S_new, D, first.keys.shape[0], Dk)
+        if self.buffers is None:
+            self.D, self.Dk, self.key_len = (
+                first.values.shape[1],
+                first.keys.shape[1],
+                first.keys.shape[0],
+            )
+            capacity = max(16, 2 * n)
+            self.buffers = [
+                self.ops.device.empty(shape, dtype)
+                for shape, dtype in zip(
+                    self.shapes(capacity, S_new), (np.float32, np.float32, np.bool_), strict=True
+                )
+            ]
+            self.lengths = np.zeros(capacity, np.int64)
         elif self.count + n > self.capacity or S_new > self.source_len:
-            self.resize(max(self.capacity, 2 * (self.count + n)), max(self.source_len, S_new))
-        assert (
-            self.values is not None
-            and self.keys is not None
-            and self.mask is not None
-            and self.lengths is not None
-        )
-        rows = slice(self.count, self.count + n)
-        self.values[rows] = 0.0
-        self.keys[rows] = 0.0
-        self.mask[rows] = False
-        for row, sentence in enumerate(sentences, start=self.count):
-            self.values[row, : sentence.length] = sentence.values
-            self.keys[row, : sentence.keys.shape[0]] = sentence.keys
-            self.mask[row, : sentence.length] = True
-            self.lengths[row] = sentence.length
+            self.refit(max(self.capacity, 2 * (self.count + n)), max(self.source_len, S_new))
+        assert self.buffers is not None
+        # the joining rows, zero-padded to the longest of them
+        values_shape, keys_shape, mask_shape = self.shapes(n, S_new)
+        values = np.zeros(values_shape, np.float32)  # (n, S_new, D)
+        keys = np.zeros(keys_shape, np.float32)  # (n, S_new or 1, Dk)
+        mask = np.zeros(mask_shape, np.bool_)  # (n, S_new)
+        for i, sentence in enumerate(sentences):
+            values[i, : sentence.length] = sentence.values
+            keys[i, : sentence.keys.shape[0]] = sentence.keys
+            mask[i, : sentence.length] = True
+            self.lengths[self.count + i] = sentence.length
+        self.ops.append(self.buffers, self.shapes(self.capacity), self.count, [values, keys, mask])
         self.count += n
 
     def keep(self, keep: np.ndarray) -> None:
         """Keep the rows `keep` (B',), in that order."""
         if len(keep) == 0:
             self.count = 0
-            self.values = self.keys = self.mask = self.lengths = None
+            self.buffers = None
+            self.lengths = np.zeros(0, np.int64)
             return
-        assert (
-            self.values is not None
-            and self.keys is not None
-            and self.mask is not None
-            and self.lengths is not None
-        )
+        assert self.buffers is not None
         moved = np.flatnonzero(keep != np.arange(len(keep)))  # only the rows that change place
         if len(moved):
             sources = keep[moved]
-            for buffer in (self.values, self.keys, self.mask, self.lengths):
-                buffer[moved] = buffer[sources]  # the right side is gathered before any write
+            self.ops.move(self.buffers, self.shapes(self.count), sources, moved)
+            self.lengths[moved] = self.lengths[sources]
         self.count = len(keep)
         needed = int(self.lengths[: self.count].max())
         if needed <= self.source_len // 2:
-            self.resize(self.capacity, needed)
+            self.refit(self.capacity, needed)
 
-    @property
-    def capacity(self) -> int:
-        return 0 if self.mask is None else int(self.mask.shape[0])
-
-    @property
-    def source_len(self) -> int:
-        return 0 if self.mask is None else int(self.mask.shape[1])
-
-    def allocate(self, capacity: int, S: int, D: int, key_len: int, Dk: int) -> None:
-        self.values = np.zeros((capacity, S, D), np.float32)
-        self.keys = np.zeros((capacity, S if self.keys_follow_source else key_len, Dk), np.float32)
-        self.mask = np.zeros((capacity, S), bool)
-        self.lengths = np.zeros(capacity, np.int64)
-
-    def resize(self, capacity: int, S: int) -> None:
-        """New buffers of (capacity, S, ·) holding the current rows, cut or zero-padded to S."""
-        assert (
-            self.values is not None
-            and self.keys is not None
-            and self.mask is not None
-            and self.lengths is not None
+    def refit(self, capacity: int, S: int) -> None:
+        """New device buffers of (capacity, S, ·) holding the current rows, cut or zero-padded to S."""
+        assert self.buffers is not None
+        self.buffers = self.ops.refit(
+            self.buffers, self.shapes(self.count), self.shapes(capacity, S)
         )
-        old_values, old_keys, old_mask, old_lengths = (
-            self.values,
-            self.keys,
-            self.mask,
-            self.lengths,
-        )
-        self.allocate(capacity, S, old_values.shape[2], old_keys.shape[1], old_keys.shape[2])
-        assert (
-            self.values is not None
-            and self.keys is not None
-            and self.mask is not None
-            and self.lengths is not None
-        )
-        B, S_copy = self.count, min(S, old_mask.shape[1])
-        self.values[:B, :S_copy] = old_values[:B, :S_copy]
-        key_copy = S_copy if self.keys_follow_source else old_keys.shape[1]
-        self.keys[:B, :key_copy] = old_keys[:B, :key_copy]
-        self.mask[:B, :S_copy] = old_mask[:B, :S_copy]
-        self.lengths[:B] = old_lengths[:B]
+        lengths = np.zeros(capacity, np.int64)
+        lengths[: self.count] = self.lengths[: self.count]
+        self.lengths = lengths
+
+    def bind(self, binding: ort.IOBinding) -> None:
+        """Bind the live rows as the decoder step's values (B, S, D), keys, mask (B, S) (no copy)."""
+        assert self.buffers is not None
+        for name, buffer, shape in zip(
+            ("values", "keys", "mask"), self.buffers, self.shapes(self.count), strict=True
+        ):
+            self.ops.device.bind_device_input(binding, name, buffer, shape)
+
+    def to_host(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """values (B, S, D), keys (B, S or 1, Dk), mask (B, S) copied to the host (for inspection;
+        the decode loop never calls it)."""
+        assert self.buffers is not None
+        B = self.count
+        values, keys, mask = (self.ops.device.download(b, "encoder_rows")[:B] for b in self.buffers)
+        return values, keys, mask
+
+
+class HostBuffer:
+    """A reusable host array that a step's output is copied into; grows, never shrinks."""
+
+    def __init__(self, dtype: type) -> None:
+        self.flat: np.ndarray = np.zeros(0, dtype)
+
+    def view(self, shape: tuple[int, ...]) -> np.ndarray:
+        size = math.prod(shape)
+        if size > len(self.flat):
+            self.flat = np.zeros(max(size, 2 * len(self.flat)), self.flat.dtype)
+        return self.flat[:size].reshape(shape)
 
 
 class OnnxDecoder:
     """The decoder side of one running batch; implements `service.beam.Decoder`.
 
     Holds the batch's encoder tensors (one row per sentence) and the state buffer (one row per
-    hypothesis produced by the last step, then the initial states of sentences added since).
+    hypothesis produced by the last step, then the initial states of sentences added since), both on
+    the device. The arrays of a step's StepOutput are reused by the next step: a caller that keeps
+    them across steps copies them (the beam search does not keep them).
     """
 
     def __init__(self, model: OnnxModel) -> None:
         self.model = model
-        self.rows = EncoderRows(keys_follow_source=model.bundle.architecture.attention != "none")
-        self.device_tensors: tuple[ort.OrtValue, ort.OrtValue, ort.OrtValue] | None = None
-        self.state: ort.OrtValue | None = None  # (R, D_state)
-
-    @property
-    def num_sentences(self) -> int:
-        return self.rows.count
+        self.device = model.device
+        self.rows = EncoderRows(
+            model.row_ops, keys_follow_source=model.bundle.architecture.attention != "none"
+        )
+        self.state: ort.OrtValue | None = None  # (R, D_state) on the device
+        self.log_probs = HostBuffer(np.float32)
+        self.token_ids = HostBuffer(np.int64)
+        self.attention = HostBuffer(np.float32)
 
     @property
     def state_rows(self) -> int:
@@ -337,9 +392,7 @@ class OnnxDecoder:
         offset = self.state_rows
         self.rows.append(sentences)
         new_state = np.stack([s.state for s in sentences])  # (n, D_state)
-        state = new_state if self.state is None else np.concatenate([self.state.numpy(), new_state])
-        self.state = self.model.to_device(state)
-        self.upload_encoder_tensors()
+        self.state = self.model.row_ops.concat_state(self.state, new_state)
         return offset
 
     def keep_sentences(self, keep: np.ndarray) -> None:
@@ -347,42 +400,30 @@ class OnnxDecoder:
         keep = np.asarray(keep, dtype=np.int64)
         self.rows.keep(keep)
         if len(keep) == 0:  # the batch is empty: its state rows are of no use to anyone
-            self.device_tensors = None
             self.state = None
-            return
-        self.upload_encoder_tensors()
-
-    def upload_encoder_tensors(self) -> None:
-        """On the CPU an OrtValue wraps the numpy buffer (no copy); on a GPU this is one upload."""
-        values, keys, mask = self.rows.views()
-        self.device_tensors = (
-            self.model.to_device(values),
-            self.model.to_device(keys),
-            self.model.to_device(mask),
-        )
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
         """One decoder call for every hypothesis: tokens (N,), reorder (N,) → top-k (N, k), attention (N, S)."""
-        assert self.device_tensors is not None and self.state is not None, (
-            "step() on an empty batch"
-        )
-        session, model = self.model.decoder, self.model
-        values, keys, mask = self.device_tensors
+        assert self.rows.count and self.state is not None, "step() on an empty batch"
+        session, device = self.model.decoder, self.device
+        N, S = len(tokens), self.rows.source_len
         binding = session.io_binding()
-        binding.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
-        binding.bind_cpu_input("reorder", np.ascontiguousarray(reorder, dtype=np.int64))
-        binding.bind_cpu_input("k", np.array(k, dtype=np.int64))
+        device.bind_host_input(binding, "tokens", tokens.astype(np.int64, copy=False), "tokens")
+        device.bind_host_input(binding, "reorder", reorder.astype(np.int64, copy=False), "tokens")
+        device.bind_host_input(binding, "k", np.array(k, dtype=np.int64), "tokens")
         binding.bind_ortvalue_input("state", self.state)
-        binding.bind_ortvalue_input("values", values)
-        binding.bind_ortvalue_input("keys", keys)
-        binding.bind_ortvalue_input("mask", mask)
-        binding.bind_output("log_probs")  # host
-        binding.bind_output("token_ids")  # host
-        binding.bind_output("new_state", model.device_type, model.device_id)  # stays on the device
-        binding.bind_output("attention")  # host
+        self.rows.bind(binding)
+        log_probs = self.log_probs.view((N, k))  # (N, k)
+        token_ids = self.token_ids.view((N, k))  # (N, k)
+        attention = self.attention.view((N, S))  # (N, S)
+        binding.bind_output("new_state", device.type, device.id)  # stays on the device
+        device.bind_host_output(binding, "log_probs", log_probs)
+        device.bind_host_output(binding, "token_ids", token_ids)
+        device.bind_host_output(binding, "attention", attention)
         session.run_with_iobinding(binding)
-        log_probs, token_ids, new_state, attention = binding.get_outputs()
-        self.state = new_state
+        self.state = binding.get_outputs()[0]  # outputs come back in the order they were bound
         return StepOutput(
-            log_probs=log_probs.numpy(), token_ids=token_ids.numpy(), attention=attention.numpy()
+            log_probs=device.fetched(log_probs, "topk"),
+            token_ids=device.fetched(token_ids, "topk"),
+            attention=device.fetched(attention, "attention"),
         )

@@ -22,7 +22,7 @@ import itertools
 import math
 from collections.abc import Container, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Generic, Literal, TypeVar
 
 Policy = Literal["none", "request", "iteration"]
 POLICIES: tuple[str, ...] = ("none", "request", "iteration")
@@ -30,15 +30,39 @@ POLICIES: tuple[str, ...] = ("none", "request", "iteration")
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    policy: Policy = "iteration"
-    max_batch_hypotheses: int = 320  # sentences × beam, summed over the running batches
-    max_batch_sentences: int = 128
-    max_queue_delay_s: float = (
-        0.004  # request-level: how long the oldest sentence may wait for company
+    """How the decode loop batches (service/config.py reads each field's help for --help)."""
+
+    policy: Policy = field(
+        default="iteration",
+        metadata={
+            "help": "batching policy: none (one request at a time), request (whole requests "
+            "batched together), iteration (sentences join and leave the running batch at every "
+            "decoder step)",
+            "choices": POLICIES,
+        },
     )
-    max_queue_sentences: int = 2048  # beyond this, new requests are refused (RESOURCE_EXHAUSTED)
-    encode_ahead: bool = (
-        True  # encode queued sentences on a second thread (service/encode_ahead.py)
+    max_batch_hypotheses: int = field(
+        default=320,
+        metadata={"help": "the most hypotheses (sentences x beam) decoded together, all beams"},
+    )
+    max_batch_sentences: int = field(
+        default=128, metadata={"help": "the most sentences decoded together"}
+    )
+    max_queue_delay_s: float = field(
+        default=0.004,
+        metadata={
+            "help": "policy request: how long the oldest queued request may wait for company"
+        },
+    )
+    max_queue_sentences: int = field(
+        default=2048,
+        metadata={
+            "help": "queued sentences beyond which requests are refused (RESOURCE_EXHAUSTED)"
+        },
+    )
+    encode_ahead: bool = field(
+        default=True,
+        metadata={"help": "encode queued sentences on a second thread while the decoder steps"},
     )
 
     def __post_init__(self) -> None:
@@ -46,36 +70,40 @@ class BatchingConfig:
             raise ValueError(f"batching policy must be one of {POLICIES}, got {self.policy!r}")
         if min(self.max_batch_hypotheses, self.max_batch_sentences, self.max_queue_sentences) < 1:
             raise ValueError("batch and queue limits must be >= 1")
-        if (
-            not 0 <= self.max_queue_delay_s < math.inf
-        ):  # NaN or inf would stall or crash the decode loop
+        # NaN or inf would stall or crash the decode loop.
+        if not 0 <= self.max_queue_delay_s < math.inf:
             raise ValueError(
                 f"max_queue_delay_s must be a finite number >= 0, got {self.max_queue_delay_s}"
             )
 
 
-@dataclass(frozen=True)
-class Waiting:
-    """A queued sentence, as the scheduler sees it."""
+KeyT = TypeVar("KeyT", bound=Hashable)
+RequestT = TypeVar("RequestT", bound=Hashable)
 
-    key: Hashable
-    request: Hashable
+
+@dataclass(frozen=True)
+class Waiting(Generic[KeyT, RequestT]):
+    """A queued sentence, as the scheduler sees it: typed by what its user keys it with (the
+    worker: `Waiting[SentenceKey, Job]`); the policy only compares keys and requests."""
+
+    key: KeyT
+    request: RequestT
     beam_size: int
     arrived: float  # clock reading
     deadline: float | None = None
 
 
 @dataclass(frozen=True)
-class Decision:
-    expire: tuple[Hashable, ...] = ()  # waiting sentences whose deadline has passed
-    admit: tuple[Hashable, ...] = ()  # waiting sentences that join the batch of beam `admit_beam`
+class Decision(Generic[KeyT]):
+    expire: tuple[KeyT, ...] = ()  # waiting sentences whose deadline has passed
+    admit: tuple[KeyT, ...] = ()  # waiting sentences that join the batch of beam `admit_beam`
     admit_beam: int | None = None
-    step: int | None = None  # the beam size of the batch to advance by one step
+    step_beam: int | None = None  # the beam size of the batch to advance by one step
     wake_at: float | None = None  # nothing to step: sleep until then (None: until work arrives)
 
     @property
     def idle(self) -> bool:
-        return self.step is None and not self.admit
+        return self.step_beam is None and not self.admit
 
 
 @dataclass
@@ -94,11 +122,11 @@ class Groups:
 def decide(
     config: BatchingConfig,
     now: float,
-    waiting: Sequence[Waiting],
+    waiting: Sequence[Waiting[KeyT, Any]],
     running: Mapping[int, int],
     last_stepped: int | None = None,
     ready: Container[Hashable] | None = None,
-) -> Decision:
+) -> Decision[KeyT]:
     """waiting in arrival order; running maps beam size → sentences decoding in that batch; ready
     holds the waiting sentences already encoded (None: all of them)."""
     expired = tuple(w.key for w in waiting if w.deadline is not None and w.deadline <= now)
@@ -112,12 +140,16 @@ def decide(
         admit, beam = admit_one_request(config, alive, groups)
     if admit and beam is not None:
         groups.sentences[beam] = groups.sentences.get(beam, 0) + len(admit)
-    step = next_group(groups, last_stepped)
+    step_beam = next_group(groups, last_stepped)
     wake_at = None
-    if step is None and alive and config.policy == "request":
+    if step_beam is None and alive and config.policy == "request":
         wake_at = alive[0].arrived + config.max_queue_delay_s
     return Decision(
-        expire=expired, admit=admit, admit_beam=beam if admit else None, step=step, wake_at=wake_at
+        expire=expired,
+        admit=admit,
+        admit_beam=beam if admit else None,
+        step_beam=step_beam,
+        wake_at=wake_at,
     )
 
 
@@ -129,11 +161,11 @@ def fits(config: BatchingConfig, groups: Groups, beam: int, extra: int) -> bool:
 
 
 def take_fifo(
-    config: BatchingConfig, candidates: Sequence[Waiting], groups: Groups
-) -> tuple[Hashable, ...]:
+    config: BatchingConfig, candidates: Sequence[Waiting[KeyT, Any]], groups: Groups
+) -> tuple[KeyT, ...]:
     """The longest arrival-order prefix of candidates (one beam size) that fits, at least one sentence
     when nothing runs (a lone request larger than the limits must still make progress)."""
-    taken: list[Hashable] = []
+    taken: list[KeyT] = []
     for w in candidates:
         if not fits(config, groups, w.beam_size, len(taken) + 1):
             break
@@ -145,10 +177,10 @@ def take_fifo(
 
 def admit_fifo(
     config: BatchingConfig,
-    alive: Sequence[Waiting],
+    alive: Sequence[Waiting[KeyT, Any]],
     groups: Groups,
     ready: Container[Hashable] | None = None,
-) -> tuple[tuple[Hashable, ...], int | None]:
+) -> tuple[tuple[KeyT, ...], int | None]:
     """Iteration-level: the oldest waiting sentence's beam size joins, in arrival order, while it fits.
     Nobody overtakes the oldest: if it does not fit, nothing joins until capacity frees up. While
     anything runs, the joining prefix also ends at the first sentence not yet encoded."""
@@ -162,8 +194,8 @@ def admit_fifo(
 
 
 def admit_static_batch(
-    config: BatchingConfig, now: float, alive: Sequence[Waiting], groups: Groups
-) -> tuple[tuple[Hashable, ...], int | None]:
+    config: BatchingConfig, now: float, alive: Sequence[Waiting[KeyT, Any]], groups: Groups
+) -> tuple[tuple[KeyT, ...], int | None]:
     """Request-level: only when nothing runs; when the batch is full or the oldest has waited long enough."""
     if groups.total() or not alive:
         return (), None
@@ -177,8 +209,8 @@ def admit_static_batch(
 
 
 def admit_one_request(
-    config: BatchingConfig, alive: Sequence[Waiting], groups: Groups
-) -> tuple[tuple[Hashable, ...], int | None]:
+    config: BatchingConfig, alive: Sequence[Waiting[KeyT, Any]], groups: Groups
+) -> tuple[tuple[KeyT, ...], int | None]:
     """No batching: the oldest request's sentences alone, once nothing else runs."""
     if groups.total() or not alive:
         return (), None

@@ -2,167 +2,137 @@
 
     s2s-serve --bundle models/default --port 50051 --metrics-port 9090
 
-Protobuf stays here: requests are validated and converted to plain types, the worker decodes, and
-results are converted back. Life cycle: NOT_SERVING while the model loads and warms up, SERVING after;
-on SIGTERM NOT_SERVING again, new requests refused, accepted ones finished within the grace period.
+Protobuf stays at this edge: service/protocol.py validates requests and converts them to plain
+types, the worker decodes, and results are converted back; errors become status codes here
+(STATUS); logs are JSON lines (service/logs.py). Life cycle: NOT_SERVING while the model loads and
+warms up, SERVING after; on SIGTERM NOT_SERVING again, new requests refused (the worker's intake
+closed), accepted ones finished within the grace period.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
-import math
 import signal
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import numpy as np
-from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from service.beam import SearchOptions
 from service.config import Settings, load_settings
-from service.engine import AlignmentMode, Engine, InvalidInput, Translation
-from service.errors import NotReady, reject_reason, status_for
+from service.engine import Engine, Translation
+from service.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    DecodeFailed,
+    InvalidInput,
+    NotReady,
+    QueueFull,
+    ShuttingDown,
+)
+from service.logs import configure_logging
 from service.metrics import Metrics, start_metrics_http_server
+from service.options import SearchOptions
+from service.protocol import (
+    MAX_REQUEST_ID_CHARS,
+    MalformedRequest,
+    check_response_bound,
+    deserialize_translate_request,
+    model_info,
+    parse_request,
+    translation_to_pb,
+)
 from service.worker import Job, Worker
 
 log = logging.getLogger("s2s.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
-ALIGNMENT_FROM_PB: dict[int, AlignmentMode] = {
-    pb.ALIGNMENT_MODE_UNSPECIFIED: "none",
-    pb.ALIGNMENT_MODE_NONE: "none",
-    pb.ALIGNMENT_MODE_SUBWORD: "subword",
-    pb.ALIGNMENT_MODE_WORD: "word",
+
+
+# --- errors → status codes: the one place where errors become codes -------------------------------
+
+STATUS: dict[type[Exception], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+    NotReady: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Cancelled: grpc.StatusCode.CANCELLED,
+    DecodeFailed: grpc.StatusCode.INTERNAL,
+}
+
+REJECT_REASON: dict[grpc.StatusCode, str] = {
+    grpc.StatusCode.INVALID_ARGUMENT: "invalid_argument",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "queue_full",
+    grpc.StatusCode.UNAVAILABLE: "shutting_down",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "deadline_exceeded",
+    grpc.StatusCode.CANCELLED: "cancelled",
+    grpc.StatusCode.INTERNAL: "internal",
 }
 
 
-# --- protobuf ↔ plain types ----------------------------------------------------------------------
+def reject_reason(code: grpc.StatusCode, error: Exception | None = None) -> str:
+    """The `reason` label of s2s_rejected_requests_total: by status code, but a model still loading
+    is told apart from a server shutting down (both UNAVAILABLE)."""
+    if isinstance(error, NotReady):
+        return "not_ready"
+    return REJECT_REASON.get(code, "internal")
 
 
-class MalformedRequest:
-    """Request bytes that are not a TranslateRequest (bad wire format, a string that is not UTF-8).
-
-    grpc would answer such bytes itself, UNKNOWN with the parser's exception and unseen by the
-    metrics; the servicer gets this instead and answers INVALID_ARGUMENT like any other bad input.
-    """
-
-    texts: tuple[str, ...] = ()
-    request_id = ""
-
-    def __init__(self, error: str) -> None:
-        self.error = error
+def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status code and the message a client sees; unknown errors are INTERNAL without details."""
+    for cls, code in STATUS.items():
+        if isinstance(error, cls):
+            return code, str(error)
+    return grpc.StatusCode.INTERNAL, "internal error; the cause was logged by the server"
 
 
-def deserialize_translate_request(data: bytes) -> pb.TranslateRequest | MalformedRequest:
-    try:
-        return pb.TranslateRequest.FromString(data)
-    except DecodeError as err:
-        return MalformedRequest(str(err))
+# A client's deadline passes on the client's clock, which runs ahead of the server's view of the same
+# deadline by the time the request took to arrive: its cancellation can reach the server while
+# `time_remaining()` is still a little above 0. Within this margin it counts as a deadline.
+DEADLINE_MARGIN_S = 0.25
+# On stop, the gRPC server is shut once no Translate handler has run for this long: requests that
+# reached gRPC core before the stop began have been handed to a handler by then.
+QUIET_S = 0.3
 
 
-@dataclass(frozen=True)
-class ParsedRequest:
-    texts: list[str]
-    options: SearchOptions
-    alignment: AlignmentMode
+def cancel_code(remaining: float | None) -> grpc.StatusCode:
+    """The status of a handler cancelled by gRPC, from the time its deadline had left then."""
+    if remaining is not None and remaining <= DEADLINE_MARGIN_S:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.CANCELLED
 
 
-def parse_request(request: pb.TranslateRequest, settings: Settings) -> ParsedRequest:
-    """Validate a TranslateRequest against the limits; InvalidInput says what to change."""
-    server = settings.server
-    texts = list(request.texts)
-    if not texts:
-        raise InvalidInput("texts is empty: send at least one text to translate")
-    if len(texts) > server.max_texts:
-        raise InvalidInput(
-            f"{len(texts)} texts in one request, over the limit of {server.max_texts}: split the request"
-        )
-    for i, text in enumerate(texts):
-        if not text.strip():
-            raise InvalidInput(f"texts[{i}] is empty or only whitespace")
-        if len(text) > server.max_text_chars:
-            raise InvalidInput(
-                f"texts[{i}] has {len(text)} characters, over the limit of {server.max_text_chars}"
-            )
-    return ParsedRequest(
-        texts, parse_options(request.options, settings), parse_alignment(request.options.alignment)
-    )
+class Handlers:
+    """Counts the Translate handlers running, so a stop can wait until none has run for a while
+    (gRPC core may still hold requests the server has not picked up: stopping it then would answer
+    them CANCELLED, unlogged and uncounted)."""
 
+    def __init__(self) -> None:
+        self.active = 0
+        self.last_ended = time.monotonic()
 
-def parse_options(o: pb.DecodingOptions, settings: Settings) -> SearchOptions:
-    d, limits = settings.decoding, settings.limits
-    beam = o.beam_size if o.HasField("beam_size") else d.beam_size
-    n_best = o.n_best if o.HasField("n_best") else d.n_best
-    max_length = (
-        o.max_length if o.HasField("max_length") else min(d.max_length, limits.max_target_tokens)
-    )
-    a = o.max_length_a if o.HasField("max_length_a") else d.max_len_a
-    b = o.max_length_b if o.HasField("max_length_b") else d.max_len_b
-    alpha = o.length_penalty if o.HasField("length_penalty") else d.length_penalty
-    beta = o.coverage_penalty if o.HasField("coverage_penalty") else d.coverage_penalty
-    check_range("beam_size", beam, 1, limits.max_beam_size)
-    check_range(
-        "n_best", n_best, 1, beam, f"n_best ({n_best}) must be between 1 and beam_size ({beam})"
-    )
-    check_range("max_length", max_length, 1, limits.max_target_tokens)
-    for name, value in (("max_length_a", a), ("length_penalty", alpha), ("coverage_penalty", beta)):
-        if not math.isfinite(value) or value < 0 or value > 100:
-            raise InvalidInput(f"{name} must be a finite number in [0, 100], got {value}")
-    if abs(b) > limits.max_target_tokens:
-        raise InvalidInput(f"max_length_b must be within ±{limits.max_target_tokens}, got {b}")
-    return SearchOptions(
-        beam_size=beam,
-        n_best=n_best,
-        max_len_a=float(a),
-        max_len_b=int(b),
-        max_len_cap=max_length,
-        length_penalty=float(alpha),
-        coverage_penalty=float(beta),
-    )
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+            self.last_ended = time.monotonic()
 
-
-def check_range(name: str, value: int, low: int, high: int, message: str = "") -> None:
-    if not low <= value <= high:
-        raise InvalidInput(message or f"{name} must be between {low} and {high}, got {value}")
-
-
-def parse_alignment(value: int) -> AlignmentMode:
-    if value not in ALIGNMENT_FROM_PB:
-        raise InvalidInput(f"unknown alignment mode {value}: use NONE, SUBWORD or WORD")
-    return ALIGNMENT_FROM_PB[value]
-
-
-def translation_to_pb(t: Translation) -> pb.Translation:
-    out = pb.Translation(source_tokens=t.source_tokens)
-    for h in t.hypotheses:
-        hyp = out.hypotheses.add(
-            text=h.text, tokens=h.tokens, score=h.score, log_prob=h.log_prob, finished=h.finished
-        )
-        if h.alignment is not None:
-            matrix = np.asarray(h.alignment.matrix, dtype=np.float32)
-            rows, cols = matrix.shape
-            hyp.alignment.CopyFrom(
-                pb.Alignment(
-                    rows=rows,
-                    cols=cols,
-                    weights=matrix.reshape(-1).tolist(),
-                    source_tokens=h.alignment.source_tokens,
-                    target_tokens=h.alignment.target_tokens,
-                    pharaoh=h.alignment.pharaoh,
-                )
-            )
-    return out
+    def idle_for(self) -> float:
+        """Seconds since the last handler ended; 0 while one runs."""
+        return 0.0 if self.active else time.monotonic() - self.last_ended
 
 
 # --- the servicer ------------------------------------------------------------------------------
@@ -176,6 +146,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self.metrics = metrics
         self._engine: Engine | None = None
         self._worker: Worker | None = None
+        self.handlers = Handlers()
 
     def attach(self, engine: Engine, worker: Worker) -> None:
         self._engine, self._worker = engine, worker
@@ -196,19 +167,16 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self, request: pb.TranslateRequest | MalformedRequest, context: grpc.aio.ServicerContext
     ) -> pb.TranslateResponse:
         request_id = request.request_id or uuid.uuid4().hex[:16]
+        if len(request_id) > MAX_REQUEST_ID_CHARS:  # refused by parse_request: not logged whole
+            request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
         started = time.perf_counter()
         code, message, response = grpc.StatusCode.OK, "", None
         error: Exception | None = None
-        with self.metrics.track_in_flight("Translate"):
+        with self.handlers.track(), self.metrics.track_in_flight("Translate"):
             try:
                 response = await self.translate(request, request_id, context)
-            except asyncio.CancelledError:  # the client cancelled or its deadline passed
-                remaining = context.time_remaining()
-                code = (
-                    grpc.StatusCode.DEADLINE_EXCEEDED
-                    if remaining is not None and remaining <= 0
-                    else grpc.StatusCode.CANCELLED
-                )
+            except asyncio.CancelledError:  # the client cancelled or a deadline passed
+                code = cancel_code(context.time_remaining())
                 self.finish("Translate", request_id, code, started, len(request.texts))
                 raise
             except Exception as err:
@@ -240,6 +208,13 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 prepared.append(self.engine.prepare(text))
             except InvalidInput as err:
                 raise InvalidInput(f"texts[{i}]: {err}") from err
+        check_response_bound(
+            [len(p.ids) for p in prepared],
+            parsed.options,
+            parsed.alignment,
+            self.engine.max_piece_bytes,
+            self.settings.server.max_message_bytes,
+        )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Translation]] = loop.create_future()
 
@@ -341,34 +316,6 @@ def resolve(
         future.set_result(results or [])
 
 
-def model_info(engine: Engine, settings: Settings) -> pb.ModelInfo:
-    d, limits = settings.decoding, settings.limits
-    return pb.ModelInfo(
-        name=engine.bundle.name,
-        version=engine.bundle.version,
-        architecture_json=json.dumps(engine.cfg.to_dict(), sort_keys=True),
-        limits=pb.Limits(
-            max_texts=settings.server.max_texts,
-            max_text_chars=settings.server.max_text_chars,
-            max_source_tokens=limits.max_source_tokens,
-            max_beam_size=limits.max_beam_size,
-            max_length=limits.max_target_tokens,
-        ),
-        defaults=pb.DecodingOptions(
-            beam_size=d.beam_size,
-            n_best=d.n_best,
-            max_length=min(d.max_length, limits.max_target_tokens),
-            max_length_a=d.max_len_a,
-            max_length_b=d.max_len_b,
-            length_penalty=d.length_penalty,
-            coverage_penalty=d.coverage_penalty,
-            alignment=pb.ALIGNMENT_MODE_NONE,
-        ),
-        execution_providers=engine.model.providers,
-        scheduling_policy=settings.batching.policy,
-    )
-
-
 # --- life cycle --------------------------------------------------------------------------------
 
 
@@ -383,6 +330,7 @@ class Running:
     engine: Engine
     metrics: Metrics
     settings: Settings
+    servicer: TranslatorServicer | None = None
     metrics_port: int | None = None
     metrics_http: Any = None
 
@@ -396,13 +344,23 @@ class Running:
             await self.health.set(name, status)
 
     async def stop(self, grace: float | None = None) -> None:
-        """NOT_SERVING, refuse new work, finish accepted requests within the grace period, stop."""
+        """NOT_SERVING, refuse new work, finish accepted requests within the grace period, stop.
+
+        The gRPC server goes on taking requests until the handlers are done (new ones answered
+        UNAVAILABLE, logged and counted, since the worker's intake is closed): stopping it at once
+        would have gRPC core answer CANCELLED the requests that reached it but no handler yet, and
+        cancel at the end of the grace the ones it did hand over. It stops once no handler has run
+        for QUIET_S, with what is left of the grace for the answers still being sent."""
         grace = self.settings.server.grace_s if grace is None else grace
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         await self.health.enter_graceful_shutdown()
-        with self.worker.cond:
-            self.worker.accepting = False
-        await self.server.stop(grace)
-        await asyncio.get_running_loop().run_in_executor(None, self.worker.stop, 5.0)
+        self.worker.close_intake()
+        if self.servicer is not None:
+            while loop.time() < deadline and self.servicer.handlers.idle_for() < QUIET_S:
+                await asyncio.sleep(0.02)
+        await self.server.stop(max(0.0, deadline - loop.time()))
+        await loop.run_in_executor(None, self.worker.stop, 5.0)
         if self.metrics_http is not None:
             self.metrics_http.shutdown()
             self.metrics_http.server_close()  # release the port: shutdown() only ends the serving loop
@@ -427,13 +385,38 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
         key = f.read()
     with open(s.tls_cert, "rb") as f:
         cert = f.read()
-    client_ca = None
-    if s.tls_client_ca:
-        with open(s.tls_client_ca, "rb") as f:
-            client_ca = f.read()
+    client_ca = read_client_ca(s.tls_client_ca) if s.tls_client_ca else None
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=client_ca, require_client_auth=bool(client_ca)
     )
+
+
+def read_client_ca(path: str) -> bytes:
+    """The client CA bundle, refused by name when it holds no PEM certificate: grpc would only
+    fail to bind, and the message would blame the (valid) server certificate and key."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise OSError(err.errno, f"cannot read the TLS client CA {path}: {err.strerror}") from err
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise ValueError(
+            f"TLS client CA {path} holds no PEM certificate (expected '-----BEGIN CERTIFICATE-----')"
+        )
+    return data
+
+
+def start_metrics_endpoint(settings: Settings, metrics: Metrics) -> tuple[Any, int]:
+    """The Prometheus endpoint; a port in use is named, with what to do about it."""
+    host, port = settings.server.metrics_host, settings.server.metrics_port
+    try:
+        return start_metrics_http_server(port, host, metrics.registry)
+    except OSError as err:
+        raise OSError(
+            err.errno,
+            f"cannot serve metrics on {host}:{port}: {err.strerror} "
+            "(choose another --metrics-port, 0 for any free port, or -1 to disable metrics)",
+        ) from err
 
 
 async def create_server(
@@ -453,9 +436,10 @@ async def create_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    if settings.server.reflection:
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
     address = f"{settings.server.host}:{settings.server.port}"
     credentials = server_credentials(settings)
     try:
@@ -468,9 +452,10 @@ async def create_server(
         if not credentials:
             raise
         s = settings.server
+        ca = f", and {s.tls_client_ca} PEM CA certificates" if s.tls_client_ca else ""
         raise RuntimeError(
             f"{err} (or the TLS files are wrong: {s.tls_cert} and {s.tls_key} must be a PEM "
-            "certificate and its private key)"
+            f"certificate and its private key{ca})"
         ) from err
     servicer = TranslatorServicer(settings, metrics)
     add_translator_servicer(servicer, server)  # before start: grpc takes no handlers after it
@@ -483,7 +468,9 @@ async def create_server(
             )
         worker = Worker(engine, settings.batching, metrics)
         servicer.attach(engine, worker)
-        running = Running(server, port, worker, health_servicer, engine, metrics, settings)
+        running = Running(
+            server, port, worker, health_servicer, engine, metrics, settings, servicer
+        )
         metrics.set_model_info(
             engine.bundle.name,
             engine.bundle.version,
@@ -491,9 +478,7 @@ async def create_server(
             engine.model.providers[0],
         )
         if settings.server.metrics_port >= 0:
-            running.metrics_http, running.metrics_port = start_metrics_http_server(
-                settings.server.metrics_port, settings.server.metrics_host, metrics.registry
-            )
+            running.metrics_http, running.metrics_port = start_metrics_endpoint(settings, metrics)
         if settings.server.warmup:
             await loop.run_in_executor(None, warm_up, engine)
         worker.start()
@@ -515,35 +500,8 @@ async def create_server(
 
 def warm_up(engine: Engine) -> None:
     """Decode once at several batch shapes so the first real request pays no first-run costs."""
-    engine.translate(["one"], SearchOptions(beam_size=1, max_len_b=4))
-    engine.translate(["one two three", "four"], SearchOptions(beam_size=4, max_len_b=4))
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message and any `extra` fields."""
-
-    RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
-        "message",
-        "asctime",
-    }
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        entry.update({k: v for k, v in record.__dict__.items() if k not in self.RESERVED})
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    engine.translate(["one"], SearchOptions(beam_size=1, max_length_b=4))
+    engine.translate(["one two three", "four"], SearchOptions(beam_size=4, max_length_b=4))
 
 
 async def serve(settings: Settings) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +50,19 @@ class Tokenizer:
             )
 
     @property
+    def special_ids(self) -> dict[str, int]:
+        p = self.processor
+        return {"pad": p.pad_id(), "bos": p.bos_id(), "eos": p.eos_id(), "unk": p.unk_id()}
+
+    @property
     def vocab_size(self) -> int:
         return int(self.processor.GetPieceSize())
+
+    @functools.cached_property
+    def max_piece_bytes(self) -> int:
+        """The longest piece of the vocabulary, in UTF-8 bytes."""
+        p = self.processor
+        return max(len(p.IdToPiece(i).encode()) for i in range(self.vocab_size))
 
     def encode(self, text: str) -> list[int]:
         return list(self.processor.EncodeAsIds(text))

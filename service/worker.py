@@ -10,8 +10,9 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from service.beam import SearchOptions
 from service.encode_ahead import EncodeAhead
@@ -51,8 +52,18 @@ class Job:
 
 @dataclass(frozen=True)
 class SentenceKey:
+    """Sentence `index` of a job: the key of a queued or decoding sentence."""
+
     job: Job
     index: int
+
+
+Queued = Waiting[SentenceKey, Job]  # a queued sentence and the job it belongs to
+
+
+class Load(NamedTuple):
+    waiting: int  # sentences queued (submitted, not yet decoding)
+    decoding: int  # sentences in the running batches
 
 
 class Worker:
@@ -66,6 +77,7 @@ class Worker:
         self.engine = engine
         self.config = config
         self.metrics = metrics
+        metrics.watch_transfers(engine.model.transfers)
         self.clock = clock
         self.cond = threading.Condition()
         self.inbox: list[Job] = []  # submitted, not yet seen by the loop (guarded by cond)
@@ -73,8 +85,8 @@ class Worker:
         self.queued_sentences = 0  # waiting + inbox, for the bound (guarded by cond)
         self.accepting = True
         self.stopping = False
-        self.waiting: list[Waiting] = []  # loop thread only; each key is a SentenceKey
-        self.batches: dict[int, RunningBatch] = {}  # beam size → running batch
+        self.waiting: list[Queued] = []  # loop thread only
+        self.batches: dict[int, RunningBatch[SentenceKey]] = {}  # beam size → running batch
         self.last_stepped: int | None = None
         self.thread = threading.Thread(target=self.run, name="decode-loop", daemon=True)
         self._seq = itertools.count()
@@ -111,6 +123,11 @@ class Worker:
             self.cancelled.add(job)
             self.cond.notify()
 
+    def close_intake(self) -> None:
+        """Refuse new jobs (ShuttingDown) from now on; accepted ones go on decoding."""
+        with self.cond:
+            self.accepting = False
+
     def stop(self, drain_timeout: float | None = None) -> None:
         """Refuse new jobs; finish the accepted ones (up to drain_timeout), then end the loop."""
         with self.cond:
@@ -120,9 +137,8 @@ class Worker:
         self.thread.join(drain_timeout)
 
     @property
-    def load(self) -> tuple[int, int]:
-        """(sentences waiting, sentences decoding)."""
-        return self.queued_sentences, sum(len(b) for b in self.batches.values())
+    def load(self) -> Load:
+        return Load(self.queued_sentences, sum(len(b) for b in self.batches.values()))
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -180,12 +196,11 @@ class Worker:
             )
         if decision.admit and decision.admit_beam is not None:
             self.admit(decision.admit, decision.admit_beam)
-        if (
-            decision.step is not None and decision.step in self.batches
-        ):  # admit() may have failed the batch
-            self.step(decision.step)
+        # admit() may have failed the batch
+        if decision.step_beam is not None and decision.step_beam in self.batches:
+            self.step(decision.step_beam)
 
-    def take_waiting(self, keys: set[Hashable]) -> list[Waiting]:
+    def take_waiting(self, keys: set[SentenceKey]) -> list[Queued]:
         """Remove these sentences from the queue; returns their entries (key, arrival time, ...)."""
         taken = [w for w in self.waiting if w.key in keys]
         self.waiting = [w for w in self.waiting if w.key not in keys]
@@ -194,12 +209,12 @@ class Worker:
         self.metrics.set_queue_depth(len(self.waiting))
         return taken
 
-    def admit(self, keys: Sequence[Hashable], beam: int) -> None:
+    def admit(self, keys: Sequence[SentenceKey], beam: int) -> None:
         taken = self.take_waiting(set(keys))
         now = self.clock()
         for w in taken:
             self.metrics.observe_queue_wait(now - w.arrived)
-        batch = self.batches.get(beam) or self.engine.new_batch(beam)
+        batch: RunningBatch[SentenceKey] = self.batches.get(beam) or self.engine.new_batch(beam)
         self.batches[beam] = batch
         requests = [sentence_request(w.key) for w in taken]
         encoded = {} if self.ahead is None else self.ahead.take([r.key for r in requests])
@@ -213,7 +228,7 @@ class Worker:
             log.exception("encoder failed; failing the batch of beam %d", beam)
             self.fail_batch(beam, jobs_of(taken))
             return
-        self.metrics.set_running(self.load[1])
+        self.metrics.set_running(self.load.decoding)
 
     def encode_now(self, id_lists: list[Sequence[int]]) -> list[EncodedSentence]:
         """One encoder call (from this loop or the encode-ahead thread), timed for the metrics."""
@@ -238,10 +253,9 @@ class Worker:
             self.deliver(key, translation)
         if not len(batch):
             del self.batches[beam]
-        self.metrics.set_running(self.load[1])
+        self.metrics.set_running(self.load.decoding)
 
-    def deliver(self, key: Hashable, translation: Translation) -> None:
-        assert isinstance(key, SentenceKey)
+    def deliver(self, key: SentenceKey, translation: Translation) -> None:
         job = key.job
         best = translation.hypotheses[0] if translation.hypotheses else None
         self.metrics.add_generated(len(best.token_ids) if best else 0, 1)
@@ -253,12 +267,12 @@ class Worker:
         batch = self.batches.pop(beam, None)
         jobs = set(extra_jobs)
         if batch is not None:
-            jobs |= {key.job for key in batch.requests if isinstance(key, SentenceKey)}
+            jobs |= {r.key.job for r in batch.requests.values()}
         self.fail_jobs(
             jobs, DecodeFailed("decoding failed inside the model runtime; the error was logged")
         )
 
-    def fail_waiting(self, keys: set[Hashable], error: Exception) -> None:
+    def fail_waiting(self, keys: set[SentenceKey], error: Exception) -> None:
         if self.ahead is not None:
             self.ahead.discard(keys)
         self.fail_jobs(jobs_of(self.take_waiting(keys)), error)
@@ -279,23 +293,20 @@ class Worker:
             if self.ahead is not None:
                 self.ahead.discard(waiting_keys)
         for beam, batch in list(self.batches.items()):
-            batch.remove(
-                [key for key in batch.requests if isinstance(key, SentenceKey) and key.job in jobs]
-            )
+            batch.remove([r.key for r in batch.requests.values() if r.key.job in jobs])
             if not len(batch):
                 del self.batches[beam]
         if notify:
             for job in jobs:
                 job.complete(Cancelled("the request was cancelled"))
-        self.metrics.set_running(self.load[1])
+        self.metrics.set_running(self.load.decoding)
 
 
-def sentence_request(key: Hashable) -> DecodeRequest:
+def sentence_request(key: SentenceKey) -> DecodeRequest[SentenceKey]:
     """The engine's request for one queued sentence of a job."""
-    assert isinstance(key, SentenceKey)
     job = key.job
     return DecodeRequest(key, job.sentences[key.index], job.options, job.alignment)
 
 
-def jobs_of(entries: Sequence[Waiting]) -> set[Job]:
-    return {w.request for w in entries if isinstance(w.request, Job)}
+def jobs_of(entries: Sequence[Queued]) -> set[Job]:
+    return {w.request for w in entries}

@@ -37,6 +37,17 @@ def test_word_index_starts_words_at_marker_and_first_piece() -> None:
     assert word_index([]).tolist() == []
 
 
+def test_bare_marker_piece_is_no_word_of_its_own() -> None:
+    # A beam can emit a lone "▁" before "▁soixante": it joins the next word, or the last at the end.
+    assert word_index(["▁", "▁soixante", "▁et", "▁on", "ze"]).tolist() == [0, 0, 1, 2, 2]
+    assert word_index(["▁cinq", "▁", "▁"]).tolist() == [0, 0, 0]
+    assert word_index(["▁"]).tolist() == [0]
+    merged, _, tgt_words = merge_subwords(
+        np.full((4, 1), 1.0, dtype=np.float32), ["▁x"], ["▁", "▁soixante", "▁et", "▁"]
+    )
+    assert tgt_words == ["soixante", "et"] and merged.shape == (2, 1)
+
+
 def test_merge_sums_source_columns_and_averages_target_rows() -> None:
     src = ["▁the", "▁cat", "s", "▁sat"]  # words: the, cats, sat
     tgt = ["▁les", "▁chat", "s"]  # words: les, chats

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 import pytest
@@ -106,7 +106,7 @@ def decode(
 
 def options(**kw: object) -> SearchOptions:
     base: dict[str, object] = dict(
-        beam_size=4, n_best=1, max_len_a=1.0, max_len_b=3, max_len_cap=50
+        beam_size=4, n_best=1, max_length_a=1.0, max_length_b=3, max_length=50
     )
     base.update(kw)
     return SearchOptions(**base)  # type: ignore[arg-type]
@@ -114,7 +114,8 @@ def options(**kw: object) -> SearchOptions:
 
 def sequence_log_prob(dist: Dist, src_len: int, tokens: Sequence[int], by_eos: bool) -> float:
     """log P of tokens (+ EOS) under dist, summed in float64 from dist's float32 values."""
-    total, prefix = 0.0, (BOS,)
+    total = 0.0
+    prefix: tuple[int, ...] = (BOS,)
     for tok in [*tokens, EOS] if by_eos else tokens:
         total += float(dist(src_len, prefix)[0][tok])
         prefix = (*prefix, tok)
@@ -152,7 +153,9 @@ def test_wide_beam_equals_exhaustive_search(seed: int, alpha: float) -> None:
         scored.append((log_prob / length_penalty(len(tokens) + by_eos, alpha), tokens))
     scored.sort(key=lambda s: -s[0])
 
-    opts = options(beam_size=8, n_best=8, max_len_a=0.0, max_len_b=max_len, length_penalty=alpha)
+    opts = options(
+        beam_size=8, n_best=8, max_length_a=0.0, max_length_b=max_len, length_penalty=alpha
+    )
     (hyps,) = decode(dist, vocab, [src_len], opts)
     assert [h.tokens for h in hyps] == [t for _, t in scored[:8]]
     np.testing.assert_allclose([h.score for h in hyps], [s for s, _ in scored[:8]], rtol=1e-6)
@@ -220,10 +223,10 @@ def test_sentences_with_own_options_and_a_shrinking_source_width() -> None:
     # the long source leaves after 2 steps, so the padded width S shrinks from 9 to 3
     vocab = 10
     dist = random_dist(vocab, seed=4, eos_bias=-1.0)
-    short_opts = options(n_best=2, max_len_b=6, coverage_penalty=0.5, return_attention=True)
+    short_opts = options(n_best=2, max_length_b=6, coverage_penalty=0.5, return_attention=True)
     decoder = FakeDecoder(dist, vocab, [9, 3])
     search = BeamSearch(decoder, beam_size=4, bos_id=BOS, eos_id=EOS, vocab_size=vocab)
-    search.add("long", 9, options(max_len_cap=2), state_row=0)
+    search.add("long", 9, options(max_length=2), state_row=0)
     search.add("short", 3, short_opts, state_row=1)
     results = dict(run_to_end(search))
     assert decoder.keeps[0] == [1] and len(decoder.batch_rows) > 2
@@ -293,7 +296,7 @@ def test_finished_sentences_leave_the_batch() -> None:
     dist = random_dist(vocab, seed=5, eos_bias=-np.inf)  # never EOS: each stops at its max length
     decoder = FakeDecoder(dist, vocab, [2, 5, 3])
     search = BeamSearch(decoder, beam_size=K, bos_id=BOS, eos_id=EOS, vocab_size=vocab)
-    opts = options(beam_size=K, max_len_a=1.0, max_len_b=0)  # max length = src_len
+    opts = options(beam_size=K, max_length_a=1.0, max_length_b=0)  # max length = src_len
     for b, src_len in enumerate([2, 5, 3]):
         search.add(f"s{b}", src_len, opts, state_row=b)
     finished_at = {}
@@ -332,7 +335,7 @@ def test_sentence_added_mid_way_equals_decoded_alone(join_after: int) -> None:
     search = BeamSearch(decoder, beam_size=4, bos_id=BOS, eos_id=EOS, vocab_size=vocab)
     search.add("a", 5, opts, state_row=0)
     search.add("b", 8, opts, state_row=1)
-    results = {}
+    results: dict[Hashable, list[Hypothesis]] = {}
     for _ in range(join_after):
         results.update(search.step())
     (row,) = decoder.join([11])  # a longer source: the padded width S grows
@@ -358,16 +361,19 @@ def test_add_rejects_wider_beam_and_duplicate_ids() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(beam_size=2, n_best=3), r"n_best \(3\) must not exceed beam_size \(2\)"),
-        (dict(beam_size=0, n_best=1), "beam_size must be an integer >= 1, got 0"),
+        (dict(beam_size=2, n_best=3), r"n_best \(3\) must be between 1 and beam_size \(2\)"),
+        (dict(beam_size=0, n_best=1), "beam_size must be >= 1, got 0"),
+        (dict(beam_size=2.0), "beam_size must be an integer, got 2.0"),
         (
             dict(length_penalty=-0.5),
-            r"length_penalty \(alpha\) must be a finite number >= 0, got -0.5",
+            r"length_penalty must be a finite number in \[0, 100\], got -0.5",
         ),
-        (dict(coverage_penalty=-1.0), r"coverage_penalty \(beta\) must be a finite number >= 0"),
-        (dict(n_best=0), "n_best must be an integer >= 1, got 0"),
-        (dict(max_len_cap=0), "max_len_cap must be an integer >= 1, got 0"),
-        (dict(max_len_a=float("nan")), "max_len_a must be a finite number >= 0"),
+        (dict(coverage_penalty=-1.0), r"coverage_penalty must be a finite number in \[0, 100\]"),
+        (dict(n_best=0), r"n_best \(0\) must be between 1 and beam_size \(5\)"),
+        (dict(max_length=0), "max_length must be >= 1, got 0"),
+        (dict(max_length_a=float("nan")), r"max_length_a must be a finite number in \[0, 100\]"),
+        (dict(max_length_b=1.5), "max_length_b must be an integer, got 1.5"),
+        (dict(return_attention=1), "return_attention must be a bool, got 1"),
     ],
 )
 def test_search_options_validation(kwargs: dict[str, object], message: str) -> None:
@@ -376,9 +382,9 @@ def test_search_options_validation(kwargs: dict[str, object], message: str) -> N
 
 
 def test_max_len_formula() -> None:
-    opts = SearchOptions(max_len_a=1.5, max_len_b=2, max_len_cap=10)
+    opts = SearchOptions(max_length_a=1.5, max_length_b=2, max_length=10)
     assert [opts.max_len(n) for n in (0, 1, 4, 100)] == [2, 3, 8, 10]
-    assert SearchOptions(max_len_a=0.0, max_len_b=-5).max_len(3) == 1
+    assert SearchOptions(max_length_a=0.0, max_length_b=-5).max_len(3) == 1
 
 
 # (9) maximum length ------------------------------------------------------------------------------
@@ -387,7 +393,7 @@ def test_max_len_formula() -> None:
 def test_max_length_is_respected_and_cut_hypotheses_are_not_finished_by_eos() -> None:
     vocab = 6
     dist = random_dist(vocab, seed=2, eos_bias=-np.inf)
-    opts = options(beam_size=3, n_best=3, max_len_a=0.5, max_len_b=1, max_len_cap=3)
+    opts = options(beam_size=3, n_best=3, max_length_a=0.5, max_length_b=1, max_length=3)
     short, long = decode(dist, vocab, [2, 10], opts)  # max lengths 2 and min(3, 6) = 3
     assert all(len(h.tokens) == 2 and not h.finished_by_eos for h in short)
     assert all(len(h.tokens) == 3 and not h.finished_by_eos for h in long)
@@ -397,7 +403,7 @@ def test_max_length_is_respected_and_cut_hypotheses_are_not_finished_by_eos() ->
 def test_hypotheses_never_exceed_max_length(seed: int) -> None:
     vocab = 7
     dist = random_dist(vocab, seed, eos_bias=-1.0)
-    opts = options(beam_size=4, n_best=4, max_len_a=0.0, max_len_b=4)
+    opts = options(beam_size=4, n_best=4, max_length_a=0.0, max_length_b=4)
     for hyps in decode(dist, vocab, [3, 5], opts):
         for h in hyps:
             assert len(h.tokens) <= (3 if h.finished_by_eos else 4)

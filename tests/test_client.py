@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -21,16 +22,8 @@ import pytest
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.alignment import pharaoh, render_text_heatmap
-from service.client import (
-    TranslatorClient,
-    alignment_from_pb,
-    alignment_mode,
-    channel_credentials,
-    decoding_options_to_pb,
-    main,
-    parse_args,
-    translation_from_pb,
-)
+from service.client import TranslatorClient, alignment_mode, channel_credentials, main, parse_args
+from service.protocol import alignment_from_pb, decoding_options_to_pb, translation_from_pb
 
 # --- a fake servicer ----------------------------------------------------------------------------
 
@@ -192,7 +185,7 @@ def test_parse_args_defaults() -> None:
     args = parse_args(["hello"])
     assert args.texts == ["hello"]
     assert args.server == "localhost:50051"
-    assert args.beam is None and args.nbest is None
+    assert args.beam_size is None and args.n_best is None
     assert args.timeout == 30.0
     assert not args.json and not args.round_robin
     assert alignment_mode(args) == "none"
@@ -202,7 +195,12 @@ def test_parse_args_all_flags() -> None:
     argv = "--server dns:///s2s:50051 --beam 4 --nbest 2 --align word --heatmap h.png --json --timeout 2.5"
     argv += " --round-robin --tls-ca ca.pem --tls-cert c.pem --tls-key c.key a b"
     args = parse_args(argv.split())
-    assert (args.server, args.beam, args.nbest, args.align) == ("dns:///s2s:50051", 4, 2, "word")
+    assert (args.server, args.beam_size, args.n_best, args.align) == (
+        "dns:///s2s:50051",
+        4,
+        2,
+        "word",
+    )
     assert args.heatmap == Path("h.png")
     assert args.json and args.round_robin
     assert args.timeout == 2.5
@@ -438,7 +436,7 @@ def test_mutual_tls(certificates: Path) -> None:
     server, _, port = start_fake(credentials)
     target = f"127.0.0.1:{port}"
     try:
-        tls = {
+        tls: dict[str, Any] = {
             "tls_ca": str(d / "ca.pem"),
             "tls_cert": str(d / "client.pem"),
             "tls_key": str(d / "client.key"),

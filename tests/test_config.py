@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.config import ServerConfig, load_settings
+from service.config import ServerConfig, build_parser, load_settings
+from service.scheduler import POLICIES
 
 
 def test_defaults_env_and_flags_in_that_order() -> None:
@@ -38,7 +39,6 @@ def test_defaults_env_and_flags_in_that_order() -> None:
         (["--policy", "fastest"], "batching policy must be one of"),
         (["--port", "70000"], "ports must be in"),
         (["--port", "many"], "--port: cannot read 'many' as int"),
-        (["--warmup", "maybe"], "--warmup: cannot read 'maybe' as bool"),
         (["--tls-cert", "a.pem"], "TLS needs both"),
         (["--max-beam-size", "0"], "engine limits must be >= 1"),
     ],
@@ -51,3 +51,33 @@ def test_impossible_values_fail_at_load(argv: list[str], message: str) -> None:
 def test_mutual_tls_needs_a_server_certificate() -> None:
     with pytest.raises(ValueError, match="mutual TLS"):
         ServerConfig(tls_client_ca="ca.pem")
+
+
+def test_a_boolean_from_the_environment_must_read_as_one() -> None:
+    with pytest.raises(ValueError, match="--warmup: cannot read 'maybe' as bool"):
+        load_settings([], {"S2S_WARMUP": "maybe"})
+
+
+def test_every_server_flag_has_a_description_and_its_choices() -> None:
+    """Issue 16 point 10: --help described none of the ~40 flags, --policy did not list its
+    choices, booleans took a value (--warmup WARMUP), and usage said server.py."""
+    parser = build_parser()
+    text = parser.format_help()
+    assert parser.prog == "s2s-serve" and text.startswith("usage: s2s-serve")
+    flags = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert len(flags) >= 35
+    for action in flags:
+        assert action.help and not action.help.startswith("(default"), action.option_strings
+    policy = next(a for a in flags if "--policy" in a.option_strings)
+    assert all(choice in str(policy.help) for choice in POLICIES)
+    assert "{none,request,iteration}" in text
+    assert "--warmup, --no-warmup" in text and "WARMUP" not in text.split("environment")[0]
+
+
+def test_booleans_are_switches_on_the_command_line_and_words_in_the_environment() -> None:
+    assert load_settings(["--no-warmup"], {}).server.warmup is False
+    assert load_settings(["--warmup"], {"S2S_WARMUP": "false"}).server.warmup is True
+    assert load_settings([], {"S2S_WARMUP": "false"}).server.warmup is False
+    assert load_settings([], {"S2S_SPIN_WAIT": "on"}).runtime.spin_wait is True
+    with pytest.raises(SystemExit):
+        load_settings(["--warmup", "false"], {})

@@ -359,6 +359,7 @@ def unknown_fields(given: Any, kept: Any, path: str = "") -> list[str]:
     return []
 
 
+@pytest.mark.slow
 def test_crd_objects_validate_against_the_prometheus_operator_models(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
@@ -366,7 +367,7 @@ def test_crd_objects_validate_against_the_prometheus_operator_models(
         from cloudcoil.models.prometheus_operator import v1 as monitoring_v1
     except ImportError:
         missing_tool("cloudcoil-models-prometheus-operator not installed (dev extra)")
-    models = {
+    models: dict[str, Any] = {
         "ServiceMonitor": monitoring_v1.ServiceMonitor,
         "PrometheusRule": monitoring_v1.PrometheusRule,
     }

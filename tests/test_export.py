@@ -13,6 +13,7 @@ import torch
 from export.model import Seq2Seq
 from export.to_onnx import export_graphs, max_abs_diff
 from service.architecture import ModelConfig
+from service.graph_contract import check_graph
 
 # fp32 through different kernels (ONNX Runtime's GRU/LSTM vs PyTorch's): observed ~1e-6.
 TOLERANCE = 1e-4
@@ -39,9 +40,9 @@ def tiny_model(rnn: str, attention: str, style: str, seed: int = 0) -> Seq2Seq:
         attn_dim=7,
         enc_layers=2 if rnn == "lstm" else 1,
         dec_layers=2 if style == "luong" else 1,
-        rnn=rnn,
-        attention=attention,
-        decoder_style=style,
+        rnn=rnn,  # type: ignore[arg-type]
+        attention=attention,  # type: ignore[arg-type]
+        decoder_style=style,  # type: ignore[arg-type]
     )
     return Seq2Seq(cfg).eval()
 
@@ -62,6 +63,12 @@ def test_onnx_runtime_matches_pytorch(tmp_path: Path, rnn: str, attention: str, 
     encoder_path, decoder_path = export_graphs(model, tmp_path)
     encoder = ort.InferenceSession(str(encoder_path), providers=["CPUExecutionProvider"])
     decoder = ort.InferenceSession(str(decoder_path), providers=["CPUExecutionProvider"])
+    for path, role, session in (
+        (encoder_path, "encoder", encoder),
+        (decoder_path, "decoder", decoder),
+    ):
+        # every variant keeps the runtime's graph contract (no false alarm at bundle load)
+        check_graph(path, role, session.get_inputs(), session.get_outputs(), model.cfg)
     rng = np.random.default_rng(1)
     # batch sizes 1..4, lengths 1 and the longest (17) included, several beam widths
     for lengths, K in (([1], 1), ([17, 1, 9], 3), ([5, 5, 2, 17], 2), ([3], 5)):

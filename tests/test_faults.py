@@ -353,7 +353,7 @@ def test_an_onnx_runtime_failure_mid_batch_fails_only_that_batch(
 def test_a_full_queue_refuses_each_call_within_100_ms(
     engine: Engine, gate: Gate, long_texts: list[str]
 ) -> None:
-    argv = [*base_args(DEFAULT_BUNDLE), "--warmup", "false"]
+    argv = [*base_args(DEFAULT_BUNDLE), "--no-warmup"]
     srv = ServerThread.start(
         [*argv, "--max-queue-sentences", "2", "--max-batch-sentences", "1"], engine
     )

@@ -619,9 +619,9 @@ def search_options(draw: st.DrawFn, K: int) -> SearchOptions:
     return SearchOptions(
         beam_size=beam,
         n_best=draw(st.integers(1, beam)),
-        max_len_a=draw(st.sampled_from([0.0, 0.5, 1.0, 2.0])),
-        max_len_b=draw(st.integers(-2, 6)),
-        max_len_cap=draw(st.integers(1, 10)),
+        max_length_a=draw(st.sampled_from([0.0, 0.5, 1.0, 2.0])),
+        max_length_b=draw(st.integers(-2, 6)),
+        max_length=draw(st.integers(1, 10)),
         length_penalty=draw(st.sampled_from([0.0, 0.6, 1.0, 2.0])),
         coverage_penalty=draw(st.sampled_from([0.0, 0.2, 1.0])),
         return_attention=draw(st.booleans()),

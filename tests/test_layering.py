@@ -10,18 +10,23 @@ REPO = Path(__file__).resolve().parent.parent
 SERVICE_MODULES = sorted(p.stem for p in (REPO / "service").glob("*.py") if p.stem != "__init__")
 
 
-def test_serving_imports_no_torch_and_no_export() -> None:
+def imported_modules(imports: str, prefixes: tuple[str, ...]) -> str:
+    """Which modules starting with `prefixes` a fresh interpreter loads for `imports`."""
     code = (
         "import sys\n"
-        f"for m in {SERVICE_MODULES!r}:\n"
-        "    __import__('service.' + m)\n"
-        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'export')))\n"
-        "print(','.join(bad))\n"
+        f"{imports}\n"
+        f"print(','.join(sorted(m for m in sys.modules if m.startswith({prefixes!r}))))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
-    assert out.stdout.strip() == "", f"serving modules pulled in: {out.stdout.strip()}"
+    return out.stdout.strip()
+
+
+def test_serving_imports_no_torch_and_no_export() -> None:
+    imports = "\n".join(f"import service.{m}" for m in SERVICE_MODULES)
+    bad = imported_modules(imports, ("torch", "export"))
+    assert bad == "", f"serving modules pulled in: {bad}"
 
 
 def test_generated_stubs_match_the_proto(tmp_path: Path) -> None:
@@ -44,3 +49,10 @@ def test_generated_stubs_match_the_proto(tmp_path: Path) -> None:
         fresh = (tmp_path / "proto/translation/v1" / name).read_text()
         current = (REPO / "proto/translation/v1" / name).read_text()
         assert fresh == current, f"{name} is stale: run scripts/gen_proto.sh"
+
+
+def test_domain_errors_the_worker_and_the_serving_loop_benchmark_import_no_grpc() -> None:
+    """grpc stays at the edges: the status codes are the server's business (service/server.py)."""
+    imports = "import service.errors, service.worker, service.options, benchmarks.serving_loop"
+    bad = imported_modules(imports, ("grpc",))
+    assert bad == "", f"grpc pulled in: {bad}"

@@ -228,9 +228,22 @@ def test_dot_with_mismatched_dims_says_what_to_do(kind: str) -> None:
         make_cfg(attention=kind, enc_hidden=8, dec_hidden=32)
 
 
-def test_mismatched_dims_are_fine_for_general_and_additive() -> None:
-    for kind in ("general", "additive", "concat", "none"):
-        assert make_cfg(attention=kind, enc_hidden=8, dec_hidden=32).dec_hidden == 32
+@pytest.mark.parametrize("kind", ["general", "additive", "concat", "none"])
+def test_mismatched_dims_are_fine_for_general_and_additive(kind: str) -> None:
+    """Decoder 32 over a bidirectional encoder of 2 * 8: the model builds and a decoder step gives
+    logits (N, V) and attention rows that sum to 1 over the real source tokens (0 for "none")."""
+    model = make_model(make_cfg(attention=kind, enc_hidden=8, dec_hidden=32))
+    batch = make_batch([LONG, SHORT])
+    with torch.no_grad():
+        enc = model.encode(batch.src, batch.lengths)
+        tokens = torch.full((2,), model.cfg.bos_id, dtype=torch.long)
+        logits, state, weights = model.decode_step(
+            tokens, enc.state, enc.keys, enc.values, enc.mask
+        )
+    assert logits.shape == (2, VOCAB) and state.shape == enc.state.shape
+    expected = torch.zeros(2) if kind == "none" else torch.ones(2)
+    torch.testing.assert_close(weights.sum(-1), expected)
+    assert torch.all(weights[~enc.mask] == 0)
 
 
 def test_config_rejects_unknown_values_and_keys() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.run import free_port, is_serving
+from loadtest.harness import free_port, is_serving
 from tests.conftest import REPO, TinyModel
 
 RULES = REPO / "deploy" / "monitoring" / "rules.yml"

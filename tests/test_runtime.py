@@ -1,4 +1,5 @@
-"""EncoderRows: the running batch's encoder buffers, appended and compacted in place."""
+"""EncoderRows: the running batch's encoder buffers, appended and compacted in place on the device
+(the CPU provider here); length buckets; the CUDA provider's options."""
 
 from __future__ import annotations
 
@@ -8,7 +9,22 @@ import numpy as np
 import pytest
 
 from service.beam import compaction_order
-from service.runtime import CALL_COST_SENTENCES, EncodedSentence, EncoderRows, length_buckets
+from service.config import RuntimeConfig
+from service.device import Device, RowOps
+from service.runtime import (
+    CALL_COST_SENTENCES,
+    EncodedSentence,
+    EncoderRows,
+    cuda_provider_options,
+    length_buckets,
+    provider_options,
+)
+from service.transfers import TransferLedger
+
+
+@pytest.fixture(scope="module")
+def ops() -> RowOps:
+    return RowOps(Device("cpu", 0, TransferLedger()), ["CPUExecutionProvider"], [{}])
 
 
 def sentence_rows(
@@ -47,17 +63,18 @@ def expected(
     return np.stack(pad), np.stack(padk), np.stack(padm)
 
 
-def test_append_grow_compact_and_shrink_keep_rows_in_order() -> None:
+def test_append_grow_compact_and_shrink_keep_rows_in_order(ops: RowOps) -> None:
     rng = np.random.default_rng(0)
-    buf = EncoderRows(keys_follow_source=True)
+    buf = EncoderRows(ops, keys_follow_source=True)
     model: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    # grows S (3 → 5 → 9) and capacity (16 → more)
     for lengths in (
         [3, 1],
         [5],
         [2, 2, 2] * 6,
         [9],
         [1],
-    ):  # grows S (3 → 5 → 9) and capacity (16 → more)
+    ):
         values, keys, mask = sentence_rows(rng, lengths)
         buf.append(as_sentences(values, keys, mask))
         model += [(values[i], keys[i], mask[i]) for i in range(len(lengths))]
@@ -68,7 +85,7 @@ def test_append_grow_compact_and_shrink_keep_rows_in_order() -> None:
     ):
         buf.keep(np.array(keep))
         model = [model[i] for i in keep]
-        values, keys, mask = buf.views()
+        values, keys, mask = buf.to_host()
         want_v, want_k, want_m = expected(model)
         S = want_m.shape[1]
         assert np.array_equal(mask[:, :S], want_m) and not mask[:, S:].any()
@@ -77,17 +94,17 @@ def test_append_grow_compact_and_shrink_keep_rows_in_order() -> None:
         int(m.sum()) for _, _, m in model
     )  # the 9-long row left: S shrank
     buf.keep(np.array([], dtype=np.int64))
-    assert buf.count == 0 and buf.values is None
+    assert buf.count == 0 and buf.buffers is None
 
 
-def test_fixed_context_keys_do_not_follow_the_source_axis() -> None:
+def test_fixed_context_keys_do_not_follow_the_source_axis(ops: RowOps) -> None:
     rng = np.random.default_rng(1)
-    buf = EncoderRows(keys_follow_source=False)
+    buf = EncoderRows(ops, keys_follow_source=False)
     for lengths in ([4], [7, 2]):
         values, _, mask = sentence_rows(rng, lengths)
         summary = rng.standard_normal((len(lengths), 1, 3)).astype(np.float32)
         buf.append(as_sentences(values, summary, mask, keys_follow_source=False))
-    _, keys, mask = buf.views()
+    _, keys, mask = buf.to_host()
     assert keys.shape == (3, 1, 3) and mask.shape == (3, 7)
 
 
@@ -122,14 +139,57 @@ def test_length_buckets_keep_equal_lengths_together_and_split_outliers() -> None
     assert [sorted(b) for b in buckets] == [[0, 1, 2, 4, 5], [3]]
 
 
-def test_compaction_keep_moves_only_the_rows_that_change_place() -> None:
+def test_compaction_keep_moves_only_the_rows_that_change_place_in_place(ops: RowOps) -> None:
     rng = np.random.default_rng(3)
-    buf = EncoderRows(keys_follow_source=True)
+    buf = EncoderRows(ops, keys_follow_source=True)
     values, keys, mask = sentence_rows(rng, [2, 3, 4, 5, 6])
     buf.append(as_sentences(values, keys, mask))
-    before = buf.views()[0].copy()
+    before = buf.to_host()[0].copy()
+    assert buf.buffers is not None
+    pointers = [b.data_ptr() for b in buf.buffers]
+    moved = ops.device.ledger.snapshot()
     buf.keep(compaction_order(np.array([False, True, False, False, True])))  # rows 1, 4 leave
-    after, _, after_mask = buf.views()
+    moved = ops.device.ledger.snapshot().minus(moved)
+    # the same device memory, written in place
+    assert [b.data_ptr() for b in buf.buffers] == pointers
+    # only the row indices crossed: src and dst of the one row that moved, as int64
+    assert moved.total_bytes == moved.by_reason()["indices"] == 2 * 8
+    after, _, after_mask = buf.to_host()
     assert np.array_equal(after[0], before[0]) and np.array_equal(after[2], before[2])
     assert np.array_equal(after[1], before[3])  # the one survivor beyond the end filled row 1
     assert after_mask.sum(axis=1).tolist() == [2, 5, 4]
+
+
+def test_a_join_uploads_only_the_joining_rows_at_their_own_length(ops: RowOps) -> None:
+    rng = np.random.default_rng(4)
+    buf = EncoderRows(ops, keys_follow_source=True)
+    values, keys, mask = sentence_rows(rng, [9] * 10)  # S = 9, capacity 20
+    buf.append(as_sentences(values, keys, mask))
+    joining = as_sentences(*sentence_rows(rng, [3, 2]))
+    before = ops.device.ledger.snapshot()
+    buf.append(joining)
+    moved = ops.device.ledger.snapshot().minus(before)
+    D, Dk = 3, 2
+    rows = moved.bytes[("host_to_device", "encoder_rows")]
+    assert rows == 2 * 3 * (D + Dk) * 4 + 2 * 3  # values and keys float32, mask bool, at S = 3
+    assert moved.by_reason()["indices"] == 2 * 8 + (6 + 6 + 4) * 8  # row numbers, pads per buffer
+    assert moved.bytes[("device_to_host", "encoder_rows")] == 0
+    got_v, _, got_m = buf.to_host()
+    assert got_m.sum(axis=1).tolist() == [9] * 10 + [3, 2]
+    assert np.array_equal(got_v[10, :3], joining[0].values) and not got_v[10, 3:].any()
+
+
+def test_cuda_provider_options_are_set_on_purpose() -> None:
+    options = cuda_provider_options(RuntimeConfig(device_id=1, cuda_mem_limit_mb=512))
+    assert options == {
+        "device_id": "1",
+        "arena_extend_strategy": "kSameAsRequested",
+        "do_copy_in_default_stream": "1",
+        "use_tf32": "0",
+        "gpu_mem_limit": str(512 * 1024 * 1024),
+    }
+    assert "gpu_mem_limit" not in cuda_provider_options(RuntimeConfig())
+    both = provider_options(["CUDAExecutionProvider", "CPUExecutionProvider"], RuntimeConfig())
+    assert both[1] == {} and both[0]["arena_extend_strategy"] == "kSameAsRequested"
+    with pytest.raises(ValueError, match="cuda_arena_extend"):
+        RuntimeConfig(cuda_arena_extend="kDouble")

@@ -37,13 +37,13 @@ def cfg(policy: str = "iteration", **kw: float) -> BatchingConfig:
 
 def test_iteration_admits_into_the_running_batch_of_its_beam_before_the_step() -> None:
     d = decide(cfg(), now=1.0, waiting=[w("a"), w("b")], running={5: 2})
-    assert d == Decision(admit=("a", "b"), admit_beam=5, step=5)
+    assert d == Decision(admit=("a", "b"), admit_beam=5, step_beam=5)
     assert not d.idle
 
 
 def test_iteration_starts_a_batch_when_nothing_runs() -> None:
     d = decide(cfg(), now=0.0, waiting=[w("a", beam=3)], running={})
-    assert (d.admit, d.admit_beam, d.step, d.wake_at) == (("a",), 3, 3, None)
+    assert (d.admit, d.admit_beam, d.step_beam, d.wake_at) == (("a",), 3, 3, None)
 
 
 def test_iteration_admits_in_arrival_order_up_to_max_batch_hypotheses() -> None:
@@ -64,20 +64,22 @@ def test_iteration_respects_max_batch_sentences() -> None:
     d = decide(config, now=0.0, waiting=[w("a", 1), w("b", 1), w("c", 1)], running={1: 1, 4: 1})
     assert d.admit == ("a",)
     full = decide(config, now=0.0, waiting=[w("a", 1)], running={1: 2, 4: 1})
-    assert full.admit == () and full.admit_beam is None and full.step == 1
+    assert full.admit == () and full.admit_beam is None and full.step_beam == 1
 
 
 def test_iteration_admits_into_a_running_batch_only_the_encoded_prefix() -> None:
     waiting = [w("a"), w("b"), w("c")]
     d = decide(cfg(), now=0.0, waiting=waiting, running={5: 1}, ready={"a", "c"})
-    assert d.admit == ("a",) and d.step == 5  # "c" is encoded but must not overtake "b"
+    assert d.admit == ("a",) and d.step_beam == 5  # "c" is encoded but must not overtake "b"
     none_ready = decide(cfg(), now=0.0, waiting=waiting, running={5: 1}, ready=set())
-    assert none_ready.admit == () and none_ready.step == 5  # the batch keeps stepping meanwhile
+    assert (
+        none_ready.admit == () and none_ready.step_beam == 5
+    )  # the batch keeps stepping meanwhile
 
 
 def test_iteration_with_nothing_running_admits_whether_encoded_or_not() -> None:
     d = decide(cfg(), now=0.0, waiting=[w("a"), w("b")], running={}, ready=set())
-    assert d.admit == ("a", "b") and d.step == 5  # an idle loop encodes them itself: no wait
+    assert d.admit == ("a", "b") and d.step_beam == 5  # an idle loop encodes them itself: no wait
 
 
 @pytest.mark.parametrize("policy", ["request", "none"])
@@ -91,7 +93,7 @@ def test_iteration_never_lets_anyone_overtake_the_oldest() -> None:
     config = cfg(max_batch_hypotheses=12)
     # "a" (beam 5) does not fit next to 8 running hypotheses; "b" (beam 1) would, but must wait
     d = decide(config, now=3.0, waiting=[w("a", 5, 1.0), w("b", 1, 2.0)], running={4: 2})
-    assert d.admit == () and d.step == 4
+    assert d.admit == () and d.step_beam == 4
     # once the running batch is gone, "a" goes first
     after = decide(config, now=4.0, waiting=[w("a", 5, 1.0), w("b", 1, 2.0)], running={})
     assert after.admit == ("a",) and after.admit_beam == 5
@@ -107,34 +109,34 @@ def test_iteration_admits_only_the_oldest_sentences_beam_size_per_decision() -> 
 def test_a_lone_oversized_request_still_progresses() -> None:
     config = cfg(max_batch_hypotheses=8, max_batch_sentences=1)
     d = decide(config, now=0.0, waiting=[w("big", beam=16), w("next", beam=16)], running={})
-    assert d.admit == ("big",) and d.step == 16
+    assert d.admit == ("big",) and d.step_beam == 16
     # while anything else runs it waits (it would exceed the limits), and blocks those behind it
     blocked = decide(
         config, now=0.0, waiting=[w("big", beam=16), w("small", beam=1)], running={1: 1}
     )
-    assert blocked.admit == () and blocked.step == 1
+    assert blocked.admit == () and blocked.step_beam == 1
 
 
 def test_round_robin_over_beam_groups() -> None:
     running = {5: 1, 1: 3, 4: 2}
     order, last = [], None
     for _ in range(6):
-        d = decide(cfg(), now=0.0, waiting=[], running=running, last_stepped=last)
-        order.append(d.step)
-        last = d.step
+        d: Decision[str] = decide(cfg(), now=0.0, waiting=[], running=running, last_stepped=last)
+        order.append(d.step_beam)
+        last = d.step_beam
     assert order == [1, 4, 5, 1, 4, 5]
 
 
 def test_round_robin_skips_empty_groups_and_includes_the_one_just_admitted() -> None:
     d = decide(cfg(), now=0.0, waiting=[w("a", beam=2)], running={1: 0, 5: 3}, last_stepped=1)
-    assert d.admit_beam == 2 and d.step == 2
-    wrap = decide(cfg(), now=0.0, waiting=[], running={1: 0, 5: 3}, last_stepped=5)
-    assert wrap.step == 5
+    assert d.admit_beam == 2 and d.step_beam == 2
+    wrap: Decision[str] = decide(cfg(), now=0.0, waiting=[], running={1: 0, 5: 3}, last_stepped=5)
+    assert wrap.step_beam == 5
 
 
 def test_idle_with_nothing_to_do_sleeps_until_work_arrives() -> None:
     for policy in ("none", "request", "iteration"):
-        d = decide(cfg(policy), now=7.0, waiting=[], running={})
+        d: Decision[str] = decide(cfg(policy), now=7.0, waiting=[], running={})
         assert d.idle and d.wake_at is None and d == Decision()
 
 
@@ -170,9 +172,9 @@ def simulate(
         hyps = sum(group.values())
         if len(group) > 1:  # only a lone sentence may exceed the limits
             assert hyps <= config.max_batch_hypotheses and len(group) <= config.max_batch_sentences
-        if d.step is not None:
-            last = d.step
-            for key in [k for k, b in group.items() if b == d.step]:
+        if d.step_beam is not None:
+            last = d.step_beam
+            for key in [k for k, b in group.items() if b == d.step_beam]:
                 steps_left[key] -= 1
                 if steps_left[key] == 0:
                     del group[key]
@@ -203,7 +205,7 @@ def test_request_level_waits_for_company_then_admits_after_the_delay() -> None:
     early = decide(
         config, now=10.25, waiting=[w("a", arrived=10.0), w("b", arrived=10.125)], running={}
     )
-    assert early.admit == () and early.step is None and early.idle
+    assert early.admit == () and early.step_beam is None and early.idle
     assert early.wake_at == 10.5  # the oldest's arrival + max_queue_delay_s
     due = decide(
         config,
@@ -211,7 +213,7 @@ def test_request_level_waits_for_company_then_admits_after_the_delay() -> None:
         waiting=[w("a", arrived=10.0), w("b", arrived=10.125)],
         running={},
     )
-    assert due.admit == ("a", "b") and due.step == 5
+    assert due.admit == ("a", "b") and due.step_beam == 5
 
 
 def test_request_level_admits_a_full_batch_at_once() -> None:
@@ -232,7 +234,7 @@ def test_request_level_admits_a_full_batch_at_once() -> None:
 def test_request_level_admits_nothing_while_a_batch_runs() -> None:
     config = cfg("request", max_queue_delay_s=0.0)
     d = decide(config, now=100.0, waiting=[w("a", arrived=0.0)], running={5: 1})
-    assert d.admit == () and d.step == 5 and d.wake_at is None
+    assert d.admit == () and d.step_beam == 5 and d.wake_at is None
 
 
 def test_request_level_zero_delay_admits_at_once() -> None:
@@ -248,9 +250,9 @@ def test_request_level_zero_delay_admits_at_once() -> None:
 def test_none_runs_one_request_at_a_time() -> None:
     waiting = [w("r1.0", request="r1"), w("r2.0", request="r2"), w("r1.1", request="r1")]
     d = decide(cfg("none"), now=0.0, waiting=waiting, running={})
-    assert d.admit == ("r1.0", "r1.1") and d.step == 5
+    assert d.admit == ("r1.0", "r1.1") and d.step_beam == 5
     busy = decide(cfg("none"), now=0.0, waiting=[w("r2.0", request="r2")], running={5: 2})
-    assert busy.admit == () and busy.step == 5
+    assert busy.admit == () and busy.step_beam == 5
     done = decide(cfg("none"), now=0.0, waiting=[w("r2.0", request="r2")], running={})
     assert done.admit == ("r2.0",)
 
@@ -288,7 +290,7 @@ def test_expiry_happens_while_a_batch_runs_and_nothing_can_join() -> None:
         waiting=[w("a", deadline=1.0), w("b", deadline=9.0)],
         running={5: 4},
     )
-    assert d.expire == ("a",) and d.admit == () and d.step == 5
+    assert d.expire == ("a",) and d.admit == () and d.step_beam == 5
 
 
 def test_request_level_wake_at_follows_the_oldest_live_sentence() -> None:

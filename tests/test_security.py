@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ast
 import http.client
+import logging
 import shutil
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,9 @@ from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.client import TranslatorClient
 from service.config import RuntimeConfig
-from service.engine import Engine
+from service.engine import AlignmentMode, Engine
+from service.options import SearchOptions
+from service.protocol import MAX_REQUEST_ID_CHARS, translation_to_pb, worst_case_response_bytes
 from tests.conftest import DEFAULT_BUNDLE, REPO
 from tests.test_client import make_certificate, openssl
 from tests.test_server import (
@@ -33,6 +37,7 @@ from tests.test_server import (
     assert_matches,
     base_args,
     error_of,
+    metric,
     reference,
     requests_done,
 )
@@ -54,7 +59,7 @@ def start_server(engine: Engine) -> Iterator[Callable[..., ServerThread]]:
     servers: list[ServerThread] = []
 
     def start(*extra: str) -> ServerThread:
-        srv = ServerThread.start([*base_args(DEFAULT_BUNDLE), "--warmup", "false", *extra], engine)
+        srv = ServerThread.start([*base_args(DEFAULT_BUNDLE), "--no-warmup", *extra], engine)
         servers.append(srv)
         return srv
 
@@ -191,6 +196,42 @@ def test_wrong_tls_files_stop_the_start_with_an_error_naming_them(
             srv.close()
 
 
+def start_error(engine: Engine, *flags: str) -> BaseException:
+    """The error create_server() raises with these flags (it must raise)."""
+    srv = ServerThread()
+    try:
+        with pytest.raises((RuntimeError, OSError, ValueError)) as info:
+            srv.ready(srv.begin([*base_args(DEFAULT_BUNDLE), *flags], engine))
+        return info.value
+    finally:
+        srv.close()
+
+
+def test_an_unusable_client_ca_is_named_and_the_valid_certificate_is_not_blamed(
+    engine: Engine, pki: Path, tmp_path: Path
+) -> None:
+    t = pki / "trusted"
+    garbage = tmp_path / "ca.pem"
+    garbage.write_bytes(b"\xa0 not a certificate\n")
+    for ca, says in (
+        (garbage, "holds no PEM certificate"),
+        (tmp_path / "nowhere.pem", "cannot read"),
+    ):
+        err = str(start_error(engine, *tls_flags(pki), "--tls-client-ca", str(ca)))
+        assert str(ca) in err and says in err, err
+        assert str(t / "server.pem") not in err and str(t / "server.key") not in err, err
+
+
+def test_a_metrics_port_in_use_is_named(engine: Engine) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        err = start_error(engine, "--metrics-port", str(port), "--metrics-host", "127.0.0.1")
+    assert isinstance(err, OSError) and f"127.0.0.1:{port}" in str(err), err
+    assert "--metrics-port" in str(err)
+
+
 # --- message sizes -------------------------------------------------------------------------------
 
 
@@ -219,6 +260,90 @@ def test_messages_over_the_size_limit_are_refused_and_the_server_keeps_serving(
         got = client.translate(TEXTS, beam_size=2)
     want = reference(engine, TEXTS, Opts(beam=2))
     assert [g.best.text for g in got] == [w.hypotheses[0].text for w in want]
+
+
+def test_a_request_whose_answer_could_be_too_big_is_refused_before_decoding(
+    start_server: Callable[..., ServerThread], engine: Engine
+) -> None:
+    """Issue 16 point 3: 64 long texts at beam 16, n_best 16 with alignment used to decode for
+    seconds (and take the server's memory past 0.5 GB) before being refused for the response's
+    size. The worst case is known before decoding: refused at once, nothing decoded, and the limit
+    is in ModelInfo."""
+    srv = start_server()  # the default message limit, 4 MiB
+    running = srv.r
+    limit = running.settings.server.max_message_bytes
+    text = " ".join(["nine hundred and ninety-nine"] * 12)
+    request = pb.TranslateRequest(
+        texts=[text] * 64,
+        options=pb.DecodingOptions(beam_size=16, n_best=16, alignment=pb.ALIGNMENT_MODE_SUBWORD),
+    )
+    err = error_of(lambda: srv.stub.Translate(request, timeout=WAIT_S))
+    assert err.code() == Code.INVALID_ARGUMENT
+    assert "the response could reach" in err.details()
+    assert f"over the server's message limit of {limit}" in err.details()
+    assert "n_best" in err.details() and "alignment NONE" in err.details()
+    assert metric(running, "s2s_decoder_step_duration_seconds_count") == 0  # nothing decoded
+    info = srv.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=WAIT_S)
+    assert info.limits.max_message_bytes == limit
+
+
+@pytest.mark.parametrize("alignment", ["none", "subword", "word"])
+def test_the_worst_case_response_size_bounds_real_responses(
+    engine: Engine, alignment: AlignmentMode
+) -> None:
+    """The estimate the server refuses by is an upper bound of what it sends: texts whose
+    translations run to the maximum length (max_length small), every hypothesis returned."""
+    texts = [*TEXTS, "nine hundred and ninety-nine thousand", "December 31, 1999 at 11:59 pm"]
+    for o in (
+        SearchOptions(beam_size=4, n_best=4),
+        SearchOptions(beam_size=3, n_best=2, max_length=3),
+    ):
+        got = engine.translate(texts, o, alignment)
+        response = pb.TranslateResponse(
+            translations=[translation_to_pb(t) for t in got],
+            request_id="x" * MAX_REQUEST_ID_CHARS,
+            model_version=engine.bundle.version,
+        )
+        lengths = [len(engine.prepare(t).ids) for t in texts]
+        bound = worst_case_response_bytes(lengths, o, alignment, engine.max_piece_bytes)
+        assert response.ByteSize() <= bound
+        assert bound < 40 * response.ByteSize() or o.max_length > 3  # not absurdly loose
+
+
+def test_request_ids_are_bounded(start_server: Callable[..., ServerThread]) -> None:
+    """Issue 16 point 4: a request_id over the limit is refused, and neither echoed nor logged
+    whole (a 3.9 MB id used to be both); an id at the limit is echoed as sent."""
+    server = start_server()
+    text = ["ninety-seven"]
+    long_id = "x" * (4 * 1024 * 1024 - 1000)
+    err = error_of(
+        lambda: server.stub.Translate(
+            pb.TranslateRequest(texts=text, request_id=long_id), timeout=WAIT_S
+        )
+    )
+    assert err.code() == Code.INVALID_ARGUMENT
+    assert f"over the limit of {MAX_REQUEST_ID_CHARS}" in err.details()
+    assert len(err.details()) < 300
+    ok_id = "y" * MAX_REQUEST_ID_CHARS
+    got = server.stub.Translate(pb.TranslateRequest(texts=text, request_id=ok_id), timeout=WAIT_S)
+    assert got.request_id == ok_id
+    info = server.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=WAIT_S)
+    assert info.limits.max_request_id_chars == MAX_REQUEST_ID_CHARS
+
+
+def test_a_long_request_id_is_logged_cut(
+    start_server: Callable[..., ServerThread], caplog: pytest.LogCaptureFixture
+) -> None:
+    server = start_server()
+    with caplog.at_level(logging.INFO, logger="s2s.server"):
+        error_of(
+            lambda: server.stub.Translate(
+                pb.TranslateRequest(texts=["ninety-seven"], request_id="z" * 100_000),
+                timeout=WAIT_S,
+            )
+        )
+    ids = [r.request_id for r in caplog.records if hasattr(r, "request_id")]  # type: ignore[attr-defined]
+    assert ids and all(len(i) <= MAX_REQUEST_ID_CHARS + 3 for i in ids)
 
 
 # --- no unsafe deserialization -------------------------------------------------------------------

@@ -20,27 +20,32 @@ pytest.importorskip("matplotlib")
 
 from export import corpus
 from export.checkpoint import load_checkpoint, save_checkpoint
-from export.evaluate import (
-    Bucket,
-    bucket_index,
-    bucket_scores,
-    buckets_markdown,
-    compare_markdown,
-    compute_metrics,
-    greedy_with_attention,
-    main,
-    make_buckets,
-    score,
-)
+from export.evaluate import main
+from export.greedy import greedy_with_attention
 from export.model import Seq2Seq
-from export.train import DataConfig, OptimConfig, TrainConfig, train
+from export.report import buckets_markdown, compare_markdown
+from export.scoring import Bucket, bucket_index, bucket_scores, compute_metrics, make_buckets, score
+from export.train import (
+    DataConfig,
+    OptimConfig,
+    TrainConfig,
+    budget_spent,
+    describe_end,
+    train,
+)
 from service.architecture import ModelConfig
 from service.tokenizer import Tokenizer
 
 torch.set_num_threads(1)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TINY_MODEL = {"emb_dim": 16, "enc_hidden": 16, "dec_hidden": 32, "attn_dim": 16, "dropout": 0.0}
+TINY_MODEL: dict[str, Any] = {
+    "emb_dim": 16,
+    "enc_hidden": 16,
+    "dec_hidden": 32,
+    "attn_dim": 16,
+    "dropout": 0.0,
+}
 
 
 def is_png(path: Path) -> bool:
@@ -97,10 +102,51 @@ def test_train_writes_its_outputs(run_dir: Path) -> None:
         assert (run_dir / name).is_file(), name
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["parameters"] > 0
-    log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    *log, end = [
+        json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()
+    ]
     assert [entry["step"] for entry in log] == [5, 10, 12]  # every 5 steps, then at max_steps
     assert all({"step", "dev_bleu", "lr", "minutes"} <= entry.keys() for entry in log)
     assert summary["best_dev_bleu"] == max(entry["dev_bleu"] for entry in log)
+    assert end["step"] == 12 and end["ended_by"] == summary["ended_by"] == "max_steps"
+    _, meta = load_checkpoint(run_dir / "best.pt")
+    assert meta["ended_by"] == "max_steps" and meta["last_step"] == 12
+
+
+def test_a_run_cut_short_by_max_minutes_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = TrainConfig(
+        model=TINY_MODEL,
+        data=DataConfig(
+            generate_seed=3,
+            n_train=60,
+            n_dev=5,
+            n_test=5,
+            n_test_long=2,
+            src_vocab=80,
+            tgt_vocab=90,
+        ),
+        optim=OptimConfig(max_steps=1000, max_tokens=800, max_minutes=0.0, threads=1),
+    )
+    summary = train(cfg, tmp_path)
+    assert summary["steps"] == 1 and summary["ended_by"] == "max_minutes"
+    end = json.loads((tmp_path / "train_log.jsonl").read_text().splitlines()[-1])
+    assert end == {"step": 1, "ended_by": "max_minutes", "minutes": end["minutes"]}
+    assert load_checkpoint(tmp_path / "best.pt")[1]["ended_by"] == "max_minutes"
+    printed = capsys.readouterr().out
+    assert "ran out before max_steps (1000)" in printed and "--max-minutes" in printed
+
+
+def test_budget_spent_names_the_limit() -> None:
+    o = OptimConfig(max_steps=10, max_minutes=5.0)
+    assert budget_spent(o, 3, 1.0) is None
+    assert budget_spent(o, 10, 1.0) == "max_steps"
+    assert budget_spent(o, 3, 5.0) == "max_minutes"
+    assert budget_spent(o, 10, 9.0) == "max_steps"  # a tie goes to the reproducible budget
+    assert budget_spent(OptimConfig(max_steps=0, max_minutes=5.0), 10, 1.0) is None
+    assert "raise --max-minutes" not in describe_end(o, "max_steps", 10, 1.0)
+    assert "optim.patience" in describe_end(o, "patience", 4, 1.0)
 
 
 def test_train_checkpoint_loads_with_its_tokenizers(run_dir: Path) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from service import translate
+from service.engine import Engine
 from tests.conftest import TinyModel
 
 
@@ -32,7 +34,7 @@ def test_plain_align_and_json(
     )
     assert code == 0 and len(out.splitlines()) == 2
     code, out, _ = run(monkeypatch, capsys, "ninety-seven\n", "--bundle", bundle, "--align")
-    text, pharaoh = out.rstrip("\n").split("\t")
+    text, pharaoh, _, _ = out.rstrip("\n").split("\t")
     assert text.strip()
     assert all(len(pair.split("-")) == 2 for pair in pharaoh.split())
     code, out, _ = run(
@@ -50,7 +52,7 @@ def test_plain_align_and_json(
     record = json.loads(out)
     assert len(record["hypotheses"]) == 2
     first = record["hypotheses"][0]
-    assert len(first["alignment"]["matrix"]) == len(first["tokens"])
+    assert len(first["alignment"]["matrix"]) == len(first["alignment"]["target_tokens"])
 
 
 def test_heatmap_png(
@@ -80,3 +82,96 @@ def test_missing_bundle_is_a_clear_error(
 ) -> None:
     code, _, err = run(monkeypatch, capsys, "one\n", "--bundle", str(tmp_path / "nope"))
     assert code == 2 and "not found" in err
+
+
+def test_align_prints_the_tokens_its_indices_count(
+    tiny: TinyModel, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 16 point 14: --align printed bare subword indices. It prints the tokens the indices
+    count beside them: words by default, subword pieces with --subword."""
+    source = "nine hundred and ninety-seven"
+    bundle = str(tiny.bundle)
+    _, out, _ = run(monkeypatch, capsys, source + "\n", "--bundle", bundle, "--align")
+    text, pharaoh, source_tokens, target_tokens = out.rstrip("\n").split("\t")
+    assert source_tokens.split() == source.split()
+    assert target_tokens.split() == text.split()
+    pairs = [tuple(map(int, p.split("-"))) for p in pharaoh.split()]
+    assert pairs and all(s < len(source.split()) and t < len(text.split()) for s, t in pairs)
+    _, out, _ = run(monkeypatch, capsys, source + "\n", "--bundle", bundle, "--align", "--subword")
+    _, pharaoh, source_tokens, target_tokens = out.rstrip("\n").split("\t")
+    engine = Engine.load(tiny.bundle)
+    assert source_tokens.split() == engine.prepare(source).pieces
+    assert max(int(p.split("-")[0]) for p in pharaoh.split()) < len(source_tokens.split())
+
+
+def test_json_floats_are_short(
+    tiny: TinyModel, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The matrices were float32 rounded then printed as float64: 0.12340000271797180."""
+    _, out, _ = run(
+        monkeypatch,
+        capsys,
+        "nine hundred and ninety-seven\nMarch 5, 2021\n",
+        "--bundle",
+        str(tiny.bundle),
+        "--json",
+        "--subword",
+        "--nbest",
+        "2",
+    )
+    numbers = re.findall(r"-?\d+\.\d+(?:e-?\d+)?", out)
+    assert len(numbers) > 10
+    assert all(len(n.split(".")[1]) <= 4 for n in numbers), numbers
+
+
+def test_lines_are_decoded_sorted_by_length_and_printed_in_input_order(
+    tiny: TinyModel, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 16 point 15: lines were decoded in file order, chunk by chunk. Within a window
+    (batch size x maxi-batch) they are sorted by length, longest first; the output keeps the
+    input's order, each line translated as it is alone; --verbose reports the rate."""
+    lines = sorted(tiny.sources, key=len)[::3][:12]
+    shuffled = [lines[i] for i in (5, 0, 11, 3, 8, 1, 10, 6, 2, 9, 4, 7)]
+    engine = Engine.load(tiny.bundle)
+    lengths = {line: len(engine.prepare(line).ids) for line in shuffled}
+    batches: list[list[str]] = []
+    real = Engine.translate
+
+    def spy(self: Engine, texts: list[str], *args: object, **kwargs: object) -> object:
+        batches.append(list(texts))
+        return real(self, texts, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Engine, "translate", spy)
+    code, out, err = run(
+        monkeypatch,
+        capsys,
+        "".join(line + "\n" for line in shuffled),
+        *("--bundle", str(tiny.bundle), "--batch-size", "3", "--maxi-batch", "2", "--verbose"),
+    )
+    assert code == 0
+    windows = [shuffled[:6], shuffled[6:]]  # 3 x 2 lines each
+    for w, window in enumerate(windows):
+        decoded = [t for b in batches[2 * w : 2 * w + 2] for t in b]
+        assert sorted(decoded) == sorted(window)
+        assert [lengths[t] for t in decoded] == sorted((lengths[t] for t in window), reverse=True)
+    batches.clear()
+    alone = [real(engine, [line], translate.SearchOptions(max_length_b=4))[0].hypotheses[0].text
+             for line in shuffled]  # fmt: skip
+    assert out.splitlines() == alone
+    assert re.search(r"translated 12 lines in [0-9.]+ s of decoding \([0-9.]+ sentences/s", err)
+
+
+def test_every_translate_flag_has_a_description() -> None:
+    """Issue 16 point 10: --nbest, --max-len-a/b and --providers had no description."""
+    parser_help = io.StringIO()
+    with pytest.raises(SystemExit):
+        import contextlib
+
+        with contextlib.redirect_stdout(parser_help):
+            translate.parse_args(["--help"])
+    text = parser_help.getvalue()
+    assert text.startswith("usage: s2s-translate")
+    for flag in ("--nbest", "--max-len-a", "--max-len-b", "--providers", "--batch-size",
+                 "--maxi-batch", "--subword", "--verbose", "--threads", "--int8"):  # fmt: skip
+        block = text.split(flag, 1)[1].split("\n  --", 1)[0]
+        assert len(block.split()) >= 3, (flag, block)

@@ -31,13 +31,21 @@ def engine(tiny: TinyModel) -> Engine:
     )
 
 
-def opts(beam: int, n_best: int = 1, max_len_b: int = 5, max_len_a: float = 1.0) -> SearchOptions:
+def opts(
+    beam: int, n_best: int = 1, max_length_b: int = 5, max_length_a: float = 1.0
+) -> SearchOptions:
     return SearchOptions(
-        beam_size=beam, n_best=n_best, max_len_a=max_len_a, max_len_b=max_len_b, max_len_cap=256
+        beam_size=beam,
+        n_best=n_best,
+        max_length_a=max_length_a,
+        max_length_b=max_length_b,
+        max_length=256,
     )
 
 
-LONG = SearchOptions(beam_size=2, max_len_a=0.0, max_len_b=200, max_len_cap=200)  # up to 200 steps
+LONG = SearchOptions(
+    beam_size=2, max_length_a=0.0, max_length_b=200, max_length=200
+)  # up to 200 steps
 
 
 @dataclass
@@ -250,7 +258,7 @@ def test_cancelling_a_running_job_shrinks_the_batch_and_the_others_complete(
 ) -> None:
     worker = make_worker()
     long_texts, short_texts = tiny.sources[10:13], tiny.sources[13:15]
-    short_options = SearchOptions(beam_size=2, max_len_a=1.0, max_len_b=20, max_len_cap=256)
+    short_options = SearchOptions(beam_size=2, max_length_a=1.0, max_length_b=20, max_length=256)
     cancelled, cancelled_outcome = make_job(engine, long_texts, LONG)
     kept, kept_outcome = make_job(engine, short_texts, short_options)
     worker.submit(cancelled)

@@ -1,0 +1,264 @@
+"""The transfer ledger, and the running batch's host↔device traffic under joins and leaves.
+
+The device here is the CPU provider's; the ledger counts the copies a GPU would make, so a bound
+that holds here holds there. The workload joins sentences at most steps while others finish: the
+bytes of each step must stay within what the joining sentences and the hypotheses account for,
+never grow with the sentences already running. A host-side reference decoder (the runtime's
+previous design: numpy buffers rebuilt on every join and leave, plain session.run) must give the
+very same hypotheses.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from service.beam import BeamSearch, Hypothesis, SearchOptions, StepOutput
+from service.config import RuntimeConfig
+from service.engine import DecodeRequest, Engine, Prepared
+from service.metrics import Metrics
+from service.runtime import EncodedSentence, OnnxModel
+from service.transfers import DIRECTIONS, REASONS, TransferLedger
+from tests.conftest import DEFAULT_BUNDLE
+
+BEAM = 5
+
+
+def test_ledger_counts_bytes_and_copies_by_direction_and_reason() -> None:
+    ledger = TransferLedger()
+    start = ledger.snapshot()
+    ledger.record("host_to_device", "state", 1024)
+    ledger.record("host_to_device", "state", 512)
+    ledger.record("device_to_host", "attention", 40)
+    moved = ledger.snapshot().minus(start)
+    assert moved.bytes[("host_to_device", "state")] == 1536
+    assert moved.copies[("host_to_device", "state")] == 2
+    assert moved.total_bytes == 1576
+    assert moved.by_reason()["attention"] == 40 and moved.by_reason()["tokens"] == 0
+    with pytest.raises(ValueError, match="transfer must be one of"):
+        ledger.record("host_to_device", "weights", 1)
+
+
+def test_metrics_export_every_series_from_zero_and_sum_the_watched_ledgers() -> None:
+    metrics = Metrics()
+    value = metrics.registry.get_sample_value
+    for direction in DIRECTIONS:
+        for reason in REASONS:
+            labels = {"direction": direction, "reason": reason}
+            assert value("s2s_device_transfer_bytes_total", labels) == 0.0
+            assert value("s2s_device_transfers_total", labels) == 0.0
+    first, second = TransferLedger(), TransferLedger()
+    metrics.watch_transfers(first)
+    metrics.watch_transfers(second)
+    metrics.watch_transfers(first)  # watched once, counted once
+    first.record("device_to_host", "topk", 100)
+    second.record("device_to_host", "topk", 20)
+    labels = {"direction": "device_to_host", "reason": "topk"}
+    assert value("s2s_device_transfer_bytes_total", labels) == 120.0
+    assert value("s2s_device_transfers_total", labels) == 2.0
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine.load(
+        DEFAULT_BUNDLE, RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1)
+    )
+
+
+@pytest.fixture(scope="module")
+def sources(engine: Engine) -> list[Prepared]:
+    lines = (DEFAULT_BUNDLE.parent.parent / "docs" / "eval" / "test.tsv").read_text().splitlines()
+    return [engine.prepare(line.split("\t")[0]) for line in lines[:120]]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    bytes: int
+    bound: int
+    batch_bound: int  # what re-uploading the running sentences' encoder rows alone would cost
+    joined: int
+    left: int
+    feeding: bool  # sentences were still waiting to join
+
+
+def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batch(
+    engine: Engine, sources: list[Prepared]
+) -> None:
+    ledger = engine.model.transfers
+    batch = engine.new_batch(BEAM)
+    k = BEAM + 1  # the search asks for K + 1 candidates per hypothesis
+    rng = random.Random(0)
+    pending = list(enumerate(sources))
+    records: list[StepRecord] = []
+    D = Dk = D_state = 0
+    while pending or len(batch):
+        joining = [pending.pop(0) for _ in range(min(len(pending), rng.choice([0, 1, 1, 2, 3])))]
+        before = ledger.snapshot()
+        requests = [
+            DecodeRequest(
+                i,
+                sentence,
+                SearchOptions(beam_size=BEAM, max_length_a=1.0, max_length_b=rng.randint(2, 8)),
+                "none",
+            )
+            for i, sentence in joining
+        ]
+        batch.add(requests)  # encodes them here: one encoder call, its outputs downloaded
+        running = len(batch)
+        if not running:
+            continue
+        S = batch.decoder.rows.source_len  # the attention row's width at this step
+        finished = batch.step()
+        moved = ledger.snapshot().minus(before).total_bytes
+        rows = batch.decoder.rows
+        D, Dk = rows.D, rows.Dk  # set by the first join, kept after the batch empties
+        if batch.decoder.state is not None:
+            D_state = batch.decoder.state.shape()[1]
+        S_join = max((len(sentence.ids) for _, sentence in joining), default=0)
+        N = running * BEAM
+        n = len(joining)
+        join_bytes = (
+            n
+            * (
+                S_join * (D + Dk) * 4 * 2  # encoder outputs down, joining rows up
+                + S_join * (1 + 8)  # mask up, source ids up
+                + 8  # source length
+                + D_state * 4 * 2  # initial state down, then up
+                + 8  # its row index
+            )
+            + (16 + 4) * 8
+        )  # the pads of one append
+        step_bytes = (
+            N * (8 + 8) + 8 + N * k * (4 + 8) + N * S * 4
+        )  # tokens, back-pointers, k, top-k, attention
+        leave_bytes = 2 * 8 * len(finished) + 32 * 8  # moved rows' indices, a refit's pads
+        records.append(
+            StepRecord(
+                bytes=moved,
+                bound=join_bytes + step_bytes + leave_bytes,
+                batch_bound=running * rows.source_len * (D + Dk) * 4,
+                joined=n,
+                left=len(finished),
+                feeding=bool(pending),
+            )
+        )
+    assert len(records) > 50
+    # the workload is what continuous batching does: joins and leaves on most steps
+    steady = [r for r in records[10:] if r.feeding]
+    assert sum(r.joined > 0 for r in steady) > 0.6 * len(steady)
+    assert sum(r.left > 0 for r in steady) > 0.5 * len(steady)
+    over = [r for r in records if r.bytes > r.bound]
+    assert not over, f"{len(over)} steps moved more than the bound, e.g. {over[0]}"
+    # the bound is tight enough to matter: re-uploading the running batch's rows would break it
+    busy = [r for r in records if r.joined or r.left]
+    assert sum(r.batch_bound > r.bound for r in busy) > 0.5 * len(busy)
+
+
+class HostReferenceDecoder:
+    """The runtime's previous design, kept as the reference: encoder rows and states in host numpy,
+    rebuilt on every join and leave, and a plain session.run per step."""
+
+    def __init__(self, model: OnnxModel) -> None:
+        self.session = model.decoder
+        self.values = self.keys = self.mask = self.state = None
+        self.lengths = np.zeros(0, np.int64)
+
+    def add_sentences(self, sentences: Sequence[EncodedSentence]) -> int:
+        offset = 0 if self.state is None else len(self.state)
+        S = max(
+            [s.length for s in sentences] + ([self.mask.shape[1]] if self.mask is not None else [])
+        )
+        n = len(sentences)
+        values = np.zeros((n, S, sentences[0].values.shape[1]), np.float32)
+        keys = np.zeros((n, S, sentences[0].keys.shape[1]), np.float32)
+        mask = np.zeros((n, S), bool)
+        for i, s in enumerate(sentences):
+            values[i, : s.length], keys[i, : s.length], mask[i, : s.length] = s.values, s.keys, True
+        new_state = np.stack([s.state for s in sentences])
+        if self.values is None:
+            self.values, self.keys, self.mask, self.state = values, keys, mask, new_state
+        else:
+            pad = S - self.mask.shape[1]
+            self.values = np.concatenate([np.pad(self.values, ((0, 0), (0, pad), (0, 0))), values])
+            self.keys = np.concatenate([np.pad(self.keys, ((0, 0), (0, pad), (0, 0))), keys])
+            self.mask = np.concatenate([np.pad(self.mask, ((0, 0), (0, pad))), mask])
+            self.state = np.concatenate([self.state, new_state])
+        self.lengths = np.concatenate([self.lengths, [s.length for s in sentences]])
+        return offset
+
+    def keep_sentences(self, keep: np.ndarray) -> None:
+        if len(keep) == 0:
+            self.values = self.keys = self.mask = self.state = None
+            self.lengths = np.zeros(0, np.int64)
+            return
+        self.values, self.keys, self.mask = self.values[keep], self.keys[keep], self.mask[keep]
+        self.lengths = self.lengths[keep]
+        needed = int(self.lengths.max())
+        if needed <= self.mask.shape[1] // 2:  # the runtime's shrink rule, so S is the same
+            self.values, self.keys, self.mask = (
+                self.values[:, :needed],
+                self.keys[:, :needed],
+                self.mask[:, :needed],
+            )
+
+    def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
+        log_probs, token_ids, new_state, attention = self.session.run(
+            None,
+            {
+                "tokens": tokens,
+                "reorder": reorder,
+                "k": np.array(k, np.int64),
+                "state": self.state,
+                "values": np.ascontiguousarray(self.values),
+                "keys": np.ascontiguousarray(self.keys),
+                "mask": np.ascontiguousarray(self.mask),
+            },
+        )
+        self.state = new_state
+        return StepOutput(log_probs=log_probs, token_ids=token_ids, attention=attention)
+
+
+def churn(
+    model: OnnxModel, decoder: object, sources: list[list[int]]
+) -> dict[Hashable, list[Hypothesis]]:
+    """Sentences joining 0-3 at a time before each step, with lengths 2-12 steps, until all finish."""
+    rng = random.Random(1)
+    vocab = model.bundle.architecture.tgt_vocab_size
+    search = BeamSearch(decoder, BEAM, bos_id=1, eos_id=2, vocab_size=vocab)  # type: ignore[arg-type]
+    encoded = model.encode_sentences(sources)
+    pending = list(range(len(sources)))
+    results: dict[Hashable, list[Hypothesis]] = {}
+    while pending or not search.is_empty:
+        joining = [pending.pop(0) for _ in range(min(len(pending), rng.choice([0, 1, 2, 3])))]
+        if joining:
+            row = decoder.add_sentences([encoded[i] for i in joining])  # type: ignore[attr-defined]
+            for j, i in enumerate(joining):
+                options = SearchOptions(
+                    beam_size=rng.choice([1, 3, BEAM]),
+                    max_length_a=0.5,
+                    max_length_b=rng.randint(2, 12),
+                    return_attention=True,
+                )
+                search.add(i, len(sources[i]), options, state_row=row + j)
+        results.update(search.step())
+    return results
+
+
+def test_device_resident_batch_gives_the_host_reference_results_exactly(
+    engine: Engine, sources: list[Prepared]
+) -> None:
+    model = engine.model
+    ids = [s.ids for s in sources[:60]]
+    got = churn(model, model.new_decoder(), ids)
+    want = churn(model, HostReferenceDecoder(model), ids)
+    assert got.keys() == want.keys()
+    for key in want:
+        assert len(got[key]) == len(want[key])
+        for g, w in zip(got[key], want[key], strict=True):
+            assert g.tokens == w.tokens and g.score == w.score and g.log_prob == w.log_prob
+            assert g.attention is not None and w.attention is not None
+            assert np.array_equal(g.attention, w.attention)
