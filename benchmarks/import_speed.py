@@ -41,12 +41,12 @@ from service.config import RuntimeConfig
 from service.engine import Engine
 
 BEAM, BATCH, MAX_LEN = 5, 32, 100
-ONMT_MODELS = {
+ONMT_MODELS: dict[str, dict[str, Any]] = {
     "gru": {"encoder_type": "brnn", "rnn_type": "GRU", "global_attention": "mlp", "input_feed": 0,
             "hidden_size": 256, "word_vec_size": 128, "enc_layers": 1, "dec_layers": 1},
     "lstm": {"hidden_size": 256, "word_vec_size": 128},  # OpenNMT-py's defaults otherwise
 }  # fmt: skip
-JOEY_MODELS = {
+JOEY_MODELS: dict[str, dict[str, Any]] = {
     "gru": {
         "encoder": {"type": "recurrent", "rnn_type": "gru", "embeddings": {"embedding_dim": 128},
                     "hidden_size": 128, "bidirectional": True},
@@ -72,7 +72,7 @@ def ours(bundle: Path, threads: int, int8: bool) -> Callable[[list[str]], list[s
         int8_decoder=int8,
     )
     engine = Engine.load(bundle, runtime)
-    options = SearchOptions(beam_size=BEAM, max_len_a=0.0, max_len_b=MAX_LEN)
+    options = SearchOptions(beam_size=BEAM, max_length_a=0.0, max_length_b=MAX_LEN)
 
     def run(lines: list[str]) -> list[str]:
         out: list[str] = []

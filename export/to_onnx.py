@@ -87,7 +87,7 @@ class DecoderStepGraph(nn.Module):
         logits, new_state, attention = self.model.decode_step(tokens, state, keys, values, mask)
         step_log_probs = getattr(self.model, "step_log_probs", None)  # an imported toolkit's rule
         if step_log_probs is not None:
-            top_lp, top_ids = torch.topk(step_log_probs(logits, tokens), k, dim=-1)
+            top_lp, top_ids = torch.topk(step_log_probs(logits, tokens), cast(int, k), dim=-1)
         else:
             top_lp, top_ids = top_k_log_probs(logits, k)
         return top_lp, top_ids, new_state, attention

@@ -24,7 +24,7 @@ from service.config import EngineLimits, RuntimeConfig
 from service.embedded import resolve_bundle
 from service.errors import InvalidInput
 from service.runtime import EncodedSentence, OnnxDecoder, OnnxModel
-from service.vocab import is_word_level, load_tokenizers
+from service.vocab import TextTokenizer, is_word_level, load_tokenizers
 
 AlignmentMode = Literal["none", "subword", "word"]
 ALIGNMENT_MODES: tuple[str, ...] = ("none", "subword", "word")
@@ -180,7 +180,7 @@ class Engine:
 
 
 def check_loaded_bundle(
-    bundle: Bundle, model: OnnxModel, source: Tokenizer, target: Tokenizer
+    bundle: Bundle, model: OnnxModel, source: TextTokenizer, target: TextTokenizer
 ) -> None:
     """The graphs keep the runtime's contract and the tokenizers agree with the manifest
     (BundleError naming the file otherwise): see service/graph_contract.py."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from service.architecture import EOS_ID, UNK_ID
+from service.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from service.bundle import Bundle
 from service.tokenizer import Tokenizer, TokenizerError
 
@@ -29,6 +29,10 @@ class TextTokenizer(Protocol):
 
     @property
     def vocab_size(self) -> int: ...
+    @property
+    def special_ids(self) -> dict[str, int]: ...
+    @property
+    def max_piece_bytes(self) -> int: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -73,6 +77,16 @@ class WordTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.tokens)
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        """The importer wrote the toolkit's specials on the fixed ids; the file's order is the truth."""
+        return {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}
+
+    @property
+    def max_piece_bytes(self) -> int:
+        """The longest token, in UTF-8 bytes."""
+        return max(len(t.encode()) for t in self.tokens)
 
     def encode(self, text: str) -> list[int]:
         if self.lowercase:

@@ -97,7 +97,7 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def decode(bundle: Path, sources: list[str], beam: int) -> list[str]:
     engine = Engine.load(bundle)
-    options = SearchOptions(beam_size=beam, max_len_a=0.0, max_len_b=100)
+    options = SearchOptions(beam_size=beam, max_length_a=0.0, max_length_b=100)
     out: list[str] = []
     for i in range(0, len(sources), 32):
         batch = engine.translate(sources[i : i + 32], options, alignment="none")
@@ -149,7 +149,7 @@ def test_joeynmt_outputs_match_joey_translate(task: Path, tmp_path: Path, name: 
     # every beam-5 hypothesis carries its alignment: one row per target word, one column per source
     # word plus Joey's EOS, rows summing to 1
     engine = Engine.load(bundle)
-    options = SearchOptions(beam_size=5, n_best=5, max_len_a=0.0, max_len_b=100)
+    options = SearchOptions(beam_size=5, n_best=5, max_length_a=0.0, max_length_b=100)
     for translation in engine.translate(sources[:20], options, alignment="word"):
         assert len(translation.hypotheses) == 5
         for hyp in translation.hypotheses:
@@ -550,7 +550,7 @@ def test_imported_alignments_through_server_and_cli(
     src = tmp_path / "in.txt"
     src.write_text("\n".join(texts) + "\n")
     capsys.readouterr()
-    args = ["--bundle", str(bundle), "--beam", "5", "--nbest", "5", "--json", "--word-level",
+    args = ["--bundle", str(bundle), "--beam", "5", "--nbest", "5", "--json",
             "--providers", "CPUExecutionProvider", "--max-len-a", "0", "--max-len-b", "12"]  # fmt: skip
     stdin = sys.stdin
     sys.stdin = io.StringIO(src.read_text())

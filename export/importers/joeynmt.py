@@ -79,6 +79,7 @@ class JoeyRnn(nn.Module):
         self.att_vector_layer = nn.Linear(H + D, H)
         self.output_layer = nn.Linear(H, cfg.tgt_vocab_size, bias=False)
         self.activation = ACTIVATIONS[activation]
+        self.project_context = D == H
 
     def encode(self, src: Tensor, lengths: Tensor) -> Encoded:
         cfg = self.cfg
@@ -101,10 +102,11 @@ class JoeyRnn(nn.Module):
         # The context only enters att_vector_layer([s; c]) = W_s s + W_c (Σ a h) + b
         # = W_s s + Σ a (W_c h) + b: attend over W_c h, projected once per sentence, and skip an
         # H x D product per hypothesis and step.
-        projected = values @ self.att_vector_layer.weight[:, H:].t()  # (B, S, H)
-        return Encoded(
-            values=projected, keys=self.key_layer(values), mask=mask, state=pack_state(h, c, feed)
-        )
+        # (The contract gives values the encoder's width: project only where it is the decoder's.)
+        keys = self.key_layer(values)  # (B, S, H)
+        if self.project_context:
+            values = values @ self.att_vector_layer.weight[:, H:].t()  # (B, S, H)
+        return Encoded(values=values, keys=keys, mask=mask, state=pack_state(h, c, feed))
 
     def decode_step(
         self, tokens: Tensor, state: Tensor, keys: Tensor, values: Tensor, mask: Tensor
@@ -126,12 +128,16 @@ class JoeyRnn(nn.Module):
             scores = self.energy_layer(energy).squeeze(-1)  # (B, K, S)
         else:
             scores = query @ keys.transpose(1, 2)  # (B, K, S)
-        projected, weights = attend(scores, values, mask)  # (B, K, H) = W_c c, (B, K, S)
-        H = cfg.dec_hidden
-        own = self.att_vector_layer.weight[:, :H]
-        att_vector = self.activation(
-            projected + nn.functional.linear(query, own, self.att_vector_layer.bias)
-        )  # att_vector_layer([s; c]) (B, K, H)
+        context, weights = attend(
+            scores, values, mask
+        )  # (B, K, H) = W_c c or (B, K, D) c; (B, K, S)
+        if self.project_context:
+            H = cfg.dec_hidden
+            own = self.att_vector_layer.weight[:, :H]
+            pre = context + nn.functional.linear(query, own, self.att_vector_layer.bias)
+        else:
+            pre = self.att_vector_layer(torch.cat([query, context], dim=-1))
+        att_vector = self.activation(pre)  # att_vector_layer([s; c]) (B, K, H)
         att_vector = att_vector.reshape(N, -1)  # (N, H)
         logits = self.output_layer(att_vector)
         new_state = pack_state(h, c, att_vector if cfg.input_feeding else None)

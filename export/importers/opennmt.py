@@ -17,7 +17,7 @@ Everything else (copy attention, coverage, context gates, transformers, features
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -94,7 +94,8 @@ class OnmtRnn(nn.Module):
         values, final = encode_packed(self.enc_rnn, self.src_embed(src), lengths)  # (B, S, H)
         finals = list(final) if isinstance(final, tuple) else [final]
         if len(self.bridge):
-            finals = [self._bridge(f, lin) for f, lin in zip(finals, self.bridge, strict=True)]
+            linears = [cast(nn.Linear, lin) for lin in self.bridge]
+            finals = [self._bridge(f, lin) for f, lin in zip(finals, linears, strict=True)]
         h = self._fix(finals[0])  # (L, B, H)
         c = self._fix(finals[1]) if len(finals) > 1 else None
         feed = (
