@@ -14,7 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from export.importers.common import ImportRefused
+# Top-level import names s2s-import needs beyond the serving install (the `import` extra).
+IMPORT_MODULES = frozenset({"torch", "onnx", "yaml"})
+INSTALL_HINT = "scripts/install.sh train,import (or pip install 'seq2seq-serve[train,import]')"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,6 +38,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        from export.importers.common import ImportRefused
+    except ModuleNotFoundError as err:
+        missing = (err.name or "").split(".")[0]
+        if missing not in IMPORT_MODULES:
+            raise
+        print(
+            f"s2s-import: needs {missing}, which is not installed: {INSTALL_HINT}", file=sys.stderr
+        )
+        return 2
     try:
         if args.toolkit == "opennmt-py":
             from export.importers import opennmt
