@@ -52,8 +52,11 @@ class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed = nn.Embedding(cfg.src_vocab_size, cfg.emb_dim, padding_idx=cfg.pad_id)
-        self.rnn = make_rnn(cfg.rnn, cfg.emb_dim, cfg.enc_hidden, cfg.enc_layers, cfg.dropout, True)
+        self.rnn = make_rnn(
+            cfg.rnn, cfg.emb_dim, cfg.enc_hidden, cfg.enc_layers, cfg.dropout, cfg.bidirectional
+        )
         self.dropout = nn.Dropout(cfg.dropout)
+        self.bidirectional = cfg.bidirectional
 
     def forward(self, src: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) ids, lengths (B,) → states (B, S, 2*He), summary (B, 2*He) of the top layer."""
@@ -63,6 +66,8 @@ class Encoder(nn.Module):
         out, final = self.rnn(packed)
         states, _ = pad_packed_sequence(out, batch_first=True, total_length=S)  # (B, S, 2*He)
         h_n = final[0] if isinstance(final, tuple) else final  # (layers*2, B, He)
+        if not self.bidirectional:
+            return states, h_n[-1]  # (B, He)
         summary = torch.cat(
             [h_n[-2], h_n[-1]], dim=-1
         )  # (B, 2*He): last forward and backward states

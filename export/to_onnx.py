@@ -86,7 +86,11 @@ class DecoderStepGraph(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         state = state.index_select(0, reorder)  # (N, D_state): follow the beam's back-pointers
         logits, new_state, attention = self.model.decode_step(tokens, state, keys, values, mask)
-        top_lp, top_ids = top_k_log_probs(logits, k)
+        step_log_probs = getattr(self.model, "step_log_probs", None)  # an imported toolkit's rule
+        if step_log_probs is not None:
+            top_lp, top_ids = torch.topk(step_log_probs(logits, tokens), cast(int, k), dim=-1)
+        else:
+            top_lp, top_ids = top_k_log_probs(logits, k)
         return top_lp, top_ids, new_state, attention
 
 

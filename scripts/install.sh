@@ -2,6 +2,7 @@
 # Install the project into ./.venv. Used by the README, CI and the Dockerfile alike.
 #   scripts/install.sh            serving only (no torch)
 #   scripts/install.sh dev,train  serving + extras
+#   scripts/install.sh dev,train,import  + OpenNMT-py 3.5.1 and Joey NMT 2.3.0 (--no-deps) for s2s-import
 # Environment: PYTHON (default python3), S2S_ONNXRUNTIME=gpu to swap in onnxruntime-gpu (CUDA images).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,10 @@ if [ -n "$extras" ]; then
 else
   python -m pip install -q -e .
 fi
+case ",$extras," in
+  *,import,*)  # the toolkits s2s-import reads; their own pins (torch<2.3, protobuf<3.21) are too old
+    python -m pip install -q --no-deps opennmt-py==3.5.1 joeynmt==2.3.0 ;;
+esac
 if [ "${S2S_ONNXRUNTIME:-cpu}" = "gpu" ]; then
   python -m pip uninstall -q -y onnxruntime
   python -m pip install -q onnxruntime-gpu

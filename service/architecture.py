@@ -12,10 +12,12 @@ from typing import Any, Literal
 RnnKind = Literal["gru", "lstm"]
 AttentionKind = Literal["additive", "dot", "general", "concat", "scaled_dot", "none"]
 DecoderStyle = Literal["bahdanau", "luong"]
+Toolkit = Literal["native", "opennmt-py", "joeynmt"]
 
 RNN_KINDS: tuple[str, ...] = ("gru", "lstm")
 ATTENTION_KINDS: tuple[str, ...] = ("additive", "dot", "general", "concat", "scaled_dot", "none")
 DECODER_STYLES: tuple[str, ...] = ("bahdanau", "luong")
+TOOLKITS: tuple[str, ...] = ("native", "opennmt-py", "joeynmt")
 
 # Special ids are fixed across every model: the tokenizer is trained to use them.
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -27,12 +29,16 @@ class ModelConfig:
 
     attention="none" is the fixed-context encoder-decoder (Cho et al. 2014): the encoder's summary
     enters every decoder step and there is no alignment; decoder_style is then ignored.
+
+    toolkit names whose equations the graphs hold: "native" (our trainer, export/model.py) or a
+    toolkit a checkpoint was imported from (export/importers/); `bridge` and `input_feed` then
+    record that toolkit's options. Serving never branches on them: the graphs carry the equations.
     """
 
     src_vocab_size: int
     tgt_vocab_size: int
     emb_dim: int = 128
-    enc_hidden: int = 128  # per direction; encoder states are 2 * enc_hidden wide
+    enc_hidden: int = 128  # per direction; encoder states are enc_out_dim wide
     dec_hidden: int = 256
     enc_layers: int = 1
     dec_layers: int = 1
@@ -45,6 +51,10 @@ class ModelConfig:
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
     unk_id: int = UNK_ID
+    bidirectional: bool = True  # encoder; False: one direction, states enc_hidden wide
+    toolkit: Toolkit = "native"
+    bridge: str = "linear_tanh"  # how the decoder's first state comes from the encoder
+    input_feed: bool | None = None  # None: Luong style feeds h~ (the native rule)
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -65,22 +75,27 @@ class ModelConfig:
         for name in ("enc_layers", "dec_layers", "attn_dim"):
             if getattr(self, name) < 1:
                 out.append(f"{name} must be >= 1")
+        if self.toolkit not in TOOLKITS:
+            out.append(f"toolkit must be one of {TOOLKITS}, got {self.toolkit!r}")
         if not 0.0 <= self.dropout < 1.0:
             out.append(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.attention in ("dot", "scaled_dot") and self.dec_hidden != 2 * self.enc_hidden:
+        if self.attention in ("dot", "scaled_dot") and self.dec_hidden != self.enc_out_dim:
             out.append(
                 f"{self.attention} attention scores s·h directly, so dec_hidden ({self.dec_hidden}) "
-                f"must equal 2 * enc_hidden ({2 * self.enc_hidden}); use 'general' otherwise"
+                f"must equal {'2 * ' if self.bidirectional else ''}enc_hidden ({self.enc_out_dim}); "
+                "use 'general' otherwise"
             )
         return out
 
     @property
     def enc_out_dim(self) -> int:
-        return 2 * self.enc_hidden
+        return (2 if self.bidirectional else 1) * self.enc_hidden
 
     @property
     def input_feeding(self) -> bool:
         """Luong's input feeding: the previous attentional state h~ enters the RNN input."""
+        if self.input_feed is not None:
+            return self.input_feed
         return self.attention != "none" and self.decoder_style == "luong"
 
     @property

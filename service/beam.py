@@ -313,11 +313,20 @@ class _NextBeam:
     scores: np.ndarray  # (B, K) float64, -inf for dead slots
 
 
-def _continuations(cands: _Candidates, widths: np.ndarray, eos_id: int, K: int) -> _NextBeam:
-    """The `width` best non-EOS candidates of each sentence in slots 0..width-1; other slots dead."""
+def _continuations(
+    cands: _Candidates, widths: np.ndarray, eos_id: int, K: int, within_top: bool = False
+) -> _NextBeam:
+    """The `width` best non-EOS candidates of each sentence in slots 0..width-1; other slots dead.
+
+    within_top: only the non-EOS candidates among the top `width` continue (the beam narrows by
+    the EOS candidates that finished), the rule of OpenNMT-py's and Joey NMT's beam search."""
     is_eos = cands.tokens == eos_id  # (B, M)
-    non_eos_rank = np.cumsum(~is_eos, axis=1) - 1  # (B, M)
-    wanted = ~is_eos & (non_eos_rank < widths[:, None])  # (B, M)
+    if within_top:
+        rank = np.arange(is_eos.shape[1])[None, :]  # (1, M)
+        wanted = ~is_eos & (rank < widths[:, None]) & np.isfinite(cands.scores)  # (B, M)
+    else:
+        non_eos_rank = np.cumsum(~is_eos, axis=1) - 1  # (B, M)
+        wanted = ~is_eos & (non_eos_rank < widths[:, None])  # (B, M)
     picks = np.argsort(~wanted, axis=1, kind="stable")[:, :K]  # (B, K) wanted first, best first
     live = np.take_along_axis(wanted, picks, axis=1)  # (B, K)
     scores = np.take_along_axis(cands.scores, picks, axis=1)  # (B, K)
@@ -359,7 +368,10 @@ class BeamSearch:
         bos_id: int,
         eos_id: int,
         vocab_size: int | None = None,
+        narrow_on_eos: bool = False,
     ) -> None:
+        """narrow_on_eos: continue only the non-EOS candidates among the top beam_size (the beam
+        rule of the toolkits imported models come from; see _continuations)."""
         if beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {beam_size}")
         if vocab_size is not None and vocab_size < 2:
@@ -370,6 +382,7 @@ class BeamSearch:
         self._candidates = beam_size + 1 if vocab_size is None else min(beam_size + 1, vocab_size)
         self._bos_id = bos_id
         self._eos_id = eos_id
+        self._narrow_on_eos = narrow_on_eos
         self._beams = _Beams.empty()
         self._joining: list[_Beams] = []  # slots of sentences added since the last step
         self._sentences: list[_Sentence] = []
@@ -435,7 +448,7 @@ class BeamSearch:
         widths = np.array([s.options.beam_size for s in self._sentences], np.int64)  # (B,)
         cands = _rank_candidates(self._beams.scores, out, B, K)
         ends = _eos_choices(cands, widths, self._eos_id)  # (B, K*k)
-        nxt = _continuations(cands, widths, self._eos_id, K)
+        nxt = _continuations(cands, widths, self._eos_id, K, self._narrow_on_eos)
         rows = nxt.slots + K * np.arange(B)[:, None]  # (B, K) rows of this step's output
         self._beams = _Beams(
             tokens=nxt.tokens.reshape(N),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,23 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 REQUIRED_FILES = ("encoder.onnx", "decoder.onnx", "source.model", "target.model")
 OPTIONAL_FILES = ("decoder.int8.onnx",)
+# The manifest's "tokenizer" section says how text becomes ids; absent means SentencePiece (every
+# bundle our trainer writes). "word": whitespace-split words looked up in vocabulary files, the
+# convention of the toolkits whose checkpoints export/importers/ turns into bundles.
+TOKENIZER_KINDS = ("sentencepiece", "word")
+TOKENIZER_FILES = {
+    "sentencepiece": ("source.model", "target.model"),
+    "word": ("source.vocab", "target.vocab"),
+}
+SENTENCEPIECE = {"kind": "sentencepiece"}
+
+
+def required_files(tokenizer: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The graphs plus the tokenizer files the manifest's tokenizer section asks for."""
+    kind = (tokenizer or SENTENCEPIECE).get("kind")
+    if kind not in TOKENIZER_FILES:
+        raise BundleError(f"unknown tokenizer kind {kind!r} (known: {list(TOKENIZER_KINDS)})")
+    return ("encoder.onnx", "decoder.onnx", *TOKENIZER_FILES[kind])
 
 
 class BundleError(ValueError):
@@ -34,6 +51,7 @@ class Bundle:
     architecture: ModelConfig
     files: dict[str, str]  # file name → sha256
     info: dict[str, Any]
+    tokenizer: dict[str, Any] = field(default_factory=lambda: dict(SENTENCEPIECE))
     input_rule: InputRule | None = None  # the manifest's "input"; None: any text, as tokenized
 
     def file(self, name: str) -> Path:
@@ -59,10 +77,14 @@ def write_manifest(
     architecture: dict[str, Any],
     info: dict[str, Any] | None = None,
     input_rule: InputRule | None = None,
+    tokenizer: dict[str, Any] | None = None,
 ) -> Path:
-    """Hash every bundle file present in `directory` and write manifest.json next to them."""
-    present = [f for f in (*REQUIRED_FILES, *OPTIONAL_FILES) if (directory / f).is_file()]
-    missing = [f for f in REQUIRED_FILES if f not in present]
+    """Hash every bundle file present in `directory` and write manifest.json next to them.
+
+    tokenizer: the manifest's tokenizer section; None writes none (SentencePiece, as ever)."""
+    required = required_files(tokenizer)
+    present = [f for f in (*required, *OPTIONAL_FILES) if (directory / f).is_file()]
+    missing = [f for f in required if f not in present]
     if missing:
         raise BundleError(f"cannot write a manifest for {directory}: missing {missing}")
     manifest = {
@@ -76,6 +98,8 @@ def write_manifest(
     }
     if input_rule is not None:
         manifest["input"] = input_rule.to_dict()
+    if tokenizer is not None:
+        manifest["tokenizer"] = tokenizer
     path = directory / MANIFEST
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
@@ -101,9 +125,11 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def verify_files(directory: Path, files: dict[str, str]) -> None:
+def verify_files(
+    directory: Path, files: dict[str, str], tokenizer: dict[str, Any] | None = None
+) -> None:
     """Every required file listed and present, and every listed file's sha256 as recorded."""
-    unlisted = [f for f in REQUIRED_FILES if f not in files]
+    unlisted = [f for f in required_files(tokenizer) if f not in files]
     if unlisted:
         raise BundleError(f"{directory / MANIFEST} does not list required files {unlisted}")
     for name, expected in sorted(files.items()):
@@ -121,7 +147,10 @@ def verify_files(directory: Path, files: dict[str, str]) -> None:
 def load_bundle(path: str | Path) -> Bundle:
     directory = Path(path)
     manifest = read_manifest(directory)
-    verify_files(directory, dict(manifest["files"]))
+    tokenizer = manifest.get("tokenizer", SENTENCEPIECE)
+    if not isinstance(tokenizer, dict):
+        raise BundleError(f"{directory / MANIFEST}: 'tokenizer' must be an object")
+    verify_files(directory, dict(manifest["files"]), tokenizer)
     expected_ids = {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}
     if manifest["special_ids"] != expected_ids:
         raise BundleError(
@@ -145,4 +174,5 @@ def load_bundle(path: str | Path) -> Bundle:
         files=dict(manifest["files"]),
         info=dict(manifest.get("info", {})),
         input_rule=input_rule,
+        tokenizer=dict(tokenizer),
     )

@@ -25,7 +25,7 @@ from service.embedded import resolve_bundle
 from service.errors import InvalidInput
 from service.input_rule import InputRejected
 from service.runtime import EncodedSentence, OnnxDecoder, OnnxModel
-from service.tokenizer import Tokenizer
+from service.vocab import TextTokenizer, is_word_level, load_tokenizers
 
 AlignmentMode = Literal["none", "subword", "word"]
 ALIGNMENT_MODES: tuple[str, ...] = ("none", "subword", "word")
@@ -76,8 +76,8 @@ class Engine:
         self.bundle = bundle
         self.model = model
         self.limits = limits
-        self.src_tok = Tokenizer.load(bundle.file("source.model"))
-        self.tgt_tok = Tokenizer.load(bundle.file("target.model"))
+        self.src_tok, self.tgt_tok = load_tokenizers(bundle)
+        self.word_level = is_word_level(self.src_tok) and is_word_level(self.tgt_tok)
         self.cfg = bundle.architecture
         self._keys = itertools.count()
         check_loaded_bundle(bundle, model, self.src_tok, self.tgt_tok)
@@ -177,14 +177,17 @@ class Engine:
             score=float(hyp.score),
             log_prob=float(hyp.log_prob),
             alignment=make_alignment(
-                hyp.attention, request.sentence.pieces, pieces, request.alignment
+                hyp.attention,
+                request.sentence.pieces,
+                pieces,
+                "subword" if self.word_level and request.alignment == "word" else request.alignment,
             ),
             finished=hyp.finished_by_eos,
         )
 
 
 def check_loaded_bundle(
-    bundle: Bundle, model: OnnxModel, source: Tokenizer, target: Tokenizer
+    bundle: Bundle, model: OnnxModel, source: TextTokenizer, target: TextTokenizer
 ) -> None:
     """The graphs keep the runtime's contract and the tokenizers agree with the manifest
     (BundleError naming the file otherwise): see service/graph_contract.py."""
@@ -227,7 +230,12 @@ class RunningBatch(Generic[KeyT]):
         self.decoder: OnnxDecoder = engine.model.new_decoder()
         cfg = engine.cfg
         self.search = BeamSearch(
-            self.decoder, beam_size, cfg.bos_id, cfg.eos_id, vocab_size=cfg.tgt_vocab_size
+            self.decoder,
+            beam_size,
+            cfg.bos_id,
+            cfg.eos_id,
+            vocab_size=cfg.tgt_vocab_size,
+            narrow_on_eos=cfg.toolkit != "native",  # imported models: the toolkit's beam rule
         )
         self.requests: dict[Hashable, DecodeRequest[KeyT]] = {}
 

@@ -40,6 +40,7 @@ from service.beam import (
 from service.bundle import load_bundle
 from service.engine import Engine, Translation
 from service.tokenizer import Tokenizer
+from service.vocab import TextTokenizer
 from tests.conftest import DEFAULT_BUNDLE
 from tests.test_server import (
     Opts,
@@ -161,7 +162,7 @@ class Resolved:
         return max(1, min(self.max_length, int(self.a * src_len + self.b)))
 
 
-def should_be_valid(request: pb.TranslateRequest, info: pb.ModelInfo, tok: Tokenizer) -> bool:
+def should_be_valid(request: pb.TranslateRequest, info: pb.ModelInfo, tok: TextTokenizer) -> bool:
     """The request respects every limit in ModelInfo and the documented option ranges."""
     limits, texts = info.limits, list(request.texts)
     if not 1 <= len(texts) <= limits.max_texts:

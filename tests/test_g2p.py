@@ -227,7 +227,7 @@ def ruled_bundle(tiny: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> P
         manifest["version"],
         manifest["architecture"],
         manifest["info"],
-        InputRule.from_dict(g2p.INPUT_RULE),
+        input_rule=InputRule.from_dict(g2p.INPUT_RULE),
     )
     return path
 

@@ -1,0 +1,221 @@
+"""Decode-only throughput of imported models against OpenNMT-py and Joey NMT, on the same weights.
+
+    python -m benchmarks.import_speed [--work DIR] [--repeats 3] [--json docs/benchmarks/import_speed.json]
+
+Per toolkit, two models trained with the toolkit's own command line on the generated reversal task
+(export/importers/toolkits.py), then imported with s2s-import:
+  gru:  embeddings 128, bidirectional GRU encoder (hidden 256 = 2 x 128), GRU decoder 256,
+        mlp (OpenNMT-py) / Bahdanau (Joey NMT) attention, no input feeding;
+  lstm: OpenNMT-py's default RNN (rnn encoder, 2-layer LSTM, general attention, input feeding) and
+        the same shape in Joey NMT (2-layer LSTM, Luong attention, input feeding), hidden 256.
+Each decodes the same 500 test sentences at beam 5 in batches of 32 with 1 and 2 threads; the
+systems run interleaved (ours fp32, ours int8 decoder, the toolkit's own in-process translate API),
+`--repeats` times, and the medians are reported. Decode-only: models are loaded before the clock
+starts; tokenization and detokenization are inside it for every system. No length penalty and a
+maximum of 100 target tokens on every side. The toolkits are driven through their Python APIs
+(OpenNMT-py's InferenceEnginePY.infer_list, Joey NMT's TranslatorHubInterface.translate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+
+import torch
+import yaml
+
+from export.importers import cli, toolkits
+from service.beam import SearchOptions
+from service.config import RuntimeConfig
+from service.engine import Engine
+
+BEAM, BATCH, MAX_LEN = 5, 32, 100
+ONMT_MODELS: dict[str, dict[str, Any]] = {
+    "gru": {"encoder_type": "brnn", "rnn_type": "GRU", "global_attention": "mlp", "input_feed": 0,
+            "hidden_size": 256, "word_vec_size": 128, "enc_layers": 1, "dec_layers": 1},
+    "lstm": {"hidden_size": 256, "word_vec_size": 128},  # OpenNMT-py's defaults otherwise
+}  # fmt: skip
+JOEY_MODELS: dict[str, dict[str, Any]] = {
+    "gru": {
+        "encoder": {"type": "recurrent", "rnn_type": "gru", "embeddings": {"embedding_dim": 128},
+                    "hidden_size": 128, "bidirectional": True},
+        "decoder": {"type": "recurrent", "rnn_type": "gru", "embeddings": {"embedding_dim": 128},
+                    "hidden_size": 256, "attention": "bahdanau", "input_feeding": False,
+                    "init_hidden": "bridge"},
+    },
+    "lstm": {
+        "encoder": {"type": "recurrent", "rnn_type": "lstm", "embeddings": {"embedding_dim": 128},
+                    "hidden_size": 128, "bidirectional": True, "num_layers": 2},
+        "decoder": {"type": "recurrent", "rnn_type": "lstm", "embeddings": {"embedding_dim": 128},
+                    "hidden_size": 256, "num_layers": 2, "attention": "luong",
+                    "input_feeding": True, "init_hidden": "bridge"},
+    },
+}  # fmt: skip
+
+
+def ours(bundle: Path, threads: int, int8: bool) -> Callable[[list[str]], list[str]]:
+    runtime = RuntimeConfig(
+        providers=("CPUExecutionProvider",),
+        intra_op_threads=threads,
+        encoder_threads=threads,
+        int8_decoder=int8,
+    )
+    engine = Engine.load(bundle, runtime)
+    options = SearchOptions(beam_size=BEAM, max_length_a=0.0, max_length_b=MAX_LEN)
+
+    def run(lines: list[str]) -> list[str]:
+        out: list[str] = []
+        for i in range(0, len(lines), BATCH):
+            batch = engine.translate(lines[i : i + BATCH], options, alignment="none")
+            out += [t.hypotheses[0].text for t in batch]
+        return out
+
+    return run
+
+
+def onmt_system(checkpoint: Path) -> Callable[[list[str]], list[str]]:
+    from onmt.inference_engine import InferenceEnginePY
+    from onmt.opts import translate_opts
+    from onmt.utils.parse import ArgumentParser
+
+    parser = ArgumentParser()
+    translate_opts(parser)
+    opt = parser.parse_args(
+        ["-model", str(checkpoint), "-src", "-", "-output", os.devnull, "-beam_size", str(BEAM), "-batch_size", str(BATCH),
+         "-length_penalty", "none", "-max_length_ratio", "0", "-max_length", str(MAX_LEN)]
+    )  # fmt: skip
+    ArgumentParser.validate_translate_opts(opt)
+    ArgumentParser._get_all_transform_translate(opt)
+    ArgumentParser._validate_transforms_opts(opt)
+    ArgumentParser.validate_translate_opts_dynamic(opt)
+    engine = InferenceEnginePY(opt)
+
+    def run(lines: list[str]) -> list[str]:
+        with redirect_stdout(io.StringIO()):
+            _, preds = engine.infer_list(lines)
+        return [p[0] for p in preds]
+
+    return run
+
+
+def joey_system(config: Path) -> Callable[[list[str]], list[str]]:
+    from joeynmt.hub_interface import TranslatorHubInterface, _from_pretrained
+
+    cfg = yaml.safe_load(config.read_text())
+    model_dir = Path(cfg["model_dir"])
+    for side in ("src", "trg"):
+        cfg["data"][side]["voc_file"] = str(model_dir / f"{side}_vocab.txt")
+    cfg["testing"].update(beam_size=BEAM, max_output_length=MAX_LEN)
+    run_cfg = model_dir / "bench.yaml"
+    run_cfg.write_text(yaml.safe_dump(cfg))
+    model, data, args = _from_pretrained(model_dir, cfg_file=run_cfg)
+    hub = TranslatorHubInterface(model, data, args)
+
+    def run(lines: list[str]) -> list[str]:
+        out: list[str] = []
+        for i in range(0, len(lines), BATCH):
+            out += hub.translate(lines[i : i + BATCH], beam_size=BEAM, max_output_length=MAX_LEN)
+        return out
+
+    return run
+
+
+def prepare(work: Path) -> list[dict[str, Any]]:
+    """Train (once; reused from --work) and import the four models."""
+    task = work / "task"
+    if not (task / "test.src").exists():
+        toolkits.make_task(task)
+    models = []
+    for name, options in ONMT_MODELS.items():
+        out = work / f"onmt_{name}"
+        ckpt = out / "model_step_300.pt"
+        if not ckpt.exists():
+            toolkits.train_onmt(task, out, options, steps=300)
+        bundle = out / "bundle"
+        if not bundle.exists():
+            cli.main(["opennmt-py", "--checkpoint", str(ckpt), "--out", str(bundle), "--int8"])
+        models.append({"toolkit": "opennmt-py", "model": name, "bundle": bundle, "ckpt": ckpt})
+    for name, model in JOEY_MODELS.items():
+        out = work / f"joey_{name}"
+        config = out / "config.yaml"
+        if not (out / "model" / "best.ckpt").exists():
+            config, _ = toolkits.train_joey(task, out, model, epochs=5)
+        bundle = out / "bundle"
+        if not bundle.exists():
+            cli.main(["joeynmt", "--config", str(config), "--checkpoint",
+                      str(out / "model" / "best.ckpt"), "--out", str(bundle), "--int8"])  # fmt: skip
+        models.append({"toolkit": "joeynmt", "model": name, "bundle": bundle, "config": config})
+    return models
+
+
+def measure(
+    models: list[dict[str, Any]], lines: list[str], repeats: int, thread_counts: tuple[int, ...]
+) -> list[dict[str, Any]]:
+    rows = []
+    for m in models:
+        toolkit = (
+            onmt_system(m["ckpt"]) if m["toolkit"] == "opennmt-py" else joey_system(m["config"])
+        )
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            systems = {
+                "ours": ours(m["bundle"], threads, int8=False),
+                "ours_int8": ours(m["bundle"], threads, int8=True),
+                m["toolkit"]: toolkit,
+            }
+            times: dict[str, list[float]] = {k: [] for k in systems}
+            outputs: dict[str, list[str]] = {}
+            for name, system in systems.items():  # warm-up, and the outputs to compare
+                outputs[name] = system(lines[:64])
+            for _ in range(repeats):  # interleaved
+                for name, system in systems.items():
+                    start = time.perf_counter()
+                    outputs[name] = system(lines)
+                    times[name].append(time.perf_counter() - start)
+            row: dict[str, Any] = {"toolkit": m["toolkit"], "model": m["model"], "threads": threads}
+            for name in systems:
+                row[f"{name}_sent_per_s"] = round(len(lines) / statistics.median(times[name]), 1)
+            tool = row[f"{m['toolkit']}_sent_per_s"]
+            row["speedup"] = round(row["ours_sent_per_s"] / tool, 2)
+            row["speedup_int8"] = round(row["ours_int8_sent_per_s"] / tool, 2)
+            same = sum(a == b for a, b in zip(outputs["ours"], outputs[m["toolkit"]], strict=True))
+            row["identical_outputs"] = f"{same}/{len(lines)}"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--work", type=Path, default=Path("runs/import_bench"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    args = parser.parse_args(argv)
+    logging.disable(logging.INFO)
+    torch.set_num_threads(1)
+    models = prepare(args.work)
+    lines = toolkits.read_lines(args.work / "task" / "test.src")
+    threads = tuple(int(t) for t in args.threads.split(","))
+    rows = measure(models, lines, args.repeats, threads)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Importers: other toolkits' RNN checkpoints → this project's bundle (see docs/import.md)."""

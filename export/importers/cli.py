@@ -1,0 +1,72 @@
+"""s2s-import: turn an OpenNMT-py or Joey NMT RNN checkpoint into a bundle the server loads.
+
+    s2s-import opennmt-py --checkpoint model_step_N.pt --out models/mine [--name N --version V --int8]
+    s2s-import joeynmt --config config.yaml --checkpoint best.ckpt --out models/mine [...]
+
+A checkpoint the importer cannot rebuild exactly (an option it does not support, a configuration
+that does not match the weights, a vocabulary of the wrong size, a file that is not a checkpoint)
+gets one line on stderr saying what is wrong, exit status 2, and no bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# Top-level import names s2s-import needs beyond the serving install (the `import` extra).
+IMPORT_MODULES = frozenset({"torch", "onnx", "yaml"})
+INSTALL_HINT = "scripts/install.sh train,import (or pip install 'seq2seq-serve[train,import]')"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="s2s-import", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="toolkit", required=True)
+    onmt = sub.add_parser("opennmt-py", help="an OpenNMT-py 3.x RNN checkpoint (.pt)")
+    joey = sub.add_parser("joeynmt", help="a Joey NMT 2.x recurrent model (config + .ckpt)")
+    joey.add_argument("--config", required=True, type=Path, help="the training config.yaml")
+    for p in (onmt, joey):
+        p.add_argument("--checkpoint", required=True, type=Path)
+        p.add_argument("--out", required=True, type=Path, help="bundle directory to write")
+        p.add_argument("--name", default="imported")
+        p.add_argument("--version", default="0.1.0")
+        p.add_argument("--int8", action="store_true", help="also write decoder.int8.onnx")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        from export.importers.common import ImportRefused
+    except ModuleNotFoundError as err:
+        missing = (err.name or "").split(".")[0]
+        if missing not in IMPORT_MODULES:
+            raise
+        print(
+            f"s2s-import: needs {missing}, which is not installed: {INSTALL_HINT}", file=sys.stderr
+        )
+        return 2
+    try:
+        if args.toolkit == "opennmt-py":
+            from export.importers import opennmt
+
+            out = opennmt.import_checkpoint(
+                args.checkpoint, args.out, args.name, args.version, args.int8
+            )
+        else:
+            from export.importers import joeynmt
+
+            out = joeynmt.import_checkpoint(
+                args.config, args.checkpoint, args.out, args.name, args.version, args.int8
+            )
+    except ImportRefused as err:
+        print(f"s2s-import: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote bundle {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

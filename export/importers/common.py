@@ -1,0 +1,229 @@
+"""What every importer shares: the refusal error, the special-token permutation, bundle writing.
+
+An importer rebuilds the toolkit's network as a torch module with this project's export interface
+(`cfg`, `encode(src, lengths) → Encoded`, `decode_step(tokens, state, keys, values, mask) → logits,
+new state, attention`), so export/to_onnx.py writes the same two graphs it writes for our own models
+and the server runs them unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from export.model import gru_cell, lstm_cell
+from export.to_onnx import export_graphs, quantize_decoder
+from service import bundle as bundle_format
+from service.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
+
+
+class ImportRefused(ValueError):
+    """The checkpoint cannot be imported faithfully; the message says which option or file, and why."""
+
+
+def refuse_unless(ok: bool, message: str) -> None:
+    if not ok:
+        raise ImportRefused(message)
+
+
+def special_order(
+    tokens: Sequence[str], pad: str, bos: str, eos: str, unk: str, side: str
+) -> list[int]:
+    """The toolkit's row of each of our ids: its pad, bos, eos and unk land on PAD, BOS, EOS, UNK (0-3),
+    every other token follows in the toolkit's order. Permuting embedding and output rows with this
+    keeps the serving contract's fixed special ids."""
+    first: dict[str, int] = {}
+    for i, token in enumerate(tokens):
+        first.setdefault(token, i)
+    specials = {PAD_ID: pad, BOS_ID: bos, EOS_ID: eos, UNK_ID: unk}
+    rows: list[int] = []
+    for our_id in sorted(specials):
+        token = specials[our_id]
+        if token not in first:
+            raise ImportRefused(f"the {side} vocabulary has no {token!r} token")
+        rows.append(first[token])
+    if len(set(rows)) != len(rows):
+        raise ImportRefused(
+            f"the {side} vocabulary uses one token for two special roles: {specials}"
+        )
+    taken = set(rows)
+    return rows + [i for i in range(len(tokens)) if i not in taken]
+
+
+def permuted(weight: Tensor, order: Sequence[int]) -> Tensor:
+    """weight (V, ·) or (V,) with its rows in `order` (the rows of our ids)."""
+    return weight.detach().float()[torch.as_tensor(list(order), dtype=torch.long)].clone()
+
+
+def check_rows(name: str, weight: Tensor, vocab_size: int, side: str) -> None:
+    refuse_unless(
+        weight.shape[0] == vocab_size,
+        f"vocabulary size mismatch: {name} has {weight.shape[0]} rows but the {side} vocabulary "
+        f"has {vocab_size} tokens",
+    )
+
+
+def load_weights(module: nn.Module, tensors: dict[str, Tensor]) -> None:
+    """Copy tensors into module's parameters by name; every parameter must be given, shapes equal."""
+    own = dict(module.named_parameters())
+    missing = sorted(set(own) - set(tensors))
+    refuse_unless(
+        not missing, f"the checkpoint lacks weights the configuration needs: {missing[:4]}"
+    )
+    for name, param in own.items():
+        value = tensors[name]
+        refuse_unless(
+            tuple(value.shape) == tuple(param.shape),
+            f"the configuration does not match the checkpoint: {name} is {tuple(value.shape)} in the "
+            f"checkpoint but {tuple(param.shape)} by the configuration",
+        )
+        with torch.no_grad():
+            param.copy_(value.float())
+
+
+def write_vocab(path: Path, tokens: Sequence[str], order: Sequence[int], side: str) -> list[str]:
+    """Write tokens in our id order, one a line; refuse tokens a line-based file cannot hold."""
+    rows = [tokens[i] for i in order]
+    bad = [t for t in rows if not t or any(c.isspace() for c in t)]
+    refuse_unless(not bad, f"the {side} vocabulary has tokens with whitespace or empty: {bad[:3]}")
+    path.write_text("".join(t + "\n" for t in rows), encoding="utf-8")
+    return rows
+
+
+def write_bundle(
+    model: nn.Module,
+    cfg: ModelConfig,
+    vocabs: dict[str, tuple[Sequence[str], Sequence[int]]],
+    tokenizer: dict[str, Any],
+    out: Path,
+    name: str,
+    version: str,
+    int8: bool,
+    info: dict[str, Any],
+) -> Path:
+    """Graphs, vocabularies and manifest, written to a temporary directory, verified by loading,
+    then moved to `out`: a failure at any point leaves no bundle behind."""
+    parent = out.parent if out.parent.exists() else None
+    with tempfile.TemporaryDirectory(dir=parent) as tmp_name:
+        tmp = Path(tmp_name)
+        export_graphs(model, tmp)  # type: ignore[arg-type]  # same interface as export.model.Seq2Seq
+        if int8:
+            quantize_decoder(tmp / "decoder.onnx", tmp / "decoder.int8.onnx")
+        for side, (tokens, order) in vocabs.items():
+            write_vocab(tmp / f"{side}.vocab", tokens, order, side)
+        bundle_format.write_manifest(
+            tmp,
+            name=name,
+            version=version,
+            architecture=cfg.to_dict(),
+            info=info,
+            tokenizer=tokenizer,
+        )
+        bundle_format.load_bundle(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(tmp, out)
+    out.chmod(0o755)
+    return out
+
+
+def gru_or_lstm(kind: str) -> str:
+    """Our rnn name for a toolkit's cell name (case-insensitive); refuse others."""
+    low = str(kind).lower()
+    refuse_unless(
+        low in ("gru", "lstm"), f"unsupported rnn type {kind!r}: only GRU and LSTM are imported"
+    )
+    return low
+
+
+def stacked_step(
+    rnn: nn.RNNBase, x: Tensor, h: Tensor, c: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """One time step of a stacked GRU/LSTM over nn.GRU/nn.LSTM's own parameters (the equations of
+    GRUCell/LSTMCell), as plain matrix products: x (N, I), h and c (L, N, H) → top output (N, H), h, c.
+    Dropout between layers is a no-op at inference and is left out."""
+    hs, cs = [], []
+    for layer in range(rnn.num_layers):
+        w_ih, w_hh, b_ih, b_hh = (
+            getattr(rnn, f"{n}_l{layer}") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        )
+        gi = nn.functional.linear(x, w_ih, b_ih)  # (N, G*H)
+        gh = nn.functional.linear(h[layer], w_hh, b_hh)  # (N, G*H)
+        if c is None:
+            x = gru_cell(gi, gh, h[layer])
+        else:
+            x, c_new = lstm_cell(gi + gh, c[layer])
+            cs.append(c_new)
+        hs.append(x)
+    return x, torch.stack(hs), (torch.stack(cs) if c is not None else None)
+
+
+def pack_state(h: Tensor, c: Tensor | None, feed: Tensor | None) -> Tensor:
+    """h, c (L, N, H) and the input feed (N, H) → one state row per hypothesis (N, state_dim)."""
+    N = h.shape[1]
+    parts = [h.transpose(0, 1).reshape(N, -1)]
+    if c is not None:
+        parts.append(c.transpose(0, 1).reshape(N, -1))
+    if feed is not None:
+        parts.append(feed)
+    return torch.cat(parts, dim=-1)
+
+
+def unpack_state(
+    state: Tensor, layers: int, hidden: int, lstm: bool, feed: bool
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The inverse of pack_state: state (N, state_dim) → h, c (L, N, H), feed (N, H)."""
+    N = state.shape[0]
+    size = layers * hidden
+    h = state[:, :size].reshape(N, layers, hidden).transpose(0, 1)
+    offset = size
+    c = None
+    if lstm:
+        c = state[:, offset : offset + size].reshape(N, layers, hidden).transpose(0, 1)
+        offset += size
+    f = state[:, offset : offset + hidden] if feed else None
+    return h, c, f
+
+
+def attend(scores: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """scores (B, K, S), values (B, S, D), mask (B, S) → context (B, K, D), weights (B, K, S);
+    padding gets exactly zero weight."""
+    weights = torch.softmax(scores.masked_fill(~mask.unsqueeze(1), float("-inf")), dim=-1)
+    return weights @ values, weights
+
+
+def encode_packed(
+    rnn: nn.RNNBase, emb: Tensor, lengths: Tensor
+) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
+    """A batch-first RNN over packed sequences: emb (B, S, E) → outputs (B, S, D), final state(s)."""
+    S = emb.shape[1]
+    packed = nn.utils.rnn.pack_padded_sequence(
+        emb, lengths.cpu(), batch_first=True, enforce_sorted=False
+    )
+    out, final = rnn(packed)
+    states, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=S)
+    return states, final
+
+
+def load_torch_file(path: Path, what: str) -> Any:
+    """torch.load with weights_only=True: tensors and plain containers only, plus argparse.Namespace
+    (OpenNMT-py pickles its options as one). A file that is not a checkpoint, or that would need
+    any other class to unpickle, is refused."""
+    if not path.is_file():
+        raise ImportRefused(f"checkpoint not found: {path}")
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a file that is not a checkpoint
+        message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ImportRefused(
+            f"{path} is not a PyTorch checkpoint of {what}: {type(err).__name__}: {message}"
+        ) from err

@@ -1,0 +1,368 @@
+"""Joey NMT 2.x recurrent models (config.yaml + .ckpt) → bundle, with Joey NMT's own equations.
+
+    s2s-import joeynmt --config model_dir/config.yaml --checkpoint model_dir/best.ckpt --out DIR
+
+What is rebuilt (joeynmt/encoders.py RecurrentEncoder, decoders.py RecurrentDecoder, attention.py
+of 2.3.0):
+- a bidirectional GRU/LSTM encoder over packed sequences; every source sentence ends with EOS;
+- the decoder's first state from the last layer's final states [fwd; bwd]: init_hidden "bridge"
+  (tanh(W e + b)), "last" (e, or its forward half when twice the decoder's width) or "zero", the
+  same for every layer (and for the LSTM's cell);
+- a step: the RNN on [y; h~_{t-1}] (input_feeding) or y, then attention with the new top state as
+  query: bahdanau v·tanh(W_q s + W_k h), luong s·(W_k h); h~ = tanh(W [s; c] + b); logits = U h~
+  (no bias). As Joey's search does, BOS and PAD are never produced and EOS not at the first step.
+Anything else (transformers, unidirectional encoders, other tokenizers, ...) is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import Tensor, nn
+
+from export.importers.common import (
+    ImportRefused,
+    attend,
+    check_rows,
+    encode_packed,
+    gru_or_lstm,
+    load_torch_file,
+    load_weights,
+    pack_state,
+    permuted,
+    refuse_unless,
+    special_order,
+    stacked_step,
+    unpack_state,
+    write_bundle,
+)
+from export.model import Encoded
+from service.architecture import BOS_ID, EOS_ID, PAD_ID, ModelConfig
+
+ATTENTIONS = {"bahdanau": "additive", "luong": "general"}
+ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
+
+
+class JoeyRnn(nn.Module):
+    """Joey NMT's recurrent encoder-decoder with this project's export interface."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tgt_emb_dim: int,
+        src_scale: bool,
+        tgt_scale: bool,
+        activation: str,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        H, D = cfg.dec_hidden, cfg.enc_out_dim
+        rnn_cls = nn.GRU if cfg.rnn == "gru" else nn.LSTM
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, cfg.emb_dim)
+        self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, tgt_emb_dim)
+        self.src_scale = math.sqrt(cfg.emb_dim) if src_scale else 1.0
+        self.tgt_scale = math.sqrt(tgt_emb_dim) if tgt_scale else 1.0
+        self.enc_rnn = rnn_cls(
+            cfg.emb_dim, cfg.enc_hidden, cfg.enc_layers, batch_first=True, bidirectional=True
+        )
+        self.dec_rnn = rnn_cls(tgt_emb_dim + (H if cfg.input_feeding else 0), H, cfg.dec_layers)
+        if cfg.bridge == "bridge":
+            self.bridge_layer = nn.Linear(D, H)
+        self.key_layer = nn.Linear(D, H, bias=False)
+        if cfg.attention == "additive":
+            self.query_layer = nn.Linear(H, H, bias=False)
+            self.energy_layer = nn.Linear(H, 1, bias=False)
+        self.att_vector_layer = nn.Linear(H + D, H)
+        self.output_layer = nn.Linear(H, cfg.tgt_vocab_size, bias=False)
+        self.activation = ACTIVATIONS[activation]
+        self.project_context = D == H
+
+    def encode(self, src: Tensor, lengths: Tensor) -> Encoded:
+        cfg = self.cfg
+        B, S = src.shape
+        emb = self.src_embed(src) * self.src_scale
+        values, final = encode_packed(self.enc_rnn, emb, lengths)  # (B, S, D)
+        h_n = final[0] if isinstance(final, tuple) else final  # (L*2, B, He)
+        last = torch.cat([h_n[-2], h_n[-1]], dim=-1)  # (B, D): last layer, fwd and bwd
+        H, L = cfg.dec_hidden, cfg.dec_layers
+        if cfg.bridge == "bridge":
+            init = self.activation(self.bridge_layer(last))
+        elif cfg.bridge == "last":
+            init = last[:, :H] if last.shape[1] == 2 * H else last
+        else:
+            init = torch.zeros(B, H, dtype=values.dtype)
+        h = init.unsqueeze(0).expand(L, B, H)  # (L, B, H): every layer the same
+        c = h if cfg.rnn == "lstm" else None
+        feed = torch.zeros(B, H, dtype=values.dtype) if cfg.input_feeding else None
+        mask = torch.arange(S).unsqueeze(0) < lengths.unsqueeze(1)  # (B, S)
+        # The context only enters att_vector_layer([s; c]) = W_s s + W_c (Σ a h) + b
+        # = W_s s + Σ a (W_c h) + b: attend over W_c h, projected once per sentence, and skip an
+        # H x D product per hypothesis and step.
+        # (The contract gives values the encoder's width: project only where it is the decoder's.)
+        keys = self.key_layer(values)  # (B, S, H)
+        if self.project_context:
+            values = values @ self.att_vector_layer.weight[:, H:].t()  # (B, S, H)
+        return Encoded(values=values, keys=keys, mask=mask, state=pack_state(h, c, feed))
+
+    def decode_step(
+        self, tokens: Tensor, state: Tensor, keys: Tensor, values: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """tokens (N,), state (N, state_dim), encoder tensors (B, S, ·) → logits (N, V), state, attention (N, S)."""
+        cfg = self.cfg
+        N = tokens.shape[0]
+        B, S = mask.shape
+        K = N // B
+        h, c, feed = unpack_state(
+            state, cfg.dec_layers, cfg.dec_hidden, cfg.rnn == "lstm", cfg.input_feeding
+        )
+        emb = self.tgt_embed(tokens) * self.tgt_scale  # (N, E)
+        x = torch.cat([emb, feed], dim=-1) if feed is not None else emb
+        s_t, h, c = stacked_step(self.dec_rnn, x, h, c)  # (N, H)
+        query = s_t.reshape(B, K, -1)  # (B, K, H)
+        if cfg.attention == "additive":
+            energy = torch.tanh(self.query_layer(query).unsqueeze(2) + keys.unsqueeze(1))
+            scores = self.energy_layer(energy).squeeze(-1)  # (B, K, S)
+        else:
+            scores = query @ keys.transpose(1, 2)  # (B, K, S)
+        context, weights = attend(
+            scores, values, mask
+        )  # (B, K, H) = W_c c or (B, K, D) c; (B, K, S)
+        if self.project_context:
+            H = cfg.dec_hidden
+            own = self.att_vector_layer.weight[:, :H]
+            pre = context + nn.functional.linear(query, own, self.att_vector_layer.bias)
+        else:
+            pre = self.att_vector_layer(torch.cat([query, context], dim=-1))
+        att_vector = self.activation(pre)  # att_vector_layer([s; c]) (B, K, H)
+        att_vector = att_vector.reshape(N, -1)  # (N, H)
+        logits = self.output_layer(att_vector)
+        new_state = pack_state(h, c, att_vector if cfg.input_feeding else None)
+        return logits, new_state, weights.reshape(N, S)
+
+    def step_log_probs(self, logits: Tensor, tokens: Tensor) -> Tensor:
+        """Joey's search: log-softmax over the whole vocabulary, then BOS and PAD forbidden, and EOS
+        at the first step (min_output_length 1; the first step is the one fed BOS)."""
+        log_probs = torch.log_softmax(logits, dim=-1)  # (N, V)
+        V = log_probs.shape[1]
+        banned = torch.zeros(V, dtype=torch.bool)
+        banned[BOS_ID] = True
+        banned[PAD_ID] = True
+        first = (tokens == BOS_ID).unsqueeze(1)  # (N, 1)
+        eos = torch.arange(V) == EOS_ID  # (V,)
+        forbid = banned.unsqueeze(0) | (first & eos.unsqueeze(0))  # (N, V)
+        return log_probs.masked_fill(forbid, float("-inf"))
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ImportRefused(f"config not found: {path}")
+    try:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ImportRefused(f"{path} is not a YAML file: {err}") from err
+    refuse_unless(
+        isinstance(cfg, dict)
+        and isinstance(cfg.get("model"), dict)
+        and isinstance(cfg.get("data"), dict),
+        f"{path} is not a Joey NMT config (no 'model' and 'data' sections)",
+    )
+    return cfg
+
+
+def read_checkpoint(path: Path) -> dict[str, Tensor]:
+    ckpt = load_torch_file(path, "Joey NMT")
+    refuse_unless(
+        isinstance(ckpt, dict) and isinstance(ckpt.get("model_state"), dict),
+        f"{path} is not a Joey NMT checkpoint (no 'model_state')",
+    )
+    return dict(ckpt["model_state"])
+
+
+def _want(
+    section: dict[str, Any], where: str, name: str, allowed: tuple[Any, ...], default: Any
+) -> Any:
+    value = section.get(name, default)
+    refuse_unless(
+        value in allowed,
+        f"unsupported Joey NMT option {where}.{name}: {value!r} (the importer supports {list(allowed)})",
+    )
+    return value
+
+
+def check_config(cfg: dict[str, Any]) -> None:
+    """Refuse every option this importer does not rebuild, naming the option and its value."""
+    model, data = cfg["model"], cfg["data"]
+    enc, dec = model.get("encoder", {}), model.get("decoder", {})
+    _want(enc, "model.encoder", "type", ("recurrent",), "recurrent")
+    _want(dec, "model.decoder", "type", ("recurrent",), "recurrent")
+    _want(enc, "model.encoder", "bidirectional", (True,), True)
+    _want(dec, "model.decoder", "attention", ("bahdanau", "luong"), "bahdanau")
+    _want(dec, "model.decoder", "init_hidden", ("zero", "last", "bridge"), "bridge")
+    _want(dec, "model.decoder", "activation", ("tanh", "relu"), "tanh")
+    for side in ("src", "trg"):
+        section = data.get(side, {})
+        _want(section, f"data.{side}", "level", ("word",), "word")
+        _want(section, f"data.{side}", "tokenizer_type", (None, "none", "pretokenized"), None)
+        pre = section.get("tokenizer_cfg", {}) or {}
+        _want(pre, f"data.{side}.tokenizer_cfg", "pretokenizer", (None, "none"), None)
+        _want(section, f"data.{side}", "normalize", (False, None), None)
+    symbols = data.get("special_symbols", {}) or {}
+    _want(symbols, "data.special_symbols", "sep_token", (None,), None)
+    _want(symbols, "data.special_symbols", "lang_tags", (None, []), None)
+    refuse_unless(
+        gru_or_lstm(enc.get("rnn_type", "gru")) == gru_or_lstm(dec.get("rnn_type", "gru")),
+        f"unsupported Joey NMT options: encoder rnn_type {enc.get('rnn_type')!r} and decoder "
+        f"rnn_type {dec.get('rnn_type')!r} differ",
+    )
+
+
+def vocab_file(cfg: dict[str, Any], side: str, config_path: Path, checkpoint: Path) -> Path:
+    """data.{side}.voc_file, else {side}_vocab.txt next to the checkpoint or in model_dir."""
+    name = f"{side}_vocab.txt"
+    given = cfg["data"].get(side, {}).get("voc_file")
+    candidates = [Path(given)] if given else []
+    candidates += [checkpoint.parent / name, config_path.parent / name]
+    if cfg.get("model_dir"):
+        candidates.append(Path(cfg["model_dir"]) / name)
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise ImportRefused(f"no {side} vocabulary: looked for {', '.join(str(p) for p in candidates)}")
+
+
+def read_vocab(path: Path, symbols: dict[str, Any]) -> list[str]:
+    """Joey's Vocabulary: its specials first, then the file's tokens, each kept once."""
+    specials = [
+        symbols.get("unk_token", "<unk>"),
+        symbols.get("pad_token", "<pad>"),
+        symbols.get("bos_token", "<s>"),
+        symbols.get("eos_token", "</s>"),
+    ]
+    tokens: list[str] = []
+    seen: set[str] = set()
+    for token in specials + path.read_text(encoding="utf-8").splitlines():
+        if token not in seen:
+            seen.add(token)
+            tokens.append(token)
+    return tokens
+
+
+def build(
+    cfg: dict[str, Any], state: dict[str, Tensor], src_tokens: list[str], tgt_tokens: list[str]
+) -> tuple[JoeyRnn, list[int], list[int]]:
+    check_config(cfg)
+    model_cfg, data = cfg["model"], cfg["data"]
+    enc, dec = model_cfg.get("encoder", {}), model_cfg.get("decoder", {})
+    symbols = data.get("special_symbols", {}) or {}
+    names = {
+        r: symbols.get(f"{r}_token", d)
+        for r, d in (("pad", "<pad>"), ("bos", "<s>"), ("eos", "</s>"), ("unk", "<unk>"))
+    }
+    src_order = special_order(
+        src_tokens, names["pad"], names["bos"], names["eos"], names["unk"], "source"
+    )
+    tgt_order = special_order(
+        tgt_tokens, names["pad"], names["bos"], names["eos"], names["unk"], "target"
+    )
+    for key in ("src_embed.lut.weight", "trg_embed.lut.weight", "decoder.output_layer.weight"):
+        refuse_unless(key in state, f"the checkpoint has no {key}: not a Joey NMT recurrent model")
+    check_rows("the source embedding", state["src_embed.lut.weight"], len(src_tokens), "source")
+    check_rows("the target embedding", state["trg_embed.lut.weight"], len(tgt_tokens), "target")
+    check_rows("the output layer", state["decoder.output_layer.weight"], len(tgt_tokens), "target")
+    He, H = int(enc.get("hidden_size", 1)), int(dec.get("hidden_size", 1))
+    init_hidden = dec.get("init_hidden", "bridge")
+    refuse_unless(
+        init_hidden != "last" or 2 * He in (H, 2 * H),
+        f"init_hidden 'last' needs the encoder's output ({2 * He}) to equal or double the decoder's "
+        f"hidden_size ({H})",
+    )
+    attention = ATTENTIONS[dec.get("attention", "bahdanau")]
+    cfg_out = ModelConfig(
+        src_vocab_size=len(src_tokens),
+        tgt_vocab_size=len(tgt_tokens),
+        emb_dim=int(enc.get("embeddings", {}).get("embedding_dim", 0)),
+        enc_hidden=He,
+        dec_hidden=H,
+        enc_layers=int(enc.get("num_layers", 1)),
+        dec_layers=int(dec.get("num_layers", 1)),
+        rnn=gru_or_lstm(enc.get("rnn_type", "gru")),  # type: ignore[arg-type]
+        attention=attention,  # type: ignore[arg-type]
+        decoder_style="luong",
+        attn_dim=H,
+        dropout=0.0,
+        bidirectional=True,
+        toolkit="joeynmt",
+        bridge=init_hidden,
+        input_feed=bool(dec.get("input_feeding", True)),
+    )
+    model = JoeyRnn(
+        cfg_out,
+        tgt_emb_dim=int(dec.get("embeddings", {}).get("embedding_dim", 0)),
+        src_scale=bool(enc.get("embeddings", {}).get("scale", False)),
+        tgt_scale=bool(dec.get("embeddings", {}).get("scale", False)),
+        activation=dec.get("activation", "tanh"),
+    )
+    tensors: dict[str, Tensor] = {
+        "src_embed.weight": permuted(state["src_embed.lut.weight"], src_order),
+        "tgt_embed.weight": permuted(state["trg_embed.lut.weight"], tgt_order),
+        "output_layer.weight": permuted(state["decoder.output_layer.weight"], tgt_order),
+    }
+    renames = {
+        "encoder.rnn.": "enc_rnn.",
+        "decoder.rnn.": "dec_rnn.",
+        "decoder.bridge_layer.": "bridge_layer.",
+        "decoder.att_vector_layer.": "att_vector_layer.",
+        "decoder.attention.key_layer.": "key_layer.",
+        "decoder.attention.query_layer.": "query_layer.",
+        "decoder.attention.energy_layer.": "energy_layer.",
+    }
+    for name, value in state.items():
+        for old, new in renames.items():
+            if name.startswith(old):
+                tensors[new + name[len(old) :]] = value
+    load_weights(model, tensors)
+    model.eval()
+    return model, src_order, tgt_order
+
+
+def import_checkpoint(
+    config: Path, checkpoint: Path, out: Path, name: str, version: str, int8: bool = False
+) -> Path:
+    """A Joey NMT config + checkpoint → a bundle at `out` (nothing written when refused)."""
+    cfg = read_config(config)
+    state = read_checkpoint(checkpoint)
+    check_config(cfg)
+    symbols = cfg["data"].get("special_symbols", {}) or {}
+    src_tokens = read_vocab(vocab_file(cfg, "src", config, checkpoint), symbols)
+    tgt_tokens = read_vocab(vocab_file(cfg, "trg", config, checkpoint), symbols)
+    model, src_order, tgt_order = build(cfg, state, src_tokens, tgt_tokens)
+    data = cfg["data"]
+    tokenizer = {
+        "kind": "word",
+        "toolkit": "joeynmt",
+        "source": {
+            "file": "source.vocab",
+            "lowercase": bool(data.get("src", {}).get("lowercase", False)),
+            "append_eos": True,
+        },
+        "target": {
+            "file": "target.vocab",
+            "lowercase": bool(data.get("trg", {}).get("lowercase", False)),
+        },
+    }
+    info = {"imported_from": "joeynmt", "checkpoint": checkpoint.name, "config": config.name}
+    return write_bundle(
+        model,
+        model.cfg,
+        {"source": (src_tokens, src_order), "target": (tgt_tokens, tgt_order)},
+        tokenizer,
+        out,
+        name,
+        version,
+        int8,
+        info,
+    )

@@ -1,0 +1,334 @@
+"""OpenNMT-py 3.x RNN checkpoints → bundle, with OpenNMT-py's own equations.
+
+    s2s-import opennmt-py --checkpoint model_step_N.pt --out DIR [--name N --version V --int8]
+
+What is rebuilt (onmt/encoders/rnn_encoder.py, onmt/decoders/decoder.py, onmt/modules/
+global_attention.py and stacked_rnn.py of 3.5.1):
+- encoder `rnn` or `brnn` (hidden_size split over the two directions), GRU or LSTM, packed;
+- the optional bridge: per state, Linear + ReLU over each direction's layers (its exact reshape);
+- the decoder's first state: the encoder's final state, directions concatenated per layer;
+- InputFeedRNNDecoder (input_feed 1: [y; h~_{t-1}] into the stacked cells) or StdRNNDecoder
+  (input_feed 0: y alone); attention on the new top state s_t:
+  dot s·h, general (W s)·h, mlp v·tanh(W_q s + b + U h); h~ = linear_out([c; s]), tanh for dot and
+  general (not mlp); the generator is a Linear on h~, log-softmax at translation time.
+Everything else (copy attention, coverage, context gates, transformers, features, ...) is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+from export.importers.common import (
+    attend,
+    check_rows,
+    encode_packed,
+    gru_or_lstm,
+    load_torch_file,
+    load_weights,
+    pack_state,
+    permuted,
+    refuse_unless,
+    special_order,
+    stacked_step,
+    unpack_state,
+    write_bundle,
+)
+from export.model import Encoded
+from service.architecture import ModelConfig
+
+PAD, BOS, EOS, UNK = "<blank>", "<s>", "</s>", "<unk>"  # onmt.constants.DefaultTokens
+ATTENTIONS = {"dot": "dot", "general": "general", "mlp": "additive"}
+
+
+class OnmtRnn(nn.Module):
+    """OpenNMT-py's RNN encoder-decoder with this project's export interface."""
+
+    def __init__(self, cfg: ModelConfig, onmt_attention: str, tgt_emb_dim: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.onmt_attention = onmt_attention
+        H, L = cfg.dec_hidden, cfg.dec_layers
+        rnn_cls = nn.GRU if cfg.rnn == "gru" else nn.LSTM
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, cfg.emb_dim)
+        self.enc_rnn = rnn_cls(
+            cfg.emb_dim,
+            cfg.enc_hidden,
+            cfg.enc_layers,
+            batch_first=True,
+            bidirectional=cfg.bidirectional,
+        )
+        self.bridge = nn.ModuleList()
+        if cfg.bridge == "onmt":
+            size = cfg.enc_hidden * cfg.enc_layers
+            self.bridge.extend(nn.Linear(size, size) for _ in range(2 if cfg.rnn == "lstm" else 1))
+        self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, tgt_emb_dim)
+        self.dec_rnn = rnn_cls(tgt_emb_dim + (H if cfg.input_feeding else 0), H, L)
+        if onmt_attention == "general":
+            self.linear_in = nn.Linear(H, H, bias=False)
+        elif onmt_attention == "mlp":
+            self.linear_query = nn.Linear(H, H, bias=True)
+            self.linear_context = nn.Linear(H, H, bias=False)
+            self.v = nn.Linear(H, 1, bias=False)
+        self.linear_out = nn.Linear(2 * H, H, bias=onmt_attention == "mlp")
+        self.generator = nn.Linear(H, cfg.tgt_vocab_size)
+
+    def _bridge(self, state: Tensor, linear: nn.Linear) -> Tensor:
+        """RNNEncoder._bridge: state (L*D, B, Hd) → (L*D, B, Hd), rows regrouped as OpenNMT does."""
+        B = state.shape[1]
+        flat = state.permute(1, 0, 2).reshape(-1, linear.in_features)  # (B*D, L*Hd)
+        out = torch.relu(linear(flat)).reshape(B, state.shape[0], state.shape[2])
+        return out.permute(1, 0, 2)
+
+    def _fix(self, state: Tensor) -> Tensor:
+        """RNNDecoderBase.init_state: (L*D, B, Hd) → (L, B, D*Hd), directions side by side."""
+        if self.cfg.bidirectional:
+            return torch.cat([state[0::2], state[1::2]], dim=2)
+        return state
+
+    def encode(self, src: Tensor, lengths: Tensor) -> Encoded:
+        B, S = src.shape
+        values, final = encode_packed(self.enc_rnn, self.src_embed(src), lengths)  # (B, S, H)
+        finals = list(final) if isinstance(final, tuple) else [final]
+        if len(self.bridge):
+            linears = [cast(nn.Linear, lin) for lin in self.bridge]
+            finals = [self._bridge(f, lin) for f, lin in zip(finals, linears, strict=True)]
+        h = self._fix(finals[0])  # (L, B, H)
+        c = self._fix(finals[1]) if len(finals) > 1 else None
+        feed = (
+            torch.zeros(B, self.cfg.dec_hidden, dtype=values.dtype)
+            if self.cfg.input_feeding
+            else None
+        )
+        mask = torch.arange(S).unsqueeze(0) < lengths.unsqueeze(1)  # (B, S)
+        return Encoded(
+            values=self.project_values(values),
+            keys=self.project_keys(values),
+            mask=mask,
+            state=pack_state(h, c, feed),
+        )
+
+    def project_keys(self, values: Tensor) -> Tensor:
+        """Once per sentence, the source side of the score: U h (mlp), W^T h (general: s·(W^T h)
+        = (W s)·h, so the per-step W s is not needed), h (dot). values (B, S, H) → (B, S, H)."""
+        if self.onmt_attention == "mlp":
+            return self.linear_context(values)
+        if self.onmt_attention == "general":
+            return values @ self.linear_in.weight
+        return values
+
+    def project_values(self, values: Tensor) -> Tensor:
+        """Once per sentence, the context's part of linear_out: W_c h (B, S, H). The context is
+        only ever used through linear_out([c; s]) = W_c (Σ a h) + W_s s + b = Σ a (W_c h) + W_s s + b,
+        so each step attends over W_c h and skips an H x H product per hypothesis."""
+        H = self.cfg.dec_hidden
+        return values @ self.linear_out.weight[:, :H].t()
+
+    def decode_step(
+        self, tokens: Tensor, state: Tensor, keys: Tensor, values: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """tokens (N,), state (N, state_dim), encoder tensors (B, S, ·) → logits (N, V), state, attention (N, S)."""
+        cfg = self.cfg
+        N = tokens.shape[0]
+        B, S = mask.shape
+        K = N // B
+        h, c, feed = unpack_state(
+            state, cfg.dec_layers, cfg.dec_hidden, cfg.rnn == "lstm", cfg.input_feeding
+        )
+        emb = self.tgt_embed(tokens)  # (N, E)
+        x = torch.cat([emb, feed], dim=-1) if feed is not None else emb
+        s_t, h, c = stacked_step(self.dec_rnn, x, h, c)  # (N, H)
+        query = s_t.reshape(B, K, -1)  # (B, K, H)
+        if self.onmt_attention == "mlp":
+            energy = torch.tanh(
+                self.linear_query(query).unsqueeze(2) + keys.unsqueeze(1)
+            )  # (B, K, S, H)
+            scores = self.v(energy).squeeze(-1)  # (B, K, S)
+        else:
+            scores = query @ keys.transpose(1, 2)  # (B, K, S)
+        projected, weights = attend(scores, values, mask)  # (B, K, H) = W_c c, (B, K, S)
+        H = cfg.dec_hidden
+        out = projected + nn.functional.linear(
+            query, self.linear_out.weight[:, H:], self.linear_out.bias
+        )  # linear_out([c; s]) (B, K, H)
+        out = out.reshape(N, -1)  # (N, H)
+        if self.onmt_attention in ("general", "dot"):
+            out = torch.tanh(out)
+        logits = self.generator(out)
+        new_state = pack_state(h, c, out if cfg.input_feeding else None)
+        return logits, new_state, weights.reshape(N, S)
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """An OpenNMT-py 3.x checkpoint: model and generator weights, vocabularies, options."""
+    ckpt = load_torch_file(path, "OpenNMT-py")
+    keys = ("model", "generator", "vocab", "opt")
+    refuse_unless(
+        isinstance(ckpt, dict) and all(k in ckpt for k in keys),
+        f"{path} is not an OpenNMT-py 3.x checkpoint (expected the keys {list(keys)})",
+    )
+    return ckpt
+
+
+def _opt(opt: Any, name: str, default: Any = None) -> Any:
+    return getattr(opt, name, default)
+
+
+def check_options(opt: Any) -> None:
+    """Refuse every option this importer does not rebuild, naming the option and its value."""
+    wanted: list[tuple[str, Any, Any]] = [  # (option, allowed values, default when absent)
+        ("model_task", ("seq2seq",), "seq2seq"),
+        ("model_type", ("text",), "text"),
+        ("encoder_type", ("rnn", "brnn"), "rnn"),
+        ("decoder_type", ("rnn",), "rnn"),
+        ("rnn_type", ("LSTM", "GRU", "lstm", "gru"), "LSTM"),
+        ("global_attention", ("dot", "general", "mlp"), "general"),
+        ("global_attention_function", ("softmax",), "softmax"),
+        ("generator_function", ("softmax",), "softmax"),
+        ("copy_attn", (False,), False),
+        ("coverage_attn", (False,), False),
+        ("context_gate", (None,), None),
+        ("position_encoding", (False,), False),
+        ("input_feed", (0, 1, True, False), 1),
+    ]
+    for name, allowed, default in wanted:
+        value = _opt(opt, name, default)
+        refuse_unless(
+            value in allowed,
+            f"unsupported OpenNMT-py option -{name} {value!r}: the importer supports {list(allowed)}",
+        )
+    refuse_unless(
+        _opt(opt, "enc_layers") == _opt(opt, "dec_layers"),
+        f"unsupported OpenNMT-py options -enc_layers {_opt(opt, 'enc_layers')} -dec_layers "
+        f"{_opt(opt, 'dec_layers')}: the decoder starts from the encoder's state, layer by layer",
+    )
+    enc_h, dec_h = _opt(opt, "enc_hid_size"), _opt(opt, "dec_hid_size")
+    refuse_unless(
+        enc_h == dec_h,
+        f"unsupported OpenNMT-py options -enc_hid_size {enc_h} -dec_hid_size {dec_h}: must be equal",
+    )
+
+
+def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
+    """The model with the checkpoint's weights (vocabulary rows permuted), and the import facts."""
+    opt, vocab = ckpt["opt"], ckpt["vocab"]
+    check_options(opt)
+    refuse_unless(
+        isinstance(vocab, dict)
+        and isinstance(vocab.get("src"), list)
+        and isinstance(vocab.get("tgt"), list),
+        "the checkpoint's vocab is not an OpenNMT-py 3.x vocabulary (lists under 'src' and 'tgt')",
+    )
+    start = vocab.get("decoder_start_token", BOS)
+    src_tokens, tgt_tokens = list(vocab["src"]), list(vocab["tgt"])
+    src_order = special_order(src_tokens, PAD, BOS, EOS, UNK, "source")
+    tgt_order = special_order(tgt_tokens, PAD, start, EOS, UNK, "target")
+    weights = {**ckpt["model"], **{f"generator.{k}": v for k, v in ckpt["generator"].items()}}
+    src_emb = weights.get("encoder.embeddings.make_embedding.emb_luts.0.weight")
+    tgt_emb = weights.get("decoder.embeddings.make_embedding.emb_luts.0.weight")
+    refuse_unless(
+        src_emb is not None and tgt_emb is not None, "the checkpoint has no word embeddings"
+    )
+    assert src_emb is not None and tgt_emb is not None
+    check_rows("the source embedding", src_emb, len(src_tokens), "source")
+    check_rows("the target embedding", tgt_emb, len(tgt_tokens), "target")
+    gen_w = weights.get("generator.weight", tgt_emb)
+    check_rows("the generator", gen_w, len(tgt_tokens), "target")
+    rnn = gru_or_lstm(_opt(opt, "rnn_type", "LSTM"))
+    bidirectional = _opt(opt, "encoder_type") == "brnn"
+    H = int(_opt(opt, "dec_hid_size"))
+    L = int(_opt(opt, "dec_layers"))
+    refuse_unless(not bidirectional or H % 2 == 0, f"-hidden_size {H} is odd for a brnn encoder")
+    attn = str(_opt(opt, "global_attention", "general"))
+    cfg = ModelConfig(
+        src_vocab_size=len(src_tokens),
+        tgt_vocab_size=len(tgt_tokens),
+        emb_dim=int(src_emb.shape[1]),
+        enc_hidden=H // 2 if bidirectional else H,
+        dec_hidden=H,
+        enc_layers=L,
+        dec_layers=L,
+        rnn=rnn,  # type: ignore[arg-type]
+        attention=ATTENTIONS[attn],  # type: ignore[arg-type]
+        decoder_style="luong",
+        attn_dim=H,
+        dropout=0.0,
+        bidirectional=bidirectional,
+        toolkit="opennmt-py",
+        bridge="onmt" if _opt(opt, "bridge", False) else "final_state",
+        input_feed=bool(_opt(opt, "input_feed", 1)),
+    )
+    model = OnmtRnn(cfg, attn, tgt_emb_dim=int(tgt_emb.shape[1]))
+    tensors: dict[str, Tensor] = {
+        "src_embed.weight": permuted(src_emb, src_order),
+        "tgt_embed.weight": permuted(tgt_emb, tgt_order),
+        "generator.weight": permuted(gen_w, tgt_order),
+        "generator.bias": permuted(
+            weights.get("generator.bias", torch.zeros(len(tgt_tokens))), tgt_order
+        ),
+        "linear_out.weight": weights.get("decoder.attn.linear_out.weight", torch.empty(0)),
+    }
+    for name in (
+        "linear_out.bias",
+        "linear_in.weight",
+        "linear_query.weight",
+        "linear_query.bias",
+        "linear_context.weight",
+        "v.weight",
+    ):
+        if f"decoder.attn.{name}" in weights:
+            tensors[name] = weights[f"decoder.attn.{name}"]
+    for name, value in weights.items():
+        if name.startswith("encoder.rnn."):
+            tensors["enc_rnn." + name[len("encoder.rnn.") :]] = value
+        elif name.startswith("encoder.bridge."):
+            tensors["bridge." + name[len("encoder.bridge.") :]] = value
+    for layer in range(L):
+        for part in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            if cfg.input_feeding:  # StackedGRU/StackedLSTM: decoder.rnn.layers.{l}.{part}
+                source = f"decoder.rnn.layers.{layer}.{part}"
+            else:  # nn.GRU/nn.LSTM: decoder.rnn.{part}_l{l}
+                source = f"decoder.rnn.{part}_l{layer}"
+            if source in weights:
+                tensors[f"dec_rnn.{part}_l{layer}"] = weights[source]
+    load_weights(model, tensors)
+    model.eval()
+    facts = {
+        "src_tokens": src_tokens,
+        "tgt_tokens": tgt_tokens,
+        "src_order": src_order,
+        "tgt_order": tgt_order,
+    }
+    return model, facts
+
+
+def import_checkpoint(
+    checkpoint: Path, out: Path, name: str, version: str, int8: bool = False
+) -> Path:
+    """An OpenNMT-py checkpoint → a bundle at `out` (nothing written when refused)."""
+    ckpt = read_checkpoint(checkpoint)
+    model, facts = build(ckpt)
+    tokenizer = {
+        "kind": "word",
+        "toolkit": "opennmt-py",
+        "source": {"file": "source.vocab", "lowercase": False, "append_eos": False},
+        "target": {"file": "target.vocab", "lowercase": False},
+    }
+    info = {"imported_from": "opennmt-py", "checkpoint": checkpoint.name}
+    return write_bundle(
+        model,
+        model.cfg,
+        {
+            "source": (facts["src_tokens"], facts["src_order"]),
+            "target": (facts["tgt_tokens"], facts["tgt_order"]),
+        },
+        tokenizer,
+        out,
+        name,
+        version,
+        int8,
+        info,
+    )

@@ -1,0 +1,184 @@
+"""Train and run OpenNMT-py and Joey NMT through their own command lines, on a generated task.
+
+The import tests and benchmarks/import_speed.py use these to make real checkpoints in seconds and to
+get each toolkit's own translations of the same sentences. The task: random sentences over 40
+lower-case words, the target the source reversed and upper-cased (so source and target vocabularies
+differ). Both toolkits must be installed (the `import` extra plus scripts/install_toolkits.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+WORDS = [f"w{i}" for i in range(40)]
+# OpenNMT-py 3.5.1 pickles its options; torch >= 2.6 refuses that by default.
+TOOL_ENV = {
+    "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONWARNINGS": "ignore",
+}
+
+
+def make_task(directory: Path, n_train: int = 4000, n_test: int = 500, seed: int = 0) -> Path:
+    """Write train/valid/test .src/.tgt under directory; returns directory."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", 100), ("test", n_test)):
+        pairs = []
+        for _ in range(n):
+            src = [rng.choice(WORDS) for _ in range(rng.randint(3, 9))]
+            pairs.append((" ".join(src), " ".join(w.upper() for w in reversed(src))))
+        (directory / f"{split}.src").write_text("".join(s + "\n" for s, _ in pairs))
+        (directory / f"{split}.tgt").write_text("".join(t + "\n" for _, t in pairs))
+    return directory
+
+
+def _bin(name: str) -> str:
+    """A console script of the running interpreter's environment."""
+    return str(Path(sys.executable).parent / name)
+
+
+def _run(cmd: list[str], log: Path, stdin: Path | None = None, stdout: Path | None = None) -> None:
+    env = {**os.environ, **TOOL_ENV}
+    with log.open("w") as err:
+        out_f = stdout.open("w") if stdout else err
+        in_f = stdin.open() if stdin else None
+        try:
+            done = subprocess.run(cmd, stdin=in_f, stdout=out_f, stderr=err, env=env, check=False)
+        finally:
+            if stdout:
+                out_f.close()
+            if in_f:
+                in_f.close()
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{' '.join(cmd[:3])} failed ({done.returncode}):\n{tail}")
+
+
+def train_onmt(task: Path, out: Path, options: dict[str, Any], steps: int = 300) -> Path:
+    """onmt_build_vocab + onmt_train with `options` (OpenNMT-py's own names); returns the checkpoint."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "save_data": str(out / "run"),
+        "src_vocab": str(out / "vocab.src"),
+        "tgt_vocab": str(out / "vocab.tgt"),
+        "overwrite": True,
+        "data": {
+            "corpus_1": {"path_src": str(task / "train.src"), "path_tgt": str(task / "train.tgt")},
+            "valid": {"path_src": str(task / "valid.src"), "path_tgt": str(task / "valid.tgt")},
+        },
+        "train_steps": steps,
+        "valid_steps": 100000,
+        "save_checkpoint_steps": steps,
+        "save_model": str(out / "model"),
+        "batch_size": 64,
+        "batch_type": "sents",
+        "bucket_size": 2048,
+        "num_workers": 0,
+        "optim": "adam",
+        "learning_rate": 0.003,
+        "report_every": 100,
+        "seed": 1,
+        **options,
+    }
+    config = out / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    if options.get("share_vocab"):
+        cfg["tgt_vocab"] = cfg["src_vocab"]
+        config.write_text(yaml.safe_dump(cfg))
+    _run([_bin("onmt_build_vocab"), "-config", str(config), "-n_sample", "-1"], out / "vocab.log")
+    _run([_bin("onmt_train"), "-config", str(config)], out / "train.log")
+    return out / f"model_step_{steps}.pt"
+
+
+def translate_onmt(checkpoint: Path, src: Path, out: Path, beam: int, batch_size: int = 32) -> Path:
+    """onmt_translate with the settings our search reproduces: no length penalty (its default is
+    "avg") and no length-ratio cut (its default ties the maximum length to the batch's longest
+    source). Beam 1 is its beam search with one hypothesis, the argmax (any -random_sampling_topk,
+    even 1, switches every beam size to its sampling search)."""
+    cmd = [_bin("onmt_translate"), "-model", str(checkpoint), "-src", str(src), "-output", str(out)]
+    cmd += ["-beam_size", str(beam), "-batch_size", str(batch_size), "-length_penalty", "none"]
+    cmd += ["-max_length_ratio", "0"]
+    _run(cmd, out.with_suffix(".log"))
+    return out
+
+
+def joey_config(task: Path, out: Path, model: dict[str, Any], epochs: int = 5) -> dict[str, Any]:
+    side = {"level": "word", "lowercase": False, "max_length": 30, "voc_min_freq": 1}
+    return {
+        "name": "toy",
+        "joeynmt_version": "2.3.0",
+        "model_dir": str(out / "model"),
+        "use_cuda": False,
+        "data": {
+            "train": str(task / "train"),
+            "dev": str(task / "valid"),
+            "test": str(task / "test"),
+            "dataset_type": "plain",
+            "src": {"lang": "src", **side},
+            "trg": {"lang": "tgt", **side},
+        },
+        "training": {
+            "random_seed": 1,
+            "optimizer": "adam",
+            "learning_rate": 0.003,
+            "scheduling": "exponential",  # joeynmt 2.3's plateau scheduler breaks on torch 2.13
+            "decrease_factor": 1.0,
+            "batch_size": 64,
+            "batch_type": "sentence",
+            "epochs": epochs,
+            "validation_freq": 100,  # best.ckpt, which its test and translate modes load, is a validation's
+            "logging_freq": 100,
+            "eval_metrics": ["bleu"],
+            "early_stopping_metric": "loss",
+            "overwrite": True,
+            "keep_best_ckpts": 1,
+            "num_workers": 0,
+        },
+        "model": {"initializer": "xavier_uniform", **model},
+        "testing": {
+            "beam_size": 5,
+            "beam_alpha": 0,
+            "max_output_length": 100,  # its default ties the maximum to the batch's longest source
+            "batch_size": 32,
+            "batch_type": "sentence",
+        },
+    }
+
+
+def train_joey(task: Path, out: Path, model: dict[str, Any], epochs: int = 5) -> tuple[Path, Path]:
+    """`python -m joeynmt train`; returns (config, checkpoint)."""
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / "config.yaml"
+    config.write_text(yaml.safe_dump(joey_config(task, out, model, epochs)))
+    _run([sys.executable, "-m", "joeynmt", "train", str(config), "--skip-test"], out / "train.log")
+    model_dir = out / "model"
+    ckpts = sorted(model_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    best = model_dir / "best.ckpt"
+    return config, best if best.exists() else ckpts[-1]
+
+
+def translate_joey(config: Path, src: Path, out: Path, beam: int, batch_size: int = 32) -> Path:
+    """`python -m joeynmt translate` on src (it loads model_dir/best.ckpt) at the given beam."""
+    cfg = yaml.safe_load(config.read_text())
+    cfg["testing"] = {**cfg["testing"], "beam_size": beam, "batch_size": batch_size}
+    run_cfg = out.with_suffix(".yaml")
+    run_cfg.write_text(yaml.safe_dump(cfg))
+    _run(
+        [sys.executable, "-m", "joeynmt", "translate", str(run_cfg)],
+        out.with_suffix(".log"),
+        src,
+        out,
+    )
+    return out
+
+
+def read_lines(path: Path) -> list[str]:
+    return [line.rstrip("\n") for line in path.read_text().splitlines()]
