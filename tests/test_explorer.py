@@ -285,11 +285,13 @@ def test_api_errors_are_shown_as_text(ui: ServerThread, browser: Any) -> None:
 
 
 BUNDLES = sorted(p.parent for p in (REPO / "models").glob("*/manifest.json"))
-# What each embedded model is shown translating; S2S_SCREENSHOT_TEXTS="a|b" overrides.
+# What each embedded model is shown translating, and at which alignment level (a G2P source is one
+# word, so its letters are the subwords worth seeing); S2S_SCREENSHOT_TEXTS="a|b" overrides the texts.
 SCREENSHOT_TEXTS = {
     "default": ["one thousand, two hundred and eighty-seven", "March 5, 2021"],
     "g2p": ["attention", "explorer", "alignment"],
 }
+SCREENSHOT_ALIGNMENT = {"g2p": "subword"}
 
 
 @pytest.mark.parametrize("model", BUNDLES, ids=lambda p: p.name)
@@ -303,7 +305,16 @@ def test_screenshot_for_the_docs(model: Path, browser: Any) -> None:
     lines = override.split("|") if override else SCREENSHOT_TEXTS.get(model.name, ["hello"])
     srv = ServerThread.start([*base_args(model), "--no-warmup", "--http-port", "0", "--ui"])
     try:
-        open_page(browser, page_url(srv, texts="\n".join(lines), beam=4, nbest=2, alignment="word"))
+        open_page(
+            browser,
+            page_url(
+                srv,
+                texts="\n".join(lines),
+                beam=4,
+                nbest=2,
+                alignment=SCREENSHOT_ALIGNMENT.get(model.name, "word"),
+            ),
+        )
         wait_ready(browser)
         height = browser.execute_script("return document.documentElement.scrollHeight")
         browser.set_window_size(1400, min(int(height) + 40, 2400))
