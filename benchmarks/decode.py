@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.configs import REALISTIC
 from export.checkpoint import load_checkpoint
 from export.model import Seq2Seq
 from export.to_onnx import export_graphs, quantize_decoder
@@ -179,15 +180,7 @@ def matmul_peak_gflops() -> dict[str, float]:
 
 def random_workload(n: int) -> Workload:
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        src_vocab_size=8000,
-        tgt_vocab_size=8000,
-        emb_dim=256,
-        enc_hidden=256,
-        dec_hidden=512,
-        attn_dim=256,
-        dropout=0.0,
-    )
+    cfg = REALISTIC
     model = Seq2Seq(cfg).eval()
     rng = np.random.default_rng(0)
     sources = [rng.integers(4, cfg.src_vocab_size, size=30).tolist() for _ in range(n)]

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.configs import REALISTIC
 from service.beam import BeamSearch, SearchOptions
 from service.bundle import Bundle, load_bundle
 from service.config import RuntimeConfig
@@ -126,18 +127,9 @@ def realistic_sources(n: int) -> tuple[Bundle, list[list[int]]]:
 
     from export.model import Seq2Seq
     from export.to_onnx import export_graphs
-    from service.architecture import ModelConfig
 
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        src_vocab_size=8000,
-        tgt_vocab_size=8000,
-        emb_dim=256,
-        enc_hidden=256,
-        dec_hidden=512,
-        attn_dim=256,
-        dropout=0.0,
-    )
+    cfg = REALISTIC
     tmp = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     export_graphs(Seq2Seq(cfg).eval(), tmp)
     files = {f: "" for f in ("encoder.onnx", "decoder.onnx")}

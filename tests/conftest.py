@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +23,20 @@ from service.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE = REPO / "models" / "default"
+
+
+def start_server_process(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """`python -m service.server *argv` from the repository, its output into log_path, with no S2S_
+    variable of the caller's environment (the flags alone configure it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "service.server", *argv],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:

@@ -12,11 +12,8 @@ from __future__ import annotations
 import concurrent.futures
 import csv
 import importlib.util
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +28,7 @@ from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.engine import Engine
 from service.server import SERVICE_NAME
-from tests.conftest import DEFAULT_BUNDLE, REPO, TinyModel
+from tests.conftest import DEFAULT_BUNDLE, TinyModel, start_server_process
 from tests.test_server import (
     WAIT_S,
     Opts,
@@ -241,16 +238,8 @@ def test_a_removed_model_leaves_and_its_health_turns_not_serving(
 def test_sighup_reloads_a_server_process(repo: Path, bundle: Path, tmp_path: Path) -> None:
     port = free_port()
     argv = repo_args(repo, "--port", str(port), "--log-level", "INFO")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
     log_path = tmp_path / "server.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service.server", *argv],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    proc = start_server_process(argv, log_path)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = pb_grpc.TranslatorStub(channel)
 

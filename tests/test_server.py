@@ -12,11 +12,8 @@ import asyncio
 import concurrent.futures
 import json
 import math
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -44,7 +41,7 @@ from service.config import load_settings
 from service.engine import AlignmentMode, Engine, Translation
 from service.runtime import OnnxDecoder
 from service.server import SERVICE_NAME, Running, create_server
-from tests.conftest import DEFAULT_BUNDLE, REPO, TinyModel
+from tests.conftest import DEFAULT_BUNDLE, TinyModel, start_server_process
 
 SCORE_TOL = 1e-4
 WAIT_S = 30.0  # upper bound for anything a passing test waits on
@@ -917,15 +914,7 @@ def test_sigterm_drains_a_loaded_server_process(
         *("--port", str(port), "--grace-s", str(grace), "--log-level", "INFO"),
         *("--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1"),
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service.server", *argv],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    proc = start_server_process(argv, log_path)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
 
@@ -1015,15 +1004,7 @@ def test_sigterm_answers_every_request_that_reached_the_server(tmp_path: Path) -
     50 in each of three bursts before the fix)."""
     port, log_path = free_port(), tmp_path / "server.log"
     argv = [*base_args(DEFAULT_BUNDLE), "--port", str(port), "--log-level", "INFO"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service.server", *argv],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    proc = start_server_process(argv, log_path)
     channels = [
         grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range(4)

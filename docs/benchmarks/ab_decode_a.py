@@ -17,22 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.configs import REALISTIC
 from benchmarks.decode import onnx_batched
-from service.architecture import ModelConfig
 from service.bundle import Bundle, load_bundle
 from service.config import RuntimeConfig
 from service.runtime import OnnxModel
 from service.tokenizer import Tokenizer
-
-REALISTIC = ModelConfig(
-    src_vocab_size=8000,
-    tgt_vocab_size=8000,
-    emb_dim=256,
-    enc_hidden=256,
-    dec_hidden=512,
-    attn_dim=256,
-    dropout=0.0,
-)
 
 
 def export(path: Path) -> None:
