@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from export.model import gru_cell, lstm_cell
 from export.to_onnx import export_graphs, quantize_decoder
 from service import bundle as bundle_format
 from service.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
@@ -142,28 +141,6 @@ def gru_or_lstm(kind: str) -> str:
         low in ("gru", "lstm"), f"unsupported rnn type {kind!r}: only GRU and LSTM are imported"
     )
     return low
-
-
-def stacked_step(
-    rnn: nn.RNNBase, x: Tensor, h: Tensor, c: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """One time step of a stacked GRU/LSTM over nn.GRU/nn.LSTM's own parameters (the equations of
-    GRUCell/LSTMCell), as plain matrix products: x (N, I), h and c (L, N, H) → top output (N, H), h, c.
-    Dropout between layers is a no-op at inference and is left out."""
-    hs, cs = [], []
-    for layer in range(rnn.num_layers):
-        w_ih, w_hh, b_ih, b_hh = (
-            getattr(rnn, f"{n}_l{layer}") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-        )
-        gi = nn.functional.linear(x, w_ih, b_ih)  # (N, G*H)
-        gh = nn.functional.linear(h[layer], w_hh, b_hh)  # (N, G*H)
-        if c is None:
-            x = gru_cell(gi, gh, h[layer])
-        else:
-            x, c_new = lstm_cell(gi + gh, c[layer])
-            cs.append(c_new)
-        hs.append(x)
-    return x, torch.stack(hs), (torch.stack(cs) if c is not None else None)
 
 
 def pack_state(h: Tensor, c: Tensor | None, feed: Tensor | None) -> Tensor:

@@ -36,11 +36,10 @@ from export.importers.common import (
     permuted,
     refuse_unless,
     special_order,
-    stacked_step,
     unpack_state,
     write_bundle,
 )
-from export.model import Encoded
+from export.model import Encoded, stacked_rnn_step
 from service.architecture import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 
 ATTENTIONS = {"bahdanau": "additive", "luong": "general"}
@@ -121,7 +120,7 @@ class JoeyRnn(nn.Module):
         )
         emb = self.tgt_embed(tokens) * self.tgt_scale  # (N, E)
         x = torch.cat([emb, feed], dim=-1) if feed is not None else emb
-        s_t, h, c = stacked_step(self.dec_rnn, x, h, c)  # (N, H)
+        s_t, h, c = stacked_rnn_step(self.dec_rnn, x, h, c)  # (N, H)
         query = s_t.reshape(B, K, -1)  # (B, K, H)
         if cfg.attention == "additive":
             energy = torch.tanh(self.query_layer(query).unsqueeze(2) + keys.unsqueeze(1))

@@ -33,11 +33,10 @@ from export.importers.common import (
     permuted,
     refuse_unless,
     special_order,
-    stacked_step,
     unpack_state,
     write_bundle,
 )
-from export.model import Encoded
+from export.model import Encoded, stacked_rnn_step
 from service.architecture import ModelConfig
 
 PAD, BOS, EOS, UNK = "<blank>", "<s>", "</s>", "<unk>"  # onmt.constants.DefaultTokens
@@ -140,7 +139,7 @@ class OnmtRnn(nn.Module):
         )
         emb = self.tgt_embed(tokens)  # (N, E)
         x = torch.cat([emb, feed], dim=-1) if feed is not None else emb
-        s_t, h, c = stacked_step(self.dec_rnn, x, h, c)  # (N, H)
+        s_t, h, c = stacked_rnn_step(self.dec_rnn, x, h, c)  # (N, H)
         query = s_t.reshape(B, K, -1)  # (B, K, H)
         if self.onmt_attention == "mlp":
             energy = torch.tanh(
