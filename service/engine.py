@@ -153,13 +153,34 @@ class Engine:
         if not texts:
             raise InvalidInput("no texts to translate")
         self.check_options(options, alignment)
-        prepared = [self.prepare(t) for t in texts]
+        return self.decode_prepared([self.prepare(t) for t in texts], options, alignment)
+
+    def decode_prepared(
+        self, prepared: Sequence[Prepared], options: SearchOptions, alignment: AlignmentMode
+    ) -> list[Translation]:
+        """A static batch of sentences already tokenized and checked; results in input order."""
         batch: RunningBatch[int] = self.new_batch(options.beam_size)
         batch.add([DecodeRequest(i, p, options, alignment) for i, p in enumerate(prepared)])
         results: dict[int, Translation] = {}
         while len(batch):
             results.update(batch.step())
-        return [results[i] for i in range(len(texts))]
+        return [results[i] for i in range(len(prepared))]
+
+    def warm_up(self) -> None:
+        """Decode once at several batch shapes so the first real request pays no first-run costs.
+        From token ids rather than texts: a bundle's input rule may refuse any text chosen here."""
+        first = max(self.cfg.pad_id, self.cfg.bos_id, self.cfg.eos_id, self.cfg.unk_id) + 1
+        span = max(1, self.cfg.src_vocab_size - first)
+
+        def sentence(n: int) -> Prepared:
+            ids = [first + i % span for i in range(n)]
+            return Prepared(text="", ids=ids, pieces=self.src_tok.pieces(ids))
+
+        self.decode_prepared([sentence(1)], SearchOptions(beam_size=1, max_length_b=4), "none")
+        alignment: AlignmentMode = "subword" if self.supports_alignment else "none"
+        self.decode_prepared(
+            [sentence(3), sentence(1)], SearchOptions(beam_size=4, max_length_b=4), alignment
+        )
 
     def to_translation(self, request: DecodeRequest[Any], hyps: list[Hypothesis]) -> Translation:
         return Translation(

@@ -50,7 +50,6 @@ from service.errors import (
 from service.http_api import HttpFace
 from service.logs import configure_logging
 from service.metrics import Metrics, start_metrics_http_server
-from service.options import SearchOptions
 from service.protocol import (
     MAX_REQUEST_ID_CHARS,
     MalformedRequest,
@@ -570,8 +569,7 @@ async def create_server(
 
 def warm_up(engine: Engine) -> None:
     """Decode once at several batch shapes so the first real request pays no first-run costs."""
-    engine.translate(["one"], SearchOptions(beam_size=1, max_length_b=4))
-    engine.translate(["one two three", "four"], SearchOptions(beam_size=4, max_length_b=4))
+    engine.warm_up()
 
 
 async def serve(settings: Settings) -> None:

@@ -382,3 +382,21 @@ def test_evaluate_g2p_cli_writes_scores_report_and_heatmaps(
             assert sum(b["words"] for b in run[side]["by_length"]) == 2
     assert (out / "alignment_knight.png").read_bytes()[:4] == b"\x89PNG"
     assert "| decoder | WER | PER |" in (out / "report.md").read_text()
+
+
+def test_the_default_repository_serves_the_g2p_model_after_its_warm_up() -> None:
+    """The server warms each model up before it takes requests; the warm-up must pass the G2P
+    bundle's input rule (it once decoded "one two three", which the rule refuses, so the default
+    repository left the G2P model out)."""
+    args = [a if a != "--bundle" else "--models" for a in base_args(REPO / "models" / "default")]
+    args[args.index("--models") + 1] = str(REPO / "models")
+    server = ServerThread.start([*args, "--warmup"])
+    try:
+        stub = server.stub
+        served = {m.name for m in stub.ListModels(pb.ListModelsRequest(), timeout=30).models}
+        assert served == {"numbers-en-fr", "g2p-en-cmudict"}
+        request = pb.TranslateRequest(texts=["knight"], model=pb.ModelSpec(name="g2p-en-cmudict"))
+        answer = stub.Translate(request, timeout=30)
+        assert answer.model == "g2p-en-cmudict" and answer.translations[0].hypotheses[0].text
+    finally:
+        server.close()
