@@ -20,7 +20,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 PROTO = "proto/translation/v1/translation.proto"
-EMBEDDED_MODELS = ("default",)  # models/<name> → service/models/<name> in the wheel
+EMBEDDED_MODELS = ("default", "g2p")  # models/<name> → service/models/<name> in the wheel
 
 
 def generate_stubs(out: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 EMBEDDED_MODELS = Path(__file__).resolve().parent / "models"  # (present in a wheel install only)
+REPOSITORY_DEFAULT = "models"  # the server's default --models: the embedded models beside the code
 
 
 def resolve_bundle(path: str | Path) -> Path:
@@ -23,3 +24,12 @@ def resolve_bundle(path: str | Path) -> Path:
         return given
     embedded = EMBEDDED_MODELS / given.name
     return embedded if embedded.is_dir() else given
+
+
+def resolve_repository(path: str | Path) -> Path:
+    """The model repository `path` names: itself when it exists, else, for the default relative
+    `models` of a wheel install run from anywhere, the embedded models inside the package."""
+    given = Path(path)
+    if given.exists() or str(path) != REPOSITORY_DEFAULT or not EMBEDDED_MODELS.is_dir():
+        return given
+    return EMBEDDED_MODELS

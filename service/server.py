@@ -36,6 +36,7 @@ from grpc_reflection.v1alpha import reflection
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.config import Settings, VersionPolicy, load_settings
+from service.embedded import resolve_bundle, resolve_repository
 from service.engine import Engine
 from service.errors import (
     Cancelled,
@@ -412,7 +413,7 @@ def build_repository(settings: Settings, metrics: Metrics) -> Repository:
         return engine
 
     return Repository(
-        Path(s.bundle or s.models),
+        resolve_bundle(s.bundle) if s.bundle else resolve_repository(s.models),
         load,
         VersionPolicy(s.version_policy, s.pinned_versions),
         s.default_model,

@@ -20,6 +20,7 @@ import pytest
 
 from export import cli
 from service.client import parse_args
+from tests.test_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -125,5 +126,47 @@ def test_wheel_from_a_clean_checkout_serves_and_translates(tmp_path: Path) -> No
     translated = run("s2s-translate", stdin="seventy-one point five\n")
     assert translated.returncode == 0, translated.stderr
     assert translated.stdout.strip() == "soixante et onze virgule cinq"
+    served = serve_and_list(bin_dir, elsewhere, env)  # the default repository: the embedded models
+    assert served == {"numbers-en-fr", "g2p-en-cmudict"}
     training = run("s2s-train", "--help")  # the serving install has no torch or sacrebleu
     assert training.returncode == 2 and "seq2seq-serve[train]" in training.stderr
+
+
+def serve_and_list(bin_dir: Path, cwd: Path, env: dict[str, str]) -> set[str]:
+    """Start the installed s2s-serve with its defaults (the repository `models`, not beside cwd),
+    wait for SERVING, and return the names ListModels gives; the server is stopped with SIGTERM."""
+    port = free_port()
+    log = cwd / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(bin_dir / "s2s-serve"), "--port", str(port), "--metrics-port", "-1"],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    script = (
+        "import sys, time, grpc\n"
+        "from proto.translation.v1 import translation_pb2 as pb, translation_pb2_grpc as g\n"
+        "stub = g.TranslatorStub(grpc.insecure_channel(sys.argv[1]))\n"
+        "for _ in range(240):\n"
+        "    try:\n"
+        "        models = stub.ListModels(pb.ListModelsRequest(), timeout=2).models\n"
+        "        print(' '.join(m.name for m in models)); break\n"
+        "    except grpc.RpcError:\n"
+        "        time.sleep(0.5)\n"
+    )
+    try:
+        listed = subprocess.run(
+            [str(bin_dir / "python"), "-c", script, f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            env=env,
+            timeout=180,
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert listed.returncode == 0, listed.stderr + log.read_text()
+    return set(listed.stdout.split())
