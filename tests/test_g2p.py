@@ -346,13 +346,15 @@ def test_init_from_continues_from_a_runs_weights_and_tokenizers(tmp_path: Path) 
         assert torch.equal(x, y), name
 
 
-def test_the_two_g2p_stages_describe_one_model() -> None:
-    first, second = (
+def test_the_three_g2p_stages_describe_one_model() -> None:
+    first, second, third = (
         TrainConfig.load(G2P_CONFIG),
         TrainConfig.load(REPO / "configs" / "g2p_anneal.toml"),
+        TrainConfig.load(REPO / "configs" / "g2p_stage3.toml"),
     )
-    assert first.model == second.model and first.data == second.data
+    assert first.model == second.model == third.model and first.data == second.data == third.data
     assert second.optim.init_from == "runs/g2p" and second.optim.lr < first.optim.lr
+    assert third.optim.init_from == "runs/g2p_anneal" and third.optim.lr < second.optim.lr
 
 
 # --- s2s-evaluate g2p --------------------------------------------------------------------------
