@@ -40,6 +40,7 @@ BUFFERS: tuple[tuple[str, int, int], ...] = (
     ("keys", FLOAT, 3),
     ("mask", BOOL, 2),
 )
+NUMPY_TYPE: dict[int, type] = {FLOAT: np.float32, BOOL: np.bool_}
 
 
 def _dtype(value: ort.OrtValue) -> type:
@@ -87,13 +88,19 @@ class Device:
             name, self.ort_device, _dtype(value), list(shape), value.data_ptr()
         )
 
-    def bind_device_output(
-        self, binding: ort.IOBinding, name: str, value: ort.OrtValue, shape: Sequence[int]
+    def bind_in_place(
+        self,
+        binding: ort.IOBinding,
+        name: str,
+        value: ort.OrtValue,
+        dtype: type,
+        shape: Sequence[int],
     ) -> None:
-        """Let a graph output be written into the leading rows of a device buffer (in place)."""
-        binding._iobinding.bind_output(
-            name, self.ort_device, _dtype(value), list(shape), value.data_ptr()
-        )
+        """The leading rows of a device buffer as graph input `name` and, in the same memory,
+        output `out_{name}` (the in-place row updates)."""
+        ptr, dims = value.data_ptr(), list(shape)
+        binding._iobinding.bind_input(name, self.ort_device, dtype, dims, ptr)
+        binding._iobinding.bind_output(f"out_{name}", self.ort_device, dtype, dims, ptr)
 
     def bind_host_output(self, binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
         """Let a graph output be copied into a reusable host array (count it with `fetched`)."""
@@ -247,15 +254,14 @@ class RowOps:
         binding = session.io_binding()
         rows = np.arange(first_row, first_row + n, dtype=np.int64)[:, None]  # (n, 1)
         self.device.bind_host_input(binding, "rows", rows, "indices")
-        for (name, _, rank), buffer, shape, new in zip(
+        for (name, dtype, rank), buffer, shape, new in zip(
             BUFFERS, buffers, shapes, new_rows, strict=True
         ):
             pads = np.zeros(2 * rank, np.int64)  # (begin..., end...)
             pads[rank + 1] = shape[1] - new.shape[1]  # pad the source axis at its end
-            self.device.bind_device_input(binding, name, buffer, shape)
+            self.device.bind_in_place(binding, name, buffer, NUMPY_TYPE[dtype], shape)
             self.device.bind_host_input(binding, f"new_{name}", new, "encoder_rows")
             self.device.bind_host_input(binding, f"pads_{name}", pads, "indices")
-            self.device.bind_device_output(binding, f"out_{name}", buffer, shape)
         if state is None:
             session.run_with_iobinding(binding)
             return None
@@ -278,9 +284,8 @@ class RowOps:
         binding = self.move_session.io_binding()
         self.device.bind_host_input(binding, "src", src.astype(np.int64), "indices")
         self.device.bind_host_input(binding, "dst", dst.astype(np.int64)[:, None], "indices")
-        for (name, _, _), buffer, shape in zip(BUFFERS, buffers, shapes, strict=True):
-            self.device.bind_device_input(binding, name, buffer, shape)
-            self.device.bind_device_output(binding, f"out_{name}", buffer, shape)
+        for (name, dtype, _), buffer, shape in zip(BUFFERS, buffers, shapes, strict=True):
+            self.device.bind_in_place(binding, name, buffer, NUMPY_TYPE[dtype], shape)
         self.move_session.run_with_iobinding(binding)
 
     def refit(
