@@ -59,6 +59,7 @@ class Device:
         # bind_output build it anew at each call (half of a bind's ~6 µs), and a join or a leave
         # binds its buffers six times, so the binds below call the binding's own object with it.
         self.ort_device = ort.OrtDevice.make(device_type, device_id)._get_c_device()
+        self.host_device = ort.OrtDevice.make("cpu", 0)._get_c_device()
 
     def upload(self, array: np.ndarray, reason: str) -> ort.OrtValue:
         """A host array → a new OrtValue on the device (on the CPU it wraps the array, no copy)."""
@@ -104,7 +105,14 @@ class Device:
 
     def bind_host_output(self, binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
         """Let a graph output be copied into a reusable host array (count it with `fetched`)."""
-        binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        ptr = array.__array_interface__["data"][0]
+        binding._iobinding.bind_output(name, self.host_device, array.dtype, list(array.shape), ptr)
+
+    @staticmethod
+    def output(binding: ort.IOBinding, index: int) -> ort.OrtValue:
+        """Output `index` (in the order first bound) of the binding's last run. IOBinding.get_outputs
+        wraps every output, the ones written in place too; this wraps the one wanted."""
+        return ort.OrtValue(binding._iobinding.get_outputs()[index])
 
     def fetched(self, array: np.ndarray, reason: str) -> np.ndarray:
         """Record a host-bound output that a run has just filled."""
@@ -270,7 +278,7 @@ class RowOps:
         self.device.bind_host_input(binding, "new_state", new_state, "state")
         binding.bind_output("out_state", self.device.type, self.device.id)
         session.run_with_iobinding(binding)
-        return binding.get_outputs()[-1]  # outputs come back in the order they were bound
+        return self.device.output(binding, len(BUFFERS))  # after the buffers' outputs
 
     def move(
         self,

@@ -469,7 +469,7 @@ class OnnxDecoder:
             device.bind_host_output(binding, "attention", attention)
             self.bound_outputs = outputs_key
         session.run_with_iobinding(binding)
-        self.state = binding.get_outputs()[0]  # outputs come back in the order first bound
+        self.state = device.output(binding, 0)  # new_state was bound first
         return StepOutput(
             log_probs=device.fetched(log_probs, "topk"),
             token_ids=device.fetched(token_ids, "topk"),
