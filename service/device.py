@@ -7,11 +7,12 @@ the host:
 
 - `append`: scatter joining sentences' rows (uploaded at their own length, padded on the device)
   into rows count..count+n of the capacity buffers, in place;
+- `join`: the same, and the decoder state buffer with the joining sentences' initial states after
+  it, in one run (a join under load is one graph call, not two);
 - `move`: gather rows and scatter them into other rows (the compaction when sentences leave), in
   place;
 - `refit`: copy the live rows into new buffers of another capacity or source length (growth, and
-  the shrink when long sentences have left);
-- `concat`: the decoder state buffer with the joining sentences' initial states after it.
+  the shrink when long sentences have left).
 
 In place means that the ScatterND's output is bound to the same device memory as its input:
 ONNX Runtime's ScatterND (CPU and CUDA) skips its input→output copy when the two are one buffer,
@@ -39,6 +40,12 @@ BUFFERS: tuple[tuple[str, int, int], ...] = (
     ("keys", FLOAT, 3),
     ("mask", BOOL, 2),
 )
+NUMPY_TYPE: dict[int, type] = {FLOAT: np.float32, BOOL: np.bool_}
+
+
+def _dtype(value: ort.OrtValue) -> type:
+    """The numpy type of a row buffer (float32, or bool for the mask)."""
+    return np.bool_ if value.data_type() == "tensor(bool)" else np.float32
 
 
 class Device:
@@ -48,6 +55,11 @@ class Device:
         self.type = device_type
         self.id = device_id
         self.ledger = ledger
+        # The device as ONNX Runtime's binding calls take it, made once. IOBinding.bind_input and
+        # bind_output build it anew at each call (half of a bind's ~6 µs), and a join or a leave
+        # binds its buffers six times, so the binds below call the binding's own object with it.
+        self.ort_device = ort.OrtDevice.make(device_type, device_id)._get_c_device()
+        self.host_device = ort.OrtDevice.make("cpu", 0)._get_c_device()
 
     def upload(self, array: np.ndarray, reason: str) -> ort.OrtValue:
         """A host array → a new OrtValue on the device (on the CPU it wraps the array, no copy)."""
@@ -73,19 +85,34 @@ class Device:
         self, binding: ort.IOBinding, name: str, value: ort.OrtValue, shape: Sequence[int]
     ) -> None:
         """The leading rows of a device buffer as a graph input of `shape` (no copy)."""
-        dtype = np.bool_ if value.data_type() == "tensor(bool)" else np.float32
-        binding.bind_input(name, self.type, self.id, dtype, list(shape), value.data_ptr())
+        binding._iobinding.bind_input(
+            name, self.ort_device, _dtype(value), list(shape), value.data_ptr()
+        )
 
-    def bind_device_output(
-        self, binding: ort.IOBinding, name: str, value: ort.OrtValue, shape: Sequence[int]
+    def bind_in_place(
+        self,
+        binding: ort.IOBinding,
+        name: str,
+        value: ort.OrtValue,
+        dtype: type,
+        shape: Sequence[int],
     ) -> None:
-        """Let a graph output be written into the leading rows of a device buffer (in place)."""
-        dtype = np.bool_ if value.data_type() == "tensor(bool)" else np.float32
-        binding.bind_output(name, self.type, self.id, dtype, list(shape), value.data_ptr())
+        """The leading rows of a device buffer as graph input `name` and, in the same memory,
+        output `out_{name}` (the in-place row updates)."""
+        ptr, dims = value.data_ptr(), list(shape)
+        binding._iobinding.bind_input(name, self.ort_device, dtype, dims, ptr)
+        binding._iobinding.bind_output(f"out_{name}", self.ort_device, dtype, dims, ptr)
 
     def bind_host_output(self, binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
         """Let a graph output be copied into a reusable host array (count it with `fetched`)."""
-        binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        ptr = array.__array_interface__["data"][0]
+        binding._iobinding.bind_output(name, self.host_device, array.dtype, list(array.shape), ptr)
+
+    @staticmethod
+    def output(binding: ort.IOBinding, index: int) -> ort.OrtValue:
+        """Output `index` (in the order first bound) of the binding's last run. IOBinding.get_outputs
+        wraps every output, the ones written in place too; this wraps the one wanted."""
+        return ort.OrtValue(binding._iobinding.get_outputs()[index])
 
     def fetched(self, array: np.ndarray, reason: str) -> np.ndarray:
         """Record a host-bound output that a run has just filled."""
@@ -122,9 +149,10 @@ def _pad(dtype: int, x: str, pads: str, out: str) -> list[onnx.NodeProto]:
     ]
 
 
-def append_graph() -> bytes:
+def append_graph(with_state: bool = False) -> bytes:
     """buffers (C, S, ·), rows (n, 1), new rows (n, S_i, ·), pads (2·rank,) → the buffers with the
-    new rows zero-padded to S and written at `rows` (outputs bound to the inputs' memory)."""
+    new rows zero-padded to S and written at `rows` (outputs bound to the inputs' memory). With
+    `with_state` (the join graph), also state (R, D), new_state (n, D) → out_state (R + n, D)."""
     nodes, inputs, outputs = [], [], []
     inputs.append(helper.make_tensor_value_info("rows", INT64, ["n", 1]))
     for name, dtype, rank in BUFFERS:
@@ -140,7 +168,14 @@ def append_graph() -> bytes:
         outputs.append(
             helper.make_tensor_value_info(f"out_{name}", dtype, _dims(f"{name}_c", rank))
         )
-    return _model(nodes, inputs, outputs, "append_rows")
+    if with_state:
+        inputs += [
+            helper.make_tensor_value_info("state", FLOAT, ["R", "D"]),
+            helper.make_tensor_value_info("new_state", FLOAT, ["n", "D"]),
+        ]
+        nodes.append(helper.make_node("Concat", ["state", "new_state"], ["out_state"], axis=0))
+        outputs.append(helper.make_tensor_value_info("out_state", FLOAT, ["M", "D"]))
+    return _model(nodes, inputs, outputs, "join_rows" if with_state else "append_rows")
 
 
 def move_graph() -> bytes:
@@ -185,21 +220,8 @@ def refit_graph() -> bytes:
     return _model(nodes, inputs, outputs, "refit_rows")
 
 
-def concat_graph() -> bytes:
-    """state (R, D), new (n, D) → (R + n, D)."""
-    return _model(
-        [helper.make_node("Concat", ["state", "new"], ["out"], axis=0)],
-        [
-            helper.make_tensor_value_info("state", FLOAT, ["R", "D"]),
-            helper.make_tensor_value_info("new", FLOAT, ["n", "D"]),
-        ],
-        [helper.make_tensor_value_info("out", FLOAT, ["M", "D"])],
-        "concat_state",
-    )
-
-
 class RowOps:
-    """The four row graphs as sessions on the model's device (one thread each: they are tiny)."""
+    """The row graphs as sessions on the model's device (one thread each: they are tiny)."""
 
     def __init__(self, device: Device, providers: list[str], provider_options: list[dict]) -> None:
         self.device = device
@@ -214,9 +236,9 @@ class RowOps:
             )
 
         self.append_session = session(append_graph())
+        self.join_session = session(append_graph(with_state=True))
         self.move_session = session(move_graph())
         self.refit_session = session(refit_graph())
-        self.concat_session = session(concat_graph())
 
     # --- the encoder buffers -------------------------------------------------------------------
 
@@ -226,23 +248,37 @@ class RowOps:
         shapes: Sequence[tuple[int, ...]],
         first_row: int,
         new_rows: Sequence[np.ndarray],
-    ) -> None:
+        state: ort.OrtValue | None = None,
+        new_state: np.ndarray | None = None,
+    ) -> ort.OrtValue | None:
         """Write new_rows (values (n, S_i, D), keys (n, S_i or 1, Dk), mask (n, S_i)) into rows
-        first_row.. of the buffers of full `shapes`, zero-padded on the device to their source axis."""
+        first_row.. of the buffers of full `shapes`, zero-padded on the device to their source axis.
+
+        With the decoder `state` (R, D) on the device and the joining sentences' `new_state` (n, D)
+        from the host, the same run returns state + new_state (R + n, D) on the device (only the
+        new rows cross)."""
         n = int(new_rows[0].shape[0])
-        binding = self.append_session.io_binding()
+        session = self.append_session if state is None else self.join_session
+        binding = session.io_binding()
         rows = np.arange(first_row, first_row + n, dtype=np.int64)[:, None]  # (n, 1)
         self.device.bind_host_input(binding, "rows", rows, "indices")
-        for (name, _, rank), buffer, shape, new in zip(
+        for (name, dtype, rank), buffer, shape, new in zip(
             BUFFERS, buffers, shapes, new_rows, strict=True
         ):
             pads = np.zeros(2 * rank, np.int64)  # (begin..., end...)
             pads[rank + 1] = shape[1] - new.shape[1]  # pad the source axis at its end
-            self.device.bind_device_input(binding, name, buffer, shape)
+            self.device.bind_in_place(binding, name, buffer, NUMPY_TYPE[dtype], shape)
             self.device.bind_host_input(binding, f"new_{name}", new, "encoder_rows")
             self.device.bind_host_input(binding, f"pads_{name}", pads, "indices")
-            self.device.bind_device_output(binding, f"out_{name}", buffer, shape)
-        self.append_session.run_with_iobinding(binding)
+        if state is None:
+            session.run_with_iobinding(binding)
+            return None
+        assert new_state is not None
+        binding.bind_ortvalue_input("state", state)
+        self.device.bind_host_input(binding, "new_state", new_state, "state")
+        binding.bind_output("out_state", self.device.type, self.device.id)
+        session.run_with_iobinding(binding)
+        return self.device.output(binding, len(BUFFERS))  # after the buffers' outputs
 
     def move(
         self,
@@ -256,9 +292,8 @@ class RowOps:
         binding = self.move_session.io_binding()
         self.device.bind_host_input(binding, "src", src.astype(np.int64), "indices")
         self.device.bind_host_input(binding, "dst", dst.astype(np.int64)[:, None], "indices")
-        for (name, _, _), buffer, shape in zip(BUFFERS, buffers, shapes, strict=True):
-            self.device.bind_device_input(binding, name, buffer, shape)
-            self.device.bind_device_output(binding, f"out_{name}", buffer, shape)
+        for (name, dtype, _), buffer, shape in zip(BUFFERS, buffers, shapes, strict=True):
+            self.device.bind_in_place(binding, name, buffer, NUMPY_TYPE[dtype], shape)
         self.move_session.run_with_iobinding(binding)
 
     def refit(
@@ -283,17 +318,3 @@ class RowOps:
             binding.bind_output(f"out_{name}", self.device.type, self.device.id)
         self.refit_session.run_with_iobinding(binding)
         return list(binding.get_outputs())
-
-    # --- the decoder state ---------------------------------------------------------------------
-
-    def concat_state(self, state: ort.OrtValue | None, new: np.ndarray) -> ort.OrtValue:
-        """state (R, D) on the device + new (n, D) from the host → (R + n, D) on the device; only
-        the new rows cross."""
-        if state is None:
-            return self.device.upload(new, "state")
-        binding = self.concat_session.io_binding()
-        binding.bind_ortvalue_input("state", state)
-        self.device.bind_host_input(binding, "new", new, "state")
-        binding.bind_output("out", self.device.type, self.device.id)
-        self.concat_session.run_with_iobinding(binding)
-        return binding.get_outputs()[0]

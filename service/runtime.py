@@ -271,8 +271,16 @@ class EncoderRows:
         key_len = S if self.keys_follow_source else self.key_len
         return [(rows, S, self.D), (rows, key_len, self.Dk), (rows, S)]
 
-    def append(self, sentences: Sequence[EncodedSentence]) -> None:
-        """Write joining sentences' rows after the current ones; only these rows cross to the device."""
+    def append(
+        self,
+        sentences: Sequence[EncodedSentence],
+        state: ort.OrtValue | None = None,
+        new_state: np.ndarray | None = None,
+    ) -> ort.OrtValue | None:
+        """Write joining sentences' rows after the current ones; only these rows cross to the device.
+
+        Given the decoder `state` (R, D) on the device and the sentences' initial states
+        `new_state` (n, D), returns state + new_state from the same device call."""
         n, S_new = len(sentences), max(s.length for s in sentences)
         first = sentences[0]
         if self.buffers is None:
@@ -292,18 +300,30 @@ class EncoderRows:
         elif self.count + n > self.capacity or S_new > self.source_len:
             self.refit(max(self.capacity, 2 * (self.count + n)), max(self.source_len, S_new))
         assert self.buffers is not None
-        # the joining rows, zero-padded to the longest of them
-        values_shape, keys_shape, mask_shape = self.shapes(n, S_new)
-        values = np.zeros(values_shape, np.float32)  # (n, S_new, D)
-        keys = np.zeros(keys_shape, np.float32)  # (n, S_new or 1, Dk)
-        mask = np.zeros(mask_shape, np.bool_)  # (n, S_new)
-        for i, sentence in enumerate(sentences):
-            values[i, : sentence.length] = sentence.values
-            keys[i, : sentence.keys.shape[0]] = sentence.keys
-            mask[i, : sentence.length] = True
-            self.lengths[self.count + i] = sentence.length
-        self.ops.append(self.buffers, self.shapes(self.capacity), self.count, [values, keys, mask])
+        if n == 1:  # one sentence (the usual join under load): its own arrays, no padding
+            values, keys = first.values[None], first.keys[None]  # (1, S_i, D), (1, S_i or 1, Dk)
+            mask = np.ones((1, first.length), np.bool_)  # (1, S_i)
+            self.lengths[self.count] = first.length
+        else:  # the joining rows, zero-padded to the longest of them
+            values_shape, keys_shape, mask_shape = self.shapes(n, S_new)
+            values = np.zeros(values_shape, np.float32)  # (n, S_new, D)
+            keys = np.zeros(keys_shape, np.float32)  # (n, S_new or 1, Dk)
+            mask = np.zeros(mask_shape, np.bool_)  # (n, S_new)
+            for i, sentence in enumerate(sentences):
+                values[i, : sentence.length] = sentence.values
+                keys[i, : sentence.keys.shape[0]] = sentence.keys
+                mask[i, : sentence.length] = True
+                self.lengths[self.count + i] = sentence.length
+        joined = self.ops.append(
+            self.buffers,
+            self.shapes(self.capacity),
+            self.count,
+            [values, keys, mask],
+            state,
+            new_state,
+        )
         self.count += n
+        return joined
 
     def keep(self, keep: np.ndarray) -> None:
         """Keep the rows `keep` (B',), in that order."""
@@ -333,6 +353,11 @@ class EncoderRows:
         lengths[: self.count] = self.lengths[: self.count]
         self.lengths = lengths
 
+    def binding_key(self) -> tuple[int, ...]:
+        """What `bind` binds: while it is unchanged, a binding made by `bind` still holds."""
+        assert self.buffers is not None
+        return (self.count, *(b.data_ptr() for b in self.buffers), *self.buffers[2].shape())
+
     def bind(self, binding: ort.IOBinding) -> None:
         """Bind the live rows as the decoder step's values (B, S, D), keys, mask (B, S) (no copy)."""
         assert self.buffers is not None
@@ -355,11 +380,13 @@ class HostBuffer:
 
     def __init__(self, dtype: type) -> None:
         self.flat: np.ndarray = np.zeros(0, dtype)
+        self.generation = 0  # counts the reallocations: a binding to an older array is stale
 
     def view(self, shape: tuple[int, ...]) -> np.ndarray:
         size = math.prod(shape)
         if size > len(self.flat):
             self.flat = np.zeros(max(size, 2 * len(self.flat)), self.flat.dtype)
+            self.generation += 1
         return self.flat[:size].reshape(shape)
 
 
@@ -382,6 +409,11 @@ class OnnxDecoder:
         self.log_probs = HostBuffer(np.float32)
         self.token_ids = HostBuffer(np.int64)
         self.attention = HostBuffer(np.float32)
+        # One binding for every step: the encoder rows and the host outputs are rebound only when
+        # they change (a join, a leave, a new hypothesis count), not at each step.
+        self.binding = model.decoder.io_binding()
+        self.bound_rows: tuple[int, ...] | None = None
+        self.bound_outputs: tuple[int, ...] | None = None
 
     @property
     def state_rows(self) -> int:
@@ -390,9 +422,12 @@ class OnnxDecoder:
     def add_sentences(self, sentences: Sequence[EncodedSentence]) -> int:
         """Append sentences (at the end of the sentence order); returns the state-buffer row of the first one."""
         offset = self.state_rows
-        self.rows.append(sentences)
         new_state = np.stack([s.state for s in sentences])  # (n, D_state)
-        self.state = self.model.row_ops.concat_state(self.state, new_state)
+        if self.state is None:  # the first join: nothing on the device to append to
+            self.rows.append(sentences)
+            self.state = self.device.upload(new_state, "state")
+        else:  # rows and state in one device call
+            self.state = self.rows.append(sentences, self.state, new_state)
         return offset
 
     def keep_sentences(self, keep: np.ndarray) -> None:
@@ -405,23 +440,36 @@ class OnnxDecoder:
     def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
         """One decoder call for every hypothesis: tokens (N,), reorder (N,) → top-k (N, k), attention (N, S)."""
         assert self.rows.count and self.state is not None, "step() on an empty batch"
-        session, device = self.model.decoder, self.device
+        session, device, binding = self.model.decoder, self.device, self.binding
         N, S = len(tokens), self.rows.source_len
-        binding = session.io_binding()
         device.bind_host_input(binding, "tokens", tokens.astype(np.int64, copy=False), "tokens")
         device.bind_host_input(binding, "reorder", reorder.astype(np.int64, copy=False), "tokens")
         device.bind_host_input(binding, "k", np.array(k, dtype=np.int64), "tokens")
         binding.bind_ortvalue_input("state", self.state)
-        self.rows.bind(binding)
+        rows_key = self.rows.binding_key()
+        if rows_key != self.bound_rows:
+            self.rows.bind(binding)
+            self.bound_rows = rows_key
+        # rebound at every step: a binding left from the last run would be written in place
+        binding.bind_output("new_state", device.type, device.id)  # stays on the device
         log_probs = self.log_probs.view((N, k))  # (N, k)
         token_ids = self.token_ids.view((N, k))  # (N, k)
         attention = self.attention.view((N, S))  # (N, S)
-        binding.bind_output("new_state", device.type, device.id)  # stays on the device
-        device.bind_host_output(binding, "log_probs", log_probs)
-        device.bind_host_output(binding, "token_ids", token_ids)
-        device.bind_host_output(binding, "attention", attention)
+        outputs_key = (
+            N,
+            k,
+            S,
+            self.log_probs.generation,
+            self.token_ids.generation,
+            self.attention.generation,
+        )
+        if outputs_key != self.bound_outputs:
+            device.bind_host_output(binding, "log_probs", log_probs)
+            device.bind_host_output(binding, "token_ids", token_ids)
+            device.bind_host_output(binding, "attention", attention)
+            self.bound_outputs = outputs_key
         session.run_with_iobinding(binding)
-        self.state = binding.get_outputs()[0]  # outputs come back in the order they were bound
+        self.state = device.output(binding, 0)  # new_state was bound first
         return StepOutput(
             log_probs=device.fetched(log_probs, "topk"),
             token_ids=device.fetched(token_ids, "topk"),
