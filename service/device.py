@@ -23,6 +23,7 @@ so a join or a leave costs what changes, not the whole buffer (measured on the C
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -58,8 +59,11 @@ class Device:
         # The device as ONNX Runtime's binding calls take it, made once. IOBinding.bind_input and
         # bind_output build it anew at each call (half of a bind's ~6 µs), and a join or a leave
         # binds its buffers six times, so the binds below call the binding's own object with it.
-        self.ort_device = ort.OrtDevice.make(device_type, device_id)._get_c_device()
-        self.host_device = ort.OrtDevice.make("cpu", 0)._get_c_device()
+        # Both are private to onnxruntime's Python wrapper (seen in 1.18-1.32): where a release
+        # lacks them, `fast_binds` is False and the public bind calls are used instead.
+        self.ort_device = _c_device(device_type, device_id)
+        self.host_device = _c_device("cpu", 0)
+        self.fast_binds = self.ort_device is not None and self.host_device is not None
 
     def upload(self, array: np.ndarray, reason: str) -> ort.OrtValue:
         """A host array → a new OrtValue on the device (on the CPU it wraps the array, no copy)."""
@@ -85,9 +89,7 @@ class Device:
         self, binding: ort.IOBinding, name: str, value: ort.OrtValue, shape: Sequence[int]
     ) -> None:
         """The leading rows of a device buffer as a graph input of `shape` (no copy)."""
-        binding._iobinding.bind_input(
-            name, self.ort_device, _dtype(value), list(shape), value.data_ptr()
-        )
+        self._bind(binding, "input", name, _dtype(value), list(shape), value.data_ptr())
 
     def bind_in_place(
         self,
@@ -100,19 +102,38 @@ class Device:
         """The leading rows of a device buffer as graph input `name` and, in the same memory,
         output `out_{name}` (the in-place row updates)."""
         ptr, dims = value.data_ptr(), list(shape)
-        binding._iobinding.bind_input(name, self.ort_device, dtype, dims, ptr)
-        binding._iobinding.bind_output(f"out_{name}", self.ort_device, dtype, dims, ptr)
+        self._bind(binding, "input", name, dtype, dims, ptr)
+        self._bind(binding, "output", f"out_{name}", dtype, dims, ptr)
 
     def bind_host_output(self, binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
         """Let a graph output be copied into a reusable host array (count it with `fetched`)."""
         ptr = array.__array_interface__["data"][0]
-        binding._iobinding.bind_output(name, self.host_device, array.dtype, list(array.shape), ptr)
+        self._bind(binding, "output", name, array.dtype, list(array.shape), ptr, host=True)
 
-    @staticmethod
-    def output(binding: ort.IOBinding, index: int) -> ort.OrtValue:
+    def _bind(
+        self,
+        binding: ort.IOBinding,
+        kind: str,
+        name: str,
+        dtype: Any,
+        dims: list[int],
+        ptr: int,
+        host: bool = False,
+    ) -> None:
+        """bind_input / bind_output of memory at `ptr`, on the device (or the host)."""
+        if self.fast_binds:
+            device = self.host_device if host else self.ort_device
+            getattr(binding._iobinding, f"bind_{kind}")(name, device, dtype, dims, ptr)
+        else:
+            device_type, device_id = ("cpu", 0) if host else (self.type, self.id)
+            getattr(binding, f"bind_{kind}")(name, device_type, device_id, dtype, dims, ptr)
+
+    def output(self, binding: ort.IOBinding, index: int) -> ort.OrtValue:
         """Output `index` (in the order first bound) of the binding's last run. IOBinding.get_outputs
         wraps every output, the ones written in place too; this wraps the one wanted."""
-        return ort.OrtValue(binding._iobinding.get_outputs()[index])
+        if self.fast_binds:
+            return ort.OrtValue(binding._iobinding.get_outputs()[index])
+        return binding.get_outputs()[index]
 
     def fetched(self, array: np.ndarray, reason: str) -> np.ndarray:
         """Record a host-bound output that a run has just filled."""
@@ -318,3 +339,11 @@ class RowOps:
             binding.bind_output(f"out_{name}", self.device.type, self.device.id)
         self.refit_session.run_with_iobinding(binding)
         return list(binding.get_outputs())
+
+
+def _c_device(device_type: str, device_id: int) -> Any:
+    """onnxruntime's C-level device object, or None where this release does not expose it."""
+    try:
+        return ort.OrtDevice.make(device_type, device_id)._get_c_device()
+    except AttributeError:
+        return None

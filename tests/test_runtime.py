@@ -193,3 +193,26 @@ def test_cuda_provider_options_are_set_on_purpose() -> None:
     assert both[1] == {} and both[0]["arena_extend_strategy"] == "kSameAsRequested"
     with pytest.raises(ValueError, match="cuda_arena_extend"):
         RuntimeConfig(cuda_arena_extend="kDouble")
+
+
+def test_public_binds_give_the_same_translations_as_the_fast_ones() -> None:
+    """service/device.py binds through onnxruntime's private C-level objects where a release has
+    them (a join or a leave binds six times) and through IOBinding's public calls where it does not:
+    both paths must decode the same, joins and leaves included."""
+    from service.engine import Engine
+    from service.options import SearchOptions
+    from tests.conftest import DEFAULT_BUNDLE
+
+    texts = ["ninety-seven", "March 5, 2021, then $3.50", "one", "the 21st of May and 4:05 PM"]
+    options = SearchOptions(beam_size=4, n_best=2)
+    engine = Engine.load(DEFAULT_BUNDLE)
+    assert engine.model.device.fast_binds  # the onnxruntime installed here exposes them
+    fast = engine.translate(texts, options, "subword")
+    engine.model.device.fast_binds = False
+    public = engine.translate(texts, options, "subword")
+    for a, b in zip(fast, public, strict=True):
+        assert [h.text for h in a.hypotheses] == [h.text for h in b.hypotheses]
+        assert [h.score for h in a.hypotheses] == [h.score for h in b.hypotheses]
+        for ha, hb in zip(a.hypotheses, b.hypotheses, strict=True):
+            assert ha.alignment is not None and hb.alignment is not None
+            np.testing.assert_array_equal(ha.alignment.matrix, hb.alignment.matrix)
