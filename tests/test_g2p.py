@@ -27,7 +27,7 @@ from service.engine import Engine, InvalidInput
 from service.input_rule import InputRejected, InputRule
 from service.tokenizer import Tokenizer
 from tests.conftest import REPO, TinyModel
-from tests.test_server import ServerThread, base_args
+from tests.test_server import QUIET_SERVER_FLAGS, ServerThread, base_args, flag_list
 
 G2P_BUNDLE = REPO / "models" / "g2p"
 G2P_CONFIG = REPO / "configs" / "g2p.toml"
@@ -390,8 +390,7 @@ def test_the_default_repository_serves_the_g2p_model_after_its_warm_up() -> None
     """The server warms each model up before it takes requests; the warm-up must pass the G2P
     bundle's input rule (it once decoded "one two three", which the rule refuses, so the default
     repository left the G2P model out)."""
-    args = [a if a != "--bundle" else "--models" for a in base_args(REPO / "models" / "default")]
-    args[args.index("--models") + 1] = str(REPO / "models")
+    args = flag_list({"--models": str(REPO / "models"), **QUIET_SERVER_FLAGS})
     server = ServerThread.start([*args, "--warmup"])
     try:
         stub = server.stub

@@ -30,10 +30,12 @@ from service.engine import Engine
 from service.server import SERVICE_NAME
 from tests.conftest import DEFAULT_BUNDLE, TinyModel, start_server_process
 from tests.test_server import (
+    QUIET_SERVER_FLAGS,
     WAIT_S,
     Opts,
     ServerThread,
     error_of,
+    flag_list,
     free_port,
     health_status,
     metric,
@@ -65,17 +67,8 @@ def add_broken_version(root: Path, name: str, version: str, bundle: Path) -> Pat
 
 
 def repo_args(root: Path, *extra: str) -> list[str]:
-    flags = {
-        "--models": str(root),
-        "--host": "127.0.0.1",
-        "--port": "0",
-        "--metrics-port": "-1",
-        "--providers": "CPUExecutionProvider",
-        "--intra-op-threads": "1",
-        "--log-level": "WARNING",
-        "--reload-interval-s": "0",
-    }
-    return [*(part for flag in flags.items() for part in flag), *extra]
+    flags = {"--models": str(root), **QUIET_SERVER_FLAGS, "--reload-interval-s": "0"}
+    return [*flag_list(flags), *extra]
 
 
 @pytest.fixture(scope="module")

@@ -53,18 +53,24 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def base_args(bundle: Path) -> list[str]:
-    """Flags for a quiet CPU server on 127.0.0.1, a free port, no metrics endpoint."""
-    flags = {
-        "--bundle": str(bundle),
-        "--host": "127.0.0.1",
-        "--port": "0",
-        "--metrics-port": "-1",
-        "--providers": "CPUExecutionProvider",
-        "--intra-op-threads": "1",
-        "--log-level": "WARNING",
-    }
+# A quiet CPU server on 127.0.0.1, a free port, no metrics endpoint (with --bundle or --models).
+QUIET_SERVER_FLAGS = {
+    "--host": "127.0.0.1",
+    "--port": "0",
+    "--metrics-port": "-1",
+    "--providers": "CPUExecutionProvider",
+    "--intra-op-threads": "1",
+    "--log-level": "WARNING",
+}
+
+
+def flag_list(flags: dict[str, str]) -> list[str]:
     return [part for flag in flags.items() for part in flag]
+
+
+def base_args(bundle: Path) -> list[str]:
+    """Flags for a quiet CPU server of one bundle."""
+    return flag_list({"--bundle": str(bundle), **QUIET_SERVER_FLAGS})
 
 
 class ServerThread:
