@@ -386,6 +386,9 @@ class MetricEvents(Events):
 
     def loaded(self, model: ModelVersion) -> None:
         engine = model.engine
+        # every version's host<->device bytes, not only the default model's (a ledger stays
+        # watched after its version unloads: the counters it fed must not go down)
+        self.metrics.watch_transfers(engine.model.transfers)
         self.metrics.model_loaded(
             model.name,
             model.version,

@@ -401,3 +401,16 @@ def test_the_default_repository_serves_the_g2p_model_after_its_warm_up() -> None
         assert answer.model == "g2p-en-cmudict" and answer.translations[0].hypotheses[0].text
     finally:
         server.close()
+
+
+def test_every_served_model_version_feeds_the_transfer_counters() -> None:
+    """s2s_device_transfer_bytes_total counts the bytes of every loaded model, not only of the
+    default one whose engine the decode loop was built with."""
+    args = flag_list({"--models": str(REPO / "models"), **QUIET_SERVER_FLAGS})
+    server = ServerThread.start([*args, "--no-warmup"])
+    try:
+        watched = server.r.metrics.transfers.ledgers
+        for model in server.r.repository.loaded():
+            assert any(ledger is model.engine.model.transfers for ledger in watched), model
+    finally:
+        server.close()
