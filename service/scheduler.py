@@ -155,7 +155,8 @@ def decide(
     alive = [w for w in waiting if w.deadline is None or w.deadline > now]
     groups = Groups({BatchKey(*key): n for key, n in running.items() if n > 0})
     if config.policy == "iteration":
-        turn = [w for w in alive if w.model == model_in_turn(alive, last_admitted)]
+        model = model_in_turn(alive, last_admitted)
+        turn = [w for w in alive if w.model == model]
         admit, batch = admit_fifo(config, turn, groups, ready)
     elif config.policy == "request":
         admit, batch = admit_static_batch(config, now, alive, groups)
