@@ -19,6 +19,7 @@ from service.options import SearchOptions
 from service.scheduler import BatchingConfig
 
 CUDA_ARENA_EXTEND: tuple[str, ...] = ("kSameAsRequested", "kNextPowerOfTwo")
+ROW_OPS: tuple[str, ...] = ("auto", "graph", "host")
 
 
 def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
@@ -61,6 +62,14 @@ class RuntimeConfig:
     cuda_copy_in_default_stream: bool = setting(
         True, "host<->device copies on the compute stream (off: on a copy stream of their own)"
     )
+    # The running batch's row updates (service/device.py): tiny graphs on the model's device, or
+    # numpy writes where that device's memory is the host's. "auto" picks by the device.
+    row_ops: str = setting(
+        "auto",
+        "how a running batch's rows are joined and compacted: graphs on the model's device, "
+        "numpy writes in host memory (CPU only), or auto (host on the CPU, graphs on a GPU)",
+        ROW_OPS,
+    )
     cuda_tf32: bool = setting(
         False, "TF32 matrix products on the GPU (faster on Ampere and later, not fp32 rounding)"
     )
@@ -72,6 +81,8 @@ class RuntimeConfig:
             raise ValueError(
                 f"cuda_arena_extend must be one of {CUDA_ARENA_EXTEND}, got {self.cuda_arena_extend!r}"
             )
+        if self.row_ops not in ROW_OPS:
+            raise ValueError(f"row_ops must be one of {ROW_OPS}, got {self.row_ops!r}")
         if self.cuda_mem_limit_mb < 0:
             raise ValueError("cuda_mem_limit_mb must be >= 0 (0: no cap)")
         if (

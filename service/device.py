@@ -18,10 +18,15 @@ In place means that the ScatterND's output is bound to the same device memory as
 ONNX Runtime's ScatterND (CPU and CUDA) skips its input→output copy when the two are one buffer,
 so a join or a leave costs what changes, not the whole buffer (measured on the CPU: 40 µs to move
 2 rows of a 4096×60×512 buffer, which a copy would take ~100 ms for).
+
+`HostRowOps` makes the same calls as numpy writes where the device's memory is the host's (the CPU
+provider, by default: a graph run costs more there than the rows it writes); `make_row_ops` picks.
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -263,6 +268,10 @@ class RowOps:
 
     # --- the encoder buffers -------------------------------------------------------------------
 
+    def empty(self, shape: Sequence[int], dtype: type) -> ort.OrtValue:
+        """A new row buffer on the device (uninitialised)."""
+        return self.device.empty(shape, dtype)
+
     def append(
         self,
         buffers: Sequence[ort.OrtValue],
@@ -339,6 +348,102 @@ class RowOps:
             binding.bind_output(f"out_{name}", self.device.type, self.device.id)
         self.refit_session.run_with_iobinding(binding)
         return list(binding.get_outputs())
+
+
+def host_view(value: ort.OrtValue, shape: Sequence[int]) -> np.ndarray:
+    """A numpy view (no copy) of the leading `shape` elements of a CPU OrtValue's memory; valid
+    while `value` lives. An OrtValue made from a numpy array keeps it (`_numpy_obj`, private to
+    onnxruntime's wrapper): viewing that array costs ~1 µs; other memory is viewed through ctypes."""
+    count = math.prod(shape)
+    array = getattr(value, "_numpy_obj", None)  # set only for a contiguous array wrapped as is
+    if array is None:
+        dtype = _dtype(value)
+        c_type = ctypes.c_float if dtype is np.float32 else ctypes.c_uint8
+        pointer = ctypes.cast(value.data_ptr(), ctypes.POINTER(c_type))
+        raw = np.ctypeslib.as_array(pointer, shape=(count,)) if count else np.zeros(0, c_type)
+        return raw.view(dtype).reshape(tuple(shape))
+    return array.reshape(-1)[:count].reshape(tuple(shape))
+
+
+class HostRowOps:
+    """RowOps for a device whose memory is the host's (the CPU provider): the same calls, done as
+    numpy writes into the buffers' own memory.
+
+    On the CPU a tiny graph run costs more than the row copy it makes (a session run and its binds
+    are ~30-50 µs; a numpy row write a few), and there is no bus to spare, so this is what the CPU
+    provider uses by default (RuntimeConfig.row_ops). The ledger records the same host→device
+    rows a device would receive; the graphs (`RowOps`) stay tested on the CPU too."""
+
+    def __init__(self, device: Device) -> None:
+        if device.type != "cpu":
+            raise ValueError(f"host row ops need host memory, not device {device.type!r}")
+        self.device = device
+
+    def empty(self, shape: Sequence[int], dtype: type) -> ort.OrtValue:
+        """A new row buffer in host memory (numpy's, so `host_view` is cheap)."""
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(tuple(shape), dtype))
+
+    def append(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        shapes: Sequence[tuple[int, ...]],
+        first_row: int,
+        new_rows: Sequence[np.ndarray],
+        state: ort.OrtValue | None = None,
+        new_state: np.ndarray | None = None,
+    ) -> ort.OrtValue | None:
+        """RowOps.append's contract, written in place with numpy."""
+        n = int(new_rows[0].shape[0])
+        for buffer, shape, new in zip(buffers, shapes, new_rows, strict=True):
+            self.device.ledger.record("host_to_device", "encoder_rows", new.nbytes)
+            rows = host_view(buffer, shape)[first_row : first_row + n]  # (n, S, ·)
+            width = new.shape[1]
+            rows[:, :width] = new
+            rows[:, width:] = 0
+        if state is None:
+            return None
+        assert new_state is not None
+        self.device.ledger.record("host_to_device", "state", new_state.nbytes)
+        old = state.numpy()  # (R, D): read only (a view or a copy, by onnxruntime release)
+        joined = np.concatenate([old, new_state.astype(np.float32, copy=False)])  # (R + n, D)
+        return ort.OrtValue.ortvalue_from_numpy(joined)
+
+    def move(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        shapes: Sequence[tuple[int, ...]],
+        src: np.ndarray,
+        dst: np.ndarray,
+    ) -> None:
+        """RowOps.move's contract: rows src copied into rows dst (gathered before any write)."""
+        for buffer, shape in zip(buffers, shapes, strict=True):
+            view = host_view(buffer, shape)
+            view[dst] = view[src]
+
+    def refit(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        live: Sequence[tuple[int, ...]],
+        target: Sequence[tuple[int, ...]],
+    ) -> list[ort.OrtValue]:
+        """RowOps.refit's contract: new buffers of shapes `target` holding the live rows."""
+        out = []
+        for buffer, have, want in zip(buffers, live, target, strict=True):
+            new: np.ndarray = np.zeros(want, _dtype(buffer))
+            width = min(have[1], want[1])
+            new[: have[0], :width] = host_view(buffer, have)[:, :width]
+            out.append(ort.OrtValue.ortvalue_from_numpy(new))
+        return out
+
+
+def make_row_ops(
+    device: Device, providers: list[str], provider_options: list[dict], kind: str
+) -> RowOps | HostRowOps:
+    """The row ops for `kind` ("auto": numpy writes where the device memory is the host's, the
+    row graphs elsewhere; "graph"; "host")."""
+    if kind == "host" or (kind == "auto" and device.type == "cpu"):
+        return HostRowOps(device)
+    return RowOps(device, providers, provider_options)
 
 
 def _c_device(device_type: str, device_id: int) -> Any:

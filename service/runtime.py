@@ -26,7 +26,7 @@ from service.architecture import PAD_ID
 from service.beam import StepOutput
 from service.bundle import Bundle, BundleError
 from service.config import RuntimeConfig
-from service.device import Device, RowOps
+from service.device import Device, HostRowOps, RowOps, make_row_ops
 from service.transfers import TransferLedger
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,9 @@ class OnnxModel:
         self.transfers = TransferLedger()
         self.device = Device(self.device_type, self.device_id, self.transfers)
         providers = self.providers
-        self.row_ops = RowOps(self.device, providers, provider_options(providers, config))
+        self.row_ops = make_row_ops(
+            self.device, providers, provider_options(providers, config), config.row_ops
+        )
 
     @property
     def providers(self) -> list[str]:
@@ -248,7 +250,7 @@ class EncoderRows:
     hold nothing the step reads: it is bound to the leading `count` rows.
     """
 
-    def __init__(self, ops: RowOps, keys_follow_source: bool) -> None:
+    def __init__(self, ops: RowOps | HostRowOps, keys_follow_source: bool) -> None:
         self.ops = ops
         self.keys_follow_source = keys_follow_source  # False for attention "none": keys (B, 1, Dk)
         self.count = 0
@@ -291,7 +293,7 @@ class EncoderRows:
             )
             capacity = max(16, 2 * n)
             self.buffers = [
-                self.ops.device.empty(shape, dtype)
+                self.ops.empty(shape, dtype)
                 for shape, dtype in zip(
                     self.shapes(capacity, S_new), (np.float32, np.float32, np.bool_), strict=True
                 )

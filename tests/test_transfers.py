@@ -63,11 +63,14 @@ def test_metrics_export_every_series_from_zero_and_sum_the_watched_ledgers() -> 
     assert value("s2s_device_transfers_total", labels) == 2.0
 
 
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine.load(
-        DEFAULT_BUNDLE, RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1)
+@pytest.fixture(scope="module", params=["graph", "host"])
+def engine(request: pytest.FixtureRequest) -> Engine:
+    """The default model with each kind of row ops (service/device.py): the device graphs a GPU
+    runs, and the numpy writes the CPU provider uses by default."""
+    config = RuntimeConfig(
+        providers=("CPUExecutionProvider",), intra_op_threads=1, row_ops=request.param
     )
+    return Engine.load(DEFAULT_BUNDLE, config)
 
 
 @pytest.fixture(scope="module")

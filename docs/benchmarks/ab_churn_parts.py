@@ -1,6 +1,6 @@
 """Where `ab_churn.py`'s loop spends its time, per runtime call: joins, leaves, steps.
 
-    PYTHONPATH=<checkout> python docs/benchmarks/ab_churn_parts.py LABEL [--runs 4]
+    PYTHONPATH=<checkout> python docs/benchmarks/ab_churn_parts.py LABEL [--runs 4] [--row-ops host]
 
 Runs ab_churn's workload (300 test sentences joining a beam-5 running batch 0-3 at a time, the
 server's runtime settings) and times each `OnnxDecoder.add_sentences`, `keep_sentences` and `step`
@@ -42,12 +42,16 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("label")
     p.add_argument("--runs", type=int, default=4)
+    p.add_argument(
+        "--row-ops", default="", help="RuntimeConfig.row_ops (a checkout that has it); '' = default"
+    )
     args = p.parse_args()
+    config: dict[str, Any] = {"providers": ("CPUExecutionProvider",)}
+    if args.row_ops:
+        config["row_ops"] = args.row_ops
     for name in ("add_sentences", "keep_sentences", "step"):
         setattr(runtime.OnnxDecoder, name, timed(name, getattr(runtime.OnnxDecoder, name)))
-    engine = Engine.load(
-        REPO / "models" / "default", RuntimeConfig(providers=("CPUExecutionProvider",))
-    )
+    engine = Engine.load(REPO / "models" / "default", RuntimeConfig(**config))
     decoder = engine.model.decoder
     decoder.run_with_iobinding = timed("ort_run", decoder.run_with_iobinding)  # type: ignore[method-assign]
     lines = (REPO / "docs" / "eval" / "test.tsv").read_text().splitlines()[:300]
