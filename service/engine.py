@@ -190,12 +190,11 @@ class Engine:
         if found is None:
             src_ids = self.src_tok.encode(source) if source.strip() else []
             tgt_ids = self.tgt_tok.encode(target) if target.strip() else []
-            found = Separator(
-                source_pieces=segment.separator_pieces(self.src_tok.pieces(src_ids), source),
-                target_ids=tgt_ids,
-                target_pieces=segment.separator_pieces(self.tgt_tok.pieces(tgt_ids), target),
-                target_text=target,
+            _, src_pieces = segment.separator_tokens(src_ids, self.src_tok.pieces(src_ids), source)
+            tgt_ids, tgt_pieces = segment.separator_tokens(
+                tgt_ids, self.tgt_tok.pieces(tgt_ids), target
             )
+            found = Separator(src_pieces, tgt_ids, tgt_pieces, target)
             self._separators[(source, target)] = found
         return found
 

@@ -57,6 +57,7 @@ class Split:
 
     segments: list[str]  # each stripped and non-empty
     separators: list[tuple[str, str]]  # (source text of the match, target text)
+    spans: list[tuple[int, int]]  # (start, end) of each separator in the text
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class Segmentation:
         taken.sort()
         segments: list[str] = []
         separators: list[tuple[str, str]] = []
+        spans: list[tuple[int, int]] = []
         cursor = 0
         for start, end, target in taken:
             segment = text[cursor:start].strip()
@@ -123,9 +125,10 @@ class Segmentation:
                 continue  # nothing on one side: the match stays inside its neighbour
             segments.append(segment)
             separators.append((text[start:end], target))
+            spans.append((start, end))
             cursor = end
         segments.append(text[cursor:].strip())
-        return Split(segments, separators)
+        return Split(segments, separators, spans)
 
 
 def _compile(pattern: object, where: str) -> re.Pattern[str]:
@@ -142,14 +145,19 @@ def _overlaps(span: tuple[int, int], others: Sequence[tuple[int, int]]) -> bool:
     return any(s < end and start < e for s, e in others)
 
 
-def separator_pieces(pieces: list[str], text: str, word_start: str = "\u2581") -> list[str]:
-    """A separator's pieces as they read inside the sentence: when the separator text does not begin
-    with a space (", then "), its first piece continues the previous word ("5," is one word), so its
-    word-start mark goes (a bare mark is dropped)."""
-    if not pieces or text[:1].isspace():
-        return pieces
+def separator_tokens(
+    ids: list[int], pieces: list[str], text: str, word_start: str = "\u2581"
+) -> tuple[list[int], list[str]]:
+    """A separator's ids and pieces as they read inside the sentence: when the separator text does
+    not begin with a space (", then "), its first piece continues the previous word ("5," is one
+    word), so a bare word-start piece goes (id too) and a first piece loses its mark (the id stays:
+    the tokenizer's piece for it)."""
+    if not pieces or text[:1].isspace() or not pieces[0].startswith(word_start):
+        return ids, pieces
     first = pieces[0].removeprefix(word_start)
-    return ([first] if first else []) + pieces[1:]
+    if not first:
+        return ids[1:], pieces[1:]
+    return ids, [first, *pieces[1:]]
 
 
 # --- the join -------------------------------------------------------------------------------------
