@@ -15,9 +15,9 @@ The inputs, each best hypothesis labelled right (exact match) or wrong:
 For each confidence the script prints AUROC (the Mann-Whitney U statistic over n_right x n_wrong,
 ties counted half) and, accepting the answers with confidence >= t, the lowest t whose accepted
 answers are >= 99% right, with its coverage (accepted / all) and the share of right answers kept.
-Compared: the server's `confidence` (geometric-mean token probability; for a segmented input, the
-lowest segment's), the joined geometric mean over every segment's tokens, the summed log-prob, and
-the ranking score.
+Compared: the server's `confidence` (geometric-mean token probability; for a segmented input over
+every segment's tokens), the lowest segment's confidence (a segmented input; the same otherwise), the
+summed log-prob, and the ranking score.
 """
 
 from __future__ import annotations
@@ -132,15 +132,6 @@ def decode(
     return [best[i] for i in range(len(texts))]
 
 
-def joined_geometric_mean(engine: Engine, text: str, h: TranslationHypothesis) -> float:
-    """exp(log_prob / tokens) over every segment's tokens (each segment's EOS counted, the
-    separators' target pieces not: the model never scored them)."""
-    prepared = engine.prepare(text)
-    separator_tokens = sum(len(s.target_ids) for s in prepared.separators)
-    n = len(h.token_ids) - separator_tokens + (len(prepared.parts) if h.finished else 0)
-    return math.exp(h.log_prob / n) if n > 0 else 0.0
-
-
 def rounded(x: float) -> float | None:
     """4 decimals; None for NaN (a group with only right or only wrong answers)."""
     return None if math.isnan(x) else round(x, 4)
@@ -211,9 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     confidence = np.array([h.confidence for h in best])  # (N,)
     candidates = {
         "confidence": confidence,
-        "joined_geometric_mean": np.array(
-            [joined_geometric_mean(engine, s, h) for (s, _), h in zip(pairs, best, strict=True)]
-        ),
+        "lowest_segment": np.array([min(h.segment_confidences or (h.confidence,)) for h in best]),
         "log_prob": np.array([h.log_prob for h in best]),
         "score": np.array([h.score for h in best]),
     }

@@ -8,6 +8,7 @@ every `step()` advances all their hypotheses with one decoder call, and finished
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,9 +43,10 @@ class TranslationHypothesis:
     alignment: Alignment | None
     finished: bool  # False when cut at the maximum length
     # exp(log_prob / tokens, EOS included): the geometric-mean token probability in [0, 1]; for a
-    # segmented input the lowest segment's (service/segment.py). Users threshold it.
+    # segmented input over every segment's tokens (service/segment.py). Users threshold it.
     confidence: float = 0.0
     low_confidence: bool = False  # confidence below the threshold in use (Engine.min_confidence)
+    segment_confidences: tuple[float, ...] = ()  # a segmented input's, each segment's own
 
 
 @dataclass(frozen=True)
@@ -345,17 +347,20 @@ class Engine:
                 [(len(s.target_pieces), len(s.source_pieces)) for s in sentence.separators],
             )  # (T, S)
             alignment = make_alignment(matrix, sentence.pieces, tokens, mode)
-        confidence = min(p.confidence for p in parts)
+        scored = sum(len(p.token_ids) + (1 if p.finished else 0) for p in parts)
+        log_prob = sum(p.log_prob for p in parts)
+        confidence = math.exp(log_prob / scored) if scored else 0.0
         return TranslationHypothesis(
             text=text,
             tokens=tokens,
             token_ids=ids,
             score=sum(p.score for p in parts),
-            log_prob=sum(p.log_prob for p in parts),
+            log_prob=log_prob,
             alignment=alignment,
             finished=all(p.finished for p in parts),
             confidence=confidence,
             low_confidence=confidence < self.min_confidence,
+            segment_confidences=tuple(p.confidence for p in parts),
         )
 
 

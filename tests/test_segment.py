@@ -310,7 +310,9 @@ def test_a_segmented_input_joins_its_segments_own_translations(
         assert h.log_prob == pytest.approx(sum(m.log_prob for m in mine), abs=1e-5)
         assert h.score == pytest.approx(sum(m.score for m in mine), abs=1e-5)
         assert h.finished == all(m.finished for m in mine)
-        assert h.confidence == pytest.approx(min(m.confidence for m in mine))
+        scored = sum(len(m.token_ids) + m.finished for m in mine)
+        assert h.confidence == pytest.approx(math.exp(h.log_prob / scored))
+        assert h.segment_confidences == pytest.approx([m.confidence for m in mine])
         sep_ids = [s.target_ids for s in prepared.separators]
         ids = mine[0].token_ids + [
             i for s, m in zip(sep_ids, mine[1:], strict=True) for i in s + m.token_ids

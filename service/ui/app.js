@@ -170,8 +170,8 @@ async function translate() {
 
 // --- rendering ----------------------------------------------------------------------------------
 function confidence(h) {
-  // The server's: exp(log_prob / tokens, end-of-sentence included), the lowest segment's for an input
-  // the model's segmentation cut. JSON leaves out a zero.
+  // The server's: exp(log_prob / tokens, end-of-sentence included), over every segment's tokens for an
+  // input the model's segmentation cut. JSON leaves out a zero.
   return Number(h.confidence || 0);
 }
 
