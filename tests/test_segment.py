@@ -33,7 +33,7 @@ from service.segment import (
     geometric_mean_probability,
     separator_tokens,
 )
-from tests.conftest import DEFAULT_BUNDLE, REPO
+from tests.conftest import DEFAULT_BUNDLE, REPO, TinyModel
 
 RULES_FILE = REPO / "configs" / "numbers-segmentation.json"
 
@@ -379,3 +379,27 @@ def test_the_threshold_marks_low_confidence_server_over_manifest(tmp_path: Path)
     assert not any(h.low_confidence for t in off.translate(texts, options) for h in t.hypotheses)
     with pytest.raises(ValueError, match="min_confidence"):
         EngineLimits(min_confidence=1.5)
+
+
+def test_export_writes_the_segmentation_and_confidence_sections(
+    tiny: TinyModel, tmp_path: Path
+) -> None:
+    from export import to_onnx
+
+    out = tmp_path / "bundle"
+    argv = [
+        "--checkpoint",
+        str(tiny.checkpoint),
+        "--tokenizers",
+        str(tiny.bundle),
+        "--out",
+        str(out),
+    ]
+    assert to_onnx.main([*argv, "--segmentation", str(RULES_FILE), "--min-confidence", "0.8"]) == 0
+    bundle = load_bundle(out)
+    assert bundle.segmentation == numbers_rules()
+    assert bundle.confidence_threshold == 0.8
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"boundaries": [{"pattern": "(", "target": ""}]}', encoding="utf-8")
+    with pytest.raises(SegmentationError, match="no regex"):
+        to_onnx.main([*argv, "--segmentation", str(bad)])
