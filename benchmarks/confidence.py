@@ -220,6 +220,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name, scores in candidates.items():
         results["by_confidence"].update(measure(name, scores, right, groups))
+    chosen = results["by_confidence"]["confidence"]["threshold"]
+    if chosen is not None:  # what the server's confidence at that threshold accepts, by input kind
+        accept = confidence >= chosen
+        results["accepted_at_threshold"] = {
+            k: {
+                "accepted": round(float(accept[m].mean()), 4),
+                "right_accepted": round(
+                    float((accept & right)[m].sum() / max(1, right[m].sum())), 4
+                ),
+            }
+            for k, m in groups.items()
+        }
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

@@ -58,7 +58,7 @@ def served(request: pytest.FixtureRequest, seg_bundle: Path) -> Iterator[ServerT
     srv.close()
 
 
-def grpc_request(alignment: int = pb.ALIGNMENT_MODE_WORD) -> pb.TranslateRequest:
+def grpc_request(alignment: pb.AlignmentMode = pb.ALIGNMENT_MODE_WORD) -> pb.TranslateRequest:
     return pb.TranslateRequest(
         texts=TEXTS, options=pb.DecodingOptions(beam_size=3, n_best=2, alignment=alignment)
     )
