@@ -39,6 +39,7 @@ from export import corpus
 from service.beam import SearchOptions
 from service.config import RuntimeConfig
 from service.engine import Engine, TranslationHypothesis
+from service.errors import InvalidInput
 
 PRECISION = 0.99
 Pair = tuple[str, str]
@@ -119,16 +120,22 @@ def out_of_domain(rng: random.Random, n: int) -> list[str]:
 
 def decode(
     engine: Engine, texts: list[str], options: SearchOptions, batch_size: int
-) -> list[TranslationHypothesis]:
-    """The best hypothesis of each text, decoded in batches of similar length."""
+) -> list[TranslationHypothesis | None]:
+    """The best hypothesis of each text, decoded in batches of similar length; None for a text the
+    bundle refuses (its input rule, the length limit): such an answer is never accepted."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    best: dict[int, TranslationHypothesis] = {}
+    best: dict[int, TranslationHypothesis | None] = {}
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        for i, t in zip(
-            idx, engine.translate([texts[i] for i in idx], options, "none"), strict=True
-        ):
-            best[i] = t.hypotheses[0]
+        try:
+            got = engine.translate([texts[i] for i in idx], options, "none")
+            best.update((i, t.hypotheses[0]) for i, t in zip(idx, got, strict=True))
+        except InvalidInput:  # one by one, to find the refused ones
+            for i in idx:
+                try:
+                    best[i] = engine.translate([texts[i]], options, "none")[0].hypotheses[0]
+                except InvalidInput:
+                    best[i] = None
     return [best[i] for i in range(len(texts))]
 
 
@@ -192,8 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine.load(args.bundle, RuntimeConfig(intra_op_threads=args.threads))
     options = SearchOptions(beam_size=args.beam)
     started = time.perf_counter()
-    best = decode(engine, [s for s, _ in pairs], options, args.batch_size)
+    answers = decode(engine, [s for s, _ in pairs], options, args.batch_size)
     seconds = time.perf_counter() - started
+    refused = np.array([h is None for h in answers], bool)  # (N,)
+    refusal = TranslationHypothesis("", [], [], -math.inf, -math.inf, None, False, 0.0)
+    best = [refusal if h is None else h for h in answers]
     right = np.array(
         [bool(ref) and h.text == ref for h, (_, ref) in zip(best, pairs, strict=True)], bool
     )  # (N,)
@@ -213,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "beam": args.beam,
         "inputs": {k: int(m.sum()) for k, m in groups.items()},
         "exact_match": {k: round(float(right[m].mean()), 4) for k, m in groups.items()},
+        "refused": {k: int(refused[m].sum()) for k, m in groups.items()},
         "mean_confidence": {k: round(float(confidence[m].mean()), 4) for k, m in groups.items()},
         "decode_seconds": round(seconds, 1),
         "precision_target": PRECISION,
