@@ -31,6 +31,7 @@ from service.vocab import TextTokenizer, is_word_level, load_tokenizers
 
 AlignmentMode = Literal["none", "subword", "word"]
 ALIGNMENT_MODES: tuple[str, ...] = ("none", "subword", "word")
+MAX_CACHED_SEPARATORS = 256
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,8 @@ class Engine:
         )
 
     def separator(self, source: str, target: str) -> Separator:
-        """A separator's pieces on both sides (cached: a bundle has a few separators)."""
+        """A separator's pieces on both sides (cached: a bundle has a few separators; the cache is
+        bounded, as a pattern may match texts without end, e.g. runs of spaces)."""
         found = self._separators.get((source, target))
         if found is None:
             src_ids = self.src_tok.encode(source) if source.strip() else []
@@ -197,7 +199,8 @@ class Engine:
                 tgt_ids, self.tgt_tok.pieces(tgt_ids), target
             )
             found = Separator(src_pieces, tgt_ids, tgt_pieces, target)
-            self._separators[(source, target)] = found
+            if len(self._separators) < MAX_CACHED_SEPARATORS:
+                self._separators[(source, target)] = found
         return found
 
     def encode(self, sentences: Sequence[Prepared]) -> list[list[EncodedSentence]]:

@@ -403,3 +403,32 @@ def test_export_writes_the_segmentation_and_confidence_sections(
     bad.write_text('{"boundaries": [{"pattern": "(", "target": ""}]}', encoding="utf-8")
     with pytest.raises(SegmentationError, match="no regex"):
         to_onnx.main([*argv, "--segmentation", str(bad)])
+
+
+def test_odd_inputs_are_cut_or_refused_never_broken(segmented: Engine) -> None:
+    """Random texts made of separators, words, digits and odd spacing: prepare gives a consistent
+    Prepared or InvalidInput, and what decodes has a well-formed joined alignment."""
+    rng = random.Random(5)
+    atoms = [", then ", " and ", ", ", ",", " ", "  ", "and", "then", "AND", "five", "hundred",
+             "March", "5", "2021", "$3.50", "\u00e9t\u00e9", "\t", "x"]  # fmt: skip
+    texts = ["".join(rng.choice(atoms) for _ in range(rng.randint(1, 12))) for _ in range(300)]
+    decodable = []
+    for text in texts:
+        try:
+            prepared = segmented.prepare(text)
+        except InvalidInput:
+            continue
+        for part in prepared.segments:
+            assert part.ids and part.text.strip() == part.text
+        assert prepared.ids == [i for p in prepared.parts for i in p.ids]
+        assert len(prepared.separators) == max(0, len(prepared.segments) - 1)
+        if prepared.segments:
+            decodable.append(text)
+    assert len(decodable) > 50
+    options = SearchOptions(beam_size=2, n_best=2, max_length_b=6, max_length_a=1.0)
+    for t in segmented.translate(decodable[:40], options, "subword"):
+        for h in t.hypotheses:
+            assert h.alignment is not None
+            assert h.alignment.matrix.shape == (len(h.tokens), len(t.source_tokens))
+            np.testing.assert_allclose(h.alignment.matrix.sum(axis=1), 1.0, atol=1e-5)
+            assert 0.0 <= h.confidence <= 1.0
