@@ -13,6 +13,7 @@ import math
 import random
 import shutil
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,22 @@ def numbers_rules() -> Segmentation:
 # --- the rules against the generator ----------------------------------------------------------
 
 
-def expression_kinds() -> list[Any]:
-    """Every value family the generator draws from (whatever it has at the time)."""
-    return [k[0] if isinstance(k, tuple) else k for k in corpus.EXPRESSION_KINDS]
+def value_families() -> list[tuple[str, Callable[[random.Random], str]]]:
+    """Every value family the generator draws from, whatever it has at the time: (name, a draw of
+    the family's English phrase). Named FAMILIES once the corpus has them, EXPRESSION_KINDS before."""
+    families = getattr(corpus, "FAMILIES", None)
+    if isinstance(families, dict):
+        return [(name, _english_of(entry[0])) for name, entry in families.items()]
+    return [(kind.__name__, _english_of(kind)) for kind, _ in corpus.EXPRESSION_KINDS]
+
+
+def _english_of(draw: Callable[[random.Random], Any]) -> Callable[[random.Random], str]:
+    return lambda rng: english(draw(rng))
+
+
+def english(drawn: Any) -> str:
+    """The English side of a drawn phrase: a Phrase's `en`, or a pair's first item."""
+    return str(getattr(drawn, "en", None) or drawn[0])
 
 
 def built_sentence(rng: random.Random, phrases: list[str]) -> tuple[str, list[int]]:
@@ -64,20 +78,22 @@ def built_sentence(rng: random.Random, phrases: list[str]) -> tuple[str, list[in
 def recorded_sentence(
     monkeypatch: pytest.MonkeyPatch, rng: random.Random, n: int
 ) -> tuple[str, list[str]]:
-    """corpus.random_sentence itself, with the phrases it drew recorded on the way."""
+    """corpus.random_sentence itself, with the phrases it drew recorded on the way (through
+    `random_phrase` where the corpus has it, else `random_expression`)."""
+    name = "random_phrase" if hasattr(corpus, "random_phrase") else "random_expression"
     drawn: list[str] = []
-    original = corpus.random_expression
+    original = getattr(corpus, name)
 
-    def recording(r: random.Random) -> tuple[str, str]:
-        pair = original(r)
-        drawn.append(pair[0])
-        return pair
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        phrase = original(*args, **kwargs)
+        drawn.append(english(phrase))
+        return phrase
 
-    monkeypatch.setattr(corpus, "random_expression", recording)
+    monkeypatch.setattr(corpus, name, recording)
     try:
         source, _ = corpus.random_sentence(rng, n)
     finally:
-        monkeypatch.setattr(corpus, "random_expression", original)
+        monkeypatch.setattr(corpus, name, original)
     return source, drawn
 
 
@@ -116,16 +132,18 @@ def test_the_numbers_rules_recover_the_phrases_of_every_generated_sentence(
     assert found == wanted, f"recall {found / wanted:.4f}"
 
 
-@pytest.mark.parametrize("kind", expression_kinds(), ids=lambda k: k.__name__)
-def test_no_family_is_cut_inside_and_every_connector_is_found(kind: Any) -> None:
+@pytest.mark.parametrize(("name", "draw"), value_families(), ids=[n for n, _ in value_families()])
+def test_no_family_is_cut_inside_and_every_connector_is_found(
+    name: str, draw: Callable[[random.Random], str]
+) -> None:
     """Each value family, alone (never cut) and next to every family with the connectors the
     generator allows there."""
-    rules, rng = numbers_rules(), random.Random(zlib.crc32(kind.__name__.encode()))
-    kinds = expression_kinds()
+    rules, rng = numbers_rules(), random.Random(zlib.crc32(name.encode()))
+    draws = [d for _, d in value_families()]
     for _ in range(300):
-        phrase = kind(rng)[0].lower()
+        phrase = draw(rng).lower()
         assert rules.split(phrase).segments == [phrase]
-        other = rng.choice(kinds)(rng)[0].lower()
+        other = rng.choice(draws)(rng).lower()
         for phrases in ([phrase, other], [other, phrase]):
             text, cuts = built_sentence(rng, phrases)
             assert rules.split(text).segments == phrases, text
