@@ -21,28 +21,34 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Hashable, Sequence
-from typing import Any
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
-# (model, sentences) → each sentence's encoder rows; a sentence is whatever the caller encodes (the
-# worker's: an engine's Prepared, whose segments each get a row).
-EncodeFn = Callable[[Hashable, list[Any]], list[Any]]
+SentenceT = TypeVar("SentenceT")  # what is encoded (the worker's: an engine's Prepared)
+EncodedT = TypeVar("EncodedT")  # what comes out (the worker's: each segment's EncodedSentence)
 
 
-class EncodeAhead:
-    """Sentences in (arrival order), encoder rows out, keyed by the queue's sentence keys."""
+class EncodeAhead(Generic[SentenceT, EncodedT]):
+    """Sentences in (arrival order), encoder rows out, keyed by the queue's sentence keys.
 
-    def __init__(self, encode: EncodeFn, max_batch: int, max_ready: int) -> None:
+    encode(model, sentences) → one result per sentence, in order."""
+
+    def __init__(
+        self,
+        encode: Callable[[Hashable, list[SentenceT]], list[EncodedT]],
+        max_batch: int,
+        max_ready: int,
+    ) -> None:
         if max_batch < 1 or max_ready < 1:
             raise ValueError("max_batch and max_ready must be >= 1")
         self.encode = encode
         self.max_batch = max_batch
         self.max_ready = max_ready
         self.cond = threading.Condition()
-        self.pending: dict[Hashable, tuple[Hashable, Any]] = {}  # key → (model, sentence)
+        self.pending: dict[Hashable, tuple[Hashable, SentenceT]] = {}  # key → (model, sentence)
         self.in_flight: set[Hashable] = set()  # inside the current encoder call
-        self.ready: dict[Hashable, Any] = {}  # None: failed, encode at admission
+        self.ready: dict[Hashable, EncodedT | None] = {}  # None: failed, encode at admission
         self.model_of: dict[Hashable, Hashable] = {}  # in_flight and ready keys → model
         self.last_model: Hashable = None  # the model of the latest encoder call
         self.stopping = False
@@ -53,7 +59,7 @@ class EncodeAhead:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, items: Sequence[tuple[Hashable, Any]], model: Hashable = None) -> None:
+    def submit(self, items: Sequence[tuple[Hashable, SentenceT]], model: Hashable = None) -> None:
         """Queue sentences (key, sentence) of `model` for encoding, after the ones already queued."""
         if not items:
             return
@@ -66,9 +72,9 @@ class EncodeAhead:
         with self.cond:
             return frozenset(self.ready)
 
-    def take(self, keys: Collection[Hashable]) -> dict[Hashable, Any]:
+    def take(self, keys: Collection[Hashable]) -> dict[Hashable, EncodedT]:
         """The ready encodings of these keys; every one of the keys is forgotten here."""
-        taken: dict[Hashable, Any] = {}
+        taken: dict[Hashable, EncodedT] = {}
         with self.cond:
             for key in keys:
                 encoded = self.ready.pop(key, None)
@@ -105,7 +111,7 @@ class EncodeAhead:
             model, batch = taken
             keys = [key for key, _ in batch]
             try:
-                encoded: list[Any] = list(self.encode(model, [ids for _, ids in batch]))
+                encoded: list[EncodedT | None] = list(self.encode(model, [s for _, s in batch]))
             except Exception:  # the decode loop encodes them again at admission and reports it
                 log.exception("encoding ahead failed for %d sentences", len(batch))
                 encoded = [None] * len(batch)
@@ -115,7 +121,7 @@ class EncodeAhead:
                         self.in_flight.discard(key)
                         self.ready[key] = enc
 
-    def next_batch(self) -> tuple[Hashable, list[tuple[Hashable, Any]]] | None:
+    def next_batch(self) -> tuple[Hashable, list[tuple[Hashable, SentenceT]]] | None:
         """Wait for pending sentences of a model with room to keep their encodings; returns that
         model and its oldest pending sentences; None when stopping."""
         with self.cond:

@@ -99,7 +99,7 @@ class Worker:
         self.thread = threading.Thread(target=self.run, name="decode-loop", daemon=True)
         self._seq = itertools.count()
         self.ahead = (
-            EncodeAhead(
+            EncodeAhead[Prepared, list[EncodedSentence]](
                 self.encode_now,  # type: ignore[arg-type]  # its models are ModelVersions
                 config.max_batch_sentences,
                 config.max_batch_sentences,
