@@ -25,6 +25,7 @@ from service.beam import SearchOptions
 from service.bundle import MANIFEST
 from service.config import RuntimeConfig
 from service.engine import Engine
+from service.errors import InvalidInput
 
 
 def bundle_copy(bundle: Path, into: Path, segmentation: dict[str, Any] | None) -> Path:
@@ -52,6 +53,14 @@ def exact_match(
     return right, time.perf_counter() - started
 
 
+def fits(engine: Engine, text: str) -> bool:
+    try:
+        engine.prepare(text)
+    except InvalidInput:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -72,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     segmentation = json.loads(args.segmentation.read_text(encoding="utf-8"))
     results: dict[str, Any] = {
         "bundle": str(args.bundle),
-        "sentences": len(pairs),
+        "sentences_drawn": len(pairs),
         "phrases": f"{args.min_parts}-{args.max_parts}",
         "seed": args.seed,
         "beam": args.beam,
@@ -83,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
                 bundle_copy(args.bundle, Path(tmp), section),
                 RuntimeConfig(intra_op_threads=args.threads),
             )
+            if name == "whole":  # inputs over the engine's token limit are refused: leave them out
+                keep = [i for i, (s, _) in enumerate(pairs) if fits(engine, s)]
+                results["left_out_over_limit"] = len(pairs) - len(keep)
+                results["max_source_tokens"] = max(
+                    len(engine.prepare(pairs[i][0]).ids) for i in keep
+                )
+                pairs, parts = [pairs[i] for i in keep], [parts[i] for i in keep]
             right, seconds = exact_match(engine, pairs, args.beam, args.batch_size)
             by_parts = {
                 n: round(
@@ -90,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 for n in sorted(set(parts))
             }
+            results["sentences"] = len(pairs)
             results[name] = {
                 "exact_match": round(sum(right) / len(right), 4),
                 "by_phrases": by_parts,
