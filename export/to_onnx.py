@@ -193,8 +193,12 @@ def export_bundle(
     int8: bool = False,
     extra: dict[str, Any] | None = None,
     input_rule: InputRule | None = None,
+    sections: dict[str, Any] | None = None,
 ) -> Path:
-    """Checkpoint + tokenizers → a verified bundle directory (written to a temp dir, then moved into place)."""
+    """Checkpoint + tokenizers → a verified bundle directory (written to a temp dir, then moved into place).
+
+    sections: further manifest sections by name ("segmentation", "confidence"), as
+    service/bundle.py's write_manifest takes them."""
     model, meta = load_checkpoint(checkpoint)
     with tempfile.TemporaryDirectory(dir=out.parent if out.parent.exists() else None) as tmp_name:
         tmp = Path(tmp_name)
@@ -211,6 +215,7 @@ def export_bundle(
             architecture=model.cfg.to_dict(),
             info=info,
             input_rule=input_rule,
+            **(sections or {}),
         )
         bundle_format.load_bundle(tmp)  # verify what we wrote before it replaces anything
         if out.exists():
@@ -251,11 +256,36 @@ def main(argv: list[str] | None = None) -> int:
         help='JSON input rule for the manifest, e.g. \'{"lowercase": true, "alphabet": "abc", "max_chars": 40}\' '
         "(see service/input_rule.py; absent: any text)",
     )
+    parser.add_argument(
+        "--segmentation",
+        type=Path,
+        help="JSON file of the boundaries where long inputs are cut (the manifest's "
+        "'segmentation', see service/segment.py), e.g. configs/numbers-segmentation.json",
+    )
+    parser.add_argument(
+        "--min-confidence",
+        type=float,
+        help="the manifest's default confidence threshold in [0, 1]: hypotheses below it are "
+        "marked low_confidence (a server's --min-confidence overrides it)",
+    )
     args = parser.parse_args(argv)
     extra = json.loads(args.info.read_text()) if args.info else None
     rule = InputRule.from_dict(args.input_rule) if args.input_rule else None
+    sections: dict[str, Any] = {}
+    if args.segmentation:
+        sections["segmentation"] = json.loads(args.segmentation.read_text(encoding="utf-8"))
+    if args.min_confidence is not None:
+        sections["confidence"] = {"threshold": args.min_confidence}
     out = export_bundle(
-        args.checkpoint, args.tokenizers, args.out, args.name, args.version, args.int8, extra, rule
+        args.checkpoint,
+        args.tokenizers,
+        args.out,
+        args.name,
+        args.version,
+        args.int8,
+        extra,
+        rule,
+        sections,
     )
     print(f"wrote bundle {out}")
     return 0

@@ -17,6 +17,7 @@ summary = {k: m["overall"][k] for k in ("bleu", "chrf", "exact_match")} if "over
 json.dump({"test_greedy": summary, "corpus": "generated en-fr numbers (export.corpus, seed 1)"}, open("docs/eval/default/metrics_summary.json", "w"))
 PY
 s2s-export --checkpoint "$run/best.pt" --tokenizers "$run" --out models/default \
-  --name numbers-en-fr --version 1.0.0 --int8 --info docs/eval/default/metrics_summary.json
+  --name numbers-en-fr --version 1.0.0 --int8 --info docs/eval/default/metrics_summary.json \
+  --segmentation configs/numbers-segmentation.json
 cp "$run/best.pt" models/default.pt
 cp "$run/data/test.tsv" docs/eval/test.tsv

@@ -15,6 +15,7 @@ from typing import Any
 
 from service.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
 from service.input_rule import InputRule
+from service.segment import Segmentation, SegmentationError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -53,6 +54,11 @@ class Bundle:
     info: dict[str, Any]
     tokenizer: dict[str, Any] = field(default_factory=lambda: dict(SENTENCEPIECE))
     input_rule: InputRule | None = None  # the manifest's "input"; None: any text, as tokenized
+    # The manifest's "segmentation" (service/segment.py); None: every input decoded whole.
+    segmentation: Segmentation | None = None
+    # The manifest's "confidence": {"threshold": x}: hypotheses below x are marked low_confidence
+    # unless the server sets its own (--min-confidence); None: no threshold.
+    confidence_threshold: float | None = None
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -78,10 +84,14 @@ def write_manifest(
     info: dict[str, Any] | None = None,
     input_rule: InputRule | None = None,
     tokenizer: dict[str, Any] | None = None,
+    segmentation: dict[str, Any] | None = None,
+    confidence: dict[str, Any] | None = None,
 ) -> Path:
     """Hash every bundle file present in `directory` and write manifest.json next to them.
 
-    tokenizer: the manifest's tokenizer section; None writes none (SentencePiece, as ever)."""
+    tokenizer: the manifest's tokenizer section; None writes none (SentencePiece, as ever).
+    segmentation, confidence: the manifest's sections of those names (checked here as the loader
+    will read them); None writes none."""
     required = required_files(tokenizer)
     present = [f for f in (*required, *OPTIONAL_FILES) if (directory / f).is_file()]
     missing = [f for f in required if f not in present]
@@ -100,6 +110,12 @@ def write_manifest(
         manifest["input"] = input_rule.to_dict()
     if tokenizer is not None:
         manifest["tokenizer"] = tokenizer
+    if segmentation is not None:
+        Segmentation.from_dict(segmentation)  # raises SegmentationError on a malformed one
+        manifest["segmentation"] = segmentation
+    if confidence is not None:
+        parse_confidence(confidence, directory / MANIFEST)
+        manifest["confidence"] = confidence
     path = directory / MANIFEST
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
@@ -166,6 +182,15 @@ def load_bundle(path: str | Path) -> Bundle:
             input_rule = InputRule.from_dict(dict(manifest["input"]))
         except (TypeError, ValueError) as err:
             raise BundleError(f"{directory / MANIFEST}: bad input rule: {err}") from err
+    segmentation = None
+    if "segmentation" in manifest:
+        try:
+            segmentation = Segmentation.from_dict(manifest["segmentation"])
+        except SegmentationError as err:
+            raise BundleError(f"{directory / MANIFEST}: bad segmentation: {err}") from err
+    threshold = None
+    if "confidence" in manifest:
+        threshold = parse_confidence(manifest["confidence"], directory / MANIFEST)
     return Bundle(
         path=directory,
         name=str(manifest["name"]),
@@ -175,4 +200,18 @@ def load_bundle(path: str | Path) -> Bundle:
         info=dict(manifest.get("info", {})),
         input_rule=input_rule,
         tokenizer=dict(tokenizer),
+        segmentation=segmentation,
+        confidence_threshold=threshold,
     )
+
+
+def parse_confidence(section: object, where: Path) -> float:
+    """The threshold of a manifest's "confidence": {"threshold": x} section, x in [0, 1]."""
+    if not isinstance(section, dict) or set(section) != {"threshold"}:
+        raise BundleError(f"{where}: 'confidence' must be an object {{\"threshold\": x}}")
+    value = section["threshold"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise BundleError(
+            f"{where}: confidence.threshold must be a number in [0, 1], got {value!r}"
+        )
+    return float(value)

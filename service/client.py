@@ -207,6 +207,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object per text")
     p.add_argument(
+        "--confidence",
+        action="store_true",
+        help="begin each hypothesis line with its confidence in [0, 1], followed by '?' when the "
+        "server marked it low_confidence",
+    )
+    p.add_argument(
         "--timeout", type=float, default=30.0, help="seconds per call (default: %(default)s)"
     )
     p.add_argument(
@@ -245,8 +251,13 @@ def read_texts(args: argparse.Namespace) -> list[str]:
     return [line.rstrip("\n") for line in sys.stdin if line.strip()]
 
 
-def format_hypothesis(h: ClientHypothesis, show_score: bool, show_alignment: bool) -> str:
-    lines = [f"{h.score:.4f}\t{h.text}" if show_score else h.text]
+def format_hypothesis(
+    h: ClientHypothesis, show_score: bool, show_alignment: bool, show_confidence: bool = False
+) -> str:
+    first = f"{h.score:.4f}\t{h.text}" if show_score else h.text
+    if show_confidence:
+        first = f"{h.confidence:.4f}{'?' if h.low_confidence else ''}\t{first}"
+    lines = [first]
     if show_alignment and h.alignment is not None:
         a = h.alignment
         lines.append(a.pharaoh)
@@ -258,7 +269,10 @@ def format_translation(t: ClientTranslation, args: argparse.Namespace) -> str:
     if args.json:
         return json.dumps(translation_to_json(t), ensure_ascii=False)
     show_score = len(t.hypotheses) > 1
-    return "\n".join(format_hypothesis(h, show_score, args.align is not None) for h in t.hypotheses)
+    return "\n".join(
+        format_hypothesis(h, show_score, args.align is not None, args.confidence)
+        for h in t.hypotheses
+    )
 
 
 def save_first_heatmap(translations: list[ClientTranslation], path: Path) -> Path:

@@ -99,10 +99,17 @@ class EngineLimits:
     max_source_tokens: int = setting(256, "the most subword tokens of one source text")
     max_length: int = setting(512, "the most target tokens a request may ask for (max_length)")
     max_beam_size: int = setting(16, "the largest beam a request may ask for")
+    min_confidence: float = setting(
+        -1.0,
+        "mark hypotheses whose confidence is below this in [0, 1] (low_confidence) and count them; "
+        '-1 = the bundle\'s manifest threshold ("confidence": {"threshold": x}), if any',
+    )
 
     def __post_init__(self) -> None:
         if min(self.max_source_tokens, self.max_length, self.max_beam_size) < 1:
             raise ValueError("engine limits must be >= 1")
+        if not (self.min_confidence == -1 or 0 <= self.min_confidence <= 1):
+            raise ValueError("min_confidence must be in [0, 1] (or -1: the bundle's threshold)")
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

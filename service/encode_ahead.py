@@ -21,27 +21,34 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Hashable, Sequence
-
-from service.runtime import EncodedSentence
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
-EncodeFn = Callable[[Hashable, list[Sequence[int]]], list[EncodedSentence]]  # (model, ids)
+SentenceT = TypeVar("SentenceT")  # what is encoded (the worker's: an engine's Prepared)
+EncodedT = TypeVar("EncodedT")  # what comes out (the worker's: each segment's EncodedSentence)
 
 
-class EncodeAhead:
-    """Source ids in (arrival order), encoder rows out, keyed by the queue's sentence keys."""
+class EncodeAhead(Generic[SentenceT, EncodedT]):
+    """Sentences in (arrival order), encoder rows out, keyed by the queue's sentence keys.
 
-    def __init__(self, encode: EncodeFn, max_batch: int, max_ready: int) -> None:
+    encode(model, sentences) → one result per sentence, in order."""
+
+    def __init__(
+        self,
+        encode: Callable[[Hashable, list[SentenceT]], list[EncodedT]],
+        max_batch: int,
+        max_ready: int,
+    ) -> None:
         if max_batch < 1 or max_ready < 1:
             raise ValueError("max_batch and max_ready must be >= 1")
         self.encode = encode
         self.max_batch = max_batch
         self.max_ready = max_ready
         self.cond = threading.Condition()
-        self.pending: dict[Hashable, tuple[Hashable, Sequence[int]]] = {}  # key → (model, ids)
+        self.pending: dict[Hashable, tuple[Hashable, SentenceT]] = {}  # key → (model, sentence)
         self.in_flight: set[Hashable] = set()  # inside the current encoder call
-        self.ready: dict[Hashable, EncodedSentence | None] = {}  # None: failed, encode at admission
+        self.ready: dict[Hashable, EncodedT | None] = {}  # None: failed, encode at admission
         self.model_of: dict[Hashable, Hashable] = {}  # in_flight and ready keys → model
         self.last_model: Hashable = None  # the model of the latest encoder call
         self.stopping = False
@@ -52,10 +59,8 @@ class EncodeAhead:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(
-        self, items: Sequence[tuple[Hashable, Sequence[int]]], model: Hashable = None
-    ) -> None:
-        """Queue sentences (key, source ids) of `model` for encoding, after the ones already queued."""
+    def submit(self, items: Sequence[tuple[Hashable, SentenceT]], model: Hashable = None) -> None:
+        """Queue sentences (key, sentence) of `model` for encoding, after the ones already queued."""
         if not items:
             return
         with self.cond:
@@ -67,9 +72,9 @@ class EncodeAhead:
         with self.cond:
             return frozenset(self.ready)
 
-    def take(self, keys: Collection[Hashable]) -> dict[Hashable, EncodedSentence]:
+    def take(self, keys: Collection[Hashable]) -> dict[Hashable, EncodedT]:
         """The ready encodings of these keys; every one of the keys is forgotten here."""
-        taken: dict[Hashable, EncodedSentence] = {}
+        taken: dict[Hashable, EncodedT] = {}
         with self.cond:
             for key in keys:
                 encoded = self.ready.pop(key, None)
@@ -106,9 +111,7 @@ class EncodeAhead:
             model, batch = taken
             keys = [key for key, _ in batch]
             try:
-                encoded: list[EncodedSentence | None] = list(
-                    self.encode(model, [ids for _, ids in batch])
-                )
+                encoded: list[EncodedT | None] = list(self.encode(model, [s for _, s in batch]))
             except Exception:  # the decode loop encodes them again at admission and reports it
                 log.exception("encoding ahead failed for %d sentences", len(batch))
                 encoded = [None] * len(batch)
@@ -118,7 +121,7 @@ class EncodeAhead:
                         self.in_flight.discard(key)
                         self.ready[key] = enc
 
-    def next_batch(self) -> tuple[Hashable, list[tuple[Hashable, Sequence[int]]]] | None:
+    def next_batch(self) -> tuple[Hashable, list[tuple[Hashable, SentenceT]]] | None:
         """Wait for pending sentences of a model with room to keep their encodings; returns that
         model and its oldest pending sentences; None when stopping."""
         with self.cond:

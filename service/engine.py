@@ -8,15 +8,17 @@ every `step()` advances all their hypotheses with one decoder call, and finished
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
 import numpy as np
 
 from service import alignment as align
 from service import graph_contract as contract
+from service import segment
 from service.alignment import Alignment
 from service.beam import BeamSearch, Hypothesis, SearchOptions
 from service.bundle import MANIFEST, Bundle, load_bundle
@@ -29,6 +31,7 @@ from service.vocab import TextTokenizer, is_word_level, load_tokenizers
 
 AlignmentMode = Literal["none", "subword", "word"]
 ALIGNMENT_MODES: tuple[str, ...] = ("none", "subword", "word")
+MAX_CACHED_SEPARATORS = 256
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,11 @@ class TranslationHypothesis:
     log_prob: float
     alignment: Alignment | None
     finished: bool  # False when cut at the maximum length
+    # exp(log_prob / tokens, EOS included): the geometric-mean token probability in [0, 1]; for a
+    # segmented input over every segment's tokens (service/segment.py). Users threshold it.
+    confidence: float = 0.0
+    low_confidence: bool = False  # confidence below the threshold in use (Engine.min_confidence)
+    segment_confidences: tuple[float, ...] = ()  # a segmented input's, each segment's own
 
 
 @dataclass(frozen=True)
@@ -50,12 +58,32 @@ class Translation:
 
 
 @dataclass(frozen=True)
+class Separator:
+    """What lies between two segments of a segmented input, on both sides."""
+
+    source_pieces: list[str]  # the separator's source pieces (columns of the joined alignment)
+    target_ids: list[int]
+    target_pieces: list[str]
+    target_text: str  # written between the segments' translations
+
+
+@dataclass(frozen=True)
 class Prepared:
-    """A validated, tokenized source sentence."""
+    """A validated, tokenized source sentence; a segmented one holds its segments, each decoded
+    as a sentence of its own, and the separators between them."""
 
     text: str
-    ids: list[int]
-    pieces: list[str]
+    ids: list[
+        int
+    ]  # the source ids the model reads (a segmented input: its segments' ids, in order)
+    pieces: list[str]  # the source tokens reported (a segmented input: segments' and separators')
+    segments: tuple[Prepared, ...] = ()  # empty: decoded whole
+    separators: tuple[Separator, ...] = ()  # len(segments) - 1
+
+    @property
+    def parts(self) -> tuple[Prepared, ...]:
+        """The sentences the decoder sees for this input: its segments, or itself."""
+        return self.segments or (self,)
 
 
 KeyT = TypeVar("KeyT", bound=Hashable)
@@ -83,6 +111,14 @@ class Engine:
         check_loaded_bundle(bundle, model, self.src_tok, self.tgt_tok)
         # The longest piece of either vocabulary in UTF-8 bytes: bounds a response's size up front.
         self.max_piece_bytes = max(self.src_tok.max_piece_bytes, self.tgt_tok.max_piece_bytes)
+        # Hypotheses below it are marked low_confidence: the server's --min-confidence when set
+        # (>= 0), else the manifest's "confidence" threshold, else none (0).
+        self.min_confidence = (
+            limits.min_confidence
+            if limits.min_confidence >= 0
+            else bundle.confidence_threshold or 0.0
+        )
+        self._separators: dict[tuple[str, str], Separator] = {}
 
     @classmethod
     def load(
@@ -117,12 +153,67 @@ class Engine:
         ids = self.src_tok.encode(source)
         if not ids:
             raise InvalidInput("text has no translatable content after tokenization")
-        if len(ids) > self.limits.max_source_tokens:
+        if len(ids) > self.limits.max_source_tokens:  # the whole input's, segmented or not
             raise InvalidInput(
                 f"text is {len(ids)} subword tokens long, over the limit of {self.limits.max_source_tokens}: "
                 "split it into shorter sentences"
             )
-        return Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids))
+        whole = Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids))
+        if self.bundle.segmentation is None:
+            return whole
+        return self.segmented(whole, source)
+
+    def segmented(self, whole: Prepared, source: str) -> Prepared:
+        """`whole` cut at the bundle's boundaries (service/segment.py); itself when there are none."""
+        assert self.bundle.segmentation is not None
+        split = self.bundle.segmentation.split(source)
+        if len(split.segments) < 2:
+            return whole
+        segments = []
+        for text in split.segments:
+            ids = self.src_tok.encode(text)
+            if not ids:  # a segment with nothing to read: decode the input whole instead
+                return whole
+            segments.append(Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids)))
+        separators = [self.separator(src, tgt) for src, tgt in split.separators]
+        pieces = list(segments[0].pieces)
+        for separator, part in zip(separators, segments[1:], strict=True):
+            pieces += separator.source_pieces + part.pieces
+        return Prepared(
+            text=whole.text,
+            ids=[i for s in segments for i in s.ids],
+            pieces=pieces,
+            segments=tuple(segments),
+            separators=tuple(separators),
+        )
+
+    def separator(self, source: str, target: str) -> Separator:
+        """A separator's pieces on both sides (cached: a bundle has a few separators; the cache is
+        bounded, as a pattern may match texts without end, e.g. runs of spaces)."""
+        found = self._separators.get((source, target))
+        if found is None:
+            src_ids = self.src_tok.encode(source) if source.strip() else []
+            tgt_ids = self.tgt_tok.encode(target) if target.strip() else []
+            _, src_pieces = segment.separator_tokens(src_ids, self.src_tok.pieces(src_ids), source)
+            tgt_ids, tgt_pieces = segment.separator_tokens(
+                tgt_ids, self.tgt_tok.pieces(tgt_ids), target
+            )
+            found = Separator(src_pieces, tgt_ids, tgt_pieces, target)
+            if len(self._separators) < MAX_CACHED_SEPARATORS:
+                self._separators[(source, target)] = found
+        return found
+
+    def encode(self, sentences: Sequence[Prepared]) -> list[list[EncodedSentence]]:
+        """The encoder rows of each sentence's parts (a segmented one: one per segment), every
+        part of every sentence in one encoder call."""
+        parts = [p for s in sentences for p in s.parts]
+        encoded = self.model.encode_sentences([p.ids for p in parts])
+        out, i = [], 0
+        for s in sentences:
+            n = len(s.parts)
+            out.append(encoded[i : i + n])
+            i += n
+        return out
 
     def check_options(self, options: SearchOptions, alignment: str) -> None:
         """Options within this engine's limits (service/options.py's ranges) and an alignment the
@@ -189,8 +280,17 @@ class Engine:
             hypotheses=[self.to_hypothesis(request, h) for h in hyps],
         )
 
-    def to_hypothesis(self, request: DecodeRequest[Any], hyp: Hypothesis) -> TranslationHypothesis:
+    def alignment_mode(self, request: DecodeRequest[Any]) -> AlignmentMode:
+        return "subword" if self.word_level and request.alignment == "word" else request.alignment
+
+    def to_hypothesis(
+        self, request: DecodeRequest[Any], hyp: Hypothesis, mode: AlignmentMode | None = None
+    ) -> TranslationHypothesis:
+        """mode: the alignment's (default: the request's); "subword" keeps the raw matrix."""
         pieces = self.tgt_tok.pieces(hyp.tokens)
+        confidence = segment.geometric_mean_probability(
+            float(hyp.log_prob), len(hyp.tokens), hyp.finished_by_eos
+        )
         return TranslationHypothesis(
             text=self.tgt_tok.decode(hyp.tokens),
             tokens=pieces,
@@ -201,9 +301,69 @@ class Engine:
                 hyp.attention,
                 request.sentence.pieces,
                 pieces,
-                "subword" if self.word_level and request.alignment == "word" else request.alignment,
+                mode or self.alignment_mode(request),
             ),
             finished=hyp.finished_by_eos,
+            confidence=confidence,
+            low_confidence=confidence < self.min_confidence,
+        )
+
+    def join_translation(
+        self, request: DecodeRequest[Any], parts: list[list[Hypothesis]]
+    ) -> Translation:
+        """A segmented input's translation from its segments' n-best lists (service/segment.py
+        says how they join)."""
+        sentence = request.sentence
+        mode = self.alignment_mode(request)
+        raw: AlignmentMode = "none" if mode == "none" else "subword"
+        converted = [
+            [self.to_hypothesis(replace(request, sentence=seg), h, raw) for h in hyps]
+            for seg, hyps in zip(sentence.segments, parts, strict=True)
+        ]
+        n = max(len(hyps) for hyps in converted)
+        return Translation(
+            source=sentence.text,
+            source_tokens=sentence.pieces,
+            hypotheses=[
+                self.join_hypotheses(
+                    [hyps[min(i, len(hyps) - 1)] for hyps in converted], sentence, mode
+                )
+                for i in range(n)
+            ],
+        )
+
+    def join_hypotheses(
+        self, parts: list[TranslationHypothesis], sentence: Prepared, mode: AlignmentMode
+    ) -> TranslationHypothesis:
+        """One hypothesis per segment (raw subword alignments) → the input's hypothesis."""
+        first = parts[0]
+        text, tokens, ids = first.text, list(first.tokens), list(first.token_ids)
+        for separator, part in zip(sentence.separators, parts[1:], strict=True):
+            text += separator.target_text + part.text
+            tokens += separator.target_pieces + part.tokens
+            ids += separator.target_ids + part.token_ids
+        alignment = None
+        matrices = [p.alignment.matrix for p in parts if p.alignment is not None]
+        if mode != "none" and len(matrices) == len(parts):
+            matrix = segment.block_diagonal(
+                matrices,
+                [(len(s.target_pieces), len(s.source_pieces)) for s in sentence.separators],
+            )  # (T, S)
+            alignment = make_alignment(matrix, sentence.pieces, tokens, mode)
+        scored = sum(len(p.token_ids) + (1 if p.finished else 0) for p in parts)
+        log_prob = sum(p.log_prob for p in parts)
+        confidence = math.exp(log_prob / scored) if scored else 0.0
+        return TranslationHypothesis(
+            text=text,
+            tokens=tokens,
+            token_ids=ids,
+            score=sum(p.score for p in parts),
+            log_prob=log_prob,
+            alignment=alignment,
+            finished=all(p.finished for p in parts),
+            confidence=confidence,
+            low_confidence=confidence < self.min_confidence,
+            segment_confidences=tuple(p.confidence for p in parts),
         )
 
 
@@ -244,7 +404,8 @@ def make_alignment(
 
 class RunningBatch(Generic[KeyT]):
     """Sentences decoding together with K hypothesis slots each; sentences join and leave between
-    steps. Sentences are known by their requests' keys."""
+    steps. Sentences are known by their requests' keys. A segmented sentence decodes as one search
+    entry per segment (keyed (key, k)) and leaves when its last segment finishes, joined."""
 
     def __init__(self, engine: Engine, beam_size: int) -> None:
         self.engine = engine
@@ -259,12 +420,15 @@ class RunningBatch(Generic[KeyT]):
             narrow_on_eos=cfg.toolkit != "native",  # imported models: the toolkit's beam rule
         )
         self.requests: dict[Hashable, DecodeRequest[KeyT]] = {}
+        # segmented sentences: key → each segment's n-best list, None while it decodes
+        self.segments: dict[Hashable, list[list[Hypothesis] | None]] = {}
 
     @property
     def beam_size(self) -> int:
         return self.search.beam_size
 
     def __len__(self) -> int:
+        """The sentences (segments) the decoder steps: what the batch limits count."""
         return len(self.search)
 
     @property
@@ -274,33 +438,62 @@ class RunningBatch(Generic[KeyT]):
     def add(
         self,
         requests: Sequence[DecodeRequest[KeyT]],
-        encoded: Sequence[EncodedSentence] | None = None,
+        encoded: Sequence[Sequence[EncodedSentence]] | None = None,
     ) -> None:
-        """Append the joining sentences; encoded[i] belongs to requests[i] (None: encode them now,
-        in one encoder call)."""
+        """Append the joining sentences; encoded[i] holds requests[i]'s parts' rows (Engine.encode;
+        None: encode them now, in one encoder call)."""
         if not requests:
             return
         if encoded is None:
-            encoded = self.engine.model.encode_sentences([r.sentence.ids for r in requests])
+            encoded = self.engine.encode([r.sentence for r in requests])
         if len(encoded) != len(requests):
             raise ValueError(f"{len(requests)} requests but {len(encoded)} encoded sentences")
-        first_row = self.decoder.add_sentences(encoded)
-        for i, request in enumerate(requests):
+        for request, rows in zip(requests, encoded, strict=True):
+            if len(rows) != len(request.sentence.parts):
+                raise ValueError(
+                    f"{len(request.sentence.parts)} segments but {len(rows)} encoded rows"
+                )
+        row = self.decoder.add_sentences([e for rows in encoded for e in rows])
+        for request in requests:
             options = request.options
             want_attention = request.alignment != "none"
             if options.return_attention != want_attention:
                 options = replace(options, return_attention=want_attention)
-            self.search.add(
-                request.key, len(request.sentence.ids), options, state_row=first_row + i
-            )
+            parts = request.sentence.segments
+            if not parts:
+                self.search.add(request.key, len(request.sentence.ids), options, state_row=row)
+                row += 1
+            else:
+                for k, part in enumerate(parts):
+                    self.search.add((request.key, k), len(part.ids), options, state_row=row)
+                    row += 1
+                self.segments[request.key] = [None] * len(parts)
             self.requests[request.key] = request
 
     def remove(self, keys: Collection[KeyT]) -> list[KeyT]:
         """Drop sentences mid-decode (their client went away); returns the keys that were here."""
-        removed = [self.requests.pop(key).key for key in self.search.remove(keys)]
-        return removed
+        present = [key for key in keys if key in self.requests]
+        entries: list[Hashable] = []
+        for key in present:
+            parts = self.segments.pop(key, None)
+            entries += [key] if parts is None else [(key, k) for k in range(len(parts))]
+        self.search.remove(entries)
+        return [self.requests.pop(key).key for key in present]
 
     def step(self) -> list[tuple[KeyT, Translation]]:
         """One decoder call for every hypothesis; returns the sentences that finished at this step."""
-        finished = [(self.requests.pop(key), hyps) for key, hyps in self.search.step()]
-        return [(r.key, self.engine.to_translation(r, hyps)) for r, hyps in finished]
+        out: list[tuple[KeyT, Translation]] = []
+        for entry, hyps in self.search.step():
+            if entry in self.requests and entry not in self.segments:
+                request = self.requests.pop(entry)
+                out.append((request.key, self.engine.to_translation(request, hyps)))
+                continue
+            key, k = cast(tuple[Hashable, int], entry)  # a segment of a segmented sentence
+            parts = self.segments[key]
+            parts[k] = hyps
+            if all(p is not None for p in parts):
+                del self.segments[key]
+                request = self.requests.pop(key)
+                done = [p for p in parts if p is not None]
+                out.append((request.key, self.engine.join_translation(request, done)))
+        return out

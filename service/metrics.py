@@ -173,6 +173,12 @@ class Metrics:
         self.translated_sentences = Counter(
             "s2s_translated_sentences_total", "Sentences translated to the end.", registry=r
         )
+        self.low_confidence = Counter(
+            "s2s_low_confidence_translations_total",
+            "Translations answered whose best hypothesis is below the confidence threshold "
+            "(--min-confidence or the bundle's).",
+            registry=r,
+        )
         self.model_info = Gauge(
             "s2s_model_info",
             "The served model; always 1.",
@@ -304,6 +310,11 @@ class Metrics:
         """Count `tokens` generated target tokens over `sentences` finished sentences."""
         self.generated_tokens.inc(tokens)
         self.translated_sentences.inc(sentences)
+
+    def add_low_confidence(self, translations: int) -> None:
+        """Count answered translations marked low_confidence (their best hypothesis)."""
+        if translations:
+            self.low_confidence.inc(translations)
 
     def set_model_info(self, name: str, version: str, attention: str, provider: str) -> None:
         """Describe the served model (the only s2s_model_info series afterwards); a repository

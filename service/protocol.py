@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from google.protobuf import json_format
@@ -26,7 +26,7 @@ from service.options import OPTIONS, SearchOptions, problems
 
 if TYPE_CHECKING:  # the client imports this module: keep onnxruntime out of its imports
     from service.config import Settings
-    from service.engine import AlignmentMode, Translation
+    from service.engine import AlignmentMode, Prepared, Translation
     from service.repository import ModelVersion
 
 ALIGNMENT_FROM_PB: dict[int, AlignmentMode] = {
@@ -130,8 +130,30 @@ def parse_alignment(value: int) -> AlignmentMode:
     return ALIGNMENT_FROM_PB[value]
 
 
+class SegmentedShape(NamedTuple):
+    """A segmented input's size for the bound: each segment is capped by max_length on its own."""
+
+    cols: int  # source tokens reported: the segments' and the separators' pieces
+    segment_lengths: tuple[int, ...]  # source tokens of each segment
+    separator_rows: int  # target pieces of the separators, in all
+
+
+def input_shape(sentence: Prepared) -> int | SegmentedShape:
+    """What the response bound needs of one prepared input: its source length, or its segments'."""
+    if not sentence.segments:
+        return len(sentence.ids)
+    return SegmentedShape(
+        len(sentence.pieces),
+        tuple(len(s.ids) for s in sentence.segments),
+        sum(len(s.target_pieces) for s in sentence.separators),
+    )
+
+
 def worst_case_response_bytes(
-    source_lengths: Sequence[int], options: SearchOptions, alignment: str, piece_bytes: int
+    source_lengths: Sequence[int | SegmentedShape],
+    options: SearchOptions,
+    alignment: str,
+    piece_bytes: int,
 ) -> int:
     """An upper bound on the TranslateResponse's size for texts of these source lengths (tokens),
     known before decoding: every hypothesis of the n-best list at the maximum target length, each
@@ -142,8 +164,14 @@ def worst_case_response_bytes(
     token = piece_bytes + 3  # a repeated string: tag, length, bytes
     total = 64  # request_id (bounded separately), model_version, their tags
     for src_len in source_lengths:
-        cols = src_len + 1  # the source's pieces and its end-of-sentence
-        rows = options.max_len(src_len) + 1  # target tokens, end-of-sentence included
+        if isinstance(src_len, SegmentedShape):  # every segment at its own maximum length
+            cols = src_len.cols + 1
+            rows = src_len.separator_rows + sum(
+                options.max_len(n) + 1 for n in src_len.segment_lengths
+            )
+        else:
+            cols = src_len + 1  # the source's pieces and its end-of-sentence
+            rows = options.max_len(src_len) + 1  # target tokens, end-of-sentence included
         hypothesis = rows * piece_bytes + 6 + rows * token + 5 + 5 + 2 + 6  # text, tokens, ...
         if alignment != "none":
             weights = 4 * rows * cols + 6  # packed float32
@@ -155,7 +183,7 @@ def worst_case_response_bytes(
 
 
 def check_response_bound(
-    source_lengths: Sequence[int],
+    source_lengths: Sequence[int | SegmentedShape],
     options: SearchOptions,
     alignment: str,
     piece_bytes: int,
@@ -183,7 +211,13 @@ def translation_to_pb(t: Translation) -> pb.Translation:
     out = pb.Translation(source_tokens=t.source_tokens)
     for h in t.hypotheses:
         hyp = out.hypotheses.add(
-            text=h.text, tokens=h.tokens, score=h.score, log_prob=h.log_prob, finished=h.finished
+            text=h.text,
+            tokens=h.tokens,
+            score=h.score,
+            log_prob=h.log_prob,
+            finished=h.finished,
+            confidence=h.confidence,
+            low_confidence=h.low_confidence,
         )
         if h.alignment is not None:
             matrix = np.asarray(h.alignment.matrix, dtype=np.float32)  # (rows, cols)
@@ -222,6 +256,8 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
         scheduling_policy=settings.batching.policy,
         is_default=is_default,
         resident_memory_bytes=model.resident_bytes,
+        confidence_threshold=engine.min_confidence,
+        segmentation=engine.bundle.segmentation is not None,
     )
 
 
@@ -239,6 +275,8 @@ class ClientHypothesis:
     log_prob: float  # sum of token log-probabilities
     finished: bool  # False when cut at the maximum length
     alignment: ClientAlignment | None  # None unless asked for (and the model has attention)
+    confidence: float = 0.0  # geometric-mean token probability in [0, 1] (the server's)
+    low_confidence: bool = False  # below the server's threshold (ModelInfo.confidence_threshold)
 
 
 @dataclass(frozen=True)
@@ -296,6 +334,8 @@ def hypothesis_from_pb(message: pb.Hypothesis) -> ClientHypothesis:
         log_prob=message.log_prob,
         finished=message.finished,
         alignment=alignment,
+        confidence=message.confidence,
+        low_confidence=message.low_confidence,
     )
 
 

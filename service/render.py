@@ -34,6 +34,8 @@ def translation_to_json(t: Any) -> dict[str, Any]:
                 "score": round(float(h.score), DECIMALS),
                 "log_prob": round(float(h.log_prob), DECIMALS),
                 "finished": h.finished,
+                "confidence": round(float(h.confidence), DECIMALS),
+                "low_confidence": bool(h.low_confidence),
                 "alignment": alignment_to_json(h.alignment),
             }
             for h in t.hypotheses

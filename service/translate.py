@@ -6,6 +6,7 @@ s2s-translate --align --subword < input.txt # the same over subword pieces
 s2s-translate --json --nbest 3 < input.txt  # one JSON object per line, with the matrices
 s2s-translate --heatmap out.png <<< "March 5, 2021"
 s2s-translate --verbose < input.txt         # decode time and sentences/s on stderr
+s2s-translate --confidence < input.txt      # confidence<TAB>translation (low ones marked "?")
 
 Lines are decoded in batches of similar length, as Marian's maxi-batch and OpenNMT-py do: within
 a window of --batch-size x --maxi-batch lines, sorted by token count, longest first, so a batch
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from service.bundle import BundleError
-from service.config import RuntimeConfig
+from service.config import EngineLimits, RuntimeConfig
 from service.engine import AlignmentMode, Engine, InvalidInput, Translation
 from service.heatmap import save_heatmap_png
 from service.options import SearchOptions, add_option_flags, options_from_args
@@ -87,6 +88,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--int8", action="store_true", help="use the bundle's int8 decoder graph")
     p.add_argument(
+        "--confidence",
+        action="store_true",
+        help="begin each line with the hypothesis's confidence in [0, 1] (the geometric-mean token "
+        "probability), followed by '?' when below the threshold (--min-confidence)",
+    )
+    p.add_argument(
+        "--min-confidence",
+        type=float,
+        default=-1.0,
+        help="confidence threshold in [0, 1] that marks hypotheses low_confidence (default: the "
+        "bundle's manifest threshold, if any)",
+    )
+    p.add_argument(
         "--verbose",
         action="store_true",
         help="report the decode time and sentences/s on stderr at the end",
@@ -103,6 +117,8 @@ def format_line(t: Translation, args: argparse.Namespace) -> str:
     lines = []
     for h in t.hypotheses:
         text = h.text if args.n_best == 1 else f"{h.score:.4f}\t{h.text}"
+        if args.confidence:
+            text = f"{confidence_column(h.confidence, h.low_confidence)}\t{text}"
         if args.align and h.alignment:
             a = h.alignment
             text = "\t".join(
@@ -110,6 +126,11 @@ def format_line(t: Translation, args: argparse.Namespace) -> str:
             )
         lines.append(text)
     return "\n".join(lines)
+
+
+def confidence_column(confidence: float, low: bool) -> str:
+    """The confidence as the CLIs print it: 4 decimals, '?' after one below the threshold."""
+    return f"{confidence:.4f}" + ("?" if low else "")
 
 
 def length_sorted_batches(lengths: list[int], batch_size: int, window: int) -> list[list[int]]:
@@ -130,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             intra_op_threads=args.threads,
             int8_decoder=args.int8,
         )
-        engine = Engine.load(args.bundle, runtime)
+        engine = Engine.load(args.bundle, runtime, EngineLimits(min_confidence=args.min_confidence))
         options = SearchOptions(**options_from_args(args))
     except (BundleError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

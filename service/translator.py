@@ -20,6 +20,7 @@ from service.metrics import Metrics
 from service.protocol import (
     MalformedRequest,
     check_response_bound,
+    input_shape,
     model_info,
     parse_request,
     translation_to_pb,
@@ -88,7 +89,7 @@ class TranslatorCore:
             except InvalidInput as err:
                 raise InvalidInput(f"texts[{i}]: {err}") from err
         check_response_bound(
-            [len(p.ids) for p in prepared],
+            [input_shape(p) for p in prepared],
             parsed.options,
             parsed.alignment,
             engine.max_piece_bytes,
@@ -108,6 +109,9 @@ class TranslatorCore:
         except asyncio.CancelledError:
             self.worker.cancel(job)
             raise
+        self.metrics.add_low_confidence(
+            sum(1 for t in results if t.hypotheses and t.hypotheses[0].low_confidence)
+        )
         response = pb.TranslateResponse(
             translations=[translation_to_pb(t) for t in results],
             request_id=request_id,

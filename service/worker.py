@@ -99,7 +99,7 @@ class Worker:
         self.thread = threading.Thread(target=self.run, name="decode-loop", daemon=True)
         self._seq = itertools.count()
         self.ahead = (
-            EncodeAhead(
+            EncodeAhead[Prepared, list[EncodedSentence]](
                 self.encode_now,  # type: ignore[arg-type]  # its models are ModelVersions
                 config.max_batch_sentences,
                 config.max_batch_sentences,
@@ -188,9 +188,7 @@ class Worker:
                     Waiting(key, job, job.options.beam_size, now, job.deadline, model)
                 )
             if self.ahead is not None:
-                self.ahead.submit(
-                    [(key, s.ids) for key, s in zip(keys, job.sentences, strict=True)], model
-                )
+                self.ahead.submit(list(zip(keys, job.sentences, strict=True)), model)
             self.count_queued(model, len(keys))
         self.metrics.set_queue_depth(len(self.waiting))
 
@@ -254,7 +252,7 @@ class Worker:
         missing = [r for r in requests if r.key not in encoded]
         try:
             if missing:  # nothing was running, or encoding ahead is off: encode here
-                fresh = self.encode_now(model, [r.sentence.ids for r in missing])
+                fresh = self.encode_now(model, [r.sentence for r in missing])
                 encoded.update(zip([r.key for r in missing], fresh, strict=True))
             batch.add(requests, [encoded[r.key] for r in requests])
         except Exception:  # the model failed: these jobs and the batch's others get INTERNAL
@@ -264,12 +262,12 @@ class Worker:
         self.set_running()
 
     def encode_now(
-        self, model: ModelVersion, id_lists: list[Sequence[int]]
-    ) -> list[EncodedSentence]:
+        self, model: ModelVersion, sentences: list[Prepared]
+    ) -> list[list[EncodedSentence]]:
         """One encoder call with `model` (from this loop or the encode-ahead thread), timed for the
-        metrics."""
+        metrics: each sentence's parts (a segmented one's segments)."""
         started = time.perf_counter()
-        encoded = model.engine.model.encode_sentences(id_lists)
+        encoded = model.engine.encode(sentences)
         self.metrics.observe_encoder(time.perf_counter() - started)
         return encoded
 

@@ -152,6 +152,10 @@ def test_typed_batch_draws_the_grpc_weights(
             c = card(browser, ti, hi)
             assert c.find_element(By.CSS_SELECTOR, ".hyp-text").text == hyp.text
             assert c.find_element(By.CSS_SELECTOR, ".score").text == f"score {hyp.score:.3f}"
+            badge = c.find_element(By.CSS_SELECTOR, ".confidence")  # the server's field, shown
+            low = " (low)" if hyp.low_confidence else ""
+            assert badge.text == f"confidence {hyp.confidence:.3f}{low}"
+            assert ("low" in badge.get_attribute("class").split()) == hyp.low_confidence
             a = hyp.alignment
             heat = c.find_element(By.CSS_SELECTOR, "svg.heatmap")
             cells = heat.find_elements(By.CSS_SELECTOR, "rect.cell")

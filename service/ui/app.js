@@ -170,9 +170,9 @@ async function translate() {
 
 // --- rendering ----------------------------------------------------------------------------------
 function confidence(h) {
-  // exp of the mean token log-probability; the end-of-sentence token counts when the hypothesis finished.
-  const n = (h.tokens || []).length + (h.finished ? 1 : 0);
-  return Math.exp((h.log_prob || 0) / Math.max(1, n));
+  // The server's: exp(log_prob / tokens, end-of-sentence included), over every segment's tokens for an
+  // input the model's segmentation cut. JSON leaves out a zero.
+  return Number(h.confidence || 0);
 }
 
 function render(request, response) {
@@ -197,8 +197,10 @@ function hypothesisCard(h, ti, hi) {
   head.append(el("span", "badge", `#${hi + 1}`));
   head.append(el("span", "hyp-text", h.text));
   head.append(el("span", "badge score", `score ${Number(h.score || 0).toFixed(3)}`));
-  const conf = el("span", "badge confidence", `confidence ${confidence(h).toFixed(3)}`);
-  conf.title = "exp(mean token log-probability)";
+  const conf = el("span", h.low_confidence ? "badge confidence low" : "badge confidence", `confidence ${confidence(h).toFixed(3)}${h.low_confidence ? " (low)" : ""}`);
+  conf.title = h.low_confidence
+    ? "below the server's confidence threshold: check this answer"
+    : "geometric-mean token probability: exp(log_prob / tokens)";
   head.append(conf);
   head.append(el("span", h.finished ? "badge finished" : "badge unfinished", h.finished ? "finished" : "not finished (cut at max length)"));
   card.append(head);
