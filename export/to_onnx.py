@@ -196,6 +196,8 @@ def export_bundle(
 ) -> Path:
     """Checkpoint + tokenizers → a verified bundle directory (written to a temp dir, then moved into place)."""
     model, meta = load_checkpoint(checkpoint)
+    if input_rule is None and meta.get("train_config", {}).get("data", {}).get("lowercase_source"):
+        input_rule = InputRule(lowercase=True)  # the run lower-cased its sources: serving must too
     with tempfile.TemporaryDirectory(dir=out.parent if out.parent.exists() else None) as tmp_name:
         tmp = Path(tmp_name)
         export_graphs(model, tmp)
