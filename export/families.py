@@ -347,24 +347,24 @@ def _random_date(rng: random.Random) -> datetime.date:
     return FIRST_DATE + datetime.timedelta(days=rng.randint(0, (LAST_DATE - FIRST_DATE).days))
 
 
-def _cardinal_phrase(n: int, family: str) -> Phrase:
+def cardinal_phrase(n: int, family: str) -> Phrase:
     en, fr = cardinal_pair(n)
     return Phrase(en, fr, family, match_atoms(en, fr, cardinal_atoms(n)))
 
 
 def cardinal_words(rng: random.Random) -> Phrase:
     """A cardinal in words from the mixed ranges (mostly small)."""
-    return _cardinal_phrase(random_magnitude(rng), "cardinal-words")
+    return cardinal_phrase(random_magnitude(rng), "cardinal-words")
 
 
 def cardinal_round(rng: random.Random) -> Phrase:
     """A round cardinal of 1,000 and more in words: "two hundred thousand" → "deux cent mille"."""
-    return _cardinal_phrase(random_round(rng), "cardinal-round")
+    return cardinal_phrase(random_round(rng), "cardinal-round")
 
 
 def cardinal_sparse(rng: random.Random) -> Phrase:
     """A sparse cardinal in words: "one million and one" → "un million un"."""
-    return _cardinal_phrase(random_sparse(rng), "cardinal-sparse")
+    return cardinal_phrase(random_sparse(rng), "cardinal-sparse")
 
 
 def integer_digits(rng: random.Random) -> Phrase:
@@ -374,14 +374,14 @@ def integer_digits(rng: random.Random) -> Phrase:
     return Phrase(en, fr, "integer-digits", single_word_links(en, fr))
 
 
-def _ordinal_phrase(n: int, family: str) -> Phrase:
+def ordinal_phrase(n: int, family: str) -> Phrase:
     en, fr = ordinal_pair(n)
     return Phrase(en, fr, family, match_atoms(en, fr, [*cardinal_atoms(n)[:-1], TAIL]))
 
 
 def ordinal(rng: random.Random) -> Phrase:
     """An ordinal, mostly below 100: "twenty-first" → "vingt et unième"."""
-    return _ordinal_phrase(
+    return ordinal_phrase(
         rng.randint(1, 100) if rng.random() < 0.7 else rng.randint(101, 2000), "ordinal"
     )
 
@@ -397,7 +397,7 @@ def ordinal_thousands(rng: random.Random) -> Phrase:
         if rng.random() < 0.1
         else rng.choice((rng.randint(1, 10), rng.randint(1, 999))) * 1000
     )
-    return _ordinal_phrase(n, "ordinal-thousands")
+    return ordinal_phrase(n, "ordinal-thousands")
 
 
 def year(rng: random.Random) -> Phrase:
@@ -469,9 +469,15 @@ def currency_words(rng: random.Random) -> Phrase:
     currency = rng.choice(CURRENCIES)
     short = currency in SHORT_CURRENCY_NAMES and rng.random() < 0.6
     n = rng.choice((rng.randint(1, 100), random_magnitude(rng) or 1, random_round(rng)))
+    return currency_words_phrase(n, currency, short=short, in_words=rng.random() < 0.6)
+
+
+def currency_words_phrase(n: int, currency: str, short: bool, in_words: bool) -> Phrase:
+    """`n` units of `currency` named in words (short or Babel's formal name), the amount in words
+    or in digits, with word links: "forty-two" ↔ "quarante-deux", "euros" ↔ "euros"."""
     name_en, name_fr = currency_name_pair(n, currency, short)
     name: Atom = (name_en.split(" "), name_fr.split(" "))
-    if rng.random() < 0.6:
+    if in_words:
         amount_en, amount_fr = cardinal_pair(n)
         atoms = [*cardinal_atoms(n), name]
     else:
