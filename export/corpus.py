@@ -348,6 +348,24 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=PART_WEIGHTS,
         help="comma-separated weights of 1, 2, 3, ... phrases per sentence (default 4,3,2,1)",
     )
+    audit = parser.add_argument_group(
+        "audit set (--audit; see export/audit_set.py): writes audit.tsv and audit.gold.jsonl only"
+    )
+    audit.add_argument("--audit", action="store_true", help="write the audit set instead")
+    audit.add_argument(
+        "--bundle",
+        type=Path,
+        default=Path("models/default"),
+        help="whose source tokenizer and input rule count the source tokens",
+    )
+    audit.add_argument("--per-family", type=int, default=100, help="single phrases per family")
+    audit.add_argument("--per-bucket", type=int, default=100, help="sentences per length bucket")
+    audit.add_argument(
+        "--token-limit", type=int, help="longest source in tokens (default: the engine's limit)"
+    )
+    audit.add_argument(
+        "--exclude", type=Path, action="append", default=[], help="TSV whose sources to skip"
+    )
     return parser.parse_args(argv)
 
 
@@ -357,8 +375,11 @@ def _float_list(text: str) -> tuple[float, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write train/dev/test .tsv and .gold.jsonl into --out and print per-split stats."""
+    """Write train/dev/test .tsv and .gold.jsonl into --out and print per-split stats (or, with
+    --audit, the audit set)."""
     args = _parse_args(argv)
+    if args.audit:
+        return _write_audit(args)
     splits = generate_examples(
         args.seed, args.train, args.dev, args.test, args.test_long, part_weights=args.part_weights
     )
@@ -367,6 +388,26 @@ def main(argv: list[str] | None = None) -> int:
         path = write_split(args.out, name, examples)
         pairs = [e.pair for e in examples]
         print(f"{name}: {len(pairs)} pairs, source chars {_length_stats(pairs)} -> {path}")
+    return 0
+
+
+def _write_audit(args: argparse.Namespace) -> int:
+    """The --audit mode: export/audit_set.py's set for --bundle's tokenizer."""
+    from export import audit_set
+
+    count, engine_limit = audit_set.bundle_token_counter(args.bundle)
+    limit = args.token_limit or engine_limit
+    exclude = {s for path in args.exclude for s, _ in read_tsv(path)}
+    examples = audit_set.generate_audit(
+        args.seed, args.per_family, args.per_bucket, count, limit, exclude
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = write_split(args.out, "audit", examples)
+    parts = sorted({e.gold.parts for e in examples})
+    print(
+        f"audit: {len(examples)} pairs, {len(audit_set.length_buckets(limit))} length buckets up to "
+        f"{limit} tokens, {parts[0]}-{parts[-1]} phrases -> {path}"
+    )
     return 0
 
 
