@@ -89,3 +89,19 @@ def test_audit_score_counts_right_answers_of_short_phrases() -> None:
     # plain corpus BLEU is 0 for references under 4 words; the audit's is not
     got = audit_bench.score(["5 mars 2021", "15:05"], ["5 mars 2021", "15:06"])
     assert got["exact_match"] == 50.0 and got["bleu"] > 0
+
+
+def test_audit_cli_writes_json_and_markdown(tiny: TinyModel, tmp_path: Path) -> None:
+    out = tmp_path / "audit"
+    argv = ["--audit", "--bundle", str(tiny.bundle), "--out", str(out), "--seed", "5"]
+    assert (
+        corpus_main([*argv, "--per-family", "1", "--per-bucket", "1", "--token-limit", "16"]) == 0
+    )
+    json_path, md_path = tmp_path / "a.json", tmp_path / "a.md"
+    argv = ["--bundle", str(tiny.bundle), "--audit", str(out / "audit.tsv"), "--beam", "2"]
+    assert audit_bench.main([*argv, "--json", str(json_path), "--markdown", str(md_path)]) == 0
+    report = json.loads(json_path.read_text())
+    assert report["overall"]["n"] == len(FAMILIES) + len(length_buckets(16))
+    assert "By value family" in md_path.read_text()
+    (out / "audit.gold.jsonl").write_text("")  # a sidecar that does not match its TSV
+    assert audit_bench.main(argv) == 2
