@@ -1,11 +1,11 @@
-"""The parallel corpus: TSV I/O and the generated English→French demo corpus.
+"""The parallel corpus: TSV I/O, the generated English→French demo corpus and its gold sidecar.
 
-Every pair is built from real library output, never hand-written sentences:
-`num2words` spells numbers, ordinals, years and decimals in both languages, and
-Babel formats decimals, dates, times and currency amounts per locale. The
-French side reorders (`ninety-seven` → `quatre-vingt-dix-sept`, `March 5, 2021`
-→ `5 mars 2021`, `$3.50` → `3,50 $US`), which makes the attention alignments
-worth looking at.
+Every pair is built from real library output, never hand-written sentences: each phrase comes
+from a named value family in `export/families.py` (num2words and Babel, both languages), and a
+sentence joins 1..N phrases with connectors. The French side reorders (`ninety-seven` →
+`quatre-vingt-dix-sept`, `March 5, 2021` → `5 mars 2021`, `$3.50` → `3,50 $US`), which makes the
+attention alignments worth looking at. Beside every `<split>.tsv` the CLI writes
+`<split>.gold.jsonl` (export/gold.py): each sentence's family, phrase spans and sure word links.
 
     python -m export.corpus --out data/numbers --seed 1 \
         --train 40000 --dev 500 --test 1000 --test-long 200
@@ -14,48 +14,82 @@ worth looking at.
 from __future__ import annotations
 
 import argparse
-import datetime
-import functools
 import random
 import re
 import sys
-import unicodedata
-from collections.abc import Callable, Iterable, Sequence
-from decimal import Decimal
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from babel import Locale
-from babel.dates import format_date, format_time
-from babel.numbers import format_currency, format_decimal, get_currency_precision
-from num2words import num2words
+from export.families import (
+    FAMILIES,
+    Pair,
+    Phrase,
+    cardinal_pair,
+    currency_pair,
+    date_pair,
+    decimal_digits_pair,
+    decimal_words_pair,
+    family_weights,
+    normalize_spaces,
+    ordinal_pair,
+    random_phrase,
+    time_pair,
+    year_pair,
+)
+from export.gold import GoldLinks, write_gold
 
-Pair = tuple[str, str]
+__all__ = [
+    "FAMILIES",
+    "Pair",
+    "cardinal_pair",
+    "currency_pair",
+    "date_pair",
+    "decimal_digits_pair",
+    "decimal_words_pair",
+    "normalize_spaces",
+    "ordinal_pair",
+    "time_pair",
+    "year_pair",
+]
 
 # Sentence shape: train, dev and regular test sentences.
-PART_WEIGHTS: tuple[int, ...] = (4, 3, 2, 1)  # weight of 1, 2, 3, 4 expressions
+PART_WEIGHTS: tuple[float, ...] = (4, 3, 2, 1)  # weight of 1, 2, 3, 4 expressions
 MAX_PARTS = len(PART_WEIGHTS)
 MAX_SOURCE_CHARS = 160  # cap on the English side of train/dev/test sentences
 
 # Sentence shape: the long test sentences, all longer than any train sentence.
-LONG_PART_WEIGHTS: dict[int, int] = {5: 1, 6: 1}
+LONG_PART_WEIGHTS: dict[int, float] = {5: 1, 6: 1}
 MIN_LONG_SOURCE_CHARS = MAX_SOURCE_CHARS + 1
 MAX_LONG_SOURCE_CHARS = 220  # ~1.4x the train cap: longer, not absurdly long
 
 # Rejection sampling gives up after this many draws per requested sentence.
 MAX_DRAWS_PER_SENTENCE = 200
 
-CURRENCIES: tuple[str, ...] = ("USD", "EUR", "GBP", "JPY", "CHF", "CAD")
 CONNECTORS: tuple[Pair, ...] = ((" and ", " et "), (", then ", ", puis "), (", ", ", "))
 # num2words' English writes "one thousand, two hundred and five": after a scale word, " and " or
 # ", " before another number word would read as one number, so only ", then " is used there.
 UNAMBIGUOUS_CONNECTORS: tuple[Pair, ...] = ((", then ", ", puis "),)
 _ENDS_WITH_SCALE = re.compile(r"\b(?:hundred|thousand|million)$")
-FIRST_DATE = datetime.date(1900, 1, 1)
-LAST_DATE = datetime.date(2099, 12, 31)
+# Connector words that are each other's translation (word-level gold links).
+CONNECTOR_LINKS: dict[str, str] = {"and": "et", "then": "puis"}
 
-_EN = Locale.parse("en")
-_FR = Locale.parse("fr")
-_SPACES = re.compile(" +")
+
+@dataclass(frozen=True)
+class Example:
+    """One sentence pair and its gold alignment."""
+
+    source: str
+    target: str
+    gold: GoldLinks
+
+    @property
+    def pair(self) -> Pair:
+        return self.source, self.target
+
+    def lowercased(self) -> Example:
+        """The source lower-cased (the gold's word indices do not change: no space moves)."""
+        return Example(self.source.lower(), self.target, self.gold)
 
 
 # --- TSV I/O -----------------------------------------------------------------
@@ -98,150 +132,21 @@ def write_tsv(path: str | Path, pairs: Iterable[Pair]) -> None:
             f.write(f"{source}\t{target}\n")
 
 
-# --- One expression, both languages --------------------------------------------
+def write_split(folder: Path, name: str, examples: Sequence[Example]) -> Path:
+    """Write `<name>.tsv` and its `<name>.gold.jsonl` sidecar; returns the TSV's path."""
+    path = folder / f"{name}.tsv"
+    write_tsv(path, [e.pair for e in examples])
+    write_gold(folder / f"{name}.gold.jsonl", [e.gold for e in examples])
+    return path
 
 
-def normalize_spaces(text: str) -> str:
-    """Map every Unicode space separator (U+00A0, U+202F, U+2009, ...) to ' ', collapse runs, strip."""
-    plain = "".join(" " if unicodedata.category(c) == "Zs" else c for c in text)
-    return _SPACES.sub(" ", plain).strip()
+# --- Sentences -------------------------------------------------------------------
 
 
-def _pair(source: str, target: str) -> Pair:
-    """Normalize the spaces of both sides."""
-    return normalize_spaces(source), normalize_spaces(target)
-
-
-@functools.lru_cache(maxsize=4096)
-def cardinal_pair(n: int) -> Pair:
-    """A cardinal in words: 97 -> ("ninety-seven", "quatre-vingt-dix-sept")."""
-    return _pair(num2words(n, lang="en"), num2words(n, lang="fr"))
-
-
-@functools.lru_cache(maxsize=4096)
-def ordinal_pair(n: int) -> Pair:
-    """An ordinal in words: 21 -> ("twenty-first", "vingt et unième")."""
-    return _pair(num2words(n, to="ordinal", lang="en"), num2words(n, to="ordinal", lang="fr"))
-
-
-@functools.lru_cache(maxsize=4096)
-def year_pair(year: int) -> Pair:
-    """A year in words: 1999 -> ("nineteen ninety-nine", "mille neuf cent quatre-vingt-dix-neuf")."""
-    return _pair(num2words(year, to="year", lang="en"), num2words(year, to="year", lang="fr"))
-
-
-def decimal_digits_pair(x: Decimal) -> Pair:
-    """A decimal in digits: 1234.5 -> ("1,234.5", "1 234,5")."""
-    return _pair(format_decimal(x, locale=_EN), format_decimal(x, locale=_FR))
-
-
-def decimal_words_pair(x: Decimal) -> Pair:
-    """A decimal in words: 12.5 -> ("twelve point five", "douze virgule cinq")."""
-    return _pair(num2words(x, lang="en"), num2words(x, lang="fr"))
-
-
-def date_pair(d: datetime.date, full: bool = False) -> Pair:
-    """A long date ("March 5, 2021" -> "5 mars 2021"), or the full one with the weekday."""
-    fmt = "full" if full else "long"
-    return _pair(format_date(d, format=fmt, locale=_EN), format_date(d, format=fmt, locale=_FR))
-
-
-def time_pair(t: datetime.time) -> Pair:
-    """A short time of day: 15:05 -> ("3:05 PM", "15:05")."""
-    return _pair(
-        format_time(t, format="short", locale=_EN), format_time(t, format="short", locale=_FR)
-    )
-
-
-def currency_pair(amount: Decimal, currency: str) -> Pair:
-    """A currency amount: (3.50, "USD") -> ("$3.50", "3,50 $US")."""
-    en = format_currency(amount, currency, locale=_EN)
-    fr = format_currency(amount, currency, locale=_FR)
-    return _pair(en, fr)
-
-
-# --- Random draws --------------------------------------------------------------
-
-
-def _random_magnitude(rng: random.Random) -> int:
-    """An integer from a mix of ranges, so that small and multi-word numbers both appear."""
-    bucket = rng.choices(("small", "medium", "large"), weights=(45, 35, 20))[0]
-    if bucket == "small":
-        return rng.randint(0, 100)
-    if bucket == "medium":
-        return rng.randint(101, 10_000)
-    return rng.randint(10_001, 5_000_000)
-
-
-def _random_decimal(rng: random.Random) -> Decimal:
-    """A non-integral decimal with 1-2 fraction digits, the last one non-zero (no trailing zeros)."""
-    whole = _random_magnitude(rng) if rng.random() < 0.5 else rng.randint(0, 100)
-    places = rng.randint(1, 2)
-    fraction = rng.randint(1, 10**places - 1)
-    while fraction % 10 == 0:
-        fraction = rng.randint(1, 10**places - 1)
-    return Decimal(whole) + Decimal(fraction).scaleb(-places)
-
-
-def _random_cardinal(rng: random.Random) -> Pair:
-    """A cardinal from the mixed ranges."""
-    return cardinal_pair(_random_magnitude(rng))
-
-
-def _random_ordinal(rng: random.Random) -> Pair:
-    """An ordinal, mostly below 100."""
-    return ordinal_pair(rng.randint(1, 100) if rng.random() < 0.7 else rng.randint(101, 2000))
-
-
-def _random_year(rng: random.Random) -> Pair:
-    """A year in 1000-2099."""
-    return year_pair(rng.randint(1000, 2099))
-
-
-def _random_decimal_expr(rng: random.Random) -> Pair:
-    """A decimal, in digits (2/3) or in words (1/3, whole part below 1000 to stay short)."""
-    x = _random_decimal(rng)
-    if rng.random() < 2 / 3:
-        return decimal_digits_pair(x)
-    return decimal_words_pair(x % 1000)
-
-
-def _random_date(rng: random.Random) -> Pair:
-    """A date in 1900-2099, long format (3/4) or full with the weekday (1/4)."""
-    d = FIRST_DATE + datetime.timedelta(days=rng.randint(0, (LAST_DATE - FIRST_DATE).days))
-    return date_pair(d, full=rng.random() < 0.25)
-
-
-def _random_time(rng: random.Random) -> Pair:
-    """A time of day to the minute."""
-    return time_pair(datetime.time(rng.randint(0, 23), rng.randint(0, 59)))
-
-
-def _random_currency(rng: random.Random) -> Pair:
-    """An amount in one of CURRENCIES, with that currency's usual number of fraction digits."""
-    currency = rng.choice(CURRENCIES)
-    cents = 10 ** get_currency_precision(currency)
-    units = _random_magnitude(rng) if rng.random() < 0.6 else rng.randint(0, 100)
-    fraction = rng.randint(0, cents - 1) if cents > 1 else 0
-    return currency_pair(Decimal(units) + Decimal(fraction) / cents, currency)
-
-
-# Expression kinds and their draw weights.
-EXPRESSION_KINDS: tuple[tuple[Callable[[random.Random], Pair], int], ...] = (
-    (_random_cardinal, 30),
-    (_random_ordinal, 10),
-    (_random_year, 12),
-    (_random_decimal_expr, 12),
-    (_random_date, 14),
-    (_random_time, 10),
-    (_random_currency, 12),
-)
-
-
-def random_expression(rng: random.Random) -> Pair:
-    """One (English, French) expression of a randomly chosen kind."""
-    draws, weights = zip(*EXPRESSION_KINDS, strict=True)
-    return rng.choices(draws, weights=weights)[0](rng)
+def random_expression(rng: random.Random, weights: dict[str, float] | None = None) -> Pair:
+    """One (English, French) expression of a randomly chosen family."""
+    phrase = random_phrase(rng, weights)
+    return phrase.en, phrase.fr
 
 
 def pick_connector(rng: random.Random, left_en: str, right_en: str) -> Pair:
@@ -255,14 +160,72 @@ def pick_connector(rng: random.Random, left_en: str, right_en: str) -> Pair:
     return rng.choice(CONNECTORS)
 
 
-def random_sentence(rng: random.Random, n_parts: int) -> Pair:
-    """`n_parts` expressions joined by randomly chosen connectors, the same ones in both languages."""
-    source, target = random_expression(rng)
+class _Side:
+    """One language's words as a sentence grows, with each phrase's word span."""
+
+    def __init__(self) -> None:
+        self.words: list[str] = []
+        self.spans: list[tuple[int, int]] = []
+        self.connectors: list[int] = []  # index of each connector's word, -1 for ", "
+
+    def add_phrase(self, text: str) -> None:
+        start = len(self.words)
+        self.words += text.split(" ")
+        self.spans.append((start, len(self.words)))
+
+    def add_connector(self, join: str) -> None:
+        """`join` is ", then ", " and " or ", ": a comma sticks to the previous word."""
+        if join.startswith(","):
+            self.words[-1] += ","
+        words = join.strip(" ,").split()
+        self.connectors.append(len(self.words) if words else -1)
+        self.words += words
+
+
+def sentence_from_phrases(phrases: Sequence[Phrase], joins: Sequence[Pair]) -> Example:
+    """Join phrases with (English, French) connectors; the gold comes from the pieces' spans."""
+    src, tgt = _Side(), _Side()
+    for k, phrase in enumerate(phrases):
+        if k:
+            src.add_connector(joins[k - 1][0])
+            tgt.add_connector(joins[k - 1][1])
+        src.add_phrase(phrase.en)
+        tgt.add_phrase(phrase.fr)
+    words: list[tuple[int, int]] = []
+    for phrase, (s0, _), (t0, _) in zip(phrases, src.spans, tgt.spans, strict=True):
+        words += [(s0 + s, t0 + t) for s, t in phrase.links or ()]
+    for s, t in zip(src.connectors, tgt.connectors, strict=True):
+        if s >= 0 and t >= 0 and CONNECTOR_LINKS.get(src.words[s]) == tgt.words[t]:
+            words.append((s, t))
+    families = [p.family for p in phrases]
+    gold = GoldLinks(
+        family=families[0] if len(set(families)) == 1 else "mixed",
+        parts=len(phrases),
+        phrases=[(*s, *t) for s, t in zip(src.spans, tgt.spans, strict=True)],
+        words=sorted(words),
+        families=families if len(phrases) > 1 else None,
+    )
+    return Example(" ".join(src.words), " ".join(tgt.words), gold)
+
+
+def random_example(
+    rng: random.Random, n_parts: int, weights: dict[str, float] | None = None
+) -> Example:
+    """`n_parts` phrases joined by randomly chosen connectors, the same ones in both languages."""
+    phrases = [random_phrase(rng, weights)]
+    joins: list[Pair] = []
+    source = phrases[0].en
     for _ in range(n_parts - 1):
-        en, fr = random_expression(rng)
-        en_join, fr_join = pick_connector(rng, source, en)
-        source, target = source + en_join + en, target + fr_join + fr
-    return source, target
+        phrase = random_phrase(rng, weights)
+        joins.append(pick_connector(rng, source, phrase.en))
+        phrases.append(phrase)
+        source = source + joins[-1][0] + phrase.en
+    return sentence_from_phrases(phrases, joins)
+
+
+def random_sentence(rng: random.Random, n_parts: int) -> Pair:
+    """`n_parts` expressions joined by connectors: the pair of `random_example`."""
+    return random_example(rng, n_parts).pair
 
 
 # --- Splits --------------------------------------------------------------------
@@ -272,53 +235,86 @@ def _draw_unique(
     rng: random.Random,
     n: int,
     seen: set[str],
-    part_weights: dict[int, int],
+    part_weights: dict[int, float],
     min_chars: int,
     max_chars: int,
-) -> list[Pair]:
+    weights: dict[str, float] | None = None,
+) -> list[Example]:
     """Draw `n` sentences with unseen sources of `min_chars..max_chars` source characters.
 
     Adds their sources to `seen`. Raises RuntimeError if the constraints reject
     too many draws.
     """
-    counts, weights = list(part_weights), list(part_weights.values())
-    pairs: list[Pair] = []
+    counts, part_w = list(part_weights), list(part_weights.values())
+    examples: list[Example] = []
     for _ in range(n * MAX_DRAWS_PER_SENTENCE):
-        if len(pairs) == n:
+        if len(examples) == n:
             break
-        source, target = random_sentence(rng, rng.choices(counts, weights=weights)[0])
-        if min_chars <= len(source) <= max_chars and source not in seen:
-            seen.add(source)
-            pairs.append((source, target))
-    if len(pairs) < n:
+        example = random_example(rng, rng.choices(counts, weights=part_w)[0], weights)
+        if min_chars <= len(example.source) <= max_chars and example.source not in seen:
+            seen.add(example.source)
+            examples.append(example)
+    if len(examples) < n:
         raise RuntimeError(
-            f"drew only {len(pairs)} of {n} unique sentences of {min_chars}-{max_chars} chars"
+            f"drew only {len(examples)} of {n} unique sentences of {min_chars}-{max_chars} chars"
         )
-    return pairs
+    return examples
 
 
-def generate_splits(
-    seed: int, n_train: int, n_dev: int, n_test: int, n_test_long: int
-) -> dict[str, list[Pair]]:
-    """Deterministic train/dev/test splits, disjoint by source sentence.
+def generate_examples(
+    seed: int,
+    n_train: int,
+    n_dev: int,
+    n_test: int,
+    n_test_long: int,
+    *,
+    part_weights: Sequence[float] = PART_WEIGHTS,
+    weights: dict[str, float] | None = None,
+) -> dict[str, list[Example]]:
+    """Deterministic train/dev/test splits with their gold, disjoint by source sentence.
 
-    Train, dev and the first `n_test` test pairs have 1..MAX_PARTS expressions
-    and at most MAX_SOURCE_CHARS source characters; the last `n_test_long` test
-    pairs have more parts and MIN_LONG_SOURCE_CHARS..MAX_LONG_SOURCE_CHARS
-    source characters, so they are longer than every train sentence.
+    Train, dev and the first `n_test` test pairs have 1..len(part_weights) expressions
+    (`part_weights[k]` is the weight of k+1 expressions) and at most MAX_SOURCE_CHARS source
+    characters; the last `n_test_long` test pairs have more parts and
+    MIN_LONG_SOURCE_CHARS..MAX_LONG_SOURCE_CHARS source characters, so they are longer than every
+    train sentence. `weights` are the value families' draw weights (default: FAMILIES').
     """
     rng = random.Random(seed)
     seen: set[str] = set()
-    regular = dict(enumerate(PART_WEIGHTS, start=1))
+    regular = dict(enumerate(part_weights, start=1))
+    table = family_weights(weights)
 
-    def draw(n: int) -> list[Pair]:
-        return _draw_unique(rng, n, seen, regular, 1, MAX_SOURCE_CHARS)
+    def draw(n: int) -> list[Example]:
+        return _draw_unique(rng, n, seen, regular, 1, MAX_SOURCE_CHARS, table)
 
     train, dev, test = draw(n_train), draw(n_dev), draw(n_test)
     test += _draw_unique(
-        rng, n_test_long, seen, LONG_PART_WEIGHTS, MIN_LONG_SOURCE_CHARS, MAX_LONG_SOURCE_CHARS
+        rng,
+        n_test_long,
+        seen,
+        LONG_PART_WEIGHTS,
+        MIN_LONG_SOURCE_CHARS,
+        MAX_LONG_SOURCE_CHARS,
+        table,
     )
     return {"train": train, "dev": dev, "test": test}
+
+
+def generate_splits(
+    seed: int,
+    n_train: int,
+    n_dev: int,
+    n_test: int,
+    n_test_long: int,
+    *,
+    part_weights: Sequence[float] = PART_WEIGHTS,
+    weights: dict[str, float] | None = None,
+) -> dict[str, list[Pair]]:
+    """The pairs of `generate_examples` (same arguments, same sentences)."""
+    examples = generate_examples(
+        seed, n_train, n_dev, n_test, n_test_long, part_weights=part_weights, weights=weights
+    )
+    return {name: [e.pair for e in split] for name, split in examples.items()}
 
 
 # --- CLI -----------------------------------------------------------------------
@@ -346,18 +342,72 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--test-long", type=int, default=200, help="extra test pairs longer than any train pair"
     )
+    parser.add_argument(
+        "--part-weights",
+        type=_float_list,
+        default=PART_WEIGHTS,
+        help="comma-separated weights of 1, 2, 3, ... phrases per sentence (default 4,3,2,1)",
+    )
+    audit = parser.add_argument_group(
+        "audit set (--audit; see export/audit_set.py): writes audit.tsv and audit.gold.jsonl only"
+    )
+    audit.add_argument("--audit", action="store_true", help="write the audit set instead")
+    audit.add_argument(
+        "--bundle",
+        type=Path,
+        default=Path("models/default"),
+        help="whose source tokenizer and input rule count the source tokens",
+    )
+    audit.add_argument("--per-family", type=int, default=100, help="single phrases per family")
+    audit.add_argument("--per-bucket", type=int, default=100, help="sentences per length bucket")
+    audit.add_argument(
+        "--token-limit", type=int, help="longest source in tokens (default: the engine's limit)"
+    )
+    audit.add_argument(
+        "--exclude", type=Path, action="append", default=[], help="TSV whose sources to skip"
+    )
     return parser.parse_args(argv)
 
 
+def _float_list(text: str) -> tuple[float, ...]:
+    """'4,3,2,1' -> (4.0, 3.0, 2.0, 1.0)."""
+    return tuple(float(x) for x in text.split(","))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Write train.tsv, dev.tsv and test.tsv into --out and print per-split stats."""
+    """Write train/dev/test .tsv and .gold.jsonl into --out and print per-split stats (or, with
+    --audit, the audit set)."""
     args = _parse_args(argv)
-    splits = generate_splits(args.seed, args.train, args.dev, args.test, args.test_long)
+    if args.audit:
+        return _write_audit(args)
+    splits = generate_examples(
+        args.seed, args.train, args.dev, args.test, args.test_long, part_weights=args.part_weights
+    )
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, pairs in splits.items():
-        path = args.out / f"{name}.tsv"
-        write_tsv(path, pairs)
+    for name, examples in splits.items():
+        path = write_split(args.out, name, examples)
+        pairs = [e.pair for e in examples]
         print(f"{name}: {len(pairs)} pairs, source chars {_length_stats(pairs)} -> {path}")
+    return 0
+
+
+def _write_audit(args: argparse.Namespace) -> int:
+    """The --audit mode: export/audit_set.py's set for --bundle's tokenizer."""
+    from export import audit_set
+
+    count, engine_limit = audit_set.bundle_token_counter(args.bundle)
+    limit = args.token_limit or engine_limit
+    exclude = {s for path in args.exclude for s, _ in read_tsv(path)}
+    examples = audit_set.generate_audit(
+        args.seed, args.per_family, args.per_bucket, count, limit, exclude
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = write_split(args.out, "audit", examples)
+    parts = sorted({e.gold.parts for e in examples})
+    print(
+        f"audit: {len(examples)} pairs, {len(audit_set.length_buckets(limit))} length buckets up to "
+        f"{limit} tokens, {parts[0]}-{parts[-1]} phrases -> {path}"
+    )
     return 0
 
 

@@ -200,6 +200,8 @@ def export_bundle(
     sections: further manifest sections by name ("segmentation", "confidence"), as
     service/bundle.py's write_manifest takes them."""
     model, meta = load_checkpoint(checkpoint)
+    if input_rule is None and meta.get("train_config", {}).get("data", {}).get("lowercase_source"):
+        input_rule = InputRule(lowercase=True)  # the run lower-cased its sources: serving must too
     with tempfile.TemporaryDirectory(dir=out.parent if out.parent.exists() else None) as tmp_name:
         tmp = Path(tmp_name)
         export_graphs(model, tmp)

@@ -21,12 +21,14 @@ class SpmOptions:
     The defaults are SentencePiece's own and reproduce the tokenizers trained before these options
     existed. `split_by_number = false` lets letters-plus-digits symbols such as `w28` or `AH0` stay
     one piece; `model_type = "word"` makes every space-separated symbol one piece (a G2P target);
-    `model_type = "char"` with `add_dummy_prefix = false` makes every letter one piece (a G2P source).
+    `model_type = "char"` with `add_dummy_prefix = false` makes every letter one piece (a G2P source);
+    `split_digits = true` makes every digit one piece, so "1000000" is copied digit by digit.
     """
 
     model_type: str = "unigram"
     split_by_number: bool = True
     add_dummy_prefix: bool = True
+    split_digits: bool = False  # every digit its own piece: long digit strings are copied exactly
     user_defined_symbols: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -58,6 +60,7 @@ def train_sentencepiece(
         model_type=opts.model_type,
         split_by_number=opts.split_by_number,
         add_dummy_prefix=opts.add_dummy_prefix,
+        split_digits=opts.split_digits,
         character_coverage=1.0,
         pad_id=PAD_ID,
         bos_id=BOS_ID,

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from export import corpus, g2p
+from export import corpus, families, g2p
 from export.checkpoint import load_checkpoint, save_checkpoint
 from export.data import Batch, batches, encode_pairs
 from export.g2p_metrics import word_error_rate
@@ -53,6 +53,21 @@ class DataConfig:
     cmudict_seed: int | None = None
     src_vocab: int = 320
     tgt_vocab: int = 400
+    # Weights of sentences of 1, 2, 3, ... phrases in the generated train/dev/test splits.
+    part_weights: tuple[float, ...] = corpus.PART_WEIGHTS
+    # Draw weights of value families by name (export/families.py FAMILIES); unnamed ones keep theirs.
+    family_weights: dict[str, float] = field(default_factory=dict)
+    # Lower-case every source sentence (tokenizer training, training, evaluation, the run's data/
+    # files); the exported bundle then declares "input": {"lowercase": true}, so serving does too.
+    lowercase_source: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "part_weights", tuple(float(w) for w in self.part_weights))
+        if not self.part_weights or min(self.part_weights) < 0 or sum(self.part_weights) <= 0:
+            raise ValueError(
+                f"part_weights must be non-negative with a positive sum, got {self.part_weights}"
+            )
+        families.family_weights(self.family_weights)  # unknown names fail here, at load time
 
 
 @dataclass(frozen=True)
@@ -125,26 +140,44 @@ def _build(cls: type, values: dict[str, Any], path: str | Path) -> Any:
 
 
 def prepare_corpus(cfg: DataConfig, out: Path) -> dict[str, list[tuple[str, str]]]:
-    """Load the TSV splits, or generate the demo corpus (and write it under out/data)."""
+    """Load the TSV splits, or generate the demo corpus (and write it, with its gold sidecar,
+    under out/data). Sources are lower-cased when `cfg.lowercase_source` (the written files too:
+    they are what the model saw)."""
     if cfg.generate_seed is not None:
-        splits = corpus.generate_splits(
-            cfg.generate_seed, cfg.n_train, cfg.n_dev, cfg.n_test, cfg.n_test_long
+        examples = corpus.generate_examples(
+            cfg.generate_seed,
+            cfg.n_train,
+            cfg.n_dev,
+            cfg.n_test,
+            cfg.n_test_long,
+            part_weights=cfg.part_weights,
+            weights=cfg.family_weights or None,
         )
+        if cfg.lowercase_source:
+            examples = {name: [e.lowercased() for e in split] for name, split in examples.items()}
         (out / "data").mkdir(parents=True, exist_ok=True)
-        for name, pairs in splits.items():
-            corpus.write_tsv(out / "data" / f"{name}.tsv", pairs)
-        return splits
+        for name, split in examples.items():
+            corpus.write_split(out / "data", name, split)
+        return {name: [e.pair for e in split] for name, split in examples.items()}
     if cfg.cmudict_seed is not None:
         splits = g2p.cmudict_splits(cfg.cmudict_seed)
         (out / "data").mkdir(parents=True, exist_ok=True)
         for name, pairs in splits.items():
             corpus.write_tsv(out / "data" / f"{name}.tsv", pairs)
         return splits
-    return {
+    splits = {
         name: corpus.read_tsv(getattr(cfg, name))
         for name in ("train", "dev", "test")
         if getattr(cfg, name)
     }
+    if cfg.lowercase_source:
+        splits = {name: lowercase_sources(pairs) for name, pairs in splits.items()}
+    return splits
+
+
+def lowercase_sources(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The declared source normalization (service/input_rule.py's lowercase): str.lower()."""
+    return [(s.lower(), t) for s, t in pairs]
 
 
 def dev_bleu(

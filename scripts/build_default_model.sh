@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 run=runs/default
 s2s-train --config configs/default.toml --out "$run"
 s2s-evaluate --checkpoint "$run/best.pt" --tokenizers "$run" --test "$run/data/test.tsv" \
-  --train "$run/data/train.tsv" --bucket-edges 10,20,30,40,50,60,69 --heatmap-text "ninety-seven and March 5, 2021, then \$1,250.50" \
+  --train "$run/data/train.tsv" --bucket-edges 10,20,30,40,50,60,69 --heatmap-text "ninety-seven and march 5, 2021, then \$1,250.50" \
   --label "additive attention (default)" --out docs/eval/default
 python - <<'PY'
 import json
@@ -20,4 +20,5 @@ s2s-export --checkpoint "$run/best.pt" --tokenizers "$run" --out models/default 
   --name numbers-en-fr --version 1.0.0 --int8 --info docs/eval/default/metrics_summary.json \
   --segmentation configs/numbers-segmentation.json
 cp "$run/best.pt" models/default.pt
-cp "$run/data/test.tsv" docs/eval/test.tsv
+cp "$run/data/test.tsv" docs/eval/test.tsv  # sources lower-cased when [data] lowercase_source
+cp "$run/data/test.gold.jsonl" docs/eval/test.gold.jsonl

@@ -68,7 +68,10 @@ class Tokenizer:
         return list(self.processor.EncodeAsIds(text))
 
     def pieces(self, ids: list[int]) -> list[str]:
-        return [self.processor.IdToPiece(i) for i in ids]
+        """The pieces of `ids`; a control id (<s>, <pad>, which a model can emit) is "", as decoding
+        drops it, so the tokens a response lists spell out its text."""
+        processor = self.processor
+        return ["" if processor.IsControl(i) else processor.IdToPiece(i) for i in ids]
 
     def decode(self, ids: list[int]) -> str:
         return str(self.processor.DecodeIds(ids))

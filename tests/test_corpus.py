@@ -6,6 +6,7 @@ import random
 import re
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ from export.corpus import (
     write_tsv,
 )
 
-SIZES = {"n_train": 300, "n_dev": 50, "n_test": 50, "n_test_long": 20}
+SIZES: dict[str, Any] = {"n_train": 300, "n_dev": 50, "n_test": 50, "n_test_long": 20}
 MONTHS_EN = "January|February|March|April|May|June|July|August|September|October|November|December"
 MONTHS_FR = "janvier|février|mars|avril|mai|juin|juillet|août|septembre|octobre|novembre|décembre"
 EN_MONTH_DAY = re.compile(rf"\b(?:{MONTHS_EN}) \d{{1,2}}, \d{{4}}")
