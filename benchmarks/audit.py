@@ -7,9 +7,10 @@ BLEU per value family, per number of phrases and per source-token length, plus a
         --json docs/eval/audit.json --markdown docs/eval/audit.md
 
 The value-family table uses the single-phrase sentences; the phrase-count and length tables use
-every sentence. Lengths are the engine's own source tokens (after the bundle's input rule). An
-input the engine refuses (over its token limit) counts as wrong, with an empty hypothesis. The case
-table decodes each single-phrase source as generated, lower-cased and upper-cased.
+every sentence. Lengths are the whole input's source tokens (after the bundle's input rule), as the
+engine's limit counts them. An input the engine refuses (over its token limit) counts as wrong, with
+an empty hypothesis. The case table decodes each single-phrase source as generated, lower-cased and
+upper-cased.
 """
 
 from __future__ import annotations
@@ -63,12 +64,16 @@ def decode_all(
     options = SearchOptions(beam_size=beam)
     lengths = [0] * len(sources)
     ok: list[int] = []
+    rule = engine.bundle.input_rule
     for i, text in enumerate(sources):
         try:
-            lengths[i] = len(engine.prepare(text).ids)
-            ok.append(i)
+            engine.prepare(text)
         except InvalidInput:
-            pass
+            continue
+        # the whole input's tokens, as the engine's limit counts them (a segmented input's own
+        # ids leave its separators out)
+        lengths[i] = len(engine.src_tok.encode(rule.apply(text) if rule else text))
+        ok.append(i)
     hyps = [""] * len(sources)
     order = sorted(ok, key=lambda i: lengths[i])
     for start in range(0, len(order), batch_size):
@@ -156,7 +161,7 @@ def markdown(report: dict[str, Any]) -> str:
         head,
         "By value family (single-phrase sentences):\n\n" + table(report["families"], "family"),
         "By number of phrases:\n\n" + table(report["parts"], "phrases"),
-        "By source length (the engine's tokens):\n\n" + table(report["lengths"], "tokens"),
+        "By source length (the whole input's tokens):\n\n" + table(report["lengths"], "tokens"),
         "Case (single-phrase sources as generated, lower-cased, upper-cased):\n\n"
         + table(report["case"], "source case"),
     ]
