@@ -285,15 +285,22 @@ class Seq2Seq(nn.Module):
 
     def forward(self, src: Tensor, lengths: Tensor, tgt_in: Tensor) -> Tensor:
         """src (B, S), lengths (B,), tgt_in (B, T) starting with BOS → logits (B, T, V)."""
+        return self.teacher_forced(src, lengths, tgt_in)[0]
+
+    def teacher_forced(self, src: Tensor, lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher forcing (training; forced decoding for alignment evaluation): src (B, S),
+        lengths (B,), tgt_in (B, T) → logits (B, T, V) and the attention (B, T, S) behind each
+        step's prediction: row t is the attention used to predict the target token after tgt_in[t]."""
         enc = self.encode(src, lengths)
         state = enc.state
-        logits = []
+        logits, rows = [], []
         for t in range(tgt_in.shape[1]):
-            step_logits, state, _ = self.decode_step(
+            step_logits, state, weights = self.decode_step(
                 tgt_in[:, t], state, enc.keys, enc.values, enc.mask
             )
             logits.append(step_logits)
-        return torch.stack(logits, dim=1)
+            rows.append(weights)
+        return torch.stack(logits, dim=1), torch.stack(rows, dim=1)
 
     @torch.no_grad()
     def greedy_decode(self, src: Tensor, lengths: Tensor, max_len: int) -> tuple[Tensor, Tensor]:

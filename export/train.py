@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from export import corpus, g2p
+from export import corpus, g2p, reversal
 from export.checkpoint import load_checkpoint, save_checkpoint
 from export.data import Batch, batches, encode_pairs
 from export.g2p_metrics import word_error_rate
@@ -36,12 +36,19 @@ from export.tokenizer import SpmOptions, train_tokenizers
 from service.architecture import PAD_ID, ModelConfig
 from service.tokenizer import Tokenizer
 
+TASKS = ("translation", "reversal")
+
 
 @dataclass(frozen=True)
 class DataConfig:
     """Either TSV files (train/dev/test), the generated demo corpus (generate_seed set) or the
-    CMUdict G2P corpus split by word (cmudict_seed set; see export/g2p.py)."""
+    CMUdict G2P corpus split by word (cmudict_seed set; see export/g2p.py).
 
+    task = "reversal" trains on export/reversal.py's task instead (seeded by generate_seed, sizes
+    n_train/n_dev/n_test, reversal_max_len words at most), written with its exact gold links."""
+
+    task: str = "translation"  # "translation" (the sources below) or "reversal"
+    reversal_max_len: int = 12
     train: str = ""
     dev: str = ""
     test: str = ""
@@ -126,6 +133,14 @@ def _build(cls: type, values: dict[str, Any], path: str | Path) -> Any:
 
 def prepare_corpus(cfg: DataConfig, out: Path) -> dict[str, list[tuple[str, str]]]:
     """Load the TSV splits, or generate the demo corpus (and write it under out/data)."""
+    if cfg.task not in TASKS:
+        raise ValueError(f"[data] task must be one of {TASKS}, got {cfg.task!r}")
+    if cfg.task == "reversal":
+        splits = reversal.generate(
+            cfg.generate_seed or 0, cfg.n_train, cfg.n_dev, cfg.n_test, cfg.reversal_max_len
+        )
+        reversal.write_splits(out / "data", splits)
+        return splits
     if cfg.generate_seed is not None:
         splits = corpus.generate_splits(
             cfg.generate_seed, cfg.n_train, cfg.n_dev, cfg.n_test, cfg.n_test_long
