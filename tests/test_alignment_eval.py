@@ -265,3 +265,84 @@ def read_tsv_pairs(path: Path) -> list[tuple[str, str]]:
     from export.corpus import read_tsv
 
     return read_tsv(path)
+
+
+# --- guided alignment ---------------------------------------------------------------------------
+
+
+def test_piece_guide_spreads_each_gold_word_over_its_pieces() -> None:
+    from export.guided import piece_guide
+
+    gold = GoldLinks("reversal", 1, [(0, 2, 0, 2)], [(1, 0), (0, 1)])
+    guide = piece_guide(
+        gold, ["\u2581river", "\u2581st", "one"], ["\u2581pierre", "\u2581ri", "vière"]
+    )
+    assert guide is not None
+    np.testing.assert_allclose(guide, [[0, 0.5, 0.5], [1, 0, 0], [1, 0, 0]])
+    unlinked = GoldLinks("x", 1, [], [(1, 0)])  # target word 1 has no link: its rows stay 0
+    assert piece_guide(unlinked, ["\u2581a", "\u2581b"], ["\u2581c", "\u2581d"]).tolist() == [  # type: ignore[union-attr]
+        [0.0, 1.0],
+        [0.0, 0.0],
+    ]
+    assert piece_guide(gold, ["\u2581riverstone"], ["\u2581pierre", "\u2581ri"]) is None
+
+
+def test_guided_loss() -> None:
+    """Cross-entropy of attention rows against the guide, over guided rows only."""
+    from export.guided import guided_loss
+
+    guide = torch.zeros(1, 3, 4)
+    guide[0, 0, 2] = 1.0
+    guide[0, 1, 0] = 1.0  # row 2 is unguided (EOS, or a word without gold)
+    uniform = torch.full((1, 3, 4), 0.25)
+    assert float(guided_loss(uniform, guide)) == pytest.approx(np.log(4), abs=1e-4)
+    assert float(guided_loss(guide + 0.0, guide)) == pytest.approx(0.0, abs=1e-4)
+    assert float(guided_loss(uniform, torch.zeros(1, 3, 4))) == 0.0
+
+
+def test_batches_carry_guides_with_their_examples() -> None:
+    import random
+
+    from export.data import batches
+
+    examples = [([4] * n, [5] * n) for n in (3, 5, 2, 4)]
+    guides = [np.eye(n, dtype=np.float32)[::-1] for n in (3, 5, 2, 4)]  # reversal, piece = word
+    seen = 0
+    for batch in batches(examples, max_tokens=12, rng=random.Random(0), guides=guides):
+        assert batch.guide is not None
+        B, T, S = batch.guide.shape
+        assert (B, T, S) == (*batch.tgt_in.shape, batch.src.shape[1])
+        for row in range(B):
+            n = int(batch.lengths[row])
+            np.testing.assert_array_equal(batch.guide[row, :n, :n].numpy(), np.eye(n)[::-1])
+            assert float(batch.guide[row].sum()) == n  # EOS step and padding unguided
+            seen += 1
+    assert seen == 4
+
+
+def test_training_with_guided_alignment(tmp_path: Path) -> None:
+    """[optim] guided_alignment trains from the split's gold; without gold it says what is missing."""
+    pytest.importorskip("sacrebleu")
+    from export.tokenizer import SpmOptions
+    from export.train import DataConfig, OptimConfig, TokenizerConfig, TrainConfig, train
+
+    def config(**data: object) -> TrainConfig:
+        return TrainConfig(
+            model={"emb_dim": 8, "enc_hidden": 8, "dec_hidden": 16, "attn_dim": 8},
+            data=DataConfig(**{"n_train": 100, "n_dev": 5, "n_test": 5, "src_vocab": 20,  # type: ignore[arg-type]
+                               "tgt_vocab": 20, "generate_seed": 3, **data}),
+            optim=OptimConfig(max_steps=4, max_tokens=300, eval_every=4, threads=1,
+                              guided_alignment=1.0),
+            tokenizer=TokenizerConfig(SpmOptions(model_type="word"), SpmOptions(model_type="word")),
+        )  # fmt: skip
+
+    summary = train(config(task="reversal", reversal_max_len=5), tmp_path / "guided", quiet=True)
+    assert summary["steps"] == 4
+    splits = generate(seed=3, n_train=100, n_dev=5, n_test=5, max_len=5)
+    write_splits(tmp_path / "tsv", splits)
+    (tmp_path / "tsv" / "train.gold.jsonl").unlink()
+    files = {name: str(tmp_path / "tsv" / f"{name}.tsv") for name in ("train", "dev", "test")}
+    with pytest.raises(
+        ValueError, match=r"needs the training split's gold links: no .*train\.gold\.jsonl"
+    ):
+        train(config(generate_seed=None, **files), tmp_path / "missing", quiet=True)
