@@ -92,6 +92,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.select_by not in ("bleu", "wer"):
             raise ValueError(f"select_by must be 'bleu' or 'wer', got {self.select_by!r}")
+        if self.guided_alignment < 0:
+            raise ValueError(f"guided_alignment must be >= 0, got {self.guided_alignment}")
 
 
 @dataclass(frozen=True)

@@ -345,3 +345,21 @@ def test_training_with_guided_alignment(tmp_path: Path) -> None:
         ValueError, match=r"needs the training split's gold links: no .*train\.gold\.jsonl"
     ):
         train(config(generate_seed=None, **files), tmp_path / "missing", quiet=True)
+
+
+@pytest.mark.parametrize("name", ["bahdanau", "luong", "cgru", "bahdanau-guided", "cgru-guided"])
+def test_reversal_configs_load(name: str) -> None:
+    """The committed reversal configs parse, name the reversal task and differ from the base config
+    of their style only where their name says."""
+    from export.train import TrainConfig
+
+    repo = Path(__file__).resolve().parent.parent
+    cfg = TrainConfig.load(repo / "configs" / f"reversal-{name}.toml")
+    style = name.removesuffix("-guided")
+    assert cfg.data.task == "reversal" and cfg.model["decoder_style"] == style
+    assert (cfg.optim.guided_alignment > 0) == name.endswith("-guided")
+    base = TrainConfig.load(repo / "configs" / "reversal-cgru.toml")
+    assert {k: v for k, v in cfg.model.items() if k != "decoder_style"} == {
+        k: v for k, v in base.model.items() if k != "decoder_style"
+    }
+    assert cfg.data == base.data
