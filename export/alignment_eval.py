@@ -115,26 +115,45 @@ class LinkCounts:
         }
 
 
-def score_links(argmax: Sequence[int], gold: GoldLinks) -> LinkCounts:
-    """One sentence: argmax[t] is target word t's argmax source word."""
-    counts = LinkCounts(sentences=1, gold_links=len(gold.words))
-    for s_start, s_end, t_start, t_end in gold.phrases:
-        for t in range(t_start, t_end):
-            counts.phrase_words += 1
-            counts.phrase_hits += s_start <= argmax[t] < s_end
+def word_family(gold: GoldLinks, t: int) -> str:
+    """The value family of target word t: its phrase's family, or "connector" outside phrases."""
+    for k, (_, _, t_start, t_end) in enumerate(gold.phrases):
+        if t_start <= t < t_end:
+            return gold.families[k] if gold.families else gold.family
+    return "connector"
+
+
+def score_words(argmax: Sequence[int], gold: GoldLinks) -> list[tuple[str, LinkCounts]]:
+    """One sentence, one (family, counts) per target word: argmax[t] is target word t's argmax
+    source word. The counts of a sentence's words add up to its own (sentences aside)."""
     by_target: dict[int, set[int]] = {}
     for s, t in gold.words:
         by_target.setdefault(t, set()).add(s)
-    for t, sources in by_target.items():
-        a = argmax[t]
-        counts.scored_words += 1
-        if a in sources:
-            counts.word_hits += 1
-            continue
-        counts.plus_one += a - 1 in sources
-        counts.minus_one += a + 1 in sources
-        counts.previous_target += a in by_target.get(t - 1, ())
-    return counts
+    phrase_of = {t: (a, b) for a, b, t0, t1 in gold.phrases for t in range(t0, t1)}
+    out: list[tuple[str, LinkCounts]] = []
+    for t, a in enumerate(argmax):
+        c = LinkCounts()
+        if t in phrase_of:
+            s_start, s_end = phrase_of[t]
+            c.phrase_words, c.phrase_hits = 1, int(s_start <= a < s_end)
+        sources = by_target.get(t)
+        if sources:
+            c.scored_words, c.gold_links = 1, len(sources)
+            hit = a in sources
+            c.word_hits = int(hit)
+            c.plus_one = int(not hit and a - 1 in sources)
+            c.minus_one = int(not hit and a + 1 in sources)
+            c.previous_target = int(not hit and a in by_target.get(t - 1, ()))
+        out.append((word_family(gold, t), c))
+    return out
+
+
+def score_links(argmax: Sequence[int], gold: GoldLinks) -> LinkCounts:
+    """One sentence's counts: argmax[t] is target word t's argmax source word."""
+    total = LinkCounts(sentences=1)
+    for _, counts in score_words(argmax, gold):
+        total.add(counts)
+    return total
 
 
 def check_gold(gold: GoldLinks, n_src: int, n_tgt: int, line: int) -> None:
@@ -173,7 +192,8 @@ def evaluate_alignments(
     device: torch.device | None = None,
 ) -> dict[str, Any]:
     """Forced decoding of every pair, word-level argmax links scored against gold: overall and by
-    gold family. A sentence whose pieces do not merge into its `text.split(" ")` words (a tokenizer
+    value family (each target word counts for its phrase's family, or "connector"; a family's
+    `sentences` are those with a word of it). A sentence whose pieces do not merge into its `text.split(" ")` words (a tokenizer
     that rewrites spaces) is skipped and counted in `skipped`."""
     if len(gold) != len(pairs):
         raise EvaluationError(
@@ -190,9 +210,13 @@ def evaluate_alignments(
         if argmax is None:
             skipped += 1
             continue
-        counts = score_links(argmax, links)
-        overall.add(counts)
-        by_family.setdefault(links.family, LinkCounts()).add(counts)
+        words = score_words(argmax, links)
+        overall.sentences += 1
+        for family in {f for f, _ in words}:
+            by_family.setdefault(family, LinkCounts()).sentences += 1
+        for family, counts in words:
+            overall.add(counts)
+            by_family[family].add(counts)
     return {
         **overall.metrics(),
         "skipped": skipped,

@@ -97,6 +97,24 @@ def test_phrases_connectors_and_link_sets() -> None:
     assert m["off_by_plus_one"] == 25.0
 
 
+def test_each_target_word_counts_for_its_phrase_family() -> None:
+    from export.alignment_eval import score_words
+
+    gold = GoldLinks(
+        family="mixed",
+        parts=2,
+        phrases=[(0, 2, 0, 2), (3, 4, 3, 4)],
+        words=[(0, 1), (1, 0), (2, 2), (3, 3)],
+        families=["date-long", "weekday"],
+    )
+    words = score_words([0, 0, 2, 0], gold)  # wrong, right, right (connector), wrong
+    assert [f for f, _ in words] == ["date-long", "date-long", "connector", "weekday"]
+    assert [c.word_hits for _, c in words] == [0, 1, 1, 0]
+    assert [c.phrase_hits for _, c in words] == [1, 1, 0, 0]
+    one_phrase = GoldLinks("time", 1, [(0, 2, 0, 2)], [(0, 0)])
+    assert [f for f, _ in score_words([0, 1], one_phrase)] == ["time", "time"]
+
+
 def test_subword_rows_are_merged_to_words_first() -> None:
     """Pieces "▁ri" "vière": the target word's rows are averaged and the source word's columns
     summed (service/alignment.py's rule), then the argmax is taken per word."""
@@ -278,7 +296,8 @@ def test_piece_guide_spreads_each_gold_word_over_its_pieces() -> None:
         gold, ["\u2581river", "\u2581st", "one"], ["\u2581pierre", "\u2581ri", "vière"]
     )
     assert guide is not None
-    np.testing.assert_allclose(guide, [[0, 0.5, 0.5], [1, 0, 0], [1, 0, 0]])
+    expected = np.array([[0, 0.5, 0.5], [1, 0, 0], [1, 0, 0]], dtype=np.float32)
+    np.testing.assert_allclose(guide, expected)
     unlinked = GoldLinks("x", 1, [], [(1, 0)])  # target word 1 has no link: its rows stay 0
     assert piece_guide(unlinked, ["\u2581a", "\u2581b"], ["\u2581c", "\u2581d"]).tolist() == [  # type: ignore[union-attr]
         [0.0, 1.0],
