@@ -366,7 +366,9 @@ def test_training_with_guided_alignment(tmp_path: Path) -> None:
         train(config(generate_seed=None, **files), tmp_path / "missing", quiet=True)
 
 
-@pytest.mark.parametrize("name", ["bahdanau", "luong", "cgru", "bahdanau-guided", "cgru-guided"])
+@pytest.mark.parametrize(
+    "name", ["bahdanau", "luong", "cgru", "bahdanau-guided", "luong-guided", "cgru-guided"]
+)
 def test_reversal_configs_load(name: str) -> None:
     """The committed reversal configs parse, name the reversal task and differ from the base config
     of their style only where their name says."""
