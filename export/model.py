@@ -134,7 +134,7 @@ def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
 
 
 class Seq2Seq(nn.Module):
-    """Encoder, bridge, attention and a Bahdanau- or Luong-style decoder."""
+    """Encoder, bridge, attention and a Bahdanau-, Luong- or conditional (cGRU) decoder."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -149,11 +149,16 @@ class Seq2Seq(nn.Module):
             rnn_in = E + H
             self.combine = nn.Linear(D + H, H, bias=False)
             readout_in = H
+        elif cfg.conditional:  # cGRU: RNN1 reads y_{t-1}, RNN2 reads c_t; readout as Bahdanau's
+            rnn_in = D
+            self.rnn1 = make_rnn(cfg.rnn, E, H, 1, 0.0, False)
+            self.readout = nn.Linear(H + D + E, H)
+            readout_in = H
         else:  # Bahdanau and "none": input = [y_{t-1}; c], readout from [s_t; c; y_{t-1}]
             rnn_in = E + D
             self.readout = nn.Linear(H + D + E, H)
             readout_in = H
-        self.rnn = make_rnn(cfg.rnn, rnn_in, H, L, cfg.dropout, False)
+        self.rnn = make_rnn(cfg.rnn, rnn_in, H, L, cfg.dropout, False)  # cGRU: RNN2
         self.out = nn.Linear(readout_in, cfg.tgt_vocab_size)
 
     # --- packed decoder state: [h_1 .. h_L, (c_1 .. c_L), (h~)] per row --------------------------
@@ -229,6 +234,11 @@ class Seq2Seq(nn.Module):
             context, weights = self.attend(s_t, keys, values, mask)
             hidden = torch.tanh(self.combine(torch.cat([context, s_t], -1)))  # h~_t (N, H)
             feed = hidden
+        elif self.cfg.conditional:  # cGRU: query is s'_t, the state after reading y_{t-1}
+            s_mid, rnn_state = self.conditional_first_step(emb, rnn_state)
+            context, weights = self.attend(s_mid, keys, values, mask)
+            s_t, rnn_state = self.rnn_step(context, rnn_state)
+            hidden = torch.tanh(self.readout(torch.cat([s_t, context, emb], -1)))
         else:  # Bahdanau: query is the previous state s_{t-1}
             h_prev = rnn_state[0] if isinstance(rnn_state, tuple) else rnn_state
             context, weights = self.attend(h_prev[-1], keys, values, mask)
@@ -247,6 +257,20 @@ class Seq2Seq(nn.Module):
         x, h_new, c_new = stacked_rnn_step(self.rnn, x, h_all, c_all, self.training)
         return x, (h_new, c_new) if c_new is not None else h_new
 
+    def conditional_first_step(
+        self, emb: Tensor, rnn_state: Tensor | tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
+        """cGRU's first transition s'_t = RNN1(y_{t-1}, s_{t-1}) on the bottom layer: returns s'_t
+        (N, H) and the stacked state with the bottom layer replaced by s'_t (and c'_t), so that
+        RNN2's bottom layer continues from it and its upper layers from their own s_{t-1}."""
+        h_all, c_all = rnn_state if isinstance(rnn_state, tuple) else (rnn_state, None)  # (L, N, H)
+        c_first = c_all[:1] if c_all is not None else None
+        s_mid, h1, c1 = stacked_rnn_step(self.rnn1, emb, h_all[:1], c_first, self.training)
+        h_all = torch.cat([h1, h_all[1:]], dim=0)  # (L, N, H)
+        if c_all is None or c1 is None:
+            return s_mid, h_all
+        return s_mid, (h_all, torch.cat([c1, c_all[1:]], dim=0))
+
     def attend(
         self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
@@ -261,15 +285,22 @@ class Seq2Seq(nn.Module):
 
     def forward(self, src: Tensor, lengths: Tensor, tgt_in: Tensor) -> Tensor:
         """src (B, S), lengths (B,), tgt_in (B, T) starting with BOS → logits (B, T, V)."""
+        return self.teacher_forced(src, lengths, tgt_in)[0]
+
+    def teacher_forced(self, src: Tensor, lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher forcing (training; forced decoding for alignment evaluation): src (B, S),
+        lengths (B,), tgt_in (B, T) → logits (B, T, V) and the attention (B, T, S) behind each
+        step's prediction: row t is the attention used to predict the target token after tgt_in[t]."""
         enc = self.encode(src, lengths)
         state = enc.state
-        logits = []
+        logits, rows = [], []
         for t in range(tgt_in.shape[1]):
-            step_logits, state, _ = self.decode_step(
+            step_logits, state, weights = self.decode_step(
                 tgt_in[:, t], state, enc.keys, enc.values, enc.mask
             )
             logits.append(step_logits)
-        return torch.stack(logits, dim=1)
+            rows.append(weights)
+        return torch.stack(logits, dim=1), torch.stack(rows, dim=1)
 
     @torch.no_grad()
     def greedy_decode(self, src: Tensor, lengths: Tensor, max_len: int) -> tuple[Tensor, Tensor]:

@@ -56,6 +56,43 @@ def buckets_markdown(metrics: dict[str, Any], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+ALIGNMENT_COLUMNS = (
+    ("phrase_accuracy", "phrase acc. %"),
+    ("word_accuracy", "word acc. %"),
+    ("word_recall", "recall %"),
+    ("aer", "AER %"),
+    ("off_by_plus_one", "off by +1 %"),
+    ("off_by_minus_one", "off by -1 %"),
+    ("on_previous_target", "on previous target word %"),
+)
+
+
+def alignment_markdown(alignment: dict[str, Any], title: str) -> str:
+    """A markdown table of the attention's agreement with gold links, overall and per family."""
+    head = ["family", "sentences", "target words scored", *(h for _, h in ALIGNMENT_COLUMNS)]
+    lines = [
+        f"## Alignments against gold: {title}",
+        "",
+        f"Forced decoding of the reference; gold: `{alignment.get('gold', '?')}`. Word accuracy "
+        "is the share of target words whose argmax source word is a gold link (AER: sure = "
+        "possible = gold, alignment = those argmax links); off by ±1: a wrong argmax one source "
+        "word after/before a gold one; on previous target word: a wrong argmax on the gold source "
+        "of the target word before (attention lagging one step behind).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    rows = [*alignment.get("by_family", {}).items(), ("**all**", alignment)]
+    for name, row in rows:
+        counts = row["counts"]
+        cells = [name, str(counts["sentences"]), str(counts["scored_words"])]
+        cells += [_fmt(row[key]) for key, _ in ALIGNMENT_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    if alignment.get("skipped"):
+        lines += ["", f"{alignment['skipped']} sentences skipped (pieces not mergeable to words)."]
+    return "\n".join(lines) + "\n"
+
+
 def compare_markdown(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
     """A markdown table with BLEU per bucket (rows) per run (columns), sentence counts in brackets."""
     labels = bucket_labels(runs)

@@ -21,27 +21,38 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import sacrebleu
 import torch
 from torch import nn
 from tqdm import tqdm
 
-from export import corpus, families, g2p
+from export import corpus, families, g2p, reversal
+from export.alignment_eval import gold_path_for
 from export.checkpoint import load_checkpoint, save_checkpoint
 from export.data import Batch, batches, encode_pairs
 from export.g2p_metrics import word_error_rate
+from export.gold import read_gold
 from export.greedy import translate_greedy
+from export.guided import guided_loss, piece_guide
 from export.model import Seq2Seq, count_parameters
 from export.tokenizer import SpmOptions, train_tokenizers
 from service.architecture import PAD_ID, ModelConfig
 from service.tokenizer import Tokenizer
 
+TASKS = ("translation", "reversal")
+
 
 @dataclass(frozen=True)
 class DataConfig:
     """Either TSV files (train/dev/test), the generated demo corpus (generate_seed set) or the
-    CMUdict G2P corpus split by word (cmudict_seed set; see export/g2p.py)."""
+    CMUdict G2P corpus split by word (cmudict_seed set; see export/g2p.py).
 
+    task = "reversal" trains on export/reversal.py's task instead (seeded by generate_seed, sizes
+    n_train/n_dev/n_test, reversal_max_len words at most), written with its exact gold links."""
+
+    task: str = "translation"  # "translation" (the sources below) or "reversal"
+    reversal_max_len: int = 12
     train: str = ""
     dev: str = ""
     test: str = ""
@@ -89,10 +100,15 @@ class OptimConfig:
     init_from: str = ""
     select_by: str = "bleu"  # the dev score that picks best.pt: "bleu" (higher) or "wer" (lower)
     threads: int = 0  # torch intra-op threads; 0 = torch's default. 1 is robust when other jobs share the cores
+    # Weight of the guided-alignment loss (export/guided.py) against the gold sidecar of the
+    # training split; 0 = attention learns from the translation loss alone.
+    guided_alignment: float = 0.0
 
     def __post_init__(self) -> None:
         if self.select_by not in ("bleu", "wer"):
             raise ValueError(f"select_by must be 'bleu' or 'wer', got {self.select_by!r}")
+        if self.guided_alignment < 0:
+            raise ValueError(f"guided_alignment must be >= 0, got {self.guided_alignment}")
 
 
 @dataclass(frozen=True)
@@ -143,6 +159,14 @@ def prepare_corpus(cfg: DataConfig, out: Path) -> dict[str, list[tuple[str, str]
     """Load the TSV splits, or generate the demo corpus (and write it, with its gold sidecar,
     under out/data). Sources are lower-cased when `cfg.lowercase_source` (the written files too:
     they are what the model saw)."""
+    if cfg.task not in TASKS:
+        raise ValueError(f"[data] task must be one of {TASKS}, got {cfg.task!r}")
+    if cfg.task == "reversal":
+        splits = reversal.generate(
+            cfg.generate_seed or 0, cfg.n_train, cfg.n_dev, cfg.n_test, cfg.reversal_max_len
+        )
+        reversal.write_splits(out / "data", splits)
+        return splits
     if cfg.generate_seed is not None:
         examples = corpus.generate_examples(
             cfg.generate_seed,
@@ -192,16 +216,44 @@ def dev_bleu(
 
 
 def train_step(
-    model: Seq2Seq, batch: Batch, loss_fn: nn.Module, opt: torch.optim.Optimizer, clip: float
+    model: Seq2Seq,
+    batch: Batch,
+    loss_fn: nn.Module,
+    opt: torch.optim.Optimizer,
+    clip: float,
+    guide_weight: float = 0.0,
 ) -> float:
     model.train()
-    logits = model(batch.src, batch.lengths, batch.tgt_in)  # (B, T, V)
+    logits, attention = model.teacher_forced(batch.src, batch.lengths, batch.tgt_in)  # (B, T, ·)
     loss = loss_fn(logits.reshape(-1, logits.shape[-1]), batch.tgt_out.reshape(-1))
+    if guide_weight and batch.guide is not None:
+        loss = loss + guide_weight * guided_loss(attention, batch.guide)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
     return loss.item()
+
+
+def train_guides(
+    cfg: DataConfig,
+    out: Path,
+    examples: list[tuple[list[int], list[int]]],
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer,
+) -> list[np.ndarray | None]:
+    """The piece-level gold attention of every training example, from the training split's gold
+    sidecar: out/data/train.gold.jsonl for generated tasks, else beside the [data] train file."""
+    path = gold_path_for(Path(cfg.train)) if cfg.train else out / "data" / "train.gold.jsonl"
+    if not path.is_file():
+        raise ValueError(f"optim.guided_alignment needs the training split's gold links: no {path}")
+    gold = read_gold(path)
+    if len(gold) != len(examples):
+        raise ValueError(f"{path} has {len(gold)} lines but the training split {len(examples)}")
+    return [
+        piece_guide(links, src_tok.pieces(s), tgt_tok.pieces(t))
+        for links, (s, t) in zip(gold, examples, strict=True)
+    ]
 
 
 def budget_spent(o: OptimConfig, step: int, minutes: float) -> str | None:
@@ -265,6 +317,11 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
             )
         model.load_state_dict(start.state_dict())
     train_examples = encode_pairs(splits["train"], src_tok, tgt_tok)
+    guides = (
+        train_guides(cfg.data, out, train_examples, src_tok, tgt_tok)
+        if o.guided_alignment
+        else None
+    )
     opt = torch.optim.Adam(model.parameters(), lr=o.lr)
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=o.label_smoothing)
     rng = random.Random(o.seed)
@@ -310,7 +367,7 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
     stop, ended_by = False, "max_epochs"
     for epoch in range(o.max_epochs):
         bar = tqdm(
-            list(batches(train_examples, o.max_tokens, rng)),
+            list(batches(train_examples, o.max_tokens, rng, guides=guides)),
             desc=f"epoch {epoch}",
             disable=quiet,
             leave=False,
@@ -318,7 +375,9 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
         )
         for batch in bar:
             tick = time.monotonic()
-            loss = train_step(model, batch.to(device), loss_fn, opt, o.clip_norm)
+            loss = train_step(
+                model, batch.to(device), loss_fn, opt, o.clip_norm, o.guided_alignment
+            )
             step += 1
             bar.set_postfix(
                 loss=f"{loss:.3f}", tok_s=f"{batch.n_target_tokens / (time.monotonic() - tick):.0f}"

@@ -11,12 +11,12 @@ from typing import Any, Literal
 
 RnnKind = Literal["gru", "lstm"]
 AttentionKind = Literal["additive", "dot", "general", "concat", "scaled_dot", "none"]
-DecoderStyle = Literal["bahdanau", "luong"]
+DecoderStyle = Literal["bahdanau", "luong", "cgru"]
 Toolkit = Literal["native", "opennmt-py", "joeynmt"]
 
 RNN_KINDS: tuple[str, ...] = ("gru", "lstm")
 ATTENTION_KINDS: tuple[str, ...] = ("additive", "dot", "general", "concat", "scaled_dot", "none")
-DECODER_STYLES: tuple[str, ...] = ("bahdanau", "luong")
+DECODER_STYLES: tuple[str, ...] = ("bahdanau", "luong", "cgru")
 TOOLKITS: tuple[str, ...] = ("native", "opennmt-py", "joeynmt")
 
 # Special ids are fixed across every model: the tokenizer is trained to use them.
@@ -29,6 +29,12 @@ class ModelConfig:
 
     attention="none" is the fixed-context encoder-decoder (Cho et al. 2014): the encoder's summary
     enters every decoder step and there is no alignment; decoder_style is then ignored.
+
+    decoder_style says when attention is queried: "bahdanau" with the previous state s_{t-1}
+    (before y_{t-1} is read), "luong" with the new state s_t (input feeding h~), "cgru" (Nematus /
+    Marian conditional GRU) with s'_t = RNN1(y_{t-1}, s_{t-1}), after which RNN2 reads the context:
+    s_t = RNN2(c_t, s'_t). "cgru" works with GRU and LSTM cells; with dec_layers > 1 RNN2 is a
+    stack whose bottom layer starts from s'_t and whose upper layers from their own s_{t-1}.
 
     toolkit names whose equations the graphs hold: "native" (our trainer, export/model.py) or a
     toolkit a checkpoint was imported from (export/importers/); `bridge` and `input_feed` then
@@ -75,6 +81,10 @@ class ModelConfig:
         for name in ("enc_layers", "dec_layers", "attn_dim"):
             if getattr(self, name) < 1:
                 out.append(f"{name} must be >= 1")
+        if self.decoder_style == "cgru" and self.input_feed:
+            out.append("decoder_style 'cgru' has no input feeding; leave input_feed unset")
+        if self.decoder_style == "cgru" and self.toolkit != "native":
+            out.append(f"decoder_style 'cgru' is native only, not {self.toolkit!r}")
         if self.toolkit not in TOOLKITS:
             out.append(f"toolkit must be one of {TOOLKITS}, got {self.toolkit!r}")
         if not 0.0 <= self.dropout < 1.0:
@@ -97,6 +107,11 @@ class ModelConfig:
         if self.input_feed is not None:
             return self.input_feed
         return self.attention != "none" and self.decoder_style == "luong"
+
+    @property
+    def conditional(self) -> bool:
+        """The cGRU decoder: read y_{t-1}, attend with that state, then read the context."""
+        return self.attention != "none" and self.decoder_style == "cgru"
 
     @property
     def state_dim(self) -> int:

@@ -23,9 +23,9 @@ VARIANTS = [
     for rnn, attention, style in itertools.product(
         ("gru", "lstm"),
         ("additive", "dot", "general", "concat", "scaled_dot", "none"),
-        ("bahdanau", "luong"),
+        ("bahdanau", "luong", "cgru"),
     )
-    if not (attention == "none" and style == "luong")  # style is ignored without attention
+    if not (attention == "none" and style != "bahdanau")  # style is ignored without attention
 ]
 
 
@@ -39,7 +39,7 @@ def tiny_model(rnn: str, attention: str, style: str, seed: int = 0) -> Seq2Seq:
         dec_hidden=12,
         attn_dim=7,
         enc_layers=2 if rnn == "lstm" else 1,
-        dec_layers=2 if style == "luong" else 1,
+        dec_layers=2 if style == "luong" or (style, rnn) == ("cgru", "lstm") else 1,
         rnn=rnn,  # type: ignore[arg-type]
         attention=attention,  # type: ignore[arg-type]
         decoder_style=style,  # type: ignore[arg-type]

@@ -131,7 +131,8 @@ def reversal_pairs(n: int = 30, seed: int = 0) -> list[tuple[list[int], list[int
 
 
 @pytest.mark.parametrize(
-    ("rnn", "attention", "style"), [("gru", "additive", "bahdanau"), ("lstm", "general", "luong")]
+    ("rnn", "attention", "style"),
+    [("gru", "additive", "bahdanau"), ("lstm", "general", "luong"), ("gru", "additive", "cgru")],
 )
 def test_tiny_model_learns_to_reverse_30_sequences(rnn: str, attention: str, style: str) -> None:
     """100 full-batch Adam steps: loss falls below 2% of its start, greedy gets >= 29 of 30 exactly."""
@@ -161,7 +162,12 @@ def test_tiny_model_learns_to_reverse_30_sequences(rnn: str, attention: str, sty
 
 @pytest.mark.parametrize(
     ("rnn", "attention", "style"),
-    [("gru", "additive", "bahdanau"), ("lstm", "scaled_dot", "luong"), ("gru", "none", "bahdanau")],
+    [
+        ("gru", "additive", "bahdanau"),
+        ("lstm", "scaled_dot", "luong"),
+        ("gru", "none", "bahdanau"),
+        ("lstm", "concat", "cgru"),
+    ],
 )
 def test_checkpoint_round_trip(tmp_path: Path, rnn: str, attention: str, style: str) -> None:
     model = make_model(make_cfg(rnn, attention, style))
