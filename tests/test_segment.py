@@ -47,12 +47,9 @@ def numbers_rules() -> Segmentation:
 
 
 def value_families() -> list[tuple[str, Callable[[random.Random], str]]]:
-    """Every value family the generator draws from, whatever it has at the time: (name, a draw of
-    the family's English phrase). Named FAMILIES once the corpus has them, EXPRESSION_KINDS before."""
-    families = getattr(corpus, "FAMILIES", None)
-    if isinstance(families, dict):
-        return [(name, _english_of(entry[0])) for name, entry in families.items()]
-    return [(kind.__name__, _english_of(kind)) for kind, _ in corpus.EXPRESSION_KINDS]
+    """Every value family the generator draws from (export/families.py's FAMILIES): (name, a draw
+    of the family's English phrase)."""
+    return [(name, _english_of(entry[0])) for name, entry in corpus.FAMILIES.items()]
 
 
 def _english_of(draw: Callable[[random.Random], Any]) -> Callable[[random.Random], str]:
@@ -79,8 +76,8 @@ def recorded_sentence(
     monkeypatch: pytest.MonkeyPatch, rng: random.Random, n: int
 ) -> tuple[str, list[str]]:
     """corpus.random_sentence itself, with the phrases it drew recorded on the way (through
-    `random_phrase` where the corpus has it, else `random_expression`)."""
-    name = "random_phrase" if hasattr(corpus, "random_phrase") else "random_expression"
+    `random_phrase`)."""
+    name = "random_phrase"
     drawn: list[str] = []
     original = getattr(corpus, name)
 
@@ -110,7 +107,7 @@ def test_the_numbers_rules_recover_the_phrases_of_every_generated_sentence(
     for i in range(3000):
         n = rng.randint(1, 10)
         source, phrases = recorded_sentence(monkeypatch, rng, n)
-        assert len(phrases) == n, "random_sentence no longer draws through random_expression"
+        assert len(phrases) == n, "random_sentence no longer draws through random_phrase"
         source = source.lower()  # the numbers model lower-cases its input first
         want = [p.lower() for p in phrases]
         segments = rules.split(source).segments
