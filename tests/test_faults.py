@@ -66,10 +66,12 @@ def engine(server: ServerThread) -> Engine:
 
 @pytest.fixture(scope="module")
 def long_texts(engine: Engine) -> list[str]:
-    """Four of the longest sentences the model knows: dozens of decoder steps each."""
+    """Four of the longest sentences the model decodes whole (one running sentence each, not cut
+    into segments): dozens of decoder steps each."""
     from loadtest.workload import COMMITTED_TSV, read_sources
 
-    return sorted(read_sources(COMMITTED_TSV), key=len, reverse=True)[:4]
+    whole = [t for t in read_sources(COMMITTED_TSV) if not engine.prepare(t).segments]
+    return sorted(whole, key=len, reverse=True)[:4]
 
 
 @pytest.fixture

@@ -40,7 +40,6 @@ from service.beam import (
 from service.bundle import load_bundle
 from service.engine import Engine, Translation
 from service.tokenizer import Tokenizer
-from service.vocab import TextTokenizer
 from tests.conftest import DEFAULT_BUNDLE
 from tests.test_server import (
     Opts,
@@ -162,15 +161,22 @@ class Resolved:
         return max(1, min(self.max_length, int(self.a * src_len + self.b)))
 
 
-def should_be_valid(request: pb.TranslateRequest, info: pb.ModelInfo, tok: TextTokenizer) -> bool:
+def normalized(engine: Engine, text: str) -> str:
+    """The text as the engine tokenizes it: after the bundle's input rule (the default model's
+    lower-cases)."""
+    rule = engine.bundle.input_rule
+    return rule.apply(text) if rule is not None and text.strip() else text
+
+
+def should_be_valid(request: pb.TranslateRequest, info: pb.ModelInfo, engine: Engine) -> bool:
     """The request respects every limit in ModelInfo and the documented option ranges."""
-    limits, texts = info.limits, list(request.texts)
+    limits, texts, tok = info.limits, list(request.texts), engine.src_tok
     if not 1 <= len(texts) <= limits.max_texts:
         return False
     for text in texts:
         if not text.strip() or len(text) > limits.max_text_chars:
             return False
-        if not 1 <= len(tok.encode(text)) <= limits.max_source_tokens:
+        if not 1 <= len(tok.encode(normalized(engine, text))) <= limits.max_source_tokens:
             return False
     r = Resolved.of(request.options, info.defaults)
     return (
@@ -187,21 +193,30 @@ def check_response(
     served: Served, request: pb.TranslateRequest, response: pb.TranslateResponse
 ) -> None:
     """An OK answer: one translation per text, n-best sorted, lengths and alignments consistent."""
-    tok = served.engine.src_tok
     r = Resolved.of(request.options, served.info.defaults)
     assert len(response.translations) == len(request.texts)
     if request.request_id:
         assert response.request_id == request.request_id
     assert response.model_version == served.info.version
     for text, t in zip(request.texts, response.translations, strict=True):
-        ids = tok.encode(text)
-        assert list(t.source_tokens) == tok.pieces(ids)
+        # the engine's own preparation: the input rule applied, and a segmented input's pieces
+        # with its separators' (service/segment.py)
+        prepared = served.engine.prepare(text)
+        assert list(t.source_tokens) == prepared.pieces
         assert 1 <= len(t.hypotheses) <= r.n_best
+        # a segmented input: each segment within its own max_length, the separators between
+        joined_bound = sum(r.max_steps(len(s.ids)) for s in prepared.segments) + sum(
+            len(sep.target_pieces) for sep in prepared.separators
+        )
         scores = [h.score for h in t.hypotheses]
         assert scores == sorted(scores, reverse=True)
         for h in t.hypotheses:
             steps = len(h.tokens) + (1 if h.finished else 0)
-            assert steps <= r.max_steps(len(ids)) and (h.finished or steps == r.max_steps(len(ids)))
+            if prepared.segments:
+                assert len(h.tokens) <= joined_bound
+            else:
+                max_steps = r.max_steps(len(prepared.ids))
+                assert steps <= max_steps and (h.finished or steps == max_steps)
             assert math.isfinite(h.score) and h.log_prob <= 1e-4
             if r.alignment in (pb.ALIGNMENT_MODE_UNSPECIFIED, pb.ALIGNMENT_MODE_NONE):
                 assert not h.HasField("alignment")
@@ -217,7 +232,7 @@ def check_response(
 
 def check_translate(served: Served, request: pb.TranslateRequest) -> grpc.StatusCode:
     code, response, details = call(served, served.server.stub.Translate, request)
-    expected = should_be_valid(request, served.info, served.engine.src_tok)
+    expected = should_be_valid(request, served.info, served.engine)
     assert (code == Code.OK) == expected, (code, details)
     event(code.name)
     if response is not None:
@@ -460,7 +475,7 @@ def test_arbitrary_bytes_are_ok_or_invalid_argument(served: Served, data: bytes)
     except Exception:  # not a TranslateRequest: refused as bad input
         assert code == Code.INVALID_ARGUMENT
     else:
-        assert (code == Code.OK) == should_be_valid(request, served.info, served.engine.src_tok)
+        assert (code == Code.OK) == should_be_valid(request, served.info, served.engine)
         if response is not None:
             check_response(served, request, response)
     still_serving(served)

@@ -250,12 +250,14 @@ def test_geometric_mean_probability_counts_the_end_of_sentence_when_finished() -
 
 
 def with_manifest(tmp: Path, **sections: Any) -> Path:
-    """A copy of models/default with these manifest sections (the manifest is not in "files": no
-    checksum changes)."""
+    """A copy of models/default with these manifest sections, a section given as None left out
+    (the manifest is not in "files": no checksum changes)."""
     out = tmp / "bundle"
     shutil.copytree(DEFAULT_BUNDLE, out)
     manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
     manifest.update(sections)
+    for name in [name for name, value in sections.items() if value is None]:
+        del manifest[name]
     (out / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
     return out
 
@@ -267,12 +269,16 @@ def segmented(tmp_path_factory: pytest.TempPathFactory) -> Engine:
 
 
 @pytest.fixture(scope="module")
-def whole() -> Engine:
-    return Engine.load(DEFAULT_BUNDLE)
+def whole(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    """The default model without its segmentation and confidence sections."""
+    bundle = with_manifest(tmp_path_factory.mktemp("whole"), segmentation=None, confidence=None)
+    return Engine.load(bundle)
 
 
-LONG = "March 5, 2021 and forty-two, then $3.50, 12.5 and one thousand, two hundred and five"
-SEGMENTS = ["March 5, 2021", "forty-two", "$3.50", "12.5", "one thousand, two hundred and five"]
+# lower case: the default model's input rule lower-cases, and the texts below are compared with
+# what the engine prepared
+LONG = "march 5, 2021 and forty-two, then $3.50, 12.5 and one thousand, two hundred and five"
+SEGMENTS = ["march 5, 2021", "forty-two", "$3.50", "12.5", "one thousand, two hundred and five"]
 
 
 def test_a_bundle_refuses_a_bad_segmentation_or_confidence_section(tmp_path: Path) -> None:
@@ -280,7 +286,9 @@ def test_a_bundle_refuses_a_bad_segmentation_or_confidence_section(tmp_path: Pat
         load_bundle(with_manifest(tmp_path / "a", segmentation={"boundaries": []}))
     with pytest.raises(BundleError, match=r"confidence\.threshold"):
         load_bundle(with_manifest(tmp_path / "b", confidence={"threshold": 2}))
-    bundle = load_bundle(with_manifest(tmp_path / "c", confidence={"threshold": 0.9}))
+    bundle = load_bundle(
+        with_manifest(tmp_path / "c", confidence={"threshold": 0.9}, segmentation=None)
+    )
     assert bundle.confidence_threshold == 0.9 and bundle.segmentation is None
 
 
