@@ -319,8 +319,11 @@ def texts(tiny: TinyModel) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def long_texts(tiny: TinyModel) -> list[str]:
-    return sorted(tiny.sources, key=len, reverse=True)[:8]
+def long_texts(tiny: TinyModel, engine: Engine) -> list[str]:
+    """The longest texts the served model decodes whole: one running sentence each (the default
+    model cuts multi-phrase inputs into segments, each a running sentence of its own)."""
+    whole = [t for t in tiny.sources if not engine.prepare(t).segments]
+    return sorted(whole, key=len, reverse=True)[:8]
 
 
 # --- translations ----------------------------------------------------------------------------
@@ -819,7 +822,10 @@ def test_metrics_follow_the_traffic(server: ServerThread, texts: list[str]) -> N
     ok, bad = requests_done(running, "OK"), requests_done(running, "INVALID_ARGUMENT")
     info_ok = requests_done(running, "OK", method="GetModelInfo")
     invalid = metric(running, "s2s_rejected_requests_total", reason="invalid_argument")
-    batch = texts[22:27]
+    # five texts decoded whole (a segmented text is several running sentences: its steps and rows
+    # follow its segments, not its tokens)
+    batch = [t for t in texts[22:] if not running.engine.prepare(t).segments][:5]
+    assert len(batch) == 5
     response = server.stub.Translate(Opts(beam=3).request(batch), timeout=WAIT_S)
     error_of(lambda: server.stub.Translate(pb.TranslateRequest(), timeout=WAIT_S))
     server.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=WAIT_S)

@@ -122,9 +122,11 @@ def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batc
         D, Dk = rows.D, rows.Dk  # set by the first join, kept after the batch empties
         if batch.decoder.state is not None:
             D_state = batch.decoder.state.shape()[1]
-        S_join = max((len(sentence.ids) for _, sentence in joining), default=0)
+        # each decoded part joins as a row: a segmented sentence's segments, else the sentence
+        parts = [part for _, sentence in joining for part in sentence.parts]
+        S_join = max((len(part.ids) for part in parts), default=0)
         N = running * BEAM
-        n = len(joining)
+        n = len(parts)
         join_bytes = (
             n
             * (
