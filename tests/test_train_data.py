@@ -26,8 +26,9 @@ from tests.conftest import REPO, TinyModel
 def test_default_config_declares_the_new_data_pipeline() -> None:
     cfg = TrainConfig.load(REPO / "configs" / "default.toml")
     assert cfg.data.lowercase_source
-    assert cfg.data.part_weights == (6.0, 3.0, 1.0, 1.0)
+    assert cfg.data.part_weights == (6.0, 3.0, 1.0)  # 1-3 phrases: the server segments longer ones
     assert cfg.tokenizer.source.split_digits and cfg.tokenizer.target.split_digits
+    assert cfg.model["decoder_style"] == "cgru" and cfg.optim.guided_alignment > 0
 
 
 def test_bad_data_knobs_are_refused(tmp_path: Path) -> None:
