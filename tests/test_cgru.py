@@ -10,31 +10,10 @@ import torch
 
 from export.data import make_batch
 from export.model import Seq2Seq
-from service.architecture import RNN_KINDS, ModelConfig
+from service.architecture import RNN_KINDS
+from tests.test_model import make_cfg
 
 torch.set_num_threads(1)
-
-VOCAB = 14
-
-
-def make_cfg(
-    style: str, rnn: str = "gru", attention: str = "additive", **kw: object
-) -> ModelConfig:
-    sizes: dict[str, object] = {
-        "emb_dim": 16,
-        "enc_hidden": 8,
-        "dec_hidden": 16,
-        "attn_dim": 8,
-        "dropout": 0.0,
-    }
-    return ModelConfig(
-        src_vocab_size=VOCAB,
-        tgt_vocab_size=VOCAB,
-        rnn=rnn,  # type: ignore[arg-type]
-        attention=attention,  # type: ignore[arg-type]
-        decoder_style=style,  # type: ignore[arg-type]
-        **{**sizes, **kw},  # type: ignore[arg-type]
-    )
 
 
 def step_weights(model: Seq2Seq, token: int) -> torch.Tensor:
@@ -53,16 +32,16 @@ def test_cgru_attends_after_reading_the_previous_token(rnn: str) -> None:
     """The defining difference: from one state, Bahdanau's attention cannot depend on y_{t-1} (it is
     queried with s_{t-1}); cGRU's must (queried with s'_t = RNN1(y_{t-1}, s_{t-1}))."""
     torch.manual_seed(0)
-    cgru = Seq2Seq(make_cfg("cgru", rnn)).eval()
+    cgru = Seq2Seq(make_cfg(rnn, style="cgru")).eval()
     torch.manual_seed(0)
-    bahdanau = Seq2Seq(make_cfg("bahdanau", rnn)).eval()
+    bahdanau = Seq2Seq(make_cfg(rnn, style="bahdanau")).eval()
     assert torch.equal(step_weights(bahdanau, 4), step_weights(bahdanau, 11))
     assert (step_weights(cgru, 4) - step_weights(cgru, 11)).abs().max() > 1e-4
 
 
 def test_cgru_parameters_are_the_two_transitions() -> None:
     """RNN1 reads the embedding (E), RNN2 (stacked) reads the context (D), each of width H."""
-    model = Seq2Seq(make_cfg("cgru", "lstm", dec_layers=2))
+    model = Seq2Seq(make_cfg("lstm", style="cgru", dec_layers=2))
     cfg = model.cfg
     assert model.rnn1.input_size == cfg.emb_dim and model.rnn1.num_layers == 1
     assert model.rnn.input_size == cfg.enc_out_dim and model.rnn.num_layers == 2
@@ -72,7 +51,7 @@ def test_cgru_parameters_are_the_two_transitions() -> None:
 @pytest.mark.parametrize("rnn", RNN_KINDS)
 def test_two_layer_cgru_is_padding_invariant(rnn: str) -> None:
     torch.manual_seed(0)
-    model = Seq2Seq(make_cfg("cgru", rnn, "general", dec_layers=2, enc_layers=2)).eval()
+    model = Seq2Seq(make_cfg(rnn, "general", "cgru", dec_layers=2, enc_layers=2)).eval()
     long, short = ([4, 5, 6, 7, 8, 9, 10], [11, 12, 13, 4, 5]), ([9, 10, 11], [12, 13, 4, 5])
     batch, alone = make_batch([long, short]), make_batch([short])
     with torch.no_grad():
@@ -83,10 +62,12 @@ def test_two_layer_cgru_is_padding_invariant(rnn: str) -> None:
 
 def test_cgru_refuses_input_feeding_and_imported_toolkits() -> None:
     with pytest.raises(ValueError, match="'cgru' has no input feeding"):
-        make_cfg("cgru", input_feed=True)
+        make_cfg(style="cgru", input_feed=True)
     with pytest.raises(ValueError, match="'cgru' is native only"):
-        make_cfg("cgru", toolkit="joeynmt")
-    assert not make_cfg("cgru", attention="none").conditional  # style ignored without attention
+        make_cfg(style="cgru", toolkit="joeynmt")
+    assert not make_cfg(
+        attention="none", style="cgru"
+    ).conditional  # style ignored without attention
 
 
 def test_tiny_cgru_model_trains_exports_and_serves(tmp_path: Path) -> None:
