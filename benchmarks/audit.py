@@ -64,7 +64,6 @@ def decode_all(
     options = SearchOptions(beam_size=beam)
     lengths = [0] * len(sources)
     ok: list[int] = []
-    rule = engine.bundle.input_rule
     for i, text in enumerate(sources):
         try:
             engine.prepare(text)
@@ -72,7 +71,7 @@ def decode_all(
             continue
         # the whole input's tokens, as the engine's limit counts them (a segmented input's own
         # ids leave its separators out)
-        lengths[i] = len(engine.src_tok.encode(rule.apply(text) if rule else text))
+        lengths[i] = len(engine.src_tok.encode(engine.normalize(text)))
         ok.append(i)
     hyps = [""] * len(sources)
     order = sorted(ok, key=lambda i: lengths[i])

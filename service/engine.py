@@ -144,12 +144,7 @@ class Engine:
             raise InvalidInput(
                 "text is empty or only whitespace: send at least one word to translate"
             )
-        source = text
-        if self.bundle.input_rule is not None:  # the bundle's declared alphabet and length
-            try:
-                source = self.bundle.input_rule.apply(text)
-            except InputRejected as err:
-                raise InvalidInput(str(err)) from err
+        source = self.normalize(text)
         ids = self.src_tok.encode(source)
         if not ids:
             raise InvalidInput("text has no translatable content after tokenization")
@@ -162,6 +157,16 @@ class Engine:
         if self.bundle.segmentation is None:
             return whole
         return self.segmented(whole, source)
+
+    def normalize(self, text: str) -> str:
+        """The text as this model reads it: after the bundle's input rule (its declared case,
+        alphabet and length; InvalidInput when the rule refuses it), as is without one."""
+        if self.bundle.input_rule is None:
+            return text
+        try:
+            return self.bundle.input_rule.apply(text)
+        except InputRejected as err:
+            raise InvalidInput(str(err)) from err
 
     def segmented(self, whole: Prepared, source: str) -> Prepared:
         """`whole` cut at the bundle's boundaries (service/segment.py); itself when there are none."""

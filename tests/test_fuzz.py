@@ -161,13 +161,6 @@ class Resolved:
         return max(1, min(self.max_length, int(self.a * src_len + self.b)))
 
 
-def normalized(engine: Engine, text: str) -> str:
-    """The text as the engine tokenizes it: after the bundle's input rule (the default model's
-    lower-cases)."""
-    rule = engine.bundle.input_rule
-    return rule.apply(text) if rule is not None and text.strip() else text
-
-
 def should_be_valid(request: pb.TranslateRequest, info: pb.ModelInfo, engine: Engine) -> bool:
     """The request respects every limit in ModelInfo and the documented option ranges."""
     limits, texts, tok = info.limits, list(request.texts), engine.src_tok
@@ -176,7 +169,7 @@ def should_be_valid(request: pb.TranslateRequest, info: pb.ModelInfo, engine: En
     for text in texts:
         if not text.strip() or len(text) > limits.max_text_chars:
             return False
-        if not 1 <= len(tok.encode(normalized(engine, text))) <= limits.max_source_tokens:
+        if not 1 <= len(tok.encode(engine.normalize(text))) <= limits.max_source_tokens:
             return False
     r = Resolved.of(request.options, info.defaults)
     return (
