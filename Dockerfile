@@ -33,8 +33,8 @@ ENV S2S_MODELS=/app/models S2S_HOST=0.0.0.0 S2S_PORT=50051 S2S_METRICS_PORT=9090
     S2S_PROVIDERS=CPUExecutionProvider PYTHONUNBUFFERED=1
 EXPOSE 50051 9090
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["/app/.venv/bin/python", "-m", "service.healthcheck"]
-ENTRYPOINT ["/app/.venv/bin/python", "-m", "service.server"]
+    CMD ["/app/.venv/bin/python", "-m", "service.cli.healthcheck"]
+ENTRYPOINT ["/app/.venv/bin/python", "-m", "service.serve.server"]
 
 # ---- GPU -------------------------------------------------------------------------------------
 FROM ${CUDA_IMAGE} AS build-gpu
@@ -61,8 +61,8 @@ ENV S2S_MODELS=/app/models S2S_HOST=0.0.0.0 S2S_PORT=50051 S2S_METRICS_PORT=9090
     S2S_PROVIDERS=CUDAExecutionProvider,CPUExecutionProvider PYTHONUNBUFFERED=1
 EXPOSE 50051 9090
 HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
-    CMD ["/app/.venv/bin/python", "-m", "service.healthcheck"]
-ENTRYPOINT ["/app/.venv/bin/python", "-m", "service.server"]
+    CMD ["/app/.venv/bin/python", "-m", "service.cli.healthcheck"]
+ENTRYPOINT ["/app/.venv/bin/python", "-m", "service.serve.server"]
 
 # ---- the model repository alone -------------------------------------------------------------------
 # For deploy/overlays/repository-volume: an init container copies /repository onto the pod's volume.

@@ -3,7 +3,7 @@
 A wheel must run on its own (`pip wheel .` from a clean checkout, then `s2s-serve --help`), so the
 build generates proto/translation/v1's *_pb2*.py stubs from the .proto (grpcio-tools, a build
 requirement) and copies the shipped bundle models/default into the package as service/models/default,
-where `service.embedded.resolve_bundle` finds it when no models/ directory is next to the caller.
+where `service.model.embedded.resolve_bundle` finds it when no models/ directory is next to the caller.
 The stubs are generated rather than committed because their code is tied to the protobuf version
 that generated them: generated at build time, they match the grpcio-tools the build resolves.
 In an editable install the stubs are written into the source tree instead (as scripts/gen_proto.sh

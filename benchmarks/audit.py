@@ -1,7 +1,7 @@
-"""The audit: a bundle as served (service.engine.Engine, beam 5) on the audit set, exact match and
+"""The audit: a bundle as served (service.decode.engine.Engine, beam 5) on the audit set, exact match and
 BLEU per value family, per number of phrases and per source-token length, plus a case table.
 
-    python -m export.corpus --audit --bundle models/default --out runs/audit --seed 101 \
+    python -m export.data.audit_set --bundle models/default --out runs/audit --seed 101 \
         --per-family 100 --per-bucket 100
     python -m benchmarks.audit --bundle models/default --audit runs/audit/audit.tsv \
         --json docs/eval/audit.json --markdown docs/eval/audit.md
@@ -25,13 +25,13 @@ from typing import Any
 
 import sacrebleu
 
-from export.audit_set import PARTS_BUCKETS, bucket_label, find_bucket, length_buckets
-from export.corpus import read_tsv
-from export.gold import GoldLinks, read_gold
-from service.beam import SearchOptions
-from service.config import RuntimeConfig
-from service.engine import Engine
-from service.errors import InvalidInput
+from export.data.audit_set import PARTS_BUCKETS, bucket_label, find_bucket, length_buckets
+from export.data.corpus import read_tsv
+from export.data.gold import GoldLinks, read_gold
+from service.decode.beam import SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.errors import InvalidInput
 
 
 def score(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:

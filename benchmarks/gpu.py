@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 
 from benchmarks.configs import REALISTIC
-from service.beam import BeamSearch, SearchOptions
-from service.bundle import Bundle, load_bundle
-from service.config import RuntimeConfig
-from service.runtime import CUDA, EncodedSentence, OnnxModel
-from service.tokenizer import Tokenizer
+from service.decode.beam import BeamSearch, SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.runtime import CUDA, EncodedSentence, OnnxModel
+from service.model.bundle import Bundle, load_bundle
+from service.model.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 NEVER = -1  # an EOS id no step can produce
@@ -125,8 +125,8 @@ def realistic_sources(n: int) -> tuple[Bundle, list[list[int]]]:
     """The realistic configuration, exported to a temporary bundle (needs torch)."""
     import torch
 
-    from export.model import Seq2Seq
-    from export.to_onnx import export_graphs
+    from export.onnx.to_onnx import export_graphs
+    from export.train.model import Seq2Seq
 
     torch.manual_seed(0)
     cfg = REALISTIC

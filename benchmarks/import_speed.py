@@ -36,9 +36,9 @@ import torch
 import yaml
 
 from export.importers import cli, toolkits
-from service.beam import SearchOptions
-from service.config import RuntimeConfig
-from service.engine import Engine
+from service.decode.beam import SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
 
 BEAM, BATCH, MAX_LEN = 5, 32, 100
 ONMT_MODELS: dict[str, dict[str, Any]] = {

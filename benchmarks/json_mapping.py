@@ -5,7 +5,7 @@
 Translates the load test's request kinds once with the engine (beam 5, n-best 1, word alignment,
 as `loadtest.protocols --alignment word` asks), then times, side by side in one process, the
 server's two ways of writing the same TranslateResponse: `SerializeToString` (what grpc sends) and
-`service.http_api.to_json` (json_format, what the HTTP face sends), and the client's two ways of
+`service.serve.http_api.to_json` (json_format, what the HTTP face sends), and the client's two ways of
 reading it (`FromString`, `json.loads`). Both run on a Python thread that holds the GIL, so on the
 server the JSON encoding is taken from the decode loop's time too: this is the per-request cost
 behind the HTTP face's overhead under load (docs/performance.md).
@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 from loadtest import workload
 from proto.translation.v1 import translation_pb2 as pb
-from service.config import RuntimeConfig
-from service.engine import Engine
-from service.http_api import to_json
-from service.options import SearchOptions
-from service.protocol import translation_to_pb
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.options import SearchOptions
+from service.serve.http_api import to_json
+from service.serve.protocol import translation_to_pb
 
 
 def per_call_us(fn: Callable[[], object], repeat: int) -> float:

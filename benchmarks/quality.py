@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from export.corpus import read_tsv
-from export.scoring import score
-from service.beam import SearchOptions
-from service.config import RuntimeConfig
-from service.engine import Engine
+from export.data.corpus import read_tsv
+from export.metrics.scoring import score
+from service.decode.beam import SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
 
 
 def evaluate_engine(

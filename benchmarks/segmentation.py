@@ -5,7 +5,7 @@
 
 The bundle is copied into a temporary folder twice: once without a "segmentation" section and once
 with the given one (the manifest only; its checksums cover the other files, so nothing else
-changes). Both copies decode the same freshly generated sentences (export.corpus, --seed) through the
+changes). Both copies decode the same freshly generated sentences (export.data.corpus, --seed) through the
 serving Engine; the script prints exact match, and per number of phrases, as JSON.
 """
 
@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from export import corpus
-from service.beam import SearchOptions
-from service.bundle import MANIFEST
-from service.config import RuntimeConfig
-from service.engine import Engine
-from service.errors import InvalidInput
+from export.data import corpus
+from service.decode.beam import SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.errors import InvalidInput
+from service.model.bundle import MANIFEST
 
 
 def bundle_copy(bundle: Path, into: Path, segmentation: dict[str, Any] | None) -> Path:

@@ -39,12 +39,12 @@ def _run(module: str, script: str) -> int:
 
 
 def train() -> int:
-    return _run("export.train", "s2s-train")
+    return _run("export.train.train", "s2s-train")
 
 
 def evaluate() -> int:
-    return _run("export.evaluate", "s2s-evaluate")
+    return _run("export.evaluate.evaluate", "s2s-evaluate")
 
 
 def export() -> int:
-    return _run("export.to_onnx", "s2s-export")
+    return _run("export.onnx.to_onnx", "s2s-export")

@@ -85,12 +85,12 @@ class LocalServer:
     def start(
         cls, bundle: str, policy: str, out: Path, ready_timeout_s: float, models: str = ""
     ) -> LocalServer:
-        """Serve one bundle, or with `models` a model repository folder (service/repository.py)."""
+        """Serve one bundle, or with `models` a model repository folder (service/serve/repository.py)."""
         port, metrics_port = free_port(), free_port()
         log = out / "server.log"
         source = ["--models", models] if models else ["--bundle", bundle]
         command = [
-            sys.executable, "-m", "service.server", *source, "--policy", policy,
+            sys.executable, "-m", "service.serve.server", *source, "--policy", policy,
             "--host", "127.0.0.1", "--port", str(port),
             "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
         ]  # fmt: skip
@@ -142,7 +142,7 @@ def server_info(target: str) -> dict[str, Any]:
     """What the server says it serves (model, version, providers, batching policy); {} if it cannot."""
     import grpc
 
-    from service.client import TranslatorClient
+    from service.cli.client import TranslatorClient
 
     try:
         with TranslatorClient(target, timeout=10.0) as client:

@@ -48,8 +48,8 @@ from google.protobuf import json_format
 
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from service.client import channel_credentials, channel_options
-from service.protocol import decoding_options_to_pb
+from service.cli.client import channel_credentials, channel_options
+from service.serve.protocol import decoding_options_to_pb
 
 # grpc's C core must hand its waits to gevent, before any channel is opened
 grpc_gevent.init_gevent()

@@ -59,7 +59,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str, str]:
     port, http_port = free_port(), free_port()
     command = [
-        sys.executable, "-m", "service.server", "--bundle", args.bundle, "--policy", args.policy,
+        sys.executable, "-m", "service.serve.server", "--bundle", args.bundle, "--policy", args.policy,
         "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
         "--http-port", str(http_port), "--log-level", "WARNING",
     ]  # fmt: skip

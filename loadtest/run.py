@@ -5,7 +5,7 @@
     python -m loadtest.run --target s2s.default.svc:50051 --metrics-url http://s2s.default.svc:9090/metrics \
         --users 64 --duration 5m --mix short-long --out runs/loadtest/k8s-u64
 
-Without --target it starts `python -m service.server --bundle BUNDLE --policy POLICY` on 127.0.0.1
+Without --target it starts `python -m service.serve.server --bundle BUNDLE --policy POLICY` on 127.0.0.1
 with free ports (other server settings from the S2S_* environment, e.g. S2S_MAX_BATCH_HYPOTHESES),
 waits until health says SERVING, and stops it with SIGTERM at the end. With --target it starts
 nothing. Locust runs headless as a subprocess (loadtest/locustfile.py); OUT receives:

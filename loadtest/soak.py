@@ -4,7 +4,7 @@
     python -m loadtest.soak --duration 20s --users 4 --sample-s 1 --max-rss-growth 1 \
         --out /tmp/soak-smoke      # the smoke run of tests/test_soak.py: the tooling, not a verdict
 
-It starts the server as `loadtest.run` does (`python -m service.server` on 127.0.0.1 with free ports,
+It starts the server as `loadtest.run` does (`python -m service.serve.server` on 127.0.0.1 with free ports,
 other settings from the S2S_* environment), runs locust headless against it for --duration, and every
 --sample-s seconds writes a row to OUT/rss.csv: the server's resident memory (VmRSS from
 /proc/PID/status, else the process_resident_memory_bytes metric) and its queue, running and in-flight

@@ -21,7 +21,7 @@ python - <<'PY'
 import json
 m = json.load(open("docs/eval/default/metrics.json"))
 summary = {k: m["overall"][k] for k in ("bleu", "chrf", "exact_match")} if "overall" in m else {}
-json.dump({"test_greedy": summary, "corpus": "generated en-fr numbers (export.corpus, seed 1)"}, open("docs/eval/default/metrics_summary.json", "w"))
+json.dump({"test_greedy": summary, "corpus": "generated en-fr numbers (export.data.corpus, seed 1)"}, open("docs/eval/default/metrics_summary.json", "w"))
 PY
 export_bundle() {
   s2s-export --checkpoint "$run/best.pt" --tokenizers "$run" --out models/default \
@@ -30,7 +30,7 @@ export_bundle() {
 }
 export_bundle
 # the audit as served (fresh seed, every family, every length up to the 256-token limit)
-python -m export.corpus --audit --bundle models/default --out "$run/audit" --seed 101 \
+python -m export.data.audit_set --bundle models/default --out "$run/audit" --seed 101 \
   --per-family 100 --per-bucket 100 --exclude "$run/data/train.tsv"
 python -m benchmarks.audit --bundle models/default --audit "$run/audit/audit.tsv" \
   --json docs/eval/audit.json --markdown docs/eval/audit.md

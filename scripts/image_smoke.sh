@@ -54,20 +54,20 @@ say "started container $name on port $port"
 uid=$(podman exec "$name" id -u)
 [ "$uid" = 10001 ] || { echo "image_smoke: the server runs as uid $uid, not 10001" >&2; exit 1; }
 for _ in $(seq 1 120); do
-  if podman exec "$name" /app/.venv/bin/python -m service.healthcheck --target "127.0.0.1:$port"; then
+  if podman exec "$name" /app/.venv/bin/python -m service.cli.healthcheck --target "127.0.0.1:$port"; then
     break
   fi
   [ "$(podman inspect -f '{{.State.Running}}' "$name")" = true ] || { podman logs "$name" >&2; exit 1; }
   sleep 1
 done
-podman exec "$name" /app/.venv/bin/python -m service.healthcheck --target "127.0.0.1:$port" \
+podman exec "$name" /app/.venv/bin/python -m service.cli.healthcheck --target "127.0.0.1:$port" \
   || { echo "image_smoke: health never reached SERVING" >&2; podman logs "$name" >&2; exit 1; }
 say "health: SERVING (checked as uid $uid)"
 
 if [ -x "$python" ]; then
-  translation=$("$python" -m service.client --server "127.0.0.1:$port" "seventy-one point five")
+  translation=$("$python" -m service.cli.client --server "127.0.0.1:$port" "seventy-one point five")
 else
-  translation=$(podman exec "$name" /app/.venv/bin/python -m service.client --server "127.0.0.1:$port" "seventy-one point five")
+  translation=$(podman exec "$name" /app/.venv/bin/python -m service.cli.client --server "127.0.0.1:$port" "seventy-one point five")
 fi
 say "translation: seventy-one point five -> $translation"
 [ -n "$translation" ] || { echo "image_smoke: empty translation" >&2; exit 1; }

@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec .venv/bin/python -m service.server --models models --http-port 8080 --ui "$@"  # the embedded models
+exec .venv/bin/python -m service.serve.server --models models --http-port 8080 --ui "$@"  # the embedded models

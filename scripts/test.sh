@@ -16,4 +16,5 @@ bash scripts/install.sh dev,train,import
 ruff check .
 ruff format --check .
 mypy
+lint-imports --no-cache
 python -m pytest -q

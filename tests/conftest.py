@@ -13,25 +13,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from export.checkpoint import save_checkpoint
-from export.corpus import generate_splits
-from export.model import Seq2Seq
-from export.to_onnx import export_bundle
-from export.tokenizer import train_tokenizers
-from service.architecture import ModelConfig
-from service.tokenizer import Tokenizer
+from export.data.corpus import generate_splits
+from export.data.tokenizer import train_tokenizers
+from export.onnx.to_onnx import export_bundle
+from export.train.checkpoint import save_checkpoint
+from export.train.model import Seq2Seq
+from service.model.architecture import ModelConfig
+from service.model.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE = REPO / "models" / "default"
 
 
 def start_server_process(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    """`python -m service.server *argv` from the repository, its output into log_path, with no S2S_
+    """`python -m service.serve.server *argv` from the repository, its output into log_path, with no S2S_
     variable of the caller's environment (the flags alone configure it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "service.server", *argv],
+            [sys.executable, "-m", "service.serve.server", *argv],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -1,5 +1,5 @@
-"""Alignment metrics against gold (export/alignment_eval.py), the gold sidecar (export/gold.py) and
-the reversal task (export/reversal.py): hand-built matrices with known answers, forced decoding
+"""Alignment metrics against gold (export/evaluate/alignment_eval.py), the gold sidecar (export/data/gold.py) and
+the reversal task (export/data/reversal.py): hand-built matrices with known answers, forced decoding
 shapes, and s2s-evaluate --gold end to end on a tiny reversal model."""
 
 from __future__ import annotations
@@ -11,19 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from export.alignment_eval import (
+from export.data.gold import GoldLinks, gold_path_for, read_gold, write_gold
+from export.data.reversal import DICTIONARY, generate, reversal_gold, write_splits
+from export.evaluate.alignment_eval import (
     LinkCounts,
     forced_attention,
-    gold_path_for,
     score_links,
     word_argmax,
 )
-from export.data import make_batch
-from export.gold import GoldLinks, read_gold, write_gold
-from export.model import Seq2Seq
-from export.reversal import DICTIONARY, generate, reversal_gold, write_splits
-from export.scoring import EvaluationError
-from service.architecture import ModelConfig
+from export.metrics.scoring import EvaluationError
+from export.train.data import make_batch
+from export.train.model import Seq2Seq
+from service.model.architecture import ModelConfig
 
 torch.set_num_threads(1)
 
@@ -98,7 +97,7 @@ def test_phrases_connectors_and_link_sets() -> None:
 
 
 def test_each_target_word_counts_for_its_phrase_family() -> None:
-    from export.alignment_eval import score_words
+    from export.evaluate.alignment_eval import score_words
 
     gold = GoldLinks(
         family="mixed",
@@ -117,7 +116,7 @@ def test_each_target_word_counts_for_its_phrase_family() -> None:
 
 def test_subword_rows_are_merged_to_words_first() -> None:
     """Pieces "▁ri" "vière": the target word's rows are averaged and the source word's columns
-    summed (service/alignment.py's rule), then the argmax is taken per word."""
+    summed (service/decode/alignment.py's rule), then the argmax is taken per word."""
     src, tgt = "river stone", "pierre rivière"
     src_pieces, tgt_pieces = (
         ["\u2581river", "\u2581st", "one"],
@@ -217,8 +216,8 @@ def test_forced_attention_refuses_a_model_without_attention() -> None:
 def reversal_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny cgru model trained for 30 steps on the reversal task (`[data] task = "reversal"`)."""
     pytest.importorskip("sacrebleu")
-    from export.tokenizer import SpmOptions
-    from export.train import DataConfig, OptimConfig, TokenizerConfig, TrainConfig, train
+    from export.data.tokenizer import SpmOptions
+    from export.train.train import DataConfig, OptimConfig, TokenizerConfig, TrainConfig, train
 
     cfg = TrainConfig(
         model={"emb_dim": 16, "enc_hidden": 16, "dec_hidden": 32, "attn_dim": 16,
@@ -236,7 +235,7 @@ def reversal_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_evaluate_reports_alignment_against_the_gold_beside_the_test_split(
     reversal_run: Path, tmp_path: Path
 ) -> None:
-    from export.evaluate import main
+    from export.evaluate.evaluate import main
 
     test = reversal_run / "data" / "test.tsv"
     assert gold_path_for(test).is_file()
@@ -262,7 +261,7 @@ def test_evaluate_reports_alignment_against_the_gold_beside_the_test_split(
 def test_evaluate_gold_errors_are_clear(
     reversal_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from export.evaluate import main
+    from export.evaluate.evaluate import main
 
     test = reversal_run / "data" / "test.tsv"
     base = ["--checkpoint", str(reversal_run / "best.pt"), "--tokenizers", str(reversal_run),
@@ -280,7 +279,7 @@ def test_evaluate_gold_errors_are_clear(
 
 
 def read_tsv_pairs(path: Path) -> list[tuple[str, str]]:
-    from export.corpus import read_tsv
+    from export.data.corpus import read_tsv
 
     return read_tsv(path)
 
@@ -289,7 +288,7 @@ def read_tsv_pairs(path: Path) -> list[tuple[str, str]]:
 
 
 def test_piece_guide_spreads_each_gold_word_over_its_pieces() -> None:
-    from export.guided import piece_guide
+    from export.train.guided import piece_guide
 
     gold = GoldLinks("reversal", 1, [(0, 2, 0, 2)], [(1, 0), (0, 1)])
     guide = piece_guide(
@@ -308,7 +307,7 @@ def test_piece_guide_spreads_each_gold_word_over_its_pieces() -> None:
 
 def test_guided_loss() -> None:
     """Cross-entropy of attention rows against the guide, over guided rows only."""
-    from export.guided import guided_loss
+    from export.train.guided import guided_loss
 
     guide = torch.zeros(1, 3, 4)
     guide[0, 0, 2] = 1.0
@@ -322,7 +321,7 @@ def test_guided_loss() -> None:
 def test_batches_carry_guides_with_their_examples() -> None:
     import random
 
-    from export.data import batches
+    from export.train.data import batches
 
     examples = [([4] * n, [5] * n) for n in (3, 5, 2, 4)]
     guides = [np.eye(n, dtype=np.float32)[::-1] for n in (3, 5, 2, 4)]  # reversal, piece = word
@@ -341,8 +340,8 @@ def test_batches_carry_guides_with_their_examples() -> None:
 def test_training_with_guided_alignment(tmp_path: Path) -> None:
     """[optim] guided_alignment trains from the split's gold; without gold it says what is missing."""
     pytest.importorskip("sacrebleu")
-    from export.tokenizer import SpmOptions
-    from export.train import DataConfig, OptimConfig, TokenizerConfig, TrainConfig, train
+    from export.data.tokenizer import SpmOptions
+    from export.train.train import DataConfig, OptimConfig, TokenizerConfig, TrainConfig, train
 
     def config(**data: object) -> TrainConfig:
         return TrainConfig(
@@ -372,7 +371,7 @@ def test_training_with_guided_alignment(tmp_path: Path) -> None:
 def test_reversal_configs_load(name: str) -> None:
     """The committed reversal configs parse, name the reversal task and differ from the base config
     of their style only where their name says."""
-    from export.train import TrainConfig
+    from export.train.train import TrainConfig
 
     repo = Path(__file__).resolve().parent.parent
     cfg = TrainConfig.load(repo / "configs" / f"reversal-{name}.toml")

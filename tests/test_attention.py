@@ -1,4 +1,4 @@
-"""Tests for export/model.py's Attention and masked_softmax: the seed texts' worked examples and invariants."""
+"""Tests for export/train/model.py's Attention and masked_softmax: the seed texts' worked examples and invariants."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from export.model import Attention, Seq2Seq, masked_softmax
-from service.architecture import ModelConfig
+from export.train.model import Attention, Seq2Seq, masked_softmax
+from service.model.architecture import ModelConfig
 
 torch.set_num_threads(1)
 

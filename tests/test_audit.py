@@ -1,4 +1,4 @@
-"""The audit set (export/audit_set.py, `python -m export.corpus --audit`) and its tables
+"""The audit set (export/data/audit_set.py, `python -m export.data.audit_set`) and its tables
 (benchmarks/audit.py) on the tiny bundle."""
 
 from __future__ import annotations
@@ -15,19 +15,19 @@ pytest.importorskip("sacrebleu")
 import itertools
 
 from benchmarks import audit as audit_bench
-from export.audit_set import (
+from export.data.audit_set import (
     PARTS_BUCKETS,
     bucket_label,
     find_bucket,
     generate_audit,
     length_buckets,
 )
-from export.corpus import main as corpus_main
-from export.corpus import read_tsv
-from export.families import FAMILIES
-from export.gold import read_gold
-from service.config import RuntimeConfig
-from service.engine import Engine
+from export.data.audit_set import main as audit_main
+from export.data.corpus import read_tsv
+from export.data.families import FAMILIES
+from export.data.gold import read_gold
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
 from tests.conftest import TinyModel
 
 
@@ -63,10 +63,8 @@ def test_audit_set_fills_every_family_and_length_bucket() -> None:
 
 def test_audit_tables_through_the_engine(tiny: TinyModel, tmp_path: Path) -> None:
     out = tmp_path / "audit"
-    argv = ["--audit", "--bundle", str(tiny.bundle), "--out", str(out), "--seed", "4"]
-    assert (
-        corpus_main([*argv, "--per-family", "2", "--per-bucket", "2", "--token-limit", "24"]) == 0
-    )
+    argv = ["--bundle", str(tiny.bundle), "--out", str(out), "--seed", "4"]
+    assert audit_main([*argv, "--per-family", "2", "--per-bucket", "2", "--token-limit", "24"]) == 0
     pairs, gold = read_tsv(out / "audit.tsv"), read_gold(out / "audit.gold.jsonl")
     assert len(pairs) == len(gold) == 2 * len(FAMILIES) + 2 * len(length_buckets(24))
     engine = Engine.load(
@@ -93,10 +91,8 @@ def test_audit_score_counts_right_answers_of_short_phrases() -> None:
 
 def test_audit_cli_writes_json_and_markdown(tiny: TinyModel, tmp_path: Path) -> None:
     out = tmp_path / "audit"
-    argv = ["--audit", "--bundle", str(tiny.bundle), "--out", str(out), "--seed", "5"]
-    assert (
-        corpus_main([*argv, "--per-family", "1", "--per-bucket", "1", "--token-limit", "16"]) == 0
-    )
+    argv = ["--bundle", str(tiny.bundle), "--out", str(out), "--seed", "5"]
+    assert audit_main([*argv, "--per-family", "1", "--per-bucket", "1", "--token-limit", "16"]) == 0
     json_path, md_path = tmp_path / "a.json", tmp_path / "a.md"
     argv = ["--bundle", str(tiny.bundle), "--audit", str(out / "audit.tsv"), "--beam", "2"]
     assert audit_bench.main([*argv, "--json", str(json_path), "--markdown", str(md_path)]) == 0

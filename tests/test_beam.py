@@ -1,4 +1,4 @@
-"""Tests for service/beam.py against fake decoders whose outputs depend on each row's own prefix."""
+"""Tests for service/decode/beam.py against fake decoders whose outputs depend on each row's own prefix."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable, Hashable, Sequence
 import numpy as np
 import pytest
 
-from service.beam import (
+from service.decode.beam import (
     BeamSearch,
     Hypothesis,
     SearchOptions,

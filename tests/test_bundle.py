@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from service.bundle import BundleError, load_bundle, sha256_of
-from service.engine import Engine
-from service.graph_contract import check_graph
+from service.decode.engine import Engine
+from service.model.bundle import BundleError, load_bundle, sha256_of
+from service.model.graph_contract import check_graph
 from tests.conftest import TinyModel
 
 

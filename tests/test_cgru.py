@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from export.data import make_batch
-from export.model import Seq2Seq
-from service.architecture import RNN_KINDS
+from export.train.data import make_batch
+from export.train.model import Seq2Seq
+from service.model.architecture import RNN_KINDS
 from tests.test_model import make_cfg
 
 torch.set_num_threads(1)
@@ -76,16 +76,16 @@ def test_tiny_cgru_model_trains_exports_and_serves(tmp_path: Path) -> None:
     pytest.importorskip("num2words")
     pytest.importorskip("babel")
     pytest.importorskip("sacrebleu")
-    from export.checkpoint import load_checkpoint
-    from export.corpus import read_tsv
-    from export.to_onnx import export_bundle
-    from export.torch_decoder import TorchDecoder
-    from export.train import DataConfig, OptimConfig, TrainConfig, train
-    from service.beam import SearchOptions, beam_search
-    from service.config import RuntimeConfig
-    from service.engine import Engine
-    from service.runtime import pad_ids
-    from service.tokenizer import Tokenizer
+    from export.data.corpus import read_tsv
+    from export.onnx.to_onnx import export_bundle
+    from export.train.checkpoint import load_checkpoint
+    from export.train.torch_decoder import TorchDecoder
+    from export.train.train import DataConfig, OptimConfig, TrainConfig, train
+    from service.decode.beam import SearchOptions, beam_search
+    from service.decode.config import RuntimeConfig
+    from service.decode.engine import Engine
+    from service.decode.runtime import pad_ids
+    from service.model.tokenizer import Tokenizer
 
     cfg = TrainConfig(
         model={

@@ -1,4 +1,4 @@
-"""Tests for service/client.py: pb converters, CLI parsing, and the client and CLI against a fake servicer.
+"""Tests for service/cli/client.py: pb converters, CLI parsing, and the client and CLI against a fake servicer.
 
 The fake `Translator` reverses each text's words and aligns target word t to source word S-1-t, so
 every answer is computed from the request and checkable without a model.
@@ -21,9 +21,15 @@ import pytest
 
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from service.alignment import pharaoh, render_text_heatmap
-from service.client import TranslatorClient, alignment_mode, channel_credentials, main, parse_args
-from service.protocol import alignment_from_pb, decoding_options_to_pb, translation_from_pb
+from service.cli.client import (
+    TranslatorClient,
+    alignment_mode,
+    channel_credentials,
+    main,
+    parse_args,
+)
+from service.decode.alignment import pharaoh, render_text_heatmap
+from service.serve.protocol import alignment_from_pb, decoding_options_to_pb, translation_from_pb
 
 # --- a fake servicer ----------------------------------------------------------------------------
 

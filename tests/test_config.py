@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.config import ServerConfig, build_parser, load_settings
-from service.scheduler import POLICIES
+from service.serve.config import ServerConfig, build_parser, load_settings
+from service.serve.scheduler import POLICIES
 
 
 def test_defaults_env_and_flags_in_that_order() -> None:

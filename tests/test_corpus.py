@@ -1,4 +1,4 @@
-"""Tests for export/corpus.py: TSV I/O and the generated English→French corpus."""
+"""Tests for export/data/corpus.py: TSV I/O and the generated English→French corpus."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("num2words")
 pytest.importorskip("babel")
 
-from export.corpus import (
+from export.data.corpus import (
     MAX_LONG_SOURCE_CHARS,
     MAX_SOURCE_CHARS,
     Pair,

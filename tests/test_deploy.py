@@ -38,8 +38,8 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.config import ENV_PREFIX, SECTIONS, ServerConfig, load_settings
-from service.server import SERVICE_NAME, create_server
+from service.serve.config import ENV_PREFIX, SECTIONS, ServerConfig, load_settings
+from service.serve.server import SERVICE_NAME, create_server
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -82,7 +82,7 @@ EXTERNAL_METRICS = {
 }
 # Labels that Prometheus or the ServiceMonitor add to every scraped series (not the server's).
 TARGET_LABELS = {"job", "instance", "namespace", "pod", "service", "container", "endpoint"}
-# prometheus_client's process collector metrics the dashboard uses (service/metrics.py registers it).
+# prometheus_client's process collector metrics the dashboard uses (service/serve/metrics.py registers it).
 PROCESS_METRICS = {"process_cpu_seconds_total", "process_resident_memory_bytes"}
 
 
@@ -867,7 +867,7 @@ def test_dockerfile_builds_with_install_script_and_runs_unprivileged(
         }
         assert {"50051", "9090"} <= exposed, name
         assert any(
-            "service.server" in line
+            "service.serve.server" in line
             for line in stages[name]
             if line.upper().startswith("ENTRYPOINT")
         ), name

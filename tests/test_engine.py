@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from export.corpus import read_tsv
-from export.torch_decoder import TorchDecoder
-from service.beam import SearchOptions, beam_search
-from service.config import EngineLimits, RuntimeConfig
-from service.engine import DecodeRequest, Engine, InvalidInput
-from service.runtime import pad_ids
+from export.data.corpus import read_tsv
+from export.train.torch_decoder import TorchDecoder
+from service.decode.beam import SearchOptions, beam_search
+from service.decode.config import EngineLimits, RuntimeConfig
+from service.decode.engine import DecodeRequest, Engine, InvalidInput
+from service.decode.runtime import pad_ids
 from tests.conftest import DEFAULT_BUNDLE, REPO, TinyModel
 
 SCORE_TOL = 1e-4  # fp32 kernels differ between ONNX Runtime and PyTorch, and with the batch's shape

@@ -10,10 +10,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export.model import Seq2Seq
-from export.to_onnx import export_graphs, max_abs_diff
-from service.architecture import ModelConfig
-from service.graph_contract import check_graph
+from export.onnx.to_onnx import export_graphs, max_abs_diff
+from export.train.model import Seq2Seq
+from service.model.architecture import ModelConfig
+from service.model.graph_contract import check_graph
 
 # fp32 through different kernels (ONNX Runtime's GRU/LSTM vs PyTorch's): observed ~1e-6.
 TOLERANCE = 1e-4

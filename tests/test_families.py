@@ -1,4 +1,4 @@
-"""Tests for export/families.py: every value family's phrases and their word links."""
+"""Tests for export/data/families.py: every value family's phrases and their word links."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("num2words")
 pytest.importorskip("babel")
 
-from export.families import (
+from export.data.families import (
     FAMILIES,
     MAX_CARDINAL,
     TAIL,

@@ -26,9 +26,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from service.bundle import sha256_of
-from service.engine import Engine
-from service.runtime import OnnxDecoder
+from service.decode.engine import Engine
+from service.decode.runtime import OnnxDecoder
+from service.model.bundle import sha256_of
 from tests.conftest import DEFAULT_BUNDLE, REPO
 from tests.test_server import (
     WAIT_S,
@@ -87,11 +87,11 @@ def server_env() -> dict[str, str]:
 
 
 def start_process(bundle: Path, port: int, log: Path, *extra: str) -> subprocess.Popen[bytes]:
-    """`python -m service.server` on 127.0.0.1:port, its output (JSON log lines) into `log`."""
+    """`python -m service.serve.server` on 127.0.0.1:port, its output (JSON log lines) into `log`."""
     argv = [*base_args(bundle), "--port", str(port), *extra]
     with log.open("ab") as f:
         return subprocess.Popen(
-            [sys.executable, "-m", "service.server", *argv],
+            [sys.executable, "-m", "service.serve.server", *argv],
             cwd=REPO,
             stdout=f,
             stderr=subprocess.STDOUT,

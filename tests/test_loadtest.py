@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from loadtest import prom, run, workload
-from service.metrics import Metrics
+from service.serve.metrics import Metrics
 
 # A hand-made scrape: Translate OK has 100 observations, 10 <= 0.1 s, 60 <= 0.5 s, 90 <= 1 s.
 SCRAPE = """\
@@ -108,7 +108,7 @@ def test_subtract_leaves_the_observations_between_two_scrapes() -> None:
 
 
 def test_quantiles_of_the_servers_own_metrics() -> None:
-    """The exposition of service.metrics parses, and a known spread gives the expected estimates."""
+    """The exposition of service.serve.metrics parses, and a known spread gives the expected estimates."""
     metrics = Metrics()
     for _ in range(50):
         metrics.observe_request("Translate", "OK", 0.03)  # (0.025, 0.05]

@@ -1,4 +1,4 @@
-"""Tests for service/metrics.py: values on an injected registry, the HTTP endpoint, promtool's lint."""
+"""Tests for service/serve/metrics.py: values on an injected registry, the HTTP endpoint, promtool's lint."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.metrics import (
+from service.serve.metrics import (
     CODES,
     METHODS,
     PROTOCOLS,

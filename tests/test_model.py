@@ -1,4 +1,4 @@
-"""Tests for export/model.py (every variant, padding invariance, learning), export/checkpoint.py and
+"""Tests for export/train/model.py (every variant, padding invariance, learning), export/train/checkpoint.py and
 ModelConfig validation. Tiny models on CPU."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from export.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from export.data import make_batch
-from export.model import Seq2Seq
-from service.architecture import ATTENTION_KINDS, DECODER_STYLES, RNN_KINDS, ModelConfig
+from export.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from export.train.data import make_batch
+from export.train.model import Seq2Seq
+from service.model.architecture import ATTENTION_KINDS, DECODER_STYLES, RNN_KINDS, ModelConfig
 
 torch.set_num_threads(1)
 

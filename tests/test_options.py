@@ -1,4 +1,4 @@
-"""service/options.py: each decoding option declared once, and every form derived from it agrees
+"""service/decode/options.py: each decoding option declared once, and every form derived from it agrees
 (the wire's DecodingOptions, the server's settings and parsing, the client, both CLIs)."""
 
 from __future__ import annotations
@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 
 from proto.translation.v1 import translation_pb2 as pb
-from service import client, translate
-from service.config import EngineLimits, RuntimeConfig, load_settings
-from service.engine import Engine
-from service.errors import InvalidInput
-from service.options import OPTIONS, SearchOptions, problems
-from service.protocol import decoding_options_to_pb, default_options, parse_options
+from service.cli import client, translate
+from service.decode.config import EngineLimits, RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.errors import InvalidInput
+from service.decode.options import OPTIONS, SearchOptions, problems
+from service.serve.config import load_settings
+from service.serve.protocol import decoding_options_to_pb, default_options, parse_options
 from tests.conftest import TinyModel
 
 # A value inside every option's range, different from its default.

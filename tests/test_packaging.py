@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from export import cli
-from service.client import parse_args
+from service.cli.client import parse_args
 from tests.test_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,15 +29,17 @@ def test_training_script_names_the_train_extra_when_a_dependency_is_missing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "sacrebleu", None)  # import sacrebleu now fails
-    monkeypatch.delitem(sys.modules, "export.train", raising=False)
+    monkeypatch.delitem(sys.modules, "export.train.train", raising=False)
     assert cli.train() == 2
     err = capsys.readouterr().err
     assert "sacrebleu is not installed" in err and "seq2seq-serve[train]" in err
 
 
 def test_training_script_errors_of_its_own_are_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "export.checkpoint", None)  # ours, not a training dependency
-    monkeypatch.delitem(sys.modules, "export.to_onnx", raising=False)
+    monkeypatch.setitem(
+        sys.modules, "export.train.checkpoint", None
+    )  # ours, not a training dependency
+    monkeypatch.delitem(sys.modules, "export.onnx.to_onnx", raising=False)
     with pytest.raises(ModuleNotFoundError):
         cli.export()
 
@@ -63,10 +65,10 @@ def test_readme_installs_the_pinned_torch_from_the_cpu_index() -> None:
 def test_readme_client_commands_parse() -> None:
     # The README shows the project's client where it showed grpcurl, which nothing installs.
     readme = (ROOT / "README.md").read_text()
-    lines = [line.split("#")[0] for line in readme.splitlines() if "-m service.client " in line]
+    lines = [line.split("#")[0] for line in readme.splitlines() if "-m service.cli.client " in line]
     flags = {"--list-services", "--model-info"}
     for line in lines:
-        args = shlex.split(line)[3:]  # after ".venv/bin/python -m service.client"
+        args = shlex.split(line)[3:]  # after ".venv/bin/python -m service.cli.client"
         parse_args(args)
         flags -= set(args)
     assert not flags, f"the README does not show {flags}"

@@ -57,7 +57,7 @@ def test_prometheus_scrapes_the_server_and_evaluates_a_recording_rule(
     prometheus = require("prometheus")
     grpc_port, metrics_port, prom_port = free_port(), free_port(), free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "service.server", "--bundle", str(tiny.bundle), "--host", "127.0.0.1",
+        [sys.executable, "-m", "service.serve.server", "--bundle", str(tiny.bundle), "--host", "127.0.0.1",
          "--port", str(grpc_port), "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
          "--providers", "CPUExecutionProvider", "--log-level", "WARNING"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

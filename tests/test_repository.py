@@ -13,10 +13,10 @@ from typing import Any, cast
 
 import pytest
 
-from service.config import VersionPolicy, load_settings
-from service.engine import Engine
-from service.errors import ModelNotFound
-from service.repository import Events, ModelVersion, Repository, scan
+from service.decode.engine import Engine
+from service.decode.errors import ModelNotFound
+from service.serve.config import VersionPolicy, load_settings
+from service.serve.repository import Events, ModelVersion, Repository, scan
 from tests.conftest import DEFAULT_BUNDLE
 
 

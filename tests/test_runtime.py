@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from service.beam import compaction_order
-from service.config import RuntimeConfig
-from service.device import Device, HostRowOps, RowOps, make_row_ops
-from service.runtime import (
+from service.decode.beam import compaction_order
+from service.decode.config import RuntimeConfig
+from service.decode.device import Device, HostRowOps, RowOps, make_row_ops
+from service.decode.runtime import (
     CALL_COST_SENTENCES,
     EncodedSentence,
     EncoderRows,
@@ -19,7 +19,7 @@ from service.runtime import (
     length_buckets,
     provider_options,
 )
-from service.transfers import TransferLedger
+from service.decode.transfers import TransferLedger
 
 
 @pytest.fixture(scope="module", params=["graph", "host"])
@@ -204,11 +204,11 @@ def test_cuda_provider_options_are_set_on_purpose() -> None:
 
 
 def test_public_binds_give_the_same_translations_as_the_fast_ones() -> None:
-    """service/device.py binds through onnxruntime's private C-level objects where a release has
+    """service/decode/device.py binds through onnxruntime's private C-level objects where a release has
     them (a join or a leave binds six times) and through IOBinding's public calls where it does not:
     both paths must decode the same, joins and leaves included."""
-    from service.engine import Engine
-    from service.options import SearchOptions
+    from service.decode.engine import Engine
+    from service.decode.options import SearchOptions
     from tests.conftest import DEFAULT_BUNDLE
 
     texts = ["ninety-seven", "March 5, 2021, then $3.50", "one", "the 21st of May and 4:05 PM"]

@@ -7,8 +7,8 @@ from collections.abc import Hashable
 
 import pytest
 
-from service.config import load_settings
-from service.scheduler import BatchingConfig, BatchKey, Decision, Waiting, decide
+from service.serve.config import load_settings
+from service.serve.scheduler import BatchingConfig, BatchKey, Decision, Waiting, decide
 
 
 def w(

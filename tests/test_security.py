@@ -23,11 +23,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from service.client import TranslatorClient
-from service.config import RuntimeConfig
-from service.engine import AlignmentMode, Engine
-from service.options import SearchOptions
-from service.protocol import MAX_REQUEST_ID_CHARS, translation_to_pb, worst_case_response_bytes
+from service.cli.client import TranslatorClient
+from service.decode.config import RuntimeConfig
+from service.decode.engine import AlignmentMode, Engine
+from service.decode.options import SearchOptions
+from service.serve.protocol import (
+    MAX_REQUEST_ID_CHARS,
+    translation_to_pb,
+    worst_case_response_bytes,
+)
 from tests.conftest import DEFAULT_BUNDLE, REPO
 from tests.test_client import make_certificate, openssl
 from tests.test_server import (

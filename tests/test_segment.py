@@ -1,4 +1,4 @@
-"""Segmentation of long inputs (service/segment.py) and its join inside the engine.
+"""Segmentation of long inputs (service/model/segment.py) and its join inside the engine.
 
 The numbers model's boundary rules (configs/numbers-segmentation.json) are checked against the corpus
 generator itself: on thousands of its sentences the segmenter must cut exactly between the phrases it
@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from export import corpus
-from service.alignment import merge_subwords, word_index
-from service.beam import SearchOptions
-from service.bundle import MANIFEST, BundleError, load_bundle
-from service.config import EngineLimits
-from service.engine import DecodeRequest, Engine, Translation
-from service.errors import InvalidInput
-from service.segment import (
+from export.data import corpus
+from service.decode.alignment import merge_subwords, word_index
+from service.decode.beam import SearchOptions
+from service.decode.config import EngineLimits
+from service.decode.engine import DecodeRequest, Engine, Translation
+from service.decode.errors import InvalidInput
+from service.model.bundle import MANIFEST, BundleError, load_bundle
+from service.model.segment import (
     Segmentation,
     SegmentationError,
     block_diagonal,
@@ -47,7 +47,7 @@ def numbers_rules() -> Segmentation:
 
 
 def value_families() -> list[tuple[str, Callable[[random.Random], str]]]:
-    """Every value family the generator draws from (export/families.py's FAMILIES): (name, a draw
+    """Every value family the generator draws from (export/data/families.py's FAMILIES): (name, a draw
     of the family's English phrase)."""
     return [(name, _english_of(entry[0])) for name, entry in corpus.FAMILIES.items()]
 
@@ -407,7 +407,7 @@ def test_the_threshold_marks_low_confidence_server_over_manifest(tmp_path: Path)
 def test_export_writes_the_segmentation_and_confidence_sections(
     tiny: TinyModel, tmp_path: Path
 ) -> None:
-    from export import to_onnx
+    from export.onnx import to_onnx
 
     out = tmp_path / "bundle"
     argv = [

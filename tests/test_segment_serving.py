@@ -16,12 +16,12 @@ import pytest
 from google.protobuf import json_format
 
 from proto.translation.v1 import translation_pb2 as pb
-from service import client as client_cli
-from service import translate
-from service.beam import SearchOptions
-from service.bundle import MANIFEST
-from service.engine import Engine
-from service.protocol import hypothesis_from_pb, input_shape, worst_case_response_bytes
+from service.cli import client as client_cli
+from service.cli import translate
+from service.decode.beam import SearchOptions
+from service.decode.engine import Engine
+from service.model.bundle import MANIFEST
+from service.serve.protocol import hypothesis_from_pb, input_shape, worst_case_response_bytes
 from tests.conftest import DEFAULT_BUNDLE, REPO
 from tests.test_http import call
 from tests.test_server import ServerThread, base_args

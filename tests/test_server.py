@@ -31,16 +31,16 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-import service.server
+import service.serve.server
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from service.beam import SearchOptions
-from service.client import TranslatorClient
-from service.client import main as client_main
-from service.config import load_settings
-from service.engine import AlignmentMode, Engine, Translation
-from service.runtime import OnnxDecoder
-from service.server import SERVICE_NAME, Running, create_server
+from service.cli.client import TranslatorClient
+from service.cli.client import main as client_main
+from service.decode.beam import SearchOptions
+from service.decode.engine import AlignmentMode, Engine, Translation
+from service.decode.runtime import OnnxDecoder
+from service.serve.config import load_settings
+from service.serve.server import SERVICE_NAME, Running, create_server
 from tests.conftest import DEFAULT_BUNDLE, TinyModel, start_server_process
 
 SCORE_TOL = 1e-4
@@ -484,7 +484,7 @@ def test_health_follows_the_life_cycle(
 ) -> None:
     """NOT_SERVING while the model loads and while it warms up, SERVING after, NOT_SERVING once stop begins."""
     loading, loaded, warming, warmed = (threading.Event() for _ in range(4))
-    load, warm_up = Engine.load, service.server.warm_up
+    load, warm_up = Engine.load, service.serve.server.warm_up
 
     def slow_load(*args: Any) -> Engine:
         loading.set()
@@ -497,7 +497,7 @@ def test_health_follows_the_life_cycle(
         warm_up(e)
 
     monkeypatch.setattr(Engine, "load", slow_load)
-    monkeypatch.setattr(service.server, "warm_up", slow_warm_up)
+    monkeypatch.setattr(service.serve.server, "warm_up", slow_warm_up)
     port = free_port()
     srv = ServerThread()
     try:
@@ -1071,8 +1071,11 @@ def test_a_cancellation_at_the_client_deadline_counts_as_a_deadline() -> None:
     the server while the server's view of the same deadline (taken when the request arrived, later)
     still has a few milliseconds left: one expiry in 27 was counted CANCELLED for that. Within the
     margin it is DEADLINE_EXCEEDED; a cancel well before the deadline, or with none, stays CANCELLED."""
-    assert service.server.cancel_code(-0.5) == Code.DEADLINE_EXCEEDED
-    assert service.server.cancel_code(0.004) == Code.DEADLINE_EXCEEDED
-    assert service.server.cancel_code(service.server.DEADLINE_MARGIN_S) == Code.DEADLINE_EXCEEDED
-    assert service.server.cancel_code(2.0) == Code.CANCELLED
-    assert service.server.cancel_code(None) == Code.CANCELLED
+    assert service.serve.server.cancel_code(-0.5) == Code.DEADLINE_EXCEEDED
+    assert service.serve.server.cancel_code(0.004) == Code.DEADLINE_EXCEEDED
+    assert (
+        service.serve.server.cancel_code(service.serve.server.DEADLINE_MARGIN_S)
+        == Code.DEADLINE_EXCEEDED
+    )
+    assert service.serve.server.cancel_code(2.0) == Code.CANCELLED
+    assert service.serve.server.cancel_code(None) == Code.CANCELLED

@@ -1,4 +1,4 @@
-"""End to end: train() on a tiny generated corpus, then export/evaluate.py's CLI on its output.
+"""End to end: train() on a tiny generated corpus, then export/evaluate/evaluate.py's CLI on its output.
 
 Also unit tests of evaluate's pure parts (buckets, scores, markdown) and greedy_with_attention.
 """
@@ -18,14 +18,21 @@ pytest.importorskip("babel")
 pytest.importorskip("sacrebleu")
 pytest.importorskip("matplotlib")
 
-from export import corpus
-from export.checkpoint import load_checkpoint, save_checkpoint
-from export.evaluate import main
-from export.greedy import greedy_with_attention
-from export.model import Seq2Seq
-from export.report import buckets_markdown, compare_markdown
-from export.scoring import Bucket, bucket_index, bucket_scores, compute_metrics, make_buckets, score
-from export.train import (
+from export.data import corpus
+from export.evaluate.evaluate import main
+from export.evaluate.report import buckets_markdown, compare_markdown
+from export.metrics.scoring import (
+    Bucket,
+    bucket_index,
+    bucket_scores,
+    compute_metrics,
+    make_buckets,
+    score,
+)
+from export.train.checkpoint import load_checkpoint, save_checkpoint
+from export.train.greedy import greedy_with_attention
+from export.train.model import Seq2Seq
+from export.train.train import (
     DataConfig,
     OptimConfig,
     TrainConfig,
@@ -33,8 +40,8 @@ from export.train import (
     describe_end,
     train,
 )
-from service.architecture import ModelConfig
-from service.tokenizer import Tokenizer
+from service.model.architecture import ModelConfig
+from service.model.tokenizer import Tokenizer
 
 torch.set_num_threads(1)
 

@@ -10,16 +10,16 @@ import pytest
 pytest.importorskip("num2words")
 pytest.importorskip("sentencepiece")
 
-from export.checkpoint import save_checkpoint
-from export.corpus import read_tsv, write_tsv
-from export.gold import read_gold
-from export.to_onnx import export_bundle
-from export.tokenizer import SpmOptions, train_sentencepiece
-from export.train import DataConfig, TrainConfig, prepare_corpus
-from service.beam import SearchOptions
-from service.config import RuntimeConfig
-from service.engine import Engine
-from service.tokenizer import Tokenizer
+from export.data.corpus import read_tsv, write_tsv
+from export.data.gold import read_gold
+from export.data.tokenizer import SpmOptions, train_sentencepiece
+from export.onnx.to_onnx import export_bundle
+from export.train.checkpoint import save_checkpoint
+from export.train.train import DataConfig, TrainConfig, prepare_corpus
+from service.decode.beam import SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
+from service.model.tokenizer import Tokenizer
 from tests.conftest import REPO, TinyModel
 
 

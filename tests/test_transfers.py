@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.beam import BeamSearch, Hypothesis, SearchOptions, StepOutput
-from service.config import RuntimeConfig
-from service.engine import DecodeRequest, Engine, Prepared
-from service.metrics import Metrics
-from service.runtime import EncodedSentence, OnnxModel
-from service.transfers import DIRECTIONS, REASONS, TransferLedger
+from service.decode.beam import BeamSearch, Hypothesis, SearchOptions, StepOutput
+from service.decode.config import RuntimeConfig
+from service.decode.engine import DecodeRequest, Engine, Prepared
+from service.decode.runtime import EncodedSentence, OnnxModel
+from service.decode.transfers import DIRECTIONS, REASONS, TransferLedger
+from service.serve.metrics import Metrics
 from tests.conftest import DEFAULT_BUNDLE
 
 BEAM = 5
@@ -65,7 +65,7 @@ def test_metrics_export_every_series_from_zero_and_sum_the_watched_ledgers() -> 
 
 @pytest.fixture(scope="module", params=["graph", "host"])
 def engine(request: pytest.FixtureRequest) -> Engine:
-    """The default model with each kind of row ops (service/device.py): the device graphs a GPU
+    """The default model with each kind of row ops (service/decode/device.py): the device graphs a GPU
     runs, and the numpy writes the CPU provider uses by default."""
     config = RuntimeConfig(
         providers=("CPUExecutionProvider",), intra_op_threads=1, row_ops=request.param

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from service import translate
-from service.engine import Engine
+from service.cli import translate
+from service.decode.engine import Engine
 from tests.conftest import TinyModel
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from service import bundle as bundle_format
-from service.architecture import EOS_ID, UNK_ID
-from service.bundle import BundleError, load_bundle
-from service.tokenizer import TokenizerError
-from service.vocab import WordTokenizer, is_word_level, load_tokenizers
+from service.model import bundle as bundle_format
+from service.model.architecture import EOS_ID, UNK_ID
+from service.model.bundle import BundleError, load_bundle
+from service.model.tokenizer import TokenizerError
+from service.model.vocab import WordTokenizer, is_word_level, load_tokenizers
 
 TOKENS = ["<blank>", "<s>", "</s>", "<unk>", "hello", "world", "Hello"]
 

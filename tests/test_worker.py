@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from service.beam import SearchOptions
-from service.config import RuntimeConfig
-from service.engine import AlignmentMode, Engine, RunningBatch, Translation
-from service.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
-from service.metrics import Metrics
-from service.repository import ModelVersion
-from service.runtime import OnnxDecoder, OnnxModel
-from service.scheduler import BatchingConfig
-from service.worker import Job, SentenceKey, Worker
+from service.decode.beam import SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.engine import AlignmentMode, Engine, RunningBatch, Translation
+from service.decode.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
+from service.decode.runtime import OnnxDecoder, OnnxModel
+from service.serve.metrics import Metrics
+from service.serve.repository import ModelVersion
+from service.serve.scheduler import BatchingConfig
+from service.serve.worker import Job, SentenceKey, Worker
 from tests.conftest import TinyModel, wait_for
 
 SCORE_TOL = 1e-4

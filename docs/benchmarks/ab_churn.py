@@ -17,9 +17,9 @@ import statistics
 import time
 from pathlib import Path
 
-from service.beam import SearchOptions
-from service.config import RuntimeConfig
-from service.engine import DecodeRequest, Engine
+from service.decode.beam import SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.engine import DecodeRequest, Engine
 
 REPO = Path(__file__).resolve().parent.parent.parent
 

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import service.runtime as runtime
-from service.beam import SearchOptions
-from service.config import RuntimeConfig
-from service.engine import DecodeRequest, Engine
+import service.decode.runtime as runtime
+from service.decode.beam import SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.engine import DecodeRequest, Engine
 
 REPO = Path(__file__).resolve().parent.parent.parent
 totals: dict[str, float] = {}

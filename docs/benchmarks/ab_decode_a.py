@@ -19,17 +19,17 @@ import numpy as np
 
 from benchmarks.configs import REALISTIC
 from benchmarks.decode import onnx_batched
-from service.bundle import Bundle, load_bundle
-from service.config import RuntimeConfig
-from service.runtime import OnnxModel
-from service.tokenizer import Tokenizer
+from service.decode.config import RuntimeConfig
+from service.decode.runtime import OnnxModel
+from service.model.bundle import Bundle, load_bundle
+from service.model.tokenizer import Tokenizer
 
 
 def export(path: Path) -> None:
     import torch
 
-    from export.model import Seq2Seq
-    from export.to_onnx import export_graphs
+    from export.onnx.to_onnx import export_graphs
+    from export.train.model import Seq2Seq
 
     torch.manual_seed(0)
     path.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """CPU seconds of benchmarks.decode's variant (a) (128 test sentences, 30 target tokens), before and
 after in one process: a previous runtime module loaded from a file beside this one, taking turns.
 
-    git show a0a0af5:service/runtime.py > /tmp/runtime_before.py
+    git show a0a0af5:service/decode/runtime.py > /tmp/runtime_before.py
     PYTHONPATH=. python docs/benchmarks/ab_decode_cpu.py /tmp/runtime_before.py BEAM ROUNDS
 
 One intra-op thread and no spinning, so `process_time` counts the work and not a spinning pool's
@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 from benchmarks.decode import onnx_batched
-from service.bundle import load_bundle
-from service.config import RuntimeConfig
-from service.runtime import OnnxModel
-from service.tokenizer import Tokenizer
+from service.decode.config import RuntimeConfig
+from service.decode.runtime import OnnxModel
+from service.model.bundle import load_bundle
+from service.model.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent.parent
 

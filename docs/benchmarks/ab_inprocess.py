@@ -1,7 +1,7 @@
 """CPU throughput before and after in one process: the previous runtime module loaded from a file
 beside this one, the two engines taking turns (so the shared machine's phases fall on both).
 
-    git show 06fd911:service/runtime.py > /tmp/runtime_06fd911.py
+    git show 06fd911:service/decode/runtime.py > /tmp/runtime_06fd911.py
     python docs/benchmarks/ab_inprocess.py --base-runtime /tmp/runtime_06fd911.py [--rounds 6]
 
 Per round, in alternating order: variant (a) of benchmarks.decode (`onnx_batched`, 128 test
@@ -22,12 +22,12 @@ from typing import Any
 from benchmarks import serving_loop
 from benchmarks.decode import onnx_batched
 from loadtest import workload
-from service.bundle import load_bundle
-from service.config import EngineLimits, RuntimeConfig
-from service.engine import Engine
-from service.runtime import OnnxModel
-from service.tokenizer import Tokenizer
-from service.transfers import TransferLedger
+from service.decode.config import EngineLimits, RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.runtime import OnnxModel
+from service.decode.transfers import TransferLedger
+from service.model.bundle import load_bundle
+from service.model.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent.parent
 

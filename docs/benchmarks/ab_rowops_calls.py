@@ -1,6 +1,6 @@
 """Per-call cost of a join and a leave: the runtime before (a file), graph row ops, host row ops.
 
-    git show a0a0af5:service/runtime.py > /tmp/runtime_before.py
+    git show a0a0af5:service/decode/runtime.py > /tmp/runtime_before.py
     PYTHONPATH=. python docs/benchmarks/ab_rowops_calls.py /tmp/runtime_before.py
 
 A 32-sentence batch of the default model; one sentence joins and one leaves (the last row fills
@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
-import service.runtime as new_rt
-from service.bundle import load_bundle
-from service.config import RuntimeConfig
+import service.decode.runtime as new_rt
+from service.decode.config import RuntimeConfig
+from service.model.bundle import load_bundle
 
 spec = importlib.util.spec_from_file_location("base_runtime", sys.argv[1])
 assert spec is not None and spec.loader is not None

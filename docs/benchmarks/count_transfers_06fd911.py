@@ -4,7 +4,7 @@
     PYTHONPATH=/tmp/base python docs/benchmarks/count_transfers_06fd911.py --seconds 15 --policy iteration
 
 That commit's runtime has no ledger, so this script wraps its methods and counts, by the ledger's
-definitions (service/transfers.py), every copy it made between host numpy and device OrtValues:
+definitions (service/decode/transfers.py), every copy it made between host numpy and device OrtValues:
 the encoder's inputs and its outputs' download (split_sentences), the state buffer's download and
 re-upload and the whole encoder tensors' re-upload on every join (add_sentences) and leave
 (keep_sentences → upload_encoder_tensors), and each step's tokens, back-pointers, k, top-k and
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import serving_loop
-from service import runtime
+from service.decode import runtime
 
 moved: Counter[str] = Counter()
 

@@ -2,7 +2,7 @@
 
 An importer rebuilds the toolkit's network as a torch module with this project's export interface
 (`cfg`, `encode(src, lengths) → Encoded`, `decode_step(tokens, state, keys, values, mask) → logits,
-new state, attention`), so export/to_onnx.py writes the same two graphs it writes for our own models
+new state, attention`), so export/onnx/to_onnx.py writes the same two graphs it writes for our own models
 and the server runs them unchanged.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from export.to_onnx import export_graphs, quantize_decoder
-from service import bundle as bundle_format
-from service.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
+from export.onnx.to_onnx import export_graphs, quantize_decoder
+from service.model import bundle as bundle_format
+from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
 
 
 class ImportRefused(ValueError):
@@ -112,7 +112,7 @@ def write_bundle(
     parent = out.parent if out.parent.exists() else None
     with tempfile.TemporaryDirectory(dir=parent) as tmp_name:
         tmp = Path(tmp_name)
-        export_graphs(model, tmp)  # type: ignore[arg-type]  # same interface as export.model.Seq2Seq
+        export_graphs(model, tmp)  # type: ignore[arg-type]  # same interface as export.train.model.Seq2Seq
         if int8:
             quantize_decoder(tmp / "decoder.onnx", tmp / "decoder.int8.onnx")
         for side, (tokens, order) in vocabs.items():

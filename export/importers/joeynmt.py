@@ -39,8 +39,8 @@ from export.importers.common import (
     unpack_state,
     write_bundle,
 )
-from export.model import Encoded, stacked_rnn_step
-from service.architecture import BOS_ID, EOS_ID, PAD_ID, ModelConfig
+from export.train.model import Encoded, stacked_rnn_step
+from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 
 ATTENTIONS = {"bahdanau": "additive", "luong": "general"}
 ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}

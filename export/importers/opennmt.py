@@ -36,8 +36,8 @@ from export.importers.common import (
     unpack_state,
     write_bundle,
 )
-from export.model import Encoded, stacked_rnn_step
-from service.architecture import ModelConfig
+from export.train.model import Encoded, stacked_rnn_step
+from service.model.architecture import ModelConfig
 
 PAD, BOS, EOS, UNK = "<blank>", "<s>", "</s>", "<unk>"  # onmt.constants.DefaultTokens
 ATTENTIONS = {"dot": "dot", "general": "general", "mlp": "additive"}

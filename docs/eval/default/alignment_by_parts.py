@@ -2,7 +2,7 @@
 
     python docs/eval/default/alignment_by_parts.py
 
-Forced decoding of the references (export/alignment_eval.py, as `s2s-evaluate --gold`), once for
+Forced decoding of the references (export/evaluate/alignment_eval.py, as `s2s-evaluate --gold`), once for
 the sentences of 1-3 phrases (the lengths the model was trained on, and what the server decodes
 after segmentation) and once for the longer ones, decoded whole.
 """
@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 import torch
 
-from export.alignment_eval import evaluate_alignments
-from export.checkpoint import load_checkpoint
-from export.corpus import read_tsv
-from export.gold import GoldLinks, read_gold
-from service.tokenizer import Tokenizer
+from export.data.corpus import read_tsv
+from export.data.gold import GoldLinks, read_gold
+from export.evaluate.alignment_eval import evaluate_alignments
+from export.train.checkpoint import load_checkpoint
+from service.model.tokenizer import Tokenizer
 
 FIGURES = ("phrase_accuracy", "word_accuracy", "aer", "off_by_plus_one", "off_by_minus_one")
 GROUPS: tuple[tuple[str, Callable[[GoldLinks], bool]], ...] = (

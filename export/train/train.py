@@ -1,0 +1,441 @@
+"""Train a model from a TOML config: corpus → tokenizers → teacher-forced training → best checkpoint.
+
+    s2s-train --config configs/default.toml --out runs/default
+
+Writes into --out: the corpus splits (when generated), source/target SentencePiece models,
+`best.pt` (highest dev BLEU, or lowest dev WER with `optim.select_by = "wer"`) and
+`train_log.jsonl`. The run ends at the first limit reached (optim.max_steps, optim.max_minutes,
+optim.patience or optim.max_epochs); which one is printed, is the last line of `train_log.jsonl`
+and is `ended_by` in `summary.json` and in best.pt's metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sacrebleu
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from export.data import corpus, families, g2p, reversal
+from export.data.gold import gold_path_for, read_gold
+from export.data.tokenizer import SpmOptions, train_tokenizers
+from export.metrics.g2p_metrics import word_error_rate
+from export.train.checkpoint import load_checkpoint, save_checkpoint
+from export.train.data import Batch, batches, encode_pairs
+from export.train.greedy import translate_greedy
+from export.train.guided import guided_loss, piece_guide
+from export.train.model import Seq2Seq, count_parameters
+from service.model.architecture import PAD_ID, ModelConfig
+from service.model.tokenizer import Tokenizer
+
+TASKS = ("translation", "reversal")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Either TSV files (train/dev/test), the generated demo corpus (generate_seed set) or the
+    CMUdict G2P corpus split by word (cmudict_seed set; see export/data/g2p.py).
+
+    task = "reversal" trains on export/data/reversal.py's task instead (seeded by generate_seed, sizes
+    n_train/n_dev/n_test, reversal_max_len words at most), written with its exact gold links."""
+
+    task: str = "translation"  # "translation" (the sources below) or "reversal"
+    reversal_max_len: int = 12
+    train: str = ""
+    dev: str = ""
+    test: str = ""
+    generate_seed: int | None = None
+    n_train: int = 40000
+    n_dev: int = 500
+    n_test: int = 1000
+    n_test_long: int = 200
+    cmudict_seed: int | None = None
+    src_vocab: int = 320
+    tgt_vocab: int = 400
+    # Weights of sentences of 1, 2, 3, ... phrases in the generated train/dev/test splits.
+    part_weights: tuple[float, ...] = corpus.PART_WEIGHTS
+    # Draw weights of value families by name (export/data/families.py FAMILIES); unnamed ones keep theirs.
+    family_weights: dict[str, float] = field(default_factory=dict)
+    # Lower-case every source sentence (tokenizer training, training, evaluation, the run's data/
+    # files); the exported bundle then declares "input": {"lowercase": true}, so serving does too.
+    lowercase_source: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "part_weights", tuple(float(w) for w in self.part_weights))
+        if not self.part_weights or min(self.part_weights) < 0 or sum(self.part_weights) <= 0:
+            raise ValueError(
+                f"part_weights must be non-negative with a positive sum, got {self.part_weights}"
+            )
+        families.family_weights(self.family_weights)  # unknown names fail here, at load time
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 2e-3
+    max_tokens: int = 3000  # target tokens per batch, padding included
+    clip_norm: float = 1.0
+    label_smoothing: float = 0.0
+    max_steps: int = 0  # the training budget in optimizer steps (reproducible); 0 = no step limit
+    max_minutes: float = 20.0  # a wall-clock safety stop
+    max_epochs: int = 50
+    eval_every: int = 250  # steps
+    patience: int = 4  # evaluations without dev-BLEU gain before stopping
+    lr_decay: float = 0.5  # multiply the learning rate on each evaluation without gain
+    min_lr: float = 5e-5
+    seed: int = 1
+    # A run directory to continue from: its best.pt's weights and its tokenizers (a second stage,
+    # e.g. at a lower learning rate); "" = a fresh model and new tokenizers.
+    init_from: str = ""
+    select_by: str = "bleu"  # the dev score that picks best.pt: "bleu" (higher) or "wer" (lower)
+    threads: int = 0  # torch intra-op threads; 0 = torch's default. 1 is robust when other jobs share the cores
+    # Weight of the guided-alignment loss (export/train/guided.py) against the gold sidecar of the
+    # training split; 0 = attention learns from the translation loss alone.
+    guided_alignment: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.select_by not in ("bleu", "wer"):
+            raise ValueError(f"select_by must be 'bleu' or 'wer', got {self.select_by!r}")
+        if self.guided_alignment < 0:
+            raise ValueError(f"guided_alignment must be >= 0, got {self.guided_alignment}")
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """[tokenizer.source] and [tokenizer.target]: SentencePiece options per side (sizes are in [data])."""
+
+    source: SpmOptions = field(default_factory=SpmOptions)
+    target: SpmOptions = field(default_factory=SpmOptions)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields except the vocab sizes
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        unknown = sorted(set(raw) - {"model", "data", "optim", "tokenizer"})
+        if unknown:
+            raise ValueError(f"{path}: unknown sections {unknown}")
+        tok = dict(raw.get("tokenizer", {}))
+        unknown = sorted(set(tok) - {"source", "target"})
+        if unknown:
+            raise ValueError(f"{path}: unknown [tokenizer] sections {unknown}")
+        return cls(
+            model=dict(raw.get("model", {})),
+            data=_build(DataConfig, raw.get("data", {}), path),
+            optim=_build(OptimConfig, raw.get("optim", {}), path),
+            tokenizer=TokenizerConfig(
+                source=_build(SpmOptions, tok.get("source", {}), path),
+                target=_build(SpmOptions, tok.get("target", {}), path),
+            ),
+        )
+
+
+def _build(cls: type, values: dict[str, Any], path: str | Path) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {unknown} for {cls.__name__}")
+    return cls(**values)
+
+
+def prepare_corpus(cfg: DataConfig, out: Path) -> dict[str, list[tuple[str, str]]]:
+    """Load the TSV splits, or generate the demo corpus (and write it, with its gold sidecar,
+    under out/data). Sources are lower-cased when `cfg.lowercase_source` (the written files too:
+    they are what the model saw)."""
+    if cfg.task not in TASKS:
+        raise ValueError(f"[data] task must be one of {TASKS}, got {cfg.task!r}")
+    if cfg.task == "reversal":
+        splits = reversal.generate(
+            cfg.generate_seed or 0, cfg.n_train, cfg.n_dev, cfg.n_test, cfg.reversal_max_len
+        )
+        reversal.write_splits(out / "data", splits)
+        return splits
+    if cfg.generate_seed is not None:
+        examples = corpus.generate_examples(
+            cfg.generate_seed,
+            cfg.n_train,
+            cfg.n_dev,
+            cfg.n_test,
+            cfg.n_test_long,
+            part_weights=cfg.part_weights,
+            weights=cfg.family_weights or None,
+        )
+        if cfg.lowercase_source:
+            examples = {name: [e.lowercased() for e in split] for name, split in examples.items()}
+        (out / "data").mkdir(parents=True, exist_ok=True)
+        for name, split in examples.items():
+            corpus.write_split(out / "data", name, split)
+        return {name: [e.pair for e in split] for name, split in examples.items()}
+    if cfg.cmudict_seed is not None:
+        splits = g2p.cmudict_splits(cfg.cmudict_seed)
+        (out / "data").mkdir(parents=True, exist_ok=True)
+        for name, pairs in splits.items():
+            corpus.write_tsv(out / "data" / f"{name}.tsv", pairs)
+        return splits
+    splits = {
+        name: corpus.read_tsv(getattr(cfg, name))
+        for name in ("train", "dev", "test")
+        if getattr(cfg, name)
+    }
+    if cfg.lowercase_source:
+        splits = {name: lowercase_sources(pairs) for name, pairs in splits.items()}
+    return splits
+
+
+def lowercase_sources(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The declared source normalization (service/model/input_rule.py's lowercase): str.lower()."""
+    return [(s.lower(), t) for s, t in pairs]
+
+
+def dev_bleu(
+    model: Seq2Seq,
+    pairs: list[tuple[str, str]],
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer,
+    device: torch.device,
+) -> float:
+    hyps = translate_greedy(model, [src_tok.encode(s) for s, _ in pairs], tgt_tok, device)
+    return float(sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score)
+
+
+def train_step(
+    model: Seq2Seq,
+    batch: Batch,
+    loss_fn: nn.Module,
+    opt: torch.optim.Optimizer,
+    clip: float,
+    guide_weight: float = 0.0,
+) -> float:
+    model.train()
+    logits, attention = model.teacher_forced(batch.src, batch.lengths, batch.tgt_in)  # (B, T, ·)
+    loss = loss_fn(logits.reshape(-1, logits.shape[-1]), batch.tgt_out.reshape(-1))
+    if guide_weight and batch.guide is not None:
+        loss = loss + guide_weight * guided_loss(attention, batch.guide)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    return loss.item()
+
+
+def train_guides(
+    cfg: DataConfig,
+    out: Path,
+    examples: list[tuple[list[int], list[int]]],
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer,
+) -> list[np.ndarray | None]:
+    """The piece-level gold attention of every training example, from the training split's gold
+    sidecar: out/data/train.gold.jsonl for generated tasks, else beside the [data] train file."""
+    path = gold_path_for(Path(cfg.train)) if cfg.train else out / "data" / "train.gold.jsonl"
+    if not path.is_file():
+        raise ValueError(f"optim.guided_alignment needs the training split's gold links: no {path}")
+    gold = read_gold(path)
+    if len(gold) != len(examples):
+        raise ValueError(f"{path} has {len(gold)} lines but the training split {len(examples)}")
+    return [
+        piece_guide(links, src_tok.pieces(s), tgt_tok.pieces(t))
+        for links, (s, t) in zip(gold, examples, strict=True)
+    ]
+
+
+def budget_spent(o: OptimConfig, step: int, minutes: float) -> str | None:
+    """Which training budget is spent after `step` steps and `minutes` minutes: "max_steps",
+    "max_minutes" (a wall-clock safety stop that can cut a run short of its max_steps), or None.
+    The step budget wins a tie, since it is the one that makes a run reproducible."""
+    if step == o.max_steps:
+        return "max_steps"
+    if minutes >= o.max_minutes:
+        return "max_minutes"
+    return None
+
+
+def describe_end(o: OptimConfig, ended_by: str, step: int, minutes: float) -> str:
+    """One line saying which limit ended the run, and what to change when it was not the one asked for."""
+    line = f"training ended by {ended_by} at step {step} after {minutes:.2f} min"
+    if ended_by == "max_minutes" and o.max_steps:
+        return (
+            f"{line}: max_minutes ({o.max_minutes:g}) ran out before max_steps ({o.max_steps}); "
+            "raise --max-minutes (optim.max_minutes) to train for the full step budget"
+        )
+    if ended_by == "patience":
+        return f"{line}: no dev-BLEU gain in {o.patience} evaluations (optim.patience)"
+    return line
+
+
+def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
+    """Run training; returns a summary (best dev BLEU, steps, minutes, paths)."""
+    o = cfg.optim
+    random.seed(o.seed)
+    torch.manual_seed(o.seed)
+    if o.threads:
+        torch.set_num_threads(o.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out.mkdir(parents=True, exist_ok=True)
+    splits = prepare_corpus(cfg.data, out)
+    if o.init_from:
+        src_path, tgt_path = (
+            Path(shutil.copyfile(Path(o.init_from) / f"{side}.model", out / f"{side}.model"))
+            for side in ("source", "target")
+        )
+    else:
+        src_path, tgt_path = train_tokenizers(
+            splits["train"],
+            out,
+            cfg.data.src_vocab,
+            cfg.data.tgt_vocab,
+            cfg.tokenizer.source,
+            cfg.tokenizer.target,
+        )
+    src_tok, tgt_tok = Tokenizer.load(src_path), Tokenizer.load(tgt_path)
+    model_cfg = ModelConfig(
+        src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, **cfg.model
+    )
+    model = Seq2Seq(model_cfg).to(device)
+    if o.init_from:
+        start, _ = load_checkpoint(Path(o.init_from) / "best.pt")
+        if start.cfg != model_cfg:
+            raise ValueError(
+                f"{o.init_from}/best.pt is a {start.cfg}, the config asks for {model_cfg}"
+            )
+        model.load_state_dict(start.state_dict())
+    train_examples = encode_pairs(splits["train"], src_tok, tgt_tok)
+    guides = (
+        train_guides(cfg.data, out, train_examples, src_tok, tgt_tok)
+        if o.guided_alignment
+        else None
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=o.lr)
+    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=o.label_smoothing)
+    rng = random.Random(o.seed)
+    log_path = out / "train_log.jsonl"
+    log_path.write_text("")
+    best, stale, step, started, last_eval = -float("inf"), 0, 0, time.monotonic(), -1
+    extra = {"train_config": asdict(cfg), "dev_bleu": 0.0, "step": 0}
+    by_wer = o.select_by == "wer"
+
+    def evaluate_and_checkpoint() -> bool:
+        """Dev score, checkpoint on gain, lr decay on no gain; returns True to stop early."""
+        nonlocal best, stale, last_eval
+        last_eval = step
+        dev = splits["dev"]
+        hyps = translate_greedy(model, [src_tok.encode(s) for s, _ in dev], tgt_tok, device)
+        bleu = float(sacrebleu.corpus_bleu(hyps, [[t for _, t in dev]]).score)
+        # WER over distinct sources: a hypothesis is right when it equals any target of its source
+        wer = word_error_rate(dev, hyps)
+        minutes = (time.monotonic() - started) / 60
+        entry = {
+            "step": step,
+            "dev_bleu": round(bleu, 2),
+            "dev_wer": round(wer, 2),
+            "lr": opt.param_groups[0]["lr"],
+            "minutes": round(minutes, 2),
+        }
+        gain = -wer if by_wer else bleu
+        with log_path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+        if not quiet:
+            tqdm.write(json.dumps(entry))
+        if gain > best:
+            best, stale = gain, 0
+            save_checkpoint(
+                out / "best.pt", model, {**extra, "dev_bleu": bleu, "dev_wer": wer, "step": step}
+            )
+            return False
+        stale += 1
+        for group in opt.param_groups:
+            group["lr"] = max(group["lr"] * o.lr_decay, o.min_lr)
+        return stale >= o.patience
+
+    stop, ended_by = False, "max_epochs"
+    for epoch in range(o.max_epochs):
+        bar = tqdm(
+            list(batches(train_examples, o.max_tokens, rng, guides=guides)),
+            desc=f"epoch {epoch}",
+            disable=quiet,
+            leave=False,
+            mininterval=5.0,
+        )
+        for batch in bar:
+            tick = time.monotonic()
+            loss = train_step(
+                model, batch.to(device), loss_fn, opt, o.clip_norm, o.guided_alignment
+            )
+            step += 1
+            bar.set_postfix(
+                loss=f"{loss:.3f}", tok_s=f"{batch.n_target_tokens / (time.monotonic() - tick):.0f}"
+            )
+            spent = budget_spent(o, step, (time.monotonic() - started) / 60)
+            if step % o.eval_every == 0 or spent:
+                stop = evaluate_and_checkpoint() or spent is not None
+                ended_by = spent or ("patience" if stop else ended_by)
+            if stop:
+                break
+        if stop:
+            break
+    else:
+        if last_eval != step:
+            evaluate_and_checkpoint()
+    minutes = (time.monotonic() - started) / 60
+    end = {"step": step, "ended_by": ended_by, "minutes": round(minutes, 2)}
+    with log_path.open("a") as f:
+        f.write(json.dumps(end) + "\n")
+    if not quiet:
+        tqdm.write(describe_end(o, ended_by, step, minutes))
+    if (
+        out / "best.pt"
+    ).is_file():  # the checkpoint says how its run ended (it may predate the end)
+        best_model, meta = load_checkpoint(out / "best.pt")
+        save_checkpoint(
+            out / "best.pt", best_model, {**meta, "ended_by": ended_by, "last_step": step}
+        )
+    summary = {
+        f"best_dev_{o.select_by}": round(-best if by_wer else best, 2),
+        "steps": step,
+        "ended_by": ended_by,
+        "minutes": round(minutes, 2),
+        "parameters": count_parameters(model),
+        "checkpoint": str(out / "best.pt"),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", required=True, help="TOML file with [model], [data], [optim]")
+    parser.add_argument("--out", required=True, type=Path, help="run directory")
+    parser.add_argument("--max-minutes", type=float, help="override optim.max_minutes")
+    args = parser.parse_args(argv)
+    cfg = TrainConfig.load(args.config)
+    if args.max_minutes is not None:
+        cfg = TrainConfig(
+            cfg.model,
+            cfg.data,
+            OptimConfig(**{**asdict(cfg.optim), "max_minutes": args.max_minutes}),
+            cfg.tokenizer,
+        )
+    print(json.dumps(train(cfg, args.out), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

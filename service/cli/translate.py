@@ -1,0 +1,224 @@
+"""Translate lines from stdin with a model bundle, no server needed.
+
+echo "ninety-seven" | s2s-translate --bundle models/default
+s2s-translate --align < input.txt           # translation<TAB>Pharaoh<TAB>source words<TAB>target words
+s2s-translate --align --subword < input.txt # the same over subword pieces
+s2s-translate --json --nbest 3 < input.txt  # one JSON object per line, with the matrices
+s2s-translate --heatmap out.png <<< "March 5, 2021"
+s2s-translate --verbose < input.txt         # decode time and sentences/s on stderr
+s2s-translate --confidence < input.txt      # confidence<TAB>translation (low ones marked "?")
+
+Lines are decoded in batches of similar length, as Marian's maxi-batch and OpenNMT-py do: within
+a window of --batch-size x --maxi-batch lines, sorted by token count, longest first, so a batch
+wastes few steps on sentences that finished early; the output keeps the input's order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from service.cli.heatmap import save_heatmap_png
+from service.cli.render import translation_to_json
+from service.decode.config import EngineLimits, RuntimeConfig
+from service.decode.engine import AlignmentMode, Engine, InvalidInput, Translation
+from service.decode.options import SearchOptions, add_option_flags, options_from_args
+from service.model.bundle import BundleError
+
+DEFAULT_BUNDLE = Path(__file__).resolve().parents[2] / "models" / "default"
+DEFAULT_PROVIDERS = "CUDAExecutionProvider,CPUExecutionProvider"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="s2s-translate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--bundle",
+        type=Path,
+        default=DEFAULT_BUNDLE,
+        help="model bundle directory (default: %(default)s)",
+    )
+    add_option_flags(p, SearchOptions())
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="sentences decoded together (default: %(default)s)",
+    )
+    p.add_argument(
+        "--maxi-batch",
+        type=int,
+        default=100,
+        help="batches read ahead and sorted by length together; 1 keeps the input order "
+        "(default: %(default)s)",
+    )
+    out = p.add_mutually_exclusive_group()
+    out.add_argument(
+        "--align",
+        action="store_true",
+        help="print translation<TAB>Pharaoh alignment<TAB>source tokens<TAB>target tokens "
+        "(the indices count those tokens)",
+    )
+    out.add_argument("--json", action="store_true", help="print JSON with the alignment matrices")
+    p.add_argument(
+        "--subword",
+        action="store_true",
+        help="alignments over subword pieces (default: over words, pieces merged)",
+    )
+    p.add_argument(
+        "--heatmap", type=Path, help="save the first sentence's attention matrix as a PNG"
+    )
+    p.add_argument(
+        "--providers",
+        default=DEFAULT_PROVIDERS,
+        help="ONNX Runtime execution providers, comma-separated, in order of preference "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="ONNX Runtime intra-op threads (default: 0 = one per core)",
+    )
+    p.add_argument("--int8", action="store_true", help="use the bundle's int8 decoder graph")
+    p.add_argument(
+        "--confidence",
+        action="store_true",
+        help="begin each line with the hypothesis's confidence in [0, 1] (the geometric-mean token "
+        "probability), followed by '?' when below the threshold (--min-confidence)",
+    )
+    p.add_argument(
+        "--min-confidence",
+        type=float,
+        default=-1.0,
+        help="confidence threshold in [0, 1] that marks hypotheses low_confidence (default: the "
+        "bundle's manifest threshold, if any)",
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="report the decode time and sentences/s on stderr at the end",
+    )
+    args = p.parse_args(argv)
+    if args.batch_size < 1 or args.maxi_batch < 1:
+        p.error("--batch-size and --maxi-batch must be >= 1")
+    return args
+
+
+def format_line(t: Translation, args: argparse.Namespace) -> str:
+    if args.json:
+        return json.dumps(translation_to_json(t), ensure_ascii=False)
+    lines = []
+    for h in t.hypotheses:
+        text = h.text if args.n_best == 1 else f"{h.score:.4f}\t{h.text}"
+        if args.confidence:
+            text = f"{confidence_column(h.confidence, h.low_confidence)}\t{text}"
+        if args.align and h.alignment:
+            a = h.alignment
+            text = "\t".join(
+                (text, a.pharaoh, " ".join(a.source_tokens), " ".join(a.target_tokens))
+            )
+        lines.append(text)
+    return "\n".join(lines)
+
+
+def confidence_column(confidence: float, low: bool) -> str:
+    """The confidence as the CLIs print it: 4 decimals, '?' after one below the threshold."""
+    return f"{confidence:.4f}" + ("?" if low else "")
+
+
+def length_sorted_batches(lengths: list[int], batch_size: int, window: int) -> list[list[int]]:
+    """Line indices in decoding batches: each window of `window` lines sorted by length, longest
+    first (ties keep the input order), then cut into batches of `batch_size`."""
+    batches = []
+    for start in range(0, len(lengths), window):
+        order = sorted(range(start, min(start + window, len(lengths))), key=lambda i: -lengths[i])
+        batches += [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return batches
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        runtime = RuntimeConfig(
+            providers=tuple(args.providers.split(",")),
+            intra_op_threads=args.threads,
+            int8_decoder=args.int8,
+        )
+        engine = Engine.load(args.bundle, runtime, EngineLimits(min_confidence=args.min_confidence))
+        options = SearchOptions(**options_from_args(args))
+    except (BundleError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    want_alignment = args.align or args.json or args.heatmap is not None
+    mode: AlignmentMode = (
+        ("subword" if args.subword else "word")
+        if want_alignment and engine.supports_alignment
+        else "none"
+    )
+    lines = [line.rstrip("\n") for line in sys.stdin]
+    window = args.batch_size * args.maxi_batch
+    status, decode_s = 0, 0.0
+    for start in range(0, len(lines), window):
+        chunk = lines[start : start + window]
+        lengths = [len(engine.src_tok.encode(line)) for line in chunk]
+        results: dict[int, Translation | None] = {}
+        for batch in length_sorted_batches(lengths, args.batch_size, window):
+            texts = [chunk[i] for i in batch]
+            started = time.perf_counter()
+            got: list[Translation | None]
+            try:
+                got = list(engine.translate(texts, options, mode))
+            except InvalidInput:
+                got = translate_one_by_one(engine, texts, options, mode)
+                status = 1
+            decode_s += time.perf_counter() - started
+            results.update(zip(batch, got, strict=True))
+        for i in range(len(chunk)):
+            write_result(results[i], args, first=start + i == 0)
+    if args.verbose:
+        rate = len(lines) / decode_s if decode_s > 0 else 0.0
+        print(
+            f"translated {len(lines)} lines in {decode_s:.2f} s of decoding "
+            f"({rate:.1f} sentences/s; batch size {args.batch_size}, "
+            f"sorted by length within {window} lines)",
+            file=sys.stderr,
+        )
+    return status
+
+
+def write_result(result: Translation | None, args: argparse.Namespace, first: bool) -> None:
+    """One input line's output (an empty line for a line that could not be translated)."""
+    if result is None:
+        print("")
+        return
+    print(format_line(result, args))
+    if args.heatmap and first and result.hypotheses[0].alignment is not None:
+        a = result.hypotheses[0].alignment
+        save_heatmap_png(
+            a.matrix, a.source_tokens, a.target_tokens, args.heatmap, title=result.source
+        )
+
+
+def translate_one_by_one(
+    engine: Engine, lines: list[str], options: SearchOptions, mode: AlignmentMode
+) -> list[Translation | None]:
+    """Fallback when a batch holds a bad line: report each bad line on stderr, translate the rest."""
+    out: list[Translation | None] = []
+    for line in lines:
+        try:
+            out.append(engine.translate([line], options, mode)[0])
+        except InvalidInput as err:
+            print(f"error: {err}: {line[:60]!r}", file=sys.stderr)
+            out.append(None)
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,565 @@
+"""Batched beam search over a decoder step, pure numpy.
+
+The search drives a *running batch*: B sentences with exactly K hypothesis slots each, laid out
+sentence-major (row n = b*K + j). Each step sends the decoder the previous token of every slot and
+the back-pointers (`reorder`), gets back the top-k next tokens per slot with this step's attention,
+and picks each sentence's next beam. Sentences join (`add`) between steps and leave as soon as
+they are done, so the batch grows and shrinks while it runs; `beam_search` wraps this for a static
+batch.
+
+Scoring follows GNMT (Wu et al., 2016): s(Y, X) = log P(Y|X) / lp(Y) + cp(X; Y), with
+lp(Y) = ((5 + |Y|) / 6)^α and cp = β · Σ_i log(min(Σ_j a_ji, 1)). |Y| counts decoder steps (the
+tokens, plus EOS when the hypothesis ended with it); the coverage sums the attention of every step,
+the EOS step included. Live hypotheses compete by log P alone, which keeps the search standard:
+the EOS candidates among a sentence's top `beam_size` candidates finish, the `beam_size` best
+non-EOS candidates continue, and asking the decoder for k = K + 1 tokens per slot guarantees
+enough non-EOS candidates even when every slot's best token is EOS.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Hashable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Protocol
+
+import numpy as np
+
+from service.decode.options import SearchOptions
+
+COVERAGE_FLOOR = 1e-6  # coverage is clipped to [COVERAGE_FLOOR, 1] before the log: no log 0
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One decoder step for N = B*K hypotheses.
+
+    log_probs: (N, k) float32, log-softmax values sorted descending per row.
+    token_ids: (N, k) int64, the tokens of those values.
+    attention: (N, S) float32, this step's attention over the batch's padded source positions
+        (columns beyond a sentence's own length are 0).
+    """
+
+    log_probs: np.ndarray
+    token_ids: np.ndarray
+    attention: np.ndarray
+
+
+class Decoder(Protocol):
+    """The model's decoder step over the running batch; it keeps the recurrent state itself."""
+
+    def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
+        """tokens (N,) int64: the previous token of each of the N = B*K hypotheses.
+        reorder (N,) int64: for each new row, the row of the decoder's current state buffer it
+        continues (beam back-pointers; also how rows of finished sentences are dropped and new
+        sentences' initial states are picked up).
+        Returns the top-k next tokens per hypothesis."""
+        ...
+
+    def keep_sentences(self, keep: np.ndarray) -> None:
+        """keep (B',) int64: sentence indices (into the current B sentences) that stay, in order.
+        Drops encoder rows of finished sentences."""
+        ...
+
+
+def length_penalty(steps: int, alpha: float) -> float:
+    """GNMT's lp = ((5 + steps) / 6)^alpha; 1 when alpha is 0."""
+    return ((5.0 + steps) / 6.0) ** alpha
+
+
+def coverage_penalty(coverage: np.ndarray, beta: float) -> float:
+    """GNMT's cp = beta * sum_i log(min(coverage_i, 1)), coverage (src_len,) clipped at COVERAGE_FLOOR."""
+    if beta == 0.0:
+        return 0.0
+    clipped = np.clip(coverage, COVERAGE_FLOOR, 1.0)  # (src_len,)
+    return beta * float(np.log(clipped).sum())
+
+
+@dataclass(frozen=True, eq=False)
+class Hypothesis:
+    """One finished translation.
+
+    tokens: the target ids, without EOS.
+    score: the normalized score used for ranking (log_prob / lp + cp).
+    log_prob: the sum of the token log-probs, EOS included when the hypothesis ended with it.
+    attention: (len(tokens), src_len) float32, this hypothesis's own attention row per returned
+        token over the sentence's real source positions; None unless asked for.
+    finished_by_eos: False when the hypothesis was cut at the maximum length.
+    """
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+    attention: np.ndarray | None
+    finished_by_eos: bool
+
+
+@dataclass(frozen=True)
+class _Beams:
+    """Per-hypothesis state of the running batch, one row per slot (row n = b*K + j)."""
+
+    tokens: np.ndarray  # (N,) int64 last token of each hypothesis, fed to the next step
+    parents: np.ndarray  # (N,) int64 decoder state-buffer row each hypothesis continues
+    scores: np.ndarray  # (N,) float64 cumulative log-prob; -inf marks a dead slot
+    coverage: np.ndarray  # (N, S) float32 attention summed over the steps so far
+
+    @classmethod
+    def empty(cls) -> _Beams:
+        return cls(
+            tokens=np.zeros(0, np.int64),  # (0,)
+            parents=np.zeros(0, np.int64),  # (0,)
+            scores=np.zeros(0, np.float64),  # (0,)
+            coverage=np.zeros((0, 0), np.float32),  # (0, 0)
+        )
+
+    @classmethod
+    def start(cls, K: int, bos_id: int, state_row: int, S: int) -> _Beams:
+        """K slots of a joining sentence: slot 0 live at score 0, every other slot dead."""
+        scores = np.full(K, -np.inf)  # (K,)
+        scores[0] = 0.0
+        return cls(
+            tokens=np.full(K, bos_id, np.int64),  # (K,)
+            parents=np.full(K, state_row, np.int64),  # (K,)
+            scores=scores,
+            coverage=np.zeros((K, S), np.float32),  # (K, S)
+        )
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def select(self, rows: np.ndarray) -> _Beams:
+        """The rows (N',) int64 of every field, in that order."""
+        return _Beams(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    @classmethod
+    def join(cls, parts: Sequence[_Beams]) -> _Beams:
+        """The rows of several parts, in order (coverage padded to the widest source)."""
+        if len(parts) == 1:
+            return parts[0]
+        S = max(p.coverage.shape[1] for p in parts)
+        return cls(
+            tokens=np.concatenate([p.tokens for p in parts]),
+            parents=np.concatenate([p.parents for p in parts]),
+            scores=np.concatenate([p.scores for p in parts]),
+            coverage=np.concatenate([_fit_columns(p.coverage, S) for p in parts]),
+        )
+
+
+def _fit_columns(matrix: np.ndarray, S: int) -> np.ndarray:
+    """matrix (N, S') padded with zeros or cut to (N, S); cut columns are padding, hence 0."""
+    N, S_old = matrix.shape
+    if S_old >= S:
+        return matrix[:, :S]
+    return np.concatenate([matrix, np.zeros((N, S - S_old), matrix.dtype)], axis=1)  # (N, S)
+
+
+@dataclass(frozen=True)
+class _StepRecord:
+    """One step of one sentence, for back-tracing."""
+
+    parents: np.ndarray  # (K,) int64 slot of the previous beam each new slot continues
+    tokens: np.ndarray  # (K,) int64 token each new slot appended
+    attention: np.ndarray | None  # (K, src_len) float32 this step's attention of each previous slot
+
+
+class _History:
+    """Back-pointers, tokens and (when asked for) attention of one sentence, one record per step.
+
+    History is kept per sentence rather than per batch step: sentences join and leave at different
+    steps, and per sentence a join is a new empty history, a leave drops it (its memory goes at
+    once), and back-pointers are slots 0..K-1 whatever rows the sentence occupies in the running
+    batch. A per-batch-step history would keep every row of every step since the oldest live
+    sentence joined and would need trimming; the cost here is one small record per sentence and
+    step.
+    """
+
+    def __init__(self, src_len: int, keep_attention: bool) -> None:
+        self.src_len = src_len
+        self.keep_attention = keep_attention
+        self._records: list[_StepRecord] = []
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def append(self, record: _StepRecord) -> None:
+        self._records.append(record)
+
+    def backtrace(self, slot: int, steps: int) -> tuple[list[int], np.ndarray | None]:
+        """Tokens and attention rows (steps, src_len) of the hypothesis in `slot` after `steps` steps.
+
+        Step t's record holds the new slots' parents and tokens, and the attention of the previous
+        beam's slots: the row that produced a slot's token is the one of its parent.
+        """
+        tokens = [0] * steps
+        attention = None
+        if self.keep_attention:
+            attention = np.zeros((steps, self.src_len), np.float32)  # (steps, src_len)
+        for t in range(steps - 1, -1, -1):
+            record = self._records[t]
+            parent = int(record.parents[slot])
+            tokens[t] = int(record.tokens[slot])
+            if attention is not None and record.attention is not None:
+                attention[t] = record.attention[parent]
+            slot = parent
+        return tokens, attention
+
+
+@dataclass(frozen=True)
+class _Finished:
+    """A finished hypothesis before back-tracing: `slot` after `prefix_steps` steps (+ EOS)."""
+
+    score: float
+    log_prob: float
+    slot: int
+    prefix_steps: int
+    by_eos: bool
+
+
+@dataclass
+class _Sentence:
+    """One sentence of the running batch: its options, history and best finished hypotheses."""
+
+    id: Hashable
+    options: SearchOptions
+    max_len: int
+    history: _History
+    finished: list[_Finished] = field(default_factory=list)  # best first, at most n_best
+
+    @property
+    def steps(self) -> int:
+        return len(self.history)
+
+    def finish(
+        self, slots: np.ndarray, log_probs: np.ndarray, coverage: np.ndarray, by_eos: bool
+    ) -> None:
+        """Score the hypotheses in slots (M,) with their log_probs (M,) and coverage (M, src_len)."""
+        prefix_steps = self.steps - 1 if by_eos else self.steps
+        opts = self.options
+        lp = length_penalty(self.steps, opts.length_penalty)
+        new = [
+            _Finished(
+                score=float(log_prob) / lp + coverage_penalty(cov, opts.coverage_penalty),
+                log_prob=float(log_prob),
+                slot=int(slot),
+                prefix_steps=prefix_steps,
+                by_eos=by_eos,
+            )
+            for slot, log_prob, cov in zip(slots, log_probs, coverage, strict=True)
+        ]
+        ranked = sorted(self.finished + new, key=lambda f: -f.score)
+        self.finished = ranked[: opts.n_best]
+
+    def cannot_improve(self, best_live: float) -> bool:
+        """True when n_best hypotheses are finished and no live one can beat the worst of them.
+
+        Log-probs only fall and lp grows with length (α >= 0), cp <= 0, so a live hypothesis
+        never scores above best_live / lp(max_len).
+        """
+        if len(self.finished) < self.options.n_best:
+            return False
+        bound = best_live / length_penalty(self.max_len, self.options.length_penalty)
+        return bound <= self.finished[-1].score
+
+    def n_best(self) -> list[Hypothesis]:
+        """The finished hypotheses, best first, back-traced."""
+        return [self._hypothesis(f) for f in self.finished]
+
+    def _hypothesis(self, f: _Finished) -> Hypothesis:
+        tokens, attention = self.history.backtrace(f.slot, f.prefix_steps)
+        return Hypothesis(
+            tokens=tokens,
+            score=f.score,
+            log_prob=f.log_prob,
+            attention=attention,
+            finished_by_eos=f.by_eos,
+        )
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """Each sentence's K*k candidates, best first."""
+
+    scores: np.ndarray  # (B, K*k) float64 cumulative log-prob
+    tokens: np.ndarray  # (B, K*k) int64
+    slots: np.ndarray  # (B, K*k) int64 slot (0..K-1) of the hypothesis each candidate extends
+
+
+def _rank_candidates(beam_scores: np.ndarray, out: StepOutput, B: int, K: int) -> _Candidates:
+    """Every slot's top-k extensions, grouped per sentence and sorted by cumulative log-prob."""
+    _, k = out.log_probs.shape  # (N, k)
+    scores = (beam_scores[:, None] + out.log_probs).reshape(B, K * k)  # (B, K*k) float64
+    order = np.argsort(-scores, axis=1, kind="stable")  # (B, K*k) best first
+    return _Candidates(
+        scores=np.take_along_axis(scores, order, axis=1),
+        tokens=np.take_along_axis(out.token_ids.reshape(B, K * k), order, axis=1),
+        slots=order // k,
+    )
+
+
+def _eos_choices(cands: _Candidates, widths: np.ndarray, eos_id: int) -> np.ndarray:
+    """(B, K*k) bool: EOS candidates among each sentence's top `width` candidates."""
+    _, M = cands.tokens.shape  # (B, K*k)
+    rank = np.arange(M)  # (M,)
+    top = rank[None, :] < widths[:, None]  # (B, M)
+    return (cands.tokens == eos_id) & np.isfinite(cands.scores) & top
+
+
+@dataclass(frozen=True)
+class _NextBeam:
+    """Each sentence's next K slots."""
+
+    slots: np.ndarray  # (B, K) int64 slot of the previous beam each new slot continues
+    tokens: np.ndarray  # (B, K) int64
+    scores: np.ndarray  # (B, K) float64, -inf for dead slots
+
+
+def _continuations(
+    cands: _Candidates, widths: np.ndarray, eos_id: int, K: int, within_top: bool = False
+) -> _NextBeam:
+    """The `width` best non-EOS candidates of each sentence in slots 0..width-1; other slots dead.
+
+    within_top: only the non-EOS candidates among the top `width` continue (the beam narrows by
+    the EOS candidates that finished), the rule of OpenNMT-py's and Joey NMT's beam search."""
+    is_eos = cands.tokens == eos_id  # (B, M)
+    if within_top:
+        rank = np.arange(is_eos.shape[1])[None, :]  # (1, M)
+        wanted = ~is_eos & (rank < widths[:, None]) & np.isfinite(cands.scores)  # (B, M)
+    else:
+        non_eos_rank = np.cumsum(~is_eos, axis=1) - 1  # (B, M)
+        wanted = ~is_eos & (non_eos_rank < widths[:, None])  # (B, M)
+    picks = np.argsort(~wanted, axis=1, kind="stable")[:, :K]  # (B, K) wanted first, best first
+    live = np.take_along_axis(wanted, picks, axis=1)  # (B, K)
+    scores = np.take_along_axis(cands.scores, picks, axis=1)  # (B, K)
+    return _NextBeam(
+        slots=np.take_along_axis(cands.slots, picks, axis=1),
+        tokens=np.take_along_axis(cands.tokens, picks, axis=1),
+        scores=np.where(live, scores, -np.inf),
+    )
+
+
+def _check_step_output(out: StepOutput, N: int, k: int) -> None:
+    """Raise ValueError when the decoder's output does not fit N hypotheses and top-k."""
+    if (
+        out.log_probs.ndim != 2
+        or out.log_probs.shape[0] != N
+        or not 1 <= out.log_probs.shape[1] <= k
+    ):
+        raise ValueError(f"decoder log_probs must be ({N}, <= {k}), got {out.log_probs.shape}")
+    if out.token_ids.shape != out.log_probs.shape:
+        raise ValueError(
+            f"decoder token_ids {out.token_ids.shape} != log_probs {out.log_probs.shape}"
+        )
+    if out.attention.ndim != 2 or out.attention.shape[0] != N:
+        raise ValueError(f"decoder attention must be ({N}, S), got {out.attention.shape}")
+
+
+class BeamSearch:
+    """Beam search state of a running batch with K slots per sentence over one Decoder.
+
+    Order of calls: `add` joining sentences (their initial decoder states already appended to the
+    state buffer at `state_row`), then `step`; finished sentences are returned by `step` and
+    dropped from the batch (and from the decoder through `keep_sentences`) before it returns.
+    """
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        beam_size: int,
+        bos_id: int,
+        eos_id: int,
+        vocab_size: int | None = None,
+        narrow_on_eos: bool = False,
+    ) -> None:
+        """narrow_on_eos: continue only the non-EOS candidates among the top beam_size (the beam
+        rule of the toolkits imported models come from; see _continuations)."""
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+        if vocab_size is not None and vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+        self._decoder = decoder
+        self._beam_size = beam_size
+        # tokens asked of the decoder per slot: K + 1 leaves K non-EOS ones even if one is EOS
+        self._candidates = beam_size + 1 if vocab_size is None else min(beam_size + 1, vocab_size)
+        self._bos_id = bos_id
+        self._eos_id = eos_id
+        self._narrow_on_eos = narrow_on_eos
+        self._beams = _Beams.empty()
+        self._joining: list[_Beams] = []  # slots of sentences added since the last step
+        self._sentences: list[_Sentence] = []
+        self._ids: set[Hashable] = set()
+
+    @property
+    def beam_size(self) -> int:
+        return self._beam_size
+
+    @property
+    def sentence_ids(self) -> list[Hashable]:
+        """The ids of the sentences still decoding, in batch order."""
+        return [s.id for s in self._sentences]
+
+    def __len__(self) -> int:
+        return len(self._sentences)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self._sentences
+
+    def add(
+        self, sentence_id: Hashable, src_len: int, options: SearchOptions, state_row: int
+    ) -> None:
+        """A sentence joins at the end of the batch; its initial state is decoder buffer row state_row.
+
+        options.beam_size may be below the batch's K: the extra slots stay dead.
+        """
+        if options.beam_size > self._beam_size:
+            raise ValueError(
+                f"sentence beam_size {options.beam_size} exceeds the batch's beam size {self._beam_size}"
+            )
+        if src_len < 1:
+            raise ValueError(f"src_len must be >= 1, got {src_len}")
+        if state_row < 0:
+            raise ValueError(f"state_row must be >= 0, got {state_row}")
+        if sentence_id in self._ids:
+            raise ValueError(f"sentence {sentence_id!r} is already decoding")
+        self._ids.add(sentence_id)
+        self._sentences.append(
+            _Sentence(
+                id=sentence_id,
+                options=options,
+                max_len=options.max_len(src_len),
+                history=_History(src_len, keep_attention=options.return_attention),
+            )
+        )
+        self._joining.append(_Beams.start(self._beam_size, self._bos_id, state_row, src_len))
+
+    def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """Advance every sentence by one token; return the sentences done now with their n-best lists."""
+        if not self._sentences:
+            return []
+        self._merge_joining()
+        B, K = len(self._sentences), self._beam_size
+        # one decoder call for every slot of every sentence
+        out = self._decoder.step(self._beams.tokens, self._beams.parents, self._candidates)
+        _check_step_output(out, B * K, self._candidates)
+        N, S = out.attention.shape
+        # coverage of each current slot including this step's attention
+        coverage = _fit_columns(self._beams.coverage, S) + out.attention  # (N, S)
+        # rank each sentence's candidates; EOS ones in the top `width` finish, the rest continue
+        widths = np.array([s.options.beam_size for s in self._sentences], np.int64)  # (B,)
+        cands = _rank_candidates(self._beams.scores, out, B, K)
+        ends = _eos_choices(cands, widths, self._eos_id)  # (B, K*k)
+        nxt = _continuations(cands, widths, self._eos_id, K, self._narrow_on_eos)
+        rows = nxt.slots + K * np.arange(B)[:, None]  # (B, K) rows of this step's output
+        self._beams = _Beams(
+            tokens=nxt.tokens.reshape(N),
+            parents=rows.reshape(N),
+            scores=nxt.scores.reshape(N),
+            coverage=coverage[rows.reshape(N)],
+        )
+        self._record(nxt, out.attention.reshape(B, K, S))
+        self._finish_eos(cands, ends, coverage)
+        return self._retire(self._settle())
+
+    def _record(self, nxt: _NextBeam, attention: np.ndarray) -> None:
+        """Append this step to every sentence's history; attention (B, K, S) only where asked for."""
+        for b, sentence in enumerate(self._sentences):
+            rows = None
+            if sentence.history.keep_attention:
+                rows = attention[b, :, : sentence.history.src_len].copy()  # (K, src_len)
+            sentence.history.append(_StepRecord(nxt.slots[b], nxt.tokens[b], rows))
+
+    def _finish_eos(self, cands: _Candidates, ends: np.ndarray, coverage: np.ndarray) -> None:
+        """Finish the candidates ends (B, K*k) marks, with the coverage (N, S) of their slots."""
+        K = self._beam_size
+        for b in np.flatnonzero(ends.any(axis=1)).tolist():
+            sentence = self._sentences[b]
+            slots = cands.slots[b, ends[b]]  # (M,)
+            eos_coverage = coverage[b * K + slots, : sentence.history.src_len]  # (M, src_len)
+            sentence.finish(slots, cands.scores[b, ends[b]], eos_coverage, by_eos=True)
+
+    def _settle(self) -> np.ndarray:
+        """(B,) bool: the sentences done after this step. At its max length a sentence's live slots
+        finish as they are; otherwise it is done when nothing is live or nothing live can win."""
+        B, K = len(self._sentences), self._beam_size
+        scores = self._beams.scores.reshape(B, K)  # (B, K)
+        best_live = scores.max(axis=1).tolist()  # (B,)
+        done = np.zeros(B, bool)  # (B,)
+        for b, sentence in enumerate(self._sentences):
+            if sentence.steps >= sentence.max_len:
+                src_len = sentence.history.src_len
+                live = np.flatnonzero(np.isfinite(scores[b]))  # (L,)
+                live_coverage = self._beams.coverage[b * K + live, :src_len]  # (L, src_len)
+                sentence.finish(live, scores[b, live], live_coverage, by_eos=False)
+                done[b] = True
+            else:
+                done[b] = best_live[b] == -math.inf or sentence.cannot_improve(best_live[b])
+        return done
+
+    def _retire(self, done: np.ndarray) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """Drop the done sentences from the batch and the decoder; return their n-best lists."""
+        if not done.any():
+            return []
+        results = [(s.id, s.n_best()) for s, d in zip(self._sentences, done, strict=True) if d]
+        self._drop(done)
+        return results
+
+    def remove(self, sentence_ids: Collection[Hashable]) -> list[Hashable]:
+        """Drop sentences before they finish (cancelled, deadline passed); returns the ids removed."""
+        drop = np.array([s.id in sentence_ids for s in self._sentences], bool)  # (B,)
+        removed = [s.id for s, d in zip(self._sentences, drop, strict=True) if d]
+        if removed:
+            self._drop(drop)
+        return removed
+
+    def _merge_joining(self) -> None:
+        """One concatenation for every sentence added since the last step (not one per sentence)."""
+        if self._joining:
+            self._beams = _Beams.join([self._beams, *self._joining])
+            self._joining = []
+
+    def _drop(self, done: np.ndarray) -> None:
+        """Remove the sentences done (B,) marks from the beams, the batch and the decoder."""
+        self._merge_joining()
+        K = self._beam_size
+        keep = compaction_order(done)  # (B',) int64
+        rows = (keep[:, None] * K + np.arange(K)).reshape(-1)  # (B'*K,)
+        self._beams = self._beams.select(rows)
+        self._ids.difference_update(self._sentences[b].id for b in np.flatnonzero(done))
+        self._sentences = [self._sentences[b] for b in keep]
+        self._decoder.keep_sentences(keep)
+
+
+def compaction_order(done: np.ndarray) -> np.ndarray:
+    """The surviving sentences (B',) of done (B,) in the order that moves the fewest rows.
+
+    Survivors among the first B' rows stay where they are; each dropped row there is filled by one
+    of the survivors beyond B' (there are exactly as many). Under iteration-level batching some
+    sentence leaves at almost every step, and an order-preserving compaction would move every row
+    after the first one dropped (the encoder tensors of half the batch, per step, on average).
+    """
+    B_new = int(len(done) - np.count_nonzero(done))
+    order = np.arange(B_new, dtype=np.int64)  # (B',)
+    holes = np.flatnonzero(done[:B_new])  # dropped rows that survivors must fill
+    order[holes] = np.flatnonzero(~done[B_new:]) + B_new  # survivors from beyond B'
+    return order
+
+
+def beam_search(
+    decoder: Decoder,
+    src_lens: Sequence[int],
+    options: SearchOptions,
+    bos_id: int,
+    eos_id: int,
+    vocab_size: int | None = None,
+) -> list[list[Hypothesis]]:
+    """Decode a static batch whose decoder state buffer holds one initial row per sentence.
+
+    Returns each sentence's n-best list (best first) in input order. Greedy is beam_size 1.
+    """
+    search = BeamSearch(decoder, options.beam_size, bos_id, eos_id, vocab_size=vocab_size)
+    for b, src_len in enumerate(src_lens):
+        search.add(b, src_len, options, state_row=b)
+    results: dict[Hashable, list[Hypothesis]] = {}
+    while not search.is_empty:
+        results.update(search.step())
+    return [results[b] for b in range(len(src_lens))]

@@ -1,0 +1,101 @@
+"""The decoder's own settings: ONNX Runtime's (providers, threads, CUDA options, row ops) and the
+input limits the engine enforces. The server's settings (service/serve/config.py) hold one of each
+and build them from flags; `setting` is the field kind both use for a flag's help text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+CUDA_ARENA_EXTEND: tuple[str, ...] = ("kSameAsRequested", "kNextPowerOfTwo")
+ROW_OPS: tuple[str, ...] = ("auto", "graph", "host")
+
+
+def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
+    """A settable field with its --help text (and its choices, if it has a fixed set)."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """ONNX Runtime: which execution providers, which device, how many threads."""
+
+    providers: tuple[str, ...] = setting(
+        ("CUDAExecutionProvider", "CPUExecutionProvider"),
+        "ONNX Runtime execution providers, comma-separated, in order of preference "
+        "(those not installed are skipped)",
+    )
+    device_id: int = setting(0, "the GPU used by the CUDA provider")
+    intra_op_threads: int = setting(
+        0, "threads of the decoder-step session; 0 = ONNX Runtime's default (one per core)"
+    )
+    # The encoder session runs beside the decoder's (service/decode/encode_ahead.py), so by default it
+    # takes one thread rather than competing for every core.
+    encoder_threads: int = setting(
+        1, "threads of the encoder session, which runs beside the decoder's; 0 = one per core"
+    )
+    inter_op_threads: int = setting(0, "ONNX Runtime inter-op threads; 0 = its default")
+    int8_decoder: bool = setting(False, "use the bundle's int8-quantized decoder-step graph")
+    # ONNX Runtime's intra-op threads spin while waiting for work by default: good for a dedicated
+    # core, bad when the gRPC loop and the search share the cores with them. Off unless asked for.
+    spin_wait: bool = setting(
+        False, "let ONNX Runtime's threads spin while idle (only with cores to spare)"
+    )
+    # CUDA execution provider (service/decode/runtime.py's cuda_provider_options says why each is set so).
+    cuda_arena_extend: str = setting(
+        "kSameAsRequested",
+        "how the CUDA memory arena grows: by what is requested, or to the next power of two",
+        CUDA_ARENA_EXTEND,
+    )
+    cuda_mem_limit_mb: int = setting(0, "cap on the CUDA memory arena in MiB; 0 = no cap")
+    cuda_copy_in_default_stream: bool = setting(
+        True, "host<->device copies on the compute stream (off: on a copy stream of their own)"
+    )
+    # The running batch's row updates (service/decode/device.py): tiny graphs on the model's device, or
+    # numpy writes where that device's memory is the host's. "auto" picks by the device.
+    row_ops: str = setting(
+        "auto",
+        "how a running batch's rows are joined and compacted: graphs on the model's device, "
+        "numpy writes in host memory (CPU only), or auto (host on the CPU, graphs on a GPU)",
+        ROW_OPS,
+    )
+    cuda_tf32: bool = setting(
+        False, "TF32 matrix products on the GPU (faster on Ampere and later, not fp32 rounding)"
+    )
+
+    def __post_init__(self) -> None:
+        if not self.providers:
+            raise ValueError("providers must name at least one execution provider")
+        if self.cuda_arena_extend not in CUDA_ARENA_EXTEND:
+            raise ValueError(
+                f"cuda_arena_extend must be one of {CUDA_ARENA_EXTEND}, got {self.cuda_arena_extend!r}"
+            )
+        if self.row_ops not in ROW_OPS:
+            raise ValueError(f"row_ops must be one of {ROW_OPS}, got {self.row_ops!r}")
+        if self.cuda_mem_limit_mb < 0:
+            raise ValueError("cuda_mem_limit_mb must be >= 0 (0: no cap)")
+        if (
+            min(self.device_id, self.intra_op_threads, self.encoder_threads, self.inter_op_threads)
+            < 0
+        ):
+            raise ValueError("device_id and thread counts must be >= 0")
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Input limits the engine enforces (the server reports them in ModelInfo)."""
+
+    max_source_tokens: int = setting(256, "the most subword tokens of one source text")
+    max_length: int = setting(512, "the most target tokens a request may ask for (max_length)")
+    max_beam_size: int = setting(16, "the largest beam a request may ask for")
+    min_confidence: float = setting(
+        -1.0,
+        "mark hypotheses whose confidence is below this in [0, 1] (low_confidence) and count them; "
+        '-1 = the bundle\'s manifest threshold ("confidence": {"threshold": x}), if any',
+    )
+
+    def __post_init__(self) -> None:
+        if min(self.max_source_tokens, self.max_length, self.max_beam_size) < 1:
+            raise ValueError("engine limits must be >= 1")
+        if not (self.min_confidence == -1 or 0 <= self.min_confidence <= 1):
+            raise ValueError("min_confidence must be in [0, 1] (or -1: the bundle's threshold)")

@@ -1,0 +1,504 @@
+"""Text in, hypotheses with alignments out: tokenize → encode → batched beam search → detokenize.
+
+`RunningBatch` is the unit the scheduler drives: sentences join it (encoded together, one encoder call),
+every `step()` advances all their hypotheses with one decoder call, and finished sentences leave at once.
+`Engine.translate` is the same path for a static batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Collection, Hashable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar, cast
+
+import numpy as np
+
+from service.decode import alignment as align
+from service.decode.alignment import Alignment
+from service.decode.beam import BeamSearch, Hypothesis, SearchOptions
+from service.decode.config import EngineLimits, RuntimeConfig
+from service.decode.errors import InvalidInput
+from service.decode.runtime import EncodedSentence, OnnxDecoder, OnnxModel
+from service.model import graph_contract as contract
+from service.model import segment
+from service.model.bundle import MANIFEST, Bundle, load_bundle
+from service.model.embedded import resolve_bundle
+from service.model.input_rule import InputRejected
+from service.model.vocab import TextTokenizer, is_word_level, load_tokenizers
+
+AlignmentMode = Literal["none", "subword", "word"]
+ALIGNMENT_MODES: tuple[str, ...] = ("none", "subword", "word")
+MAX_CACHED_SEPARATORS = 256
+
+
+@dataclass(frozen=True)
+class TranslationHypothesis:
+    text: str
+    tokens: list[str]  # target subword pieces
+    token_ids: list[int]
+    score: float  # normalized (length/coverage penalties applied); ranks the n-best list
+    log_prob: float
+    alignment: Alignment | None
+    finished: bool  # False when cut at the maximum length
+    # exp(log_prob / tokens, EOS included): the geometric-mean token probability in [0, 1]; for a
+    # segmented input over every segment's tokens (service/model/segment.py). Users threshold it.
+    confidence: float = 0.0
+    low_confidence: bool = False  # confidence below the threshold in use (Engine.min_confidence)
+    segment_confidences: tuple[float, ...] = ()  # a segmented input's, each segment's own
+
+
+@dataclass(frozen=True)
+class Translation:
+    source: str
+    source_tokens: list[str]
+    hypotheses: list[TranslationHypothesis]  # best first
+
+
+@dataclass(frozen=True)
+class Separator:
+    """What lies between two segments of a segmented input, on both sides."""
+
+    source_pieces: list[str]  # the separator's source pieces (columns of the joined alignment)
+    target_ids: list[int]
+    target_pieces: list[str]
+    target_text: str  # written between the segments' translations
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated, tokenized source sentence; a segmented one holds its segments, each decoded
+    as a sentence of its own, and the separators between them."""
+
+    text: str
+    ids: list[
+        int
+    ]  # the source ids the model reads (a segmented input: its segments' ids, in order)
+    pieces: list[str]  # the source tokens reported (a segmented input: segments' and separators')
+    segments: tuple[Prepared, ...] = ()  # empty: decoded whole
+    separators: tuple[Separator, ...] = ()  # len(segments) - 1
+
+    @property
+    def parts(self) -> tuple[Prepared, ...]:
+        """The sentences the decoder sees for this input: its segments, or itself."""
+        return self.segments or (self,)
+
+
+KeyT = TypeVar("KeyT", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class DecodeRequest(Generic[KeyT]):
+    """One sentence for a running batch, under its caller's key (the worker's: a SentenceKey)."""
+
+    key: KeyT
+    sentence: Prepared
+    options: SearchOptions
+    alignment: AlignmentMode = "subword"
+
+
+class Engine:
+    def __init__(self, bundle: Bundle, model: OnnxModel, limits: EngineLimits) -> None:
+        self.bundle = bundle
+        self.model = model
+        self.limits = limits
+        self.src_tok, self.tgt_tok = load_tokenizers(bundle)
+        self.word_level = is_word_level(self.src_tok) and is_word_level(self.tgt_tok)
+        self.cfg = bundle.architecture
+        self._keys = itertools.count()
+        check_loaded_bundle(bundle, model, self.src_tok, self.tgt_tok)
+        # The longest piece of either vocabulary in UTF-8 bytes: bounds a response's size up front.
+        self.max_piece_bytes = max(self.src_tok.max_piece_bytes, self.tgt_tok.max_piece_bytes)
+        # Hypotheses below it are marked low_confidence: the server's --min-confidence when set
+        # (>= 0), else the manifest's "confidence" threshold, else none (0).
+        self.min_confidence = (
+            limits.min_confidence
+            if limits.min_confidence >= 0
+            else bundle.confidence_threshold or 0.0
+        )
+        self._separators: dict[tuple[str, str], Separator] = {}
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        runtime: RuntimeConfig | None = None,
+        limits: EngineLimits | None = None,
+    ) -> Engine:
+        bundle = load_bundle(resolve_bundle(path))
+        return cls(bundle, OnnxModel(bundle, runtime or RuntimeConfig()), limits or EngineLimits())
+
+    @property
+    def supports_alignment(self) -> bool:
+        return self.cfg.attention != "none"
+
+    # --- validation -------------------------------------------------------------------------
+
+    def prepare(self, text: str) -> Prepared:
+        """Tokenize one source text; empty or over-long input is InvalidInput."""
+        if not isinstance(text, str):
+            raise InvalidInput(f"text must be a string, got {type(text).__name__}")
+        if not text.strip():
+            raise InvalidInput(
+                "text is empty or only whitespace: send at least one word to translate"
+            )
+        source = self.normalize(text)
+        ids = self.src_tok.encode(source)
+        if not ids:
+            raise InvalidInput("text has no translatable content after tokenization")
+        if len(ids) > self.limits.max_source_tokens:  # the whole input's, segmented or not
+            raise InvalidInput(
+                f"text is {len(ids)} subword tokens long, over the limit of {self.limits.max_source_tokens}: "
+                "split it into shorter sentences"
+            )
+        whole = Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids))
+        if self.bundle.segmentation is None:
+            return whole
+        return self.segmented(whole, source)
+
+    def normalize(self, text: str) -> str:
+        """The text as this model reads it: after the bundle's input rule (its declared case,
+        alphabet and length; InvalidInput when the rule refuses it), as is without one."""
+        if self.bundle.input_rule is None:
+            return text
+        try:
+            return self.bundle.input_rule.apply(text)
+        except InputRejected as err:
+            raise InvalidInput(str(err)) from err
+
+    def segmented(self, whole: Prepared, source: str) -> Prepared:
+        """`whole` cut at the bundle's boundaries (service/model/segment.py); itself when there are none."""
+        assert self.bundle.segmentation is not None
+        split = self.bundle.segmentation.split(source)
+        if len(split.segments) < 2:
+            return whole
+        segments = []
+        for text in split.segments:
+            ids = self.src_tok.encode(text)
+            if not ids:  # a segment with nothing to read: decode the input whole instead
+                return whole
+            segments.append(Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids)))
+        separators = [self.separator(src, tgt) for src, tgt in split.separators]
+        pieces = list(segments[0].pieces)
+        for separator, part in zip(separators, segments[1:], strict=True):
+            pieces += separator.source_pieces + part.pieces
+        return Prepared(
+            text=whole.text,
+            ids=[i for s in segments for i in s.ids],
+            pieces=pieces,
+            segments=tuple(segments),
+            separators=tuple(separators),
+        )
+
+    def separator(self, source: str, target: str) -> Separator:
+        """A separator's pieces on both sides (cached: a bundle has a few separators; the cache is
+        bounded, as a pattern may match texts without end, e.g. runs of spaces)."""
+        found = self._separators.get((source, target))
+        if found is None:
+            src_ids = self.src_tok.encode(source) if source.strip() else []
+            tgt_ids = self.tgt_tok.encode(target) if target.strip() else []
+            _, src_pieces = segment.separator_tokens(src_ids, self.src_tok.pieces(src_ids), source)
+            tgt_ids, tgt_pieces = segment.separator_tokens(
+                tgt_ids, self.tgt_tok.pieces(tgt_ids), target
+            )
+            found = Separator(src_pieces, tgt_ids, tgt_pieces, target)
+            if len(self._separators) < MAX_CACHED_SEPARATORS:
+                self._separators[(source, target)] = found
+        return found
+
+    def encode(self, sentences: Sequence[Prepared]) -> list[list[EncodedSentence]]:
+        """The encoder rows of each sentence's parts (a segmented one: one per segment), every
+        part of every sentence in one encoder call."""
+        parts = [p for s in sentences for p in s.parts]
+        encoded = self.model.encode_sentences([p.ids for p in parts])
+        out, i = [], 0
+        for s in sentences:
+            n = len(s.parts)
+            out.append(encoded[i : i + n])
+            i += n
+        return out
+
+    def check_options(self, options: SearchOptions, alignment: str) -> None:
+        """Options within this engine's limits (service/decode/options.py's ranges) and an alignment the
+        model can give; InvalidInput says what to change."""
+        problems = options.problems(self.limits)
+        if problems:
+            raise InvalidInput("; ".join(problems))
+        if alignment not in ALIGNMENT_MODES:
+            raise InvalidInput(f"alignment must be one of {ALIGNMENT_MODES}, got {alignment!r}")
+        if alignment != "none" and not self.supports_alignment:
+            raise InvalidInput(
+                f"model {self.bundle.name} has no attention (architecture 'none'): ask for alignment 'none'"
+            )
+
+    # --- decoding -----------------------------------------------------------------------------
+
+    def new_batch(self, beam_size: int) -> RunningBatch[Any]:
+        return RunningBatch(self, beam_size)
+
+    def translate(
+        self,
+        texts: Sequence[str],
+        options: SearchOptions | None = None,
+        alignment: AlignmentMode = "subword",
+    ) -> list[Translation]:
+        """Decode a static batch: every sentence and beam advance together; results in input order."""
+        options = options or SearchOptions(beam_size=5)
+        if not texts:
+            raise InvalidInput("no texts to translate")
+        self.check_options(options, alignment)
+        return self.decode_prepared([self.prepare(t) for t in texts], options, alignment)
+
+    def decode_prepared(
+        self, prepared: Sequence[Prepared], options: SearchOptions, alignment: AlignmentMode
+    ) -> list[Translation]:
+        """A static batch of sentences already tokenized and checked; results in input order."""
+        batch: RunningBatch[int] = self.new_batch(options.beam_size)
+        batch.add([DecodeRequest(i, p, options, alignment) for i, p in enumerate(prepared)])
+        results: dict[int, Translation] = {}
+        while len(batch):
+            results.update(batch.step())
+        return [results[i] for i in range(len(prepared))]
+
+    def warm_up(self) -> None:
+        """Decode once at several batch shapes so the first real request pays no first-run costs.
+        From token ids rather than texts: a bundle's input rule may refuse any text chosen here."""
+        first = max(self.cfg.pad_id, self.cfg.bos_id, self.cfg.eos_id, self.cfg.unk_id) + 1
+        span = max(1, self.cfg.src_vocab_size - first)
+
+        def sentence(n: int) -> Prepared:
+            ids = [first + i % span for i in range(n)]
+            return Prepared(text="", ids=ids, pieces=self.src_tok.pieces(ids))
+
+        self.decode_prepared([sentence(1)], SearchOptions(beam_size=1, max_length_b=4), "none")
+        alignment: AlignmentMode = "subword" if self.supports_alignment else "none"
+        self.decode_prepared(
+            [sentence(3), sentence(1)], SearchOptions(beam_size=4, max_length_b=4), alignment
+        )
+
+    def to_translation(self, request: DecodeRequest[Any], hyps: list[Hypothesis]) -> Translation:
+        return Translation(
+            source=request.sentence.text,
+            source_tokens=request.sentence.pieces,
+            hypotheses=[self.to_hypothesis(request, h) for h in hyps],
+        )
+
+    def alignment_mode(self, request: DecodeRequest[Any]) -> AlignmentMode:
+        return "subword" if self.word_level and request.alignment == "word" else request.alignment
+
+    def to_hypothesis(
+        self, request: DecodeRequest[Any], hyp: Hypothesis, mode: AlignmentMode | None = None
+    ) -> TranslationHypothesis:
+        """mode: the alignment's (default: the request's); "subword" keeps the raw matrix."""
+        pieces = self.tgt_tok.pieces(hyp.tokens)
+        confidence = segment.geometric_mean_probability(
+            float(hyp.log_prob), len(hyp.tokens), hyp.finished_by_eos
+        )
+        return TranslationHypothesis(
+            text=self.tgt_tok.decode(hyp.tokens),
+            tokens=pieces,
+            token_ids=list(hyp.tokens),
+            score=float(hyp.score),
+            log_prob=float(hyp.log_prob),
+            alignment=make_alignment(
+                hyp.attention,
+                request.sentence.pieces,
+                pieces,
+                mode or self.alignment_mode(request),
+            ),
+            finished=hyp.finished_by_eos,
+            confidence=confidence,
+            low_confidence=confidence < self.min_confidence,
+        )
+
+    def join_translation(
+        self, request: DecodeRequest[Any], parts: list[list[Hypothesis]]
+    ) -> Translation:
+        """A segmented input's translation from its segments' n-best lists (service/model/segment.py
+        says how they join)."""
+        sentence = request.sentence
+        mode = self.alignment_mode(request)
+        raw: AlignmentMode = "none" if mode == "none" else "subword"
+        converted = [
+            [self.to_hypothesis(replace(request, sentence=seg), h, raw) for h in hyps]
+            for seg, hyps in zip(sentence.segments, parts, strict=True)
+        ]
+        n = max(len(hyps) for hyps in converted)
+        return Translation(
+            source=sentence.text,
+            source_tokens=sentence.pieces,
+            hypotheses=[
+                self.join_hypotheses(
+                    [hyps[min(i, len(hyps) - 1)] for hyps in converted], sentence, mode
+                )
+                for i in range(n)
+            ],
+        )
+
+    def join_hypotheses(
+        self, parts: list[TranslationHypothesis], sentence: Prepared, mode: AlignmentMode
+    ) -> TranslationHypothesis:
+        """One hypothesis per segment (raw subword alignments) → the input's hypothesis."""
+        first = parts[0]
+        text, tokens, ids = first.text, list(first.tokens), list(first.token_ids)
+        for separator, part in zip(sentence.separators, parts[1:], strict=True):
+            text += separator.target_text + part.text
+            tokens += separator.target_pieces + part.tokens
+            ids += separator.target_ids + part.token_ids
+        alignment = None
+        matrices = [p.alignment.matrix for p in parts if p.alignment is not None]
+        if mode != "none" and len(matrices) == len(parts):
+            matrix = segment.block_diagonal(
+                matrices,
+                [(len(s.target_pieces), len(s.source_pieces)) for s in sentence.separators],
+            )  # (T, S)
+            alignment = make_alignment(matrix, sentence.pieces, tokens, mode)
+        scored = sum(len(p.token_ids) + (1 if p.finished else 0) for p in parts)
+        log_prob = sum(p.log_prob for p in parts)
+        confidence = math.exp(log_prob / scored) if scored else 0.0
+        return TranslationHypothesis(
+            text=text,
+            tokens=tokens,
+            token_ids=ids,
+            score=sum(p.score for p in parts),
+            log_prob=log_prob,
+            alignment=alignment,
+            finished=all(p.finished for p in parts),
+            confidence=confidence,
+            low_confidence=confidence < self.min_confidence,
+            segment_confidences=tuple(p.confidence for p in parts),
+        )
+
+
+def check_loaded_bundle(
+    bundle: Bundle, model: OnnxModel, source: TextTokenizer, target: TextTokenizer
+) -> None:
+    """The graphs keep the runtime's contract and the tokenizers agree with the manifest
+    (BundleError naming the file otherwise): see service/model/graph_contract.py."""
+    decoder_file = "decoder.int8.onnx" if model.config.int8_decoder else "decoder.onnx"
+    for role, session, name in (
+        ("encoder", model.encoder, "encoder.onnx"),
+        ("decoder", model.decoder, decoder_file),
+    ):
+        contract.check_graph(
+            bundle.file(name),
+            role,
+            session.get_inputs(),
+            session.get_outputs(),
+            bundle.architecture,
+        )
+    contract.check_vocabularies(bundle.file(MANIFEST), bundle.architecture, source, target)
+
+
+def make_alignment(
+    matrix: np.ndarray | None, src_pieces: list[str], tgt_pieces: list[str], mode: AlignmentMode
+) -> Alignment | None:
+    if mode == "none" or matrix is None:
+        return None
+    if mode == "word":
+        matrix, src_pieces, tgt_pieces = align.merge_subwords(matrix, src_pieces, tgt_pieces)
+    return Alignment(
+        matrix=matrix,
+        source_tokens=src_pieces,
+        target_tokens=tgt_pieces,
+        pharaoh=align.pharaoh(matrix),
+    )
+
+
+class RunningBatch(Generic[KeyT]):
+    """Sentences decoding together with K hypothesis slots each; sentences join and leave between
+    steps. Sentences are known by their requests' keys. A segmented sentence decodes as one search
+    entry per segment (keyed (key, k)) and leaves when its last segment finishes, joined."""
+
+    def __init__(self, engine: Engine, beam_size: int) -> None:
+        self.engine = engine
+        self.decoder: OnnxDecoder = engine.model.new_decoder()
+        cfg = engine.cfg
+        self.search = BeamSearch(
+            self.decoder,
+            beam_size,
+            cfg.bos_id,
+            cfg.eos_id,
+            vocab_size=cfg.tgt_vocab_size,
+            narrow_on_eos=cfg.toolkit != "native",  # imported models: the toolkit's beam rule
+        )
+        self.requests: dict[Hashable, DecodeRequest[KeyT]] = {}
+        # segmented sentences: key → each segment's n-best list, None while it decodes
+        self.segments: dict[Hashable, list[list[Hypothesis] | None]] = {}
+
+    @property
+    def beam_size(self) -> int:
+        return self.search.beam_size
+
+    def __len__(self) -> int:
+        """The sentences (segments) the decoder steps: what the batch limits count."""
+        return len(self.search)
+
+    @property
+    def num_hypotheses(self) -> int:
+        return len(self.search) * self.search.beam_size
+
+    def add(
+        self,
+        requests: Sequence[DecodeRequest[KeyT]],
+        encoded: Sequence[Sequence[EncodedSentence]] | None = None,
+    ) -> None:
+        """Append the joining sentences; encoded[i] holds requests[i]'s parts' rows (Engine.encode;
+        None: encode them now, in one encoder call)."""
+        if not requests:
+            return
+        if encoded is None:
+            encoded = self.engine.encode([r.sentence for r in requests])
+        if len(encoded) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(encoded)} encoded sentences")
+        for request, rows in zip(requests, encoded, strict=True):
+            if len(rows) != len(request.sentence.parts):
+                raise ValueError(
+                    f"{len(request.sentence.parts)} segments but {len(rows)} encoded rows"
+                )
+        row = self.decoder.add_sentences([e for rows in encoded for e in rows])
+        for request in requests:
+            options = request.options
+            want_attention = request.alignment != "none"
+            if options.return_attention != want_attention:
+                options = replace(options, return_attention=want_attention)
+            parts = request.sentence.segments
+            if not parts:
+                self.search.add(request.key, len(request.sentence.ids), options, state_row=row)
+                row += 1
+            else:
+                for k, part in enumerate(parts):
+                    self.search.add((request.key, k), len(part.ids), options, state_row=row)
+                    row += 1
+                self.segments[request.key] = [None] * len(parts)
+            self.requests[request.key] = request
+
+    def remove(self, keys: Collection[KeyT]) -> list[KeyT]:
+        """Drop sentences mid-decode (their client went away); returns the keys that were here."""
+        present = [key for key in keys if key in self.requests]
+        entries: list[Hashable] = []
+        for key in present:
+            parts = self.segments.pop(key, None)
+            entries += [key] if parts is None else [(key, k) for k in range(len(parts))]
+        self.search.remove(entries)
+        return [self.requests.pop(key).key for key in present]
+
+    def step(self) -> list[tuple[KeyT, Translation]]:
+        """One decoder call for every hypothesis; returns the sentences that finished at this step."""
+        out: list[tuple[KeyT, Translation]] = []
+        for entry, hyps in self.search.step():
+            if entry in self.requests and entry not in self.segments:
+                request = self.requests.pop(entry)
+                out.append((request.key, self.engine.to_translation(request, hyps)))
+                continue
+            key, k = cast(tuple[Hashable, int], entry)  # a segment of a segmented sentence
+            parts = self.segments[key]
+            parts[k] = hyps
+            if all(p is not None for p in parts):
+                del self.segments[key]
+                request = self.requests.pop(key)
+                done = [p for p in parts if p is not None]
+                out.append((request.key, self.engine.join_translation(request, done)))
+        return out

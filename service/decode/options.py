@@ -1,0 +1,208 @@
+"""The decoding options, declared once: name, type, default, range and help of each.
+
+`SearchOptions` is the declaration: each of its option fields carries an `OptionSpec` in its
+metadata, and everything else is derived from `OPTIONS`, so adding an option touches this module
+(and the .proto) only:
+- the server's defaults (`Settings.decoding` is a `SearchOptions`; flags `--default-<name>`,
+  environment `S2S_DEFAULT_<NAME>`, in service/serve/config.py),
+- protobuf parsing and ModelInfo.defaults (service/serve/protocol.py),
+- the client's keyword arguments and the CLIs' flags (`add_option_flags`, `options_from_args`).
+
+`problems` is the one validator: SearchOptions runs it when made (static ranges), the server and
+the engine run it with the engine's limits (ranges capped by `EngineLimits`), so they cannot
+disagree. Each option's name is its DecodingOptions field name, on the wire and in messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Protocol
+
+
+class Limits(Protocol):
+    """The engine limits some ranges are capped by (service/serve/config.py's EngineLimits)."""
+
+    @property
+    def max_beam_size(self) -> int: ...
+
+    @property
+    def max_length(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One decoding option; its name (filled in from the SearchOptions field) is also its
+    DecodingOptions field.
+
+    The value must lie in [low, high]; `limit` names the engine limit that caps it further (when
+    the limits are known), `symmetric` makes the range [-limit, limit], and `at_most` names
+    another option it must not exceed.
+    """
+
+    kind: type  # int or float
+    default: int | float
+    help: str
+    flags: tuple[str, ...]  # the CLIs' flags, the first one canonical
+    low: float = -math.inf
+    high: float = math.inf
+    limit: str = ""
+    symmetric: bool = False
+    at_most: str = ""
+    name: str = ""
+
+
+def option(spec: OptionSpec) -> Any:
+    """A SearchOptions field declared by its spec."""
+    return field(default=spec.default, metadata={"option": spec})
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How one sentence is decoded; checked when made (`problems` without limits).
+
+    The maximum target length (decoder steps) is min(max_length, int(max_length_a * src_len +
+    max_length_b)), at least 1. length_penalty is GNMT's α, coverage_penalty GNMT's β.
+    """
+
+    beam_size: int = option(
+        OptionSpec(int, 5, "beam size (1 = greedy)", ("--beam", "--beam-size"), low=1,
+                   limit="max_beam_size")
+    )  # fmt: skip
+    n_best: int = option(
+        OptionSpec(int, 1, "hypotheses returned per text, <= beam size", ("--nbest", "--n-best"),
+                   low=1, at_most="beam_size")
+    )  # fmt: skip
+    max_length_a: float = option(
+        OptionSpec(float, 2.0, "max target length = min(max_length, a * |source| + b)",
+                   ("--max-length-a", "--max-len-a"), low=0.0, high=100.0)
+    )  # fmt: skip
+    max_length_b: int = option(
+        OptionSpec(int, 10, "b of the maximum length formula", ("--max-length-b", "--max-len-b"),
+                   limit="max_length", symmetric=True)
+    )  # fmt: skip
+    max_length: int = option(
+        OptionSpec(int, 256, "hard cap on target tokens", ("--max-length",), low=1,
+                   limit="max_length")
+    )  # fmt: skip
+    length_penalty: float = option(
+        OptionSpec(float, 0.0, "GNMT alpha, >= 0", ("--length-penalty",), low=0.0, high=100.0)
+    )
+    coverage_penalty: float = option(
+        OptionSpec(float, 0.0, "GNMT beta, >= 0", ("--coverage-penalty",), low=0.0, high=100.0)
+    )
+    return_attention: bool = False  # not a request option: set by the engine
+
+    def __post_init__(self) -> None:
+        found = self.problems()
+        if found:
+            raise ValueError("invalid search options: " + "; ".join(found))
+
+    def problems(self, limits: Limits | None = None) -> list[str]:
+        """Every reason these options are invalid (empty when they are fine)."""
+        found = problems(self.values(), limits)
+        if not isinstance(self.return_attention, bool):
+            found.append(f"return_attention must be a bool, got {self.return_attention!r}")
+        return found
+
+    def values(self) -> dict[str, Any]:
+        """The request options by name (return_attention left out)."""
+        return {spec.name: getattr(self, spec.name) for spec in OPTIONS}
+
+    def max_len(self, src_len: int) -> int:
+        """The most decoder steps for a source of src_len tokens."""
+        return max(1, min(self.max_length, int(self.max_length_a * src_len + self.max_length_b)))
+
+
+def _specs() -> tuple[OptionSpec, ...]:
+    return tuple(
+        replace(f.metadata["option"], name=f.name)
+        for f in fields(SearchOptions)
+        if "option" in f.metadata
+    )
+
+
+OPTIONS: tuple[OptionSpec, ...] = _specs()
+
+
+# --- the one validator ---------------------------------------------------------------------------
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _num(x: float) -> str:
+    """100.0 → '100', 0.5 → '0.5'."""
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def problem(
+    spec: OptionSpec, value: Any, values: Mapping[str, Any], limits: Limits | None
+) -> str | None:
+    """What is wrong with one option's value (None when nothing is)."""
+    low, high = spec.low, spec.high
+    if spec.limit and limits is not None:
+        high = min(high, getattr(limits, spec.limit))
+    if spec.symmetric:
+        low = -high
+    if spec.kind is float:
+        if not _is_number(value) or not low <= value <= high:
+            return (
+                f"{spec.name} must be a finite number in [{_num(low)}, {_num(high)}], got {value!r}"
+            )
+        return None
+    if not _is_int(value):
+        return f"{spec.name} must be an integer, got {value!r}"
+    if spec.at_most:
+        other: Any = values.get(spec.at_most)
+        if _is_int(other) and other >= low and not low <= value <= other:
+            return f"{spec.name} ({value}) must be between {_num(low)} and {spec.at_most} ({other})"
+    if spec.symmetric and not low <= value <= high:
+        return f"{spec.name} must be within ±{_num(high)}, got {value}"
+    if not low <= value <= high:
+        bound = f">= {_num(low)}" if high == math.inf else f"between {_num(low)} and {_num(high)}"
+        return f"{spec.name} must be {bound}, got {value}"
+    return None
+
+
+def problems(values: Mapping[str, Any], limits: Limits | None = None) -> list[str]:
+    """Every reason the option values are invalid, in declaration order; ranges are capped by the
+    engine's limits when given."""
+    found = (problem(spec, values[spec.name], values, limits) for spec in OPTIONS)
+    return [p for p in found if p is not None]
+
+
+# --- command-line flags --------------------------------------------------------------------------
+
+
+def add_option_flags(parser: argparse.ArgumentParser, defaults: SearchOptions | None) -> None:
+    """One flag per option (dest = its name); defaults None leaves unset flags None (the server's
+    defaults apply), otherwise unset flags take the given defaults."""
+    group = parser.add_argument_group("decoding options")
+    for spec in OPTIONS:
+        default = None if defaults is None else getattr(defaults, spec.name)
+        shown = "the server's" if defaults is None else "%(default)s"
+        group.add_argument(
+            *spec.flags,
+            dest=spec.name,
+            type=spec.kind,
+            default=default,
+            help=f"{spec.help} (default: {shown})",
+        )
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The options given on the command line (None values left out)."""
+    return {
+        spec.name: getattr(args, spec.name)
+        for spec in OPTIONS
+        if getattr(args, spec.name) is not None
+    }

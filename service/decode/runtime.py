@@ -1,0 +1,479 @@
+"""ONNX Runtime sessions for a bundle's encoder and decoder-step graphs.
+
+The decoder runs through IOBinding: the recurrent state and the encoder tensors are OrtValues on the
+session's device (GPU memory under the CUDA provider) and stay there between steps; only token ids and
+back-pointers go in, and only the top-k candidates and the attention row come back to the host, into
+reusable host buffers. The same code runs under the CPU provider in the tests.
+
+Sentences joining or leaving the running batch change the device buffers in place
+(`service.decode.device.RowOps`): a join uploads only the joining sentences' rows and initial states, a leave
+moves rows on the device, and the decoder state never leaves it. Every host↔device copy is counted
+in the model's `TransferLedger` (`service.decode.transfers`), so the bytes per step are a tested quantity:
+O(joining sentences + hypotheses × (k + source length)), never O(batch × source length).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from service.decode.beam import StepOutput
+from service.decode.config import RuntimeConfig
+from service.decode.device import Device, HostRowOps, RowOps, make_row_ops
+from service.decode.transfers import TransferLedger
+from service.model.architecture import PAD_ID
+from service.model.bundle import Bundle, BundleError
+
+log = logging.getLogger(__name__)
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+def resolve_providers(requested: tuple[str, ...]) -> list[str]:
+    """Keep the requested providers this onnxruntime build has, in order; CPU is always the last resort."""
+    available = set(ort.get_available_providers())
+    chosen = [p for p in requested if p in available]
+    dropped = [p for p in requested if p not in available]
+    if dropped:
+        log.info("execution providers not available here, skipped: %s", dropped)
+    if CPU not in chosen:
+        chosen.append(CPU)
+    return chosen
+
+
+def cuda_provider_options(config: RuntimeConfig) -> dict[str, str]:
+    """The CUDA execution provider's options, each set on purpose (ONNX Runtime's names and values).
+
+    - device_id: the GPU the sessions and every OrtValue of the running batch live on.
+    - arena_extend_strategy kSameAsRequested: the running batch's tensors change size at almost
+      every step; the default kNextPowerOfTwo would reserve up to twice what a step needs each time
+      the arena grows.
+    - gpu_mem_limit: a cap on the arena (0 leaves ONNX Runtime's default, the whole device).
+    - do_copy_in_default_stream: host↔device copies on the compute stream (ONNX Runtime's
+      recommended setting: the copies are ordered with the kernels that read them); false gives
+      copies their own stream, which ONNX Runtime documents as faster but open to races.
+    - use_tf32: off by default, so a GPU's matrix products round like the CPU's fp32 ones and the
+      differential tests' outputs hold across devices.
+    """
+    options = {
+        "device_id": str(config.device_id),
+        "arena_extend_strategy": config.cuda_arena_extend,
+        "do_copy_in_default_stream": "1" if config.cuda_copy_in_default_stream else "0",
+        "use_tf32": "1" if config.cuda_tf32 else "0",
+    }
+    if config.cuda_mem_limit_mb:
+        options["gpu_mem_limit"] = str(config.cuda_mem_limit_mb * 1024 * 1024)
+    return options
+
+
+def provider_options(providers: Sequence[str], config: RuntimeConfig) -> list[dict[str, str]]:
+    return [cuda_provider_options(config) if p == CUDA else {} for p in providers]
+
+
+def make_session(path: str, config: RuntimeConfig, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = config.inter_op_threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if not config.spin_wait:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    providers = resolve_providers(config.providers)
+    try:
+        return ort.InferenceSession(
+            path,
+            sess_options=options,
+            providers=providers,
+            provider_options=provider_options(providers, config),
+        )
+    except Exception as err:  # a damaged graph fails with messages that may not name it
+        raise BundleError(f"{path}: ONNX Runtime cannot load this graph: {err}") from err
+
+
+@dataclass
+class Encoded:
+    """Encoder outputs for a group of sentences, as OrtValues on the session's device."""
+
+    values: ort.OrtValue  # (B, S, D)
+    keys: ort.OrtValue  # (B, S, Dk), or (B, 1, D) for attention "none"
+    mask: ort.OrtValue  # (B, S) bool
+    state: ort.OrtValue  # (B, D_state) initial decoder states
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.mask.shape()[0])
+
+
+@dataclass(frozen=True)
+class EncodedSentence:
+    """One sentence's encoder outputs on the host, cut to its own length: the unit that waits between
+    an encoder call and the sentence joining a running batch."""
+
+    values: np.ndarray  # (S_i, D)
+    keys: np.ndarray  # (S_i, Dk), or (1, D) for attention "none"
+    state: np.ndarray  # (D_state,) initial decoder state
+
+    @property
+    def length(self) -> int:
+        return int(self.values.shape[0])
+
+
+def split_sentences(
+    encoded: Encoded, lengths: np.ndarray, keys_follow_source: bool, device: Device
+) -> list[EncodedSentence]:
+    """A batch's encoder outputs → one EncodedSentence per sentence on the host (copies: the rows
+    outlive the batch, and wait there for their running batch, which may be on another thread)."""
+    values = device.download(encoded.values, "encoder_rows")  # (B, S, D)
+    keys = device.download(encoded.keys, "encoder_rows")  # (B, S or 1, Dk)
+    state = device.download(encoded.state, "state")  # (B, D_state)
+    out = []
+    for b, n in enumerate(lengths.tolist()):
+        key_rows = keys[b, :n] if keys_follow_source else keys[b]
+        out.append(EncodedSentence(values[b, :n].copy(), key_rows.copy(), state[b].copy()))
+    return out
+
+
+def pad_ids(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists → src (B, S) int64 padded with PAD, lengths (B,) int64."""
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)  # (B,)
+    src = np.full((len(rows), int(lengths.max())), PAD_ID, dtype=np.int64)  # (B, S)
+    for i, r in enumerate(rows):
+        src[i, : len(r)] = r
+    return src, lengths
+
+
+CALL_COST_SENTENCES = 2.0  # one encoder call costs about as much as two more sentences in it
+
+
+def length_buckets(lengths: Sequence[int]) -> list[list[int]]:
+    """Indices grouped into encoder calls by length, shortest first, minimizing the modelled cost
+    Σ over calls of (sentences + CALL_COST_SENTENCES) × longest source.
+
+    The encoder's work follows batch × longest source, so one 70-token sentence among 15-token ones
+    makes the whole call ~4× the work; each extra call costs a fixed overhead instead (measured on the
+    default model, one thread: 0.32 ms for one 20-token sentence, +0.15 ms per sentence more). The
+    optimal split of the sorted lengths into contiguous groups is a small dynamic programme (n ≤ the
+    batch limit).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    n = len(order)
+    best = [0.0] + [math.inf] * n  # best[j]: cost of the first j sorted sentences
+    cut = [0] * (n + 1)  # cut[j]: where the last group of that best split starts
+    for j in range(1, n + 1):
+        longest = lengths[order[j - 1]]
+        for i in range(j):
+            cost = best[i] + (j - i + CALL_COST_SENTENCES) * longest
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    buckets: list[list[int]] = []
+    j = n
+    while j > 0:
+        buckets.append(order[cut[j] : j])
+        j = cut[j]
+    return buckets[::-1]
+
+
+class OnnxModel:
+    """The bundle's two graphs on one device; hands out decoders for running batches."""
+
+    def __init__(self, bundle: Bundle, config: RuntimeConfig) -> None:
+        self.bundle = bundle
+        self.config = config
+        decoder_file = "decoder.int8.onnx" if config.int8_decoder else "decoder.onnx"
+        if config.int8_decoder and not bundle.has_int8:
+            raise ValueError(
+                f"bundle {bundle.path} has no decoder.int8.onnx (export it with --int8)"
+            )
+        self.encoder = make_session(
+            str(bundle.file("encoder.onnx")), config, config.encoder_threads
+        )
+        self.decoder = make_session(str(bundle.file(decoder_file)), config, config.intra_op_threads)
+        on_gpu = self.decoder.get_providers()[0] == CUDA
+        self.device_type = "cuda" if on_gpu else "cpu"
+        self.device_id = config.device_id if on_gpu else 0
+        self.transfers = TransferLedger()
+        self.device = Device(self.device_type, self.device_id, self.transfers)
+        providers = self.providers
+        self.row_ops = make_row_ops(
+            self.device, providers, provider_options(providers, config), config.row_ops
+        )
+
+    @property
+    def providers(self) -> list[str]:
+        return list(self.decoder.get_providers())
+
+    def encode(self, src: np.ndarray, lengths: np.ndarray) -> Encoded:
+        """src (B, S) int64 padded ids, lengths (B,) int64 → encoder outputs left on the device."""
+        binding = self.encoder.io_binding()
+        self.device.bind_host_input(binding, "src", src.astype(np.int64, copy=False), "tokens")
+        lengths = lengths.astype(np.int64, copy=False)
+        self.device.bind_host_input(binding, "src_lengths", lengths, "tokens")
+        for name in ("values", "keys", "mask", "state"):
+            binding.bind_output(name, self.device_type, self.device_id)
+        self.encoder.run_with_iobinding(binding)
+        values, keys, mask, state = binding.get_outputs()
+        return Encoded(values=values, keys=keys, mask=mask, state=state)
+
+    def encode_sentences(self, id_lists: Sequence[Sequence[int]]) -> list[EncodedSentence]:
+        """Source id lists → one host EncodedSentence each, in order. Sentences of similar length
+        are encoded together (`length_buckets`): the encoder's cost follows batch × longest source."""
+        keys_follow_source = self.bundle.architecture.attention != "none"
+        out: list[EncodedSentence | None] = [None] * len(id_lists)
+        for bucket in length_buckets([len(ids) for ids in id_lists]):
+            src, lengths = pad_ids([id_lists[i] for i in bucket])
+            encoded = split_sentences(
+                self.encode(src, lengths), lengths, keys_follow_source, self.device
+            )
+            for i, sentence in zip(bucket, encoded, strict=True):
+                out[i] = sentence
+        return [s for s in out if s is not None]
+
+    def new_decoder(self) -> OnnxDecoder:
+        return OnnxDecoder(self)
+
+
+class EncoderRows:
+    """The running batch's encoder tensors, one row per sentence, in device buffers with spare capacity.
+
+    Sentences join and leave between almost every step under load, so rows are written and compacted
+    in place on the device (`RowOps`) rather than rebuilt on the host and uploaded: a join uploads
+    only the joining rows (at their own length; the device pads them), a leave moves only the rows
+    whose place changes (the search's `compaction_order` keeps that to one per row dropped), and
+    nothing else crosses. The source axis is the longest source present (shorter rows are masked)
+    and shrinks when the remaining sentences need at most half of it. Rows at and beyond `count`
+    hold nothing the step reads: it is bound to the leading `count` rows.
+    """
+
+    def __init__(self, ops: RowOps | HostRowOps, keys_follow_source: bool) -> None:
+        self.ops = ops
+        self.keys_follow_source = keys_follow_source  # False for attention "none": keys (B, 1, Dk)
+        self.count = 0
+        # values (capacity, S, D), keys (capacity, S or 1, Dk), mask (capacity, S) bool, on the device
+        self.buffers: list[ort.OrtValue] | None = None
+        self.lengths = np.zeros(0, np.int64)  # (capacity,) real source length per row, on the host
+        self.D = self.Dk = self.key_len = 0
+
+    @property
+    def capacity(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def source_len(self) -> int:
+        return 0 if self.buffers is None else int(self.buffers[2].shape()[1])
+
+    def shapes(self, rows: int, S: int | None = None) -> list[tuple[int, ...]]:
+        """The buffers' shapes over `rows` rows (and source length S, by default the current one)."""
+        S = self.source_len if S is None else S
+        key_len = S if self.keys_follow_source else self.key_len
+        return [(rows, S, self.D), (rows, key_len, self.Dk), (rows, S)]
+
+    def append(
+        self,
+        sentences: Sequence[EncodedSentence],
+        state: ort.OrtValue | None = None,
+        new_state: np.ndarray | None = None,
+    ) -> ort.OrtValue | None:
+        """Write joining sentences' rows after the current ones; only these rows cross to the device.
+
+        Given the decoder `state` (R, D) on the device and the sentences' initial states
+        `new_state` (n, D), returns state + new_state from the same device call."""
+        n, S_new = len(sentences), max(s.length for s in sentences)
+        first = sentences[0]
+        if self.buffers is None:
+            self.D, self.Dk, self.key_len = (
+                first.values.shape[1],
+                first.keys.shape[1],
+                first.keys.shape[0],
+            )
+            capacity = max(16, 2 * n)
+            self.buffers = [
+                self.ops.empty(shape, dtype)
+                for shape, dtype in zip(
+                    self.shapes(capacity, S_new), (np.float32, np.float32, np.bool_), strict=True
+                )
+            ]
+            self.lengths = np.zeros(capacity, np.int64)
+        elif self.count + n > self.capacity or S_new > self.source_len:
+            self.refit(max(self.capacity, 2 * (self.count + n)), max(self.source_len, S_new))
+        assert self.buffers is not None
+        if n == 1:  # one sentence (the usual join under load): its own arrays, no padding
+            values, keys = first.values[None], first.keys[None]  # (1, S_i, D), (1, S_i or 1, Dk)
+            mask = np.ones((1, first.length), np.bool_)  # (1, S_i)
+            self.lengths[self.count] = first.length
+        else:  # the joining rows, zero-padded to the longest of them
+            values_shape, keys_shape, mask_shape = self.shapes(n, S_new)
+            values = np.zeros(values_shape, np.float32)  # (n, S_new, D)
+            keys = np.zeros(keys_shape, np.float32)  # (n, S_new or 1, Dk)
+            mask = np.zeros(mask_shape, np.bool_)  # (n, S_new)
+            for i, sentence in enumerate(sentences):
+                values[i, : sentence.length] = sentence.values
+                keys[i, : sentence.keys.shape[0]] = sentence.keys
+                mask[i, : sentence.length] = True
+                self.lengths[self.count + i] = sentence.length
+        joined = self.ops.append(
+            self.buffers,
+            self.shapes(self.capacity),
+            self.count,
+            [values, keys, mask],
+            state,
+            new_state,
+        )
+        self.count += n
+        return joined
+
+    def keep(self, keep: np.ndarray) -> None:
+        """Keep the rows `keep` (B',), in that order."""
+        if len(keep) == 0:
+            self.count = 0
+            self.buffers = None
+            self.lengths = np.zeros(0, np.int64)
+            return
+        assert self.buffers is not None
+        moved = np.flatnonzero(keep != np.arange(len(keep)))  # only the rows that change place
+        if len(moved):
+            sources = keep[moved]
+            self.ops.move(self.buffers, self.shapes(self.count), sources, moved)
+            self.lengths[moved] = self.lengths[sources]
+        self.count = len(keep)
+        needed = int(self.lengths[: self.count].max())
+        if needed <= self.source_len // 2:
+            self.refit(self.capacity, needed)
+
+    def refit(self, capacity: int, S: int) -> None:
+        """New device buffers of (capacity, S, ·) holding the current rows, cut or zero-padded to S."""
+        assert self.buffers is not None
+        self.buffers = self.ops.refit(
+            self.buffers, self.shapes(self.count), self.shapes(capacity, S)
+        )
+        lengths = np.zeros(capacity, np.int64)
+        lengths[: self.count] = self.lengths[: self.count]
+        self.lengths = lengths
+
+    def binding_key(self) -> tuple[int, ...]:
+        """What `bind` binds: while it is unchanged, a binding made by `bind` still holds."""
+        assert self.buffers is not None
+        return (self.count, *(b.data_ptr() for b in self.buffers), *self.buffers[2].shape())
+
+    def bind(self, binding: ort.IOBinding) -> None:
+        """Bind the live rows as the decoder step's values (B, S, D), keys, mask (B, S) (no copy)."""
+        assert self.buffers is not None
+        for name, buffer, shape in zip(
+            ("values", "keys", "mask"), self.buffers, self.shapes(self.count), strict=True
+        ):
+            self.ops.device.bind_device_input(binding, name, buffer, shape)
+
+    def to_host(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """values (B, S, D), keys (B, S or 1, Dk), mask (B, S) copied to the host (for inspection;
+        the decode loop never calls it)."""
+        assert self.buffers is not None
+        B = self.count
+        values, keys, mask = (self.ops.device.download(b, "encoder_rows")[:B] for b in self.buffers)
+        return values, keys, mask
+
+
+class HostBuffer:
+    """A reusable host array that a step's output is copied into; grows, never shrinks."""
+
+    def __init__(self, dtype: type) -> None:
+        self.flat: np.ndarray = np.zeros(0, dtype)
+        self.generation = 0  # counts the reallocations: a binding to an older array is stale
+
+    def view(self, shape: tuple[int, ...]) -> np.ndarray:
+        size = math.prod(shape)
+        if size > len(self.flat):
+            self.flat = np.zeros(max(size, 2 * len(self.flat)), self.flat.dtype)
+            self.generation += 1
+        return self.flat[:size].reshape(shape)
+
+
+class OnnxDecoder:
+    """The decoder side of one running batch; implements `service.decode.beam.Decoder`.
+
+    Holds the batch's encoder tensors (one row per sentence) and the state buffer (one row per
+    hypothesis produced by the last step, then the initial states of sentences added since), both on
+    the device. The arrays of a step's StepOutput are reused by the next step: a caller that keeps
+    them across steps copies them (the beam search does not keep them).
+    """
+
+    def __init__(self, model: OnnxModel) -> None:
+        self.model = model
+        self.device = model.device
+        self.rows = EncoderRows(
+            model.row_ops, keys_follow_source=model.bundle.architecture.attention != "none"
+        )
+        self.state: ort.OrtValue | None = None  # (R, D_state) on the device
+        self.log_probs = HostBuffer(np.float32)
+        self.token_ids = HostBuffer(np.int64)
+        self.attention = HostBuffer(np.float32)
+        # One binding for every step: the encoder rows and the host outputs are rebound only when
+        # they change (a join, a leave, a new hypothesis count), not at each step.
+        self.binding = model.decoder.io_binding()
+        self.bound_rows: tuple[int, ...] | None = None
+        self.bound_outputs: tuple[int, ...] | None = None
+
+    @property
+    def state_rows(self) -> int:
+        return 0 if self.state is None else int(self.state.shape()[0])
+
+    def add_sentences(self, sentences: Sequence[EncodedSentence]) -> int:
+        """Append sentences (at the end of the sentence order); returns the state-buffer row of the first one."""
+        offset = self.state_rows
+        new_state = np.stack([s.state for s in sentences])  # (n, D_state)
+        if self.state is None:  # the first join: nothing on the device to append to
+            self.rows.append(sentences)
+            self.state = self.device.upload(new_state, "state")
+        else:  # rows and state in one device call
+            self.state = self.rows.append(sentences, self.state, new_state)
+        return offset
+
+    def keep_sentences(self, keep: np.ndarray) -> None:
+        """Drop finished sentences' encoder rows (the state rows are dropped by the next reorder)."""
+        keep = np.asarray(keep, dtype=np.int64)
+        self.rows.keep(keep)
+        if len(keep) == 0:  # the batch is empty: its state rows are of no use to anyone
+            self.state = None
+
+    def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
+        """One decoder call for every hypothesis: tokens (N,), reorder (N,) → top-k (N, k), attention (N, S)."""
+        assert self.rows.count and self.state is not None, "step() on an empty batch"
+        session, device, binding = self.model.decoder, self.device, self.binding
+        N, S = len(tokens), self.rows.source_len
+        device.bind_host_input(binding, "tokens", tokens.astype(np.int64, copy=False), "tokens")
+        device.bind_host_input(binding, "reorder", reorder.astype(np.int64, copy=False), "tokens")
+        device.bind_host_input(binding, "k", np.array(k, dtype=np.int64), "tokens")
+        binding.bind_ortvalue_input("state", self.state)
+        rows_key = self.rows.binding_key()
+        if rows_key != self.bound_rows:
+            self.rows.bind(binding)
+            self.bound_rows = rows_key
+        # rebound at every step: a binding left from the last run would be written in place
+        binding.bind_output("new_state", device.type, device.id)  # stays on the device
+        log_probs = self.log_probs.view((N, k))  # (N, k)
+        token_ids = self.token_ids.view((N, k))  # (N, k)
+        attention = self.attention.view((N, S))  # (N, S)
+        outputs_key = (
+            N,
+            k,
+            S,
+            self.log_probs.generation,
+            self.token_ids.generation,
+            self.attention.generation,
+        )
+        if outputs_key != self.bound_outputs:
+            device.bind_host_output(binding, "log_probs", log_probs)
+            device.bind_host_output(binding, "token_ids", token_ids)
+            device.bind_host_output(binding, "attention", attention)
+            self.bound_outputs = outputs_key
+        session.run_with_iobinding(binding)
+        self.state = device.output(binding, 0)  # new_state was bound first
+        return StepOutput(
+            log_probs=device.fetched(log_probs, "topk"),
+            token_ids=device.fetched(token_ids, "topk"),
+            attention=device.fetched(attention, "attention"),
+        )

@@ -1,0 +1,131 @@
+"""The model's architecture as one typed config, shared by training, export and serving.
+
+It lives in `service/` (torch-free) because the bundle's manifest carries it to the server:
+export writes it, serving reads it, and neither guesses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+RnnKind = Literal["gru", "lstm"]
+AttentionKind = Literal["additive", "dot", "general", "concat", "scaled_dot", "none"]
+DecoderStyle = Literal["bahdanau", "luong", "cgru"]
+Toolkit = Literal["native", "opennmt-py", "joeynmt"]
+
+RNN_KINDS: tuple[str, ...] = ("gru", "lstm")
+ATTENTION_KINDS: tuple[str, ...] = ("additive", "dot", "general", "concat", "scaled_dot", "none")
+DECODER_STYLES: tuple[str, ...] = ("bahdanau", "luong", "cgru")
+TOOLKITS: tuple[str, ...] = ("native", "opennmt-py", "joeynmt")
+
+# Special ids are fixed across every model: the tokenizer is trained to use them.
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of an RNN encoder-decoder with attention.
+
+    attention="none" is the fixed-context encoder-decoder (Cho et al. 2014): the encoder's summary
+    enters every decoder step and there is no alignment; decoder_style is then ignored.
+
+    decoder_style says when attention is queried: "bahdanau" with the previous state s_{t-1}
+    (before y_{t-1} is read), "luong" with the new state s_t (input feeding h~), "cgru" (Nematus /
+    Marian conditional GRU) with s'_t = RNN1(y_{t-1}, s_{t-1}), after which RNN2 reads the context:
+    s_t = RNN2(c_t, s'_t). "cgru" works with GRU and LSTM cells; with dec_layers > 1 RNN2 is a
+    stack whose bottom layer starts from s'_t and whose upper layers from their own s_{t-1}.
+
+    toolkit names whose equations the graphs hold: "native" (our trainer, export/train/model.py) or a
+    toolkit a checkpoint was imported from (export/importers/); `bridge` and `input_feed` then
+    record that toolkit's options. Serving never branches on them: the graphs carry the equations.
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    emb_dim: int = 128
+    enc_hidden: int = 128  # per direction; encoder states are enc_out_dim wide
+    dec_hidden: int = 256
+    enc_layers: int = 1
+    dec_layers: int = 1
+    rnn: RnnKind = "gru"
+    attention: AttentionKind = "additive"
+    decoder_style: DecoderStyle = "bahdanau"
+    attn_dim: int = 128  # width of the additive/concat scoring layer
+    dropout: float = 0.1
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+    unk_id: int = UNK_ID
+    bidirectional: bool = True  # encoder; False: one direction, states enc_hidden wide
+    toolkit: Toolkit = "native"
+    bridge: str = "linear_tanh"  # how the decoder's first state comes from the encoder
+    input_feed: bool | None = None  # None: Luong style feeds h~ (the native rule)
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid model config: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        out: list[str] = []
+        if self.rnn not in RNN_KINDS:
+            out.append(f"rnn must be one of {RNN_KINDS}, got {self.rnn!r}")
+        if self.attention not in ATTENTION_KINDS:
+            out.append(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if self.decoder_style not in DECODER_STYLES:
+            out.append(f"decoder_style must be one of {DECODER_STYLES}, got {self.decoder_style!r}")
+        for name in ("src_vocab_size", "tgt_vocab_size", "emb_dim", "enc_hidden", "dec_hidden"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} must be >= 1")
+        for name in ("enc_layers", "dec_layers", "attn_dim"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} must be >= 1")
+        if self.decoder_style == "cgru" and self.input_feed:
+            out.append("decoder_style 'cgru' has no input feeding; leave input_feed unset")
+        if self.decoder_style == "cgru" and self.toolkit != "native":
+            out.append(f"decoder_style 'cgru' is native only, not {self.toolkit!r}")
+        if self.toolkit not in TOOLKITS:
+            out.append(f"toolkit must be one of {TOOLKITS}, got {self.toolkit!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            out.append(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.attention in ("dot", "scaled_dot") and self.dec_hidden != self.enc_out_dim:
+            out.append(
+                f"{self.attention} attention scores s·h directly, so dec_hidden ({self.dec_hidden}) "
+                f"must equal {'2 * ' if self.bidirectional else ''}enc_hidden ({self.enc_out_dim}); "
+                "use 'general' otherwise"
+            )
+        return out
+
+    @property
+    def enc_out_dim(self) -> int:
+        return (2 if self.bidirectional else 1) * self.enc_hidden
+
+    @property
+    def input_feeding(self) -> bool:
+        """Luong's input feeding: the previous attentional state h~ enters the RNN input."""
+        if self.input_feed is not None:
+            return self.input_feed
+        return self.attention != "none" and self.decoder_style == "luong"
+
+    @property
+    def conditional(self) -> bool:
+        """The cGRU decoder: read y_{t-1}, attend with that state, then read the context."""
+        return self.attention != "none" and self.decoder_style == "cgru"
+
+    @property
+    def state_dim(self) -> int:
+        """Width of the packed decoder state row: every layer's h (and c for LSTM), then h~."""
+        per_layer = self.dec_hidden * (2 if self.rnn == "lstm" else 1)
+        return self.dec_layers * per_layer + (self.dec_hidden if self.input_feeding else 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown model config keys: {unknown}")
+        return cls(**data)

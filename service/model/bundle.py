@@ -1,0 +1,217 @@
+"""The model bundle: one directory with the two ONNX graphs, the tokenizers and a manifest.
+
+manifest.json records the architecture, the special ids, the model's name and version, and the sha256 of
+every file. Loading verifies all of it and refuses a missing, altered or unexpected file with a message
+that names the file: a server never starts on a model other than the one the manifest describes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
+from service.model.input_rule import InputRule
+from service.model.segment import Segmentation, SegmentationError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+REQUIRED_FILES = ("encoder.onnx", "decoder.onnx", "source.model", "target.model")
+OPTIONAL_FILES = ("decoder.int8.onnx",)
+# The manifest's "tokenizer" section says how text becomes ids; absent means SentencePiece (every
+# bundle our trainer writes). "word": whitespace-split words looked up in vocabulary files, the
+# convention of the toolkits whose checkpoints export/importers/ turns into bundles.
+TOKENIZER_KINDS = ("sentencepiece", "word")
+TOKENIZER_FILES = {
+    "sentencepiece": ("source.model", "target.model"),
+    "word": ("source.vocab", "target.vocab"),
+}
+SENTENCEPIECE = {"kind": "sentencepiece"}
+
+
+def required_files(tokenizer: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The graphs plus the tokenizer files the manifest's tokenizer section asks for."""
+    kind = (tokenizer or SENTENCEPIECE).get("kind")
+    if kind not in TOKENIZER_FILES:
+        raise BundleError(f"unknown tokenizer kind {kind!r} (known: {list(TOKENIZER_KINDS)})")
+    return ("encoder.onnx", "decoder.onnx", *TOKENIZER_FILES[kind])
+
+
+class BundleError(ValueError):
+    """The bundle is incomplete, altered, or not a bundle at all."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    name: str
+    version: str
+    architecture: ModelConfig
+    files: dict[str, str]  # file name → sha256
+    info: dict[str, Any]
+    tokenizer: dict[str, Any] = field(default_factory=lambda: dict(SENTENCEPIECE))
+    input_rule: InputRule | None = None  # the manifest's "input"; None: any text, as tokenized
+    # The manifest's "segmentation" (service/model/segment.py); None: every input decoded whole.
+    segmentation: Segmentation | None = None
+    # The manifest's "confidence": {"threshold": x}: hypotheses below x are marked low_confidence
+    # unless the server sets its own (--min-confidence); None: no threshold.
+    confidence_threshold: float | None = None
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def has_int8(self) -> bool:
+        return "decoder.int8.onnx" in self.files
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(
+    directory: Path,
+    name: str,
+    version: str,
+    architecture: dict[str, Any],
+    info: dict[str, Any] | None = None,
+    input_rule: InputRule | None = None,
+    tokenizer: dict[str, Any] | None = None,
+    segmentation: dict[str, Any] | None = None,
+    confidence: dict[str, Any] | None = None,
+) -> Path:
+    """Hash every bundle file present in `directory` and write manifest.json next to them.
+
+    tokenizer: the manifest's tokenizer section; None writes none (SentencePiece, as ever).
+    segmentation, confidence: the manifest's sections of those names (checked here as the loader
+    will read them); None writes none."""
+    required = required_files(tokenizer)
+    present = [f for f in (*required, *OPTIONAL_FILES) if (directory / f).is_file()]
+    missing = [f for f in required if f not in present]
+    if missing:
+        raise BundleError(f"cannot write a manifest for {directory}: missing {missing}")
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "version": version,
+        "architecture": architecture,
+        "special_ids": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID},
+        "files": {f: sha256_of(directory / f) for f in present},
+        "info": info or {},
+    }
+    if input_rule is not None:
+        manifest["input"] = input_rule.to_dict()
+    if tokenizer is not None:
+        manifest["tokenizer"] = tokenizer
+    if segmentation is not None:
+        Segmentation.from_dict(segmentation)  # raises SegmentationError on a malformed one
+        manifest["segmentation"] = segmentation
+    if confidence is not None:
+        parse_confidence(confidence, directory / MANIFEST)
+        manifest["confidence"] = confidence
+    path = directory / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise BundleError(f"model bundle not found: {directory} is not a directory")
+    if not path.is_file():
+        raise BundleError(f"{path} is missing: {directory} is not a model bundle")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BundleError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        raise BundleError(
+            f"{path}: unsupported bundle format (expected format_version {FORMAT_VERSION})"
+        )
+    for key in ("name", "version", "architecture", "files", "special_ids"):
+        if key not in manifest:
+            raise BundleError(f"{path}: manifest has no {key!r}")
+    return manifest
+
+
+def verify_files(
+    directory: Path, files: dict[str, str], tokenizer: dict[str, Any] | None = None
+) -> None:
+    """Every required file listed and present, and every listed file's sha256 as recorded."""
+    unlisted = [f for f in required_files(tokenizer) if f not in files]
+    if unlisted:
+        raise BundleError(f"{directory / MANIFEST} does not list required files {unlisted}")
+    for name, expected in sorted(files.items()):
+        path = directory / name
+        if not path.is_file():
+            raise BundleError(f"bundle file missing: {path}")
+        actual = sha256_of(path)
+        if actual != expected:
+            raise BundleError(
+                f"bundle file altered: {path} has sha256 {actual[:12]}…, the manifest says {expected[:12]}… "
+                "(re-export the bundle, or restore the file)"
+            )
+
+
+def load_bundle(path: str | Path) -> Bundle:
+    directory = Path(path)
+    manifest = read_manifest(directory)
+    tokenizer = manifest.get("tokenizer", SENTENCEPIECE)
+    if not isinstance(tokenizer, dict):
+        raise BundleError(f"{directory / MANIFEST}: 'tokenizer' must be an object")
+    verify_files(directory, dict(manifest["files"]), tokenizer)
+    expected_ids = {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}
+    if manifest["special_ids"] != expected_ids:
+        raise BundleError(
+            f"{directory / MANIFEST}: special ids {manifest['special_ids']} differ from {expected_ids}"
+        )
+    try:
+        architecture = ModelConfig.from_dict(dict(manifest["architecture"]))
+    except (TypeError, ValueError) as err:
+        raise BundleError(f"{directory / MANIFEST}: bad architecture: {err}") from err
+    input_rule = None
+    if "input" in manifest:
+        try:
+            input_rule = InputRule.from_dict(dict(manifest["input"]))
+        except (TypeError, ValueError) as err:
+            raise BundleError(f"{directory / MANIFEST}: bad input rule: {err}") from err
+    segmentation = None
+    if "segmentation" in manifest:
+        try:
+            segmentation = Segmentation.from_dict(manifest["segmentation"])
+        except SegmentationError as err:
+            raise BundleError(f"{directory / MANIFEST}: bad segmentation: {err}") from err
+    threshold = None
+    if "confidence" in manifest:
+        threshold = parse_confidence(manifest["confidence"], directory / MANIFEST)
+    return Bundle(
+        path=directory,
+        name=str(manifest["name"]),
+        version=str(manifest["version"]),
+        architecture=architecture,
+        files=dict(manifest["files"]),
+        info=dict(manifest.get("info", {})),
+        input_rule=input_rule,
+        tokenizer=dict(tokenizer),
+        segmentation=segmentation,
+        confidence_threshold=threshold,
+    )
+
+
+def parse_confidence(section: object, where: Path) -> float:
+    """The threshold of a manifest's "confidence": {"threshold": x} section, x in [0, 1]."""
+    if not isinstance(section, dict) or set(section) != {"threshold"}:
+        raise BundleError(f"{where}: 'confidence' must be an object {{\"threshold\": x}}")
+    value = section["threshold"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise BundleError(
+            f"{where}: confidence.threshold must be a number in [0, 1], got {value!r}"
+        )
+    return float(value)

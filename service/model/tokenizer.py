@@ -1,0 +1,77 @@
+"""SentencePiece tokenizers for source and target, with the project's fixed special ids."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+
+from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+
+class TokenizerError(ValueError):
+    """A tokenizer model is missing, unreadable or does not use the fixed special ids."""
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """One SentencePiece model: text ↔ ids and pieces."""
+
+    processor: spm.SentencePieceProcessor
+    path: Path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        if not path.is_file():
+            raise TokenizerError(f"tokenizer model not found: {path}")
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.Load(str(path))
+        except (OSError, RuntimeError) as err:
+            raise TokenizerError(f"cannot load tokenizer model {path}: {err}") from err
+        tok = cls(processor=processor, path=path)
+        tok.check_special_ids()
+        return tok
+
+    def check_special_ids(self) -> None:
+        got = (
+            self.processor.pad_id(),
+            self.processor.bos_id(),
+            self.processor.eos_id(),
+            self.processor.unk_id(),
+        )
+        want = (PAD_ID, BOS_ID, EOS_ID, UNK_ID)
+        if got != want:
+            raise TokenizerError(
+                f"{self.path}: special ids (pad, bos, eos, unk) are {got}, expected {want}"
+            )
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        p = self.processor
+        return {"pad": p.pad_id(), "bos": p.bos_id(), "eos": p.eos_id(), "unk": p.unk_id()}
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.processor.GetPieceSize())
+
+    @functools.cached_property
+    def max_piece_bytes(self) -> int:
+        """The longest piece of the vocabulary, in UTF-8 bytes."""
+        p = self.processor
+        return max(len(p.IdToPiece(i).encode()) for i in range(self.vocab_size))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.processor.EncodeAsIds(text))
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        """The pieces of `ids`; a control id (<s>, <pad>, which a model can emit) is "", as decoding
+        drops it, so the tokens a response lists spell out its text."""
+        processor = self.processor
+        return ["" if processor.IsControl(i) else processor.IdToPiece(i) for i in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.processor.DecodeIds(ids))

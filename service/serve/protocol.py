@@ -1,0 +1,357 @@
+"""Protobuf ↔ plain types, for the server and the client: the only module that builds or reads
+translation.v1 messages.
+
+Server side: a TranslateRequest is validated against the limits and becomes texts,
+`SearchOptions` and an alignment mode; `Translation`s become protobuf; ModelInfo is built from the
+settings. Client side: keyword options become DecodingOptions; responses become `Client*`
+dataclasses with numpy alignment matrices. The decoding options are service/decode/options.py's: each
+option's name is its DecodingOptions field, so both directions loop over `OPTIONS`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from proto.translation.v1 import translation_pb2 as pb
+from service.decode.alignment import Alignment
+from service.decode.errors import InvalidInput
+from service.decode.options import OPTIONS, SearchOptions, problems
+
+if TYPE_CHECKING:  # the client imports this module: keep onnxruntime out of its imports
+    from service.decode.engine import AlignmentMode, Prepared, Translation
+    from service.serve.config import Settings
+    from service.serve.repository import ModelVersion
+
+ALIGNMENT_FROM_PB: dict[int, AlignmentMode] = {
+    pb.ALIGNMENT_MODE_UNSPECIFIED: "none",
+    pb.ALIGNMENT_MODE_NONE: "none",
+    pb.ALIGNMENT_MODE_SUBWORD: "subword",
+    pb.ALIGNMENT_MODE_WORD: "word",
+}
+ALIGNMENT_MODES: dict[str, pb.AlignmentMode] = {
+    "none": pb.ALIGNMENT_MODE_NONE,
+    "subword": pb.ALIGNMENT_MODE_SUBWORD,
+    "word": pb.ALIGNMENT_MODE_WORD,
+}
+
+# A request_id is echoed back and written in every log line of its request: bounded.
+MAX_REQUEST_ID_CHARS = 128
+
+
+# --- server side: requests in ------------------------------------------------------------------
+
+
+class MalformedRequest:
+    """Request bytes that are not a TranslateRequest (bad wire format, a string that is not UTF-8).
+
+    grpc would answer such bytes itself, UNKNOWN with the parser's exception and unseen by the
+    metrics; the servicer gets this instead and answers INVALID_ARGUMENT like any other bad input.
+    """
+
+    texts: tuple[str, ...] = ()
+    request_id = ""
+    model = pb.ModelSpec()  # the default model: its metrics label the refusal
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def deserialize_translate_request(data: bytes) -> pb.TranslateRequest | MalformedRequest:
+    try:
+        return pb.TranslateRequest.FromString(data)
+    except DecodeError as err:
+        return MalformedRequest(str(err))
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    texts: list[str]
+    options: SearchOptions
+    alignment: AlignmentMode
+
+
+def parse_request(request: pb.TranslateRequest, settings: Settings) -> ParsedRequest:
+    """Validate a TranslateRequest against the limits; InvalidInput says what to change."""
+    server = settings.server
+    texts = list(request.texts)
+    if not texts:
+        raise InvalidInput("texts is empty: send at least one text to translate")
+    if len(texts) > server.max_texts:
+        raise InvalidInput(
+            f"{len(texts)} texts in one request, over the limit of {server.max_texts}: split the request"
+        )
+    if len(request.request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidInput(
+            f"request_id has {len(request.request_id)} characters, over the limit of "
+            f"{MAX_REQUEST_ID_CHARS}: send a shorter id (or none: the server makes one)"
+        )
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise InvalidInput(f"texts[{i}] is empty or only whitespace")
+        if len(text) > server.max_text_chars:
+            raise InvalidInput(
+                f"texts[{i}] has {len(text)} characters, over the limit of {server.max_text_chars}"
+            )
+    return ParsedRequest(
+        texts, parse_options(request.options, settings), parse_alignment(request.options.alignment)
+    )
+
+
+def default_options(settings: Settings) -> dict[str, Any]:
+    """What a request gets for each option it leaves unset: the configured defaults, max_length
+    capped by the engine's limit."""
+    defaults = settings.decoding.values()
+    defaults["max_length"] = min(defaults["max_length"], settings.limits.max_length)
+    return defaults
+
+
+def parse_options(o: pb.DecodingOptions, settings: Settings) -> SearchOptions:
+    """The set fields of DecodingOptions over the defaults, checked against the engine's limits."""
+    values = default_options(settings)
+    for spec in OPTIONS:
+        if o.HasField(spec.name):
+            values[spec.name] = spec.kind(getattr(o, spec.name))
+    found = problems(values, settings.limits)
+    if found:
+        raise InvalidInput("; ".join(found))
+    return SearchOptions(**values)
+
+
+def parse_alignment(value: int) -> AlignmentMode:
+    if value not in ALIGNMENT_FROM_PB:
+        raise InvalidInput(f"unknown alignment mode {value}: use NONE, SUBWORD or WORD")
+    return ALIGNMENT_FROM_PB[value]
+
+
+class SegmentedShape(NamedTuple):
+    """A segmented input's size for the bound: each segment is capped by max_length on its own."""
+
+    cols: int  # source tokens reported: the segments' and the separators' pieces
+    segment_lengths: tuple[int, ...]  # source tokens of each segment
+    separator_rows: int  # target pieces of the separators, in all
+
+
+def input_shape(sentence: Prepared) -> int | SegmentedShape:
+    """What the response bound needs of one prepared input: its source length, or its segments'."""
+    if not sentence.segments:
+        return len(sentence.ids)
+    return SegmentedShape(
+        len(sentence.pieces),
+        tuple(len(s.ids) for s in sentence.segments),
+        sum(len(s.target_pieces) for s in sentence.separators),
+    )
+
+
+def worst_case_response_bytes(
+    source_lengths: Sequence[int | SegmentedShape],
+    options: SearchOptions,
+    alignment: str,
+    piece_bytes: int,
+) -> int:
+    """An upper bound on the TranslateResponse's size for texts of these source lengths (tokens),
+    known before decoding: every hypothesis of the n-best list at the maximum target length, each
+    token the longest piece (`piece_bytes` UTF-8 bytes), the alignment matrix full (float32).
+
+    Word alignment has no more rows, columns or characters than subword alignment, so one bound
+    serves both. The field overheads (tags, lengths, varints) are counted generously."""
+    token = piece_bytes + 3  # a repeated string: tag, length, bytes
+    total = 64  # request_id (bounded separately), model_version, their tags
+    for src_len in source_lengths:
+        if isinstance(src_len, SegmentedShape):  # every segment at its own maximum length
+            cols = src_len.cols + 1
+            rows = src_len.separator_rows + sum(
+                options.max_len(n) + 1 for n in src_len.segment_lengths
+            )
+        else:
+            cols = src_len + 1  # the source's pieces and its end-of-sentence
+            rows = options.max_len(src_len) + 1  # target tokens, end-of-sentence included
+        hypothesis = rows * piece_bytes + 6 + rows * token + 5 + 5 + 2 + 6  # text, tokens, ...
+        if alignment != "none":
+            weights = 4 * rows * cols + 6  # packed float32
+            strings = (rows + cols) * token
+            pharaoh = rows * 14 + 6  # "src-tgt " per target token
+            hypothesis += weights + strings + pharaoh + 12 + 6  # rows, cols, the message
+        total += cols * token + 6 + options.n_best * hypothesis
+    return total
+
+
+def check_response_bound(
+    source_lengths: Sequence[int | SegmentedShape],
+    options: SearchOptions,
+    alignment: str,
+    piece_bytes: int,
+    limit: int,
+) -> None:
+    """Refuse, before any decoding, a request whose response could exceed the message limit:
+    grpc could not send it, and decoding it would hold that much (several times over as Python
+    objects) for nothing."""
+    bound = worst_case_response_bytes(source_lengths, options, alignment, piece_bytes)
+    if bound > limit:
+        raise InvalidInput(
+            f"the response could reach {bound} bytes ({len(source_lengths)} texts x n_best "
+            f"{options.n_best} x up to max_length {options.max_length} target tokens"
+            f"{', with alignment' if alignment != 'none' else ''}), over the server's message "
+            f"limit of {limit}: send fewer or shorter texts, or ask for a smaller n_best, a smaller "
+            "max_length (or max_length_a/max_length_b)"
+            + (", or alignment NONE" if alignment != "none" else "")
+        )
+
+
+# --- server side: results out ------------------------------------------------------------------
+
+
+def translation_to_pb(t: Translation) -> pb.Translation:
+    out = pb.Translation(source_tokens=t.source_tokens)
+    for h in t.hypotheses:
+        hyp = out.hypotheses.add(
+            text=h.text,
+            tokens=h.tokens,
+            score=h.score,
+            log_prob=h.log_prob,
+            finished=h.finished,
+            confidence=h.confidence,
+            low_confidence=h.low_confidence,
+        )
+        if h.alignment is not None:
+            matrix = np.asarray(h.alignment.matrix, dtype=np.float32)  # (rows, cols)
+            rows, cols = matrix.shape
+            hyp.alignment.CopyFrom(
+                pb.Alignment(
+                    rows=rows,
+                    cols=cols,
+                    weights=matrix.reshape(-1).tolist(),
+                    source_tokens=h.alignment.source_tokens,
+                    target_tokens=h.alignment.target_tokens,
+                    pharaoh=h.alignment.pharaoh,
+                )
+            )
+    return out
+
+
+def model_info(model: ModelVersion, settings: Settings, is_default: bool = False) -> pb.ModelInfo:
+    limits = settings.limits
+    engine = model.engine
+    return pb.ModelInfo(
+        name=model.name,
+        version=model.version,
+        architecture_json=json.dumps(engine.cfg.to_dict(), sort_keys=True),
+        limits=pb.Limits(
+            max_texts=settings.server.max_texts,
+            max_text_chars=settings.server.max_text_chars,
+            max_source_tokens=limits.max_source_tokens,
+            max_beam_size=limits.max_beam_size,
+            max_length=limits.max_length,
+            max_message_bytes=settings.server.max_message_bytes,
+            max_request_id_chars=MAX_REQUEST_ID_CHARS,
+        ),
+        defaults=pb.DecodingOptions(**default_options(settings), alignment=pb.ALIGNMENT_MODE_NONE),
+        execution_providers=engine.model.providers,
+        scheduling_policy=settings.batching.policy,
+        is_default=is_default,
+        resident_memory_bytes=model.resident_bytes,
+        confidence_threshold=engine.min_confidence,
+        segmentation=engine.bundle.segmentation is not None,
+    )
+
+
+# --- client side -------------------------------------------------------------------------------
+
+
+ClientAlignment = Alignment  # the engine's own type: matrix (rows, cols) float32
+
+
+@dataclass(frozen=True)
+class ClientHypothesis:
+    text: str
+    tokens: list[str]
+    score: float  # normalized score that ranks the n-best list
+    log_prob: float  # sum of token log-probabilities
+    finished: bool  # False when cut at the maximum length
+    alignment: ClientAlignment | None  # None unless asked for (and the model has attention)
+    confidence: float = 0.0  # geometric-mean token probability in [0, 1] (the server's)
+    low_confidence: bool = False  # below the server's threshold (ModelInfo.confidence_threshold)
+
+
+@dataclass(frozen=True)
+class ClientTranslation:
+    source: str  # the text sent
+    source_tokens: list[str]
+    hypotheses: list[ClientHypothesis]  # best first
+
+    @property
+    def best(self) -> ClientHypothesis:
+        return self.hypotheses[0]
+
+
+def decoding_options_to_pb(alignment: str = "none", **options: float | None) -> pb.DecodingOptions:
+    """DecodingOptions with only the given options set (unset or None = the server's default).
+
+    The keyword arguments are service/decode/options.py's option names (beam_size, n_best, max_length,
+    max_length_a, max_length_b, length_penalty, coverage_penalty).
+    """
+    if alignment not in ALIGNMENT_MODES:
+        raise ValueError(f"alignment must be one of {tuple(ALIGNMENT_MODES)}, got {alignment!r}")
+    names = {spec.name for spec in OPTIONS}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise TypeError(f"unknown decoding options {unknown}: the options are {sorted(names)}")
+    message = pb.DecodingOptions(alignment=ALIGNMENT_MODES[alignment])
+    for name, value in options.items():
+        if value is not None:
+            setattr(message, name, value)
+    return message
+
+
+def alignment_from_pb(message: pb.Alignment) -> ClientAlignment | None:
+    """The packed row-major weights as a (rows, cols) matrix; None for an empty alignment."""
+    rows, cols = message.rows, message.cols
+    if rows == 0 or cols == 0:
+        return None
+    if len(message.weights) != rows * cols:
+        raise ValueError(f"alignment has {len(message.weights)} weights, expected {rows} x {cols}")
+    matrix = np.asarray(message.weights, dtype=np.float32).reshape(rows, cols)  # (rows, cols)
+    return ClientAlignment(
+        matrix=matrix,
+        source_tokens=list(message.source_tokens),
+        target_tokens=list(message.target_tokens),
+        pharaoh=message.pharaoh,
+    )
+
+
+def hypothesis_from_pb(message: pb.Hypothesis) -> ClientHypothesis:
+    alignment = alignment_from_pb(message.alignment) if message.HasField("alignment") else None
+    return ClientHypothesis(
+        text=message.text,
+        tokens=list(message.tokens),
+        score=message.score,
+        log_prob=message.log_prob,
+        finished=message.finished,
+        alignment=alignment,
+        confidence=message.confidence,
+        low_confidence=message.low_confidence,
+    )
+
+
+def translation_from_pb(message: pb.Translation, source: str = "") -> ClientTranslation:
+    return ClientTranslation(
+        source=source,
+        source_tokens=list(message.source_tokens),
+        hypotheses=[hypothesis_from_pb(h) for h in message.hypotheses],
+    )
+
+
+def model_info_from_pb(message: pb.ModelInfo) -> dict[str, Any]:
+    """ModelInfo as a dict with proto field names; `architecture_json` also parsed as `architecture`."""
+    info = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    if message.architecture_json:
+        info["architecture"] = json.loads(message.architecture_json)
+    return info

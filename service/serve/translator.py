@@ -1,0 +1,194 @@
+"""The transport-neutral core of the Translator API: protobuf request in, protobuf response out.
+
+Both faces call it, the gRPC servicer (service/serve/server.py) and the HTTP/JSON one (service/serve/http_api.py),
+so both validate, decode, limit and account for requests (`finish`: metrics and the log line) the same way. It raises only the domain errors of
+service/decode/errors.py; each face maps them to its own status codes and counts them in the metrics.
+
+A face acquires the request's model version (`acquire`) before `decode` and releases it when the
+answer is out: a reload meanwhile does not unload the version a request is decoding on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from proto.translation.v1 import translation_pb2 as pb
+from service.decode.engine import Engine, Translation
+from service.decode.errors import InvalidInput, NotReady
+from service.serve.config import Settings
+from service.serve.metrics import Metrics
+from service.serve.protocol import (
+    MalformedRequest,
+    check_response_bound,
+    input_shape,
+    model_info,
+    parse_request,
+    translation_to_pb,
+)
+from service.serve.repository import ModelVersion, Repository
+from service.serve.status import reject_reason
+from service.serve.worker import Job, Worker
+
+log = logging.getLogger("s2s.server")
+
+
+class TranslatorCore:
+    """Built before the server starts; raises NotReady until `attach` gives it the models."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._repository: Repository | None = None
+        self._worker: Worker | None = None
+
+    def attach(self, repository: Repository, worker: Worker) -> None:
+        self._repository, self._worker = repository, worker
+
+    @property
+    def repository(self) -> Repository:
+        if self._repository is None:
+            raise NotReady("the model is still loading: retry in a few seconds")
+        return self._repository
+
+    @property
+    def engine(self) -> Engine:
+        """The default model's engine."""
+        return self.repository.get().engine
+
+    @property
+    def worker(self) -> Worker:
+        if self._worker is None:
+            raise NotReady("the model is still loading: retry in a few seconds")
+        return self._worker
+
+    def acquire(self, request: pb.TranslateRequest | MalformedRequest) -> ModelVersion:
+        """The version the request names (empty: the default model), held until `release`;
+        ModelNotFound names the models served."""
+        return self.repository.acquire(request.model.name, request.model.version)
+
+    def release(self, model: ModelVersion) -> None:
+        self.repository.release(model)
+
+    async def decode(
+        self,
+        request: pb.TranslateRequest | MalformedRequest,
+        request_id: str,
+        remaining: float | None,
+        model: ModelVersion,
+    ) -> pb.TranslateResponse:
+        """Validate, queue on the worker, wait, convert; `remaining` is the client's deadline in
+        seconds from now (None: no deadline). Cancelling the awaiting task cancels the job."""
+        if isinstance(request, MalformedRequest):
+            raise InvalidInput(
+                f"the request is not a valid {pb.TranslateRequest.DESCRIPTOR.full_name}: {request.error}"
+            )
+        engine = model.engine
+        parsed = parse_request(request, self.settings)
+        engine.check_options(parsed.options, parsed.alignment)
+        prepared = []
+        for i, text in enumerate(parsed.texts):
+            try:
+                prepared.append(engine.prepare(text))
+            except InvalidInput as err:
+                raise InvalidInput(f"texts[{i}]: {err}") from err
+        check_response_bound(
+            [input_shape(p) for p in prepared],
+            parsed.options,
+            parsed.alignment,
+            engine.max_piece_bytes,
+            self.settings.server.max_message_bytes,
+        )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Translation]] = loop.create_future()
+
+        def on_done(results: list[Translation] | None, error: Exception | None) -> None:
+            loop.call_soon_threadsafe(resolve, future, results, error)
+
+        deadline = None if remaining is None else self.worker.clock() + remaining
+        job = Job(request_id, prepared, parsed.options, parsed.alignment, on_done, deadline, model)
+        self.worker.submit(job)
+        try:
+            results = await future
+        except asyncio.CancelledError:
+            self.worker.cancel(job)
+            raise
+        self.metrics.add_low_confidence(
+            sum(1 for t in results if t.hypotheses and t.hypotheses[0].low_confidence)
+        )
+        response = pb.TranslateResponse(
+            translations=[translation_to_pb(t) for t in results],
+            request_id=request_id,
+            model_version=model.version,
+            model=model.name,
+        )
+        size, limit = response.ByteSize(), self.settings.server.max_message_bytes
+        if size > limit:  # grpc would refuse to send it, after the metrics counted it OK
+            raise InvalidInput(
+                f"the response would be {size} bytes, over the server's message limit of {limit}: "
+                "send fewer texts, or ask for a smaller n_best or no alignment"
+            )
+        return response
+
+    def model_info(self, spec: pb.ModelSpec | None = None) -> pb.ModelInfo:
+        """The named model version (None or empty: the default model); ModelNotFound otherwise."""
+        repository = self.repository
+        name, version = ("", "") if spec is None else (spec.name, spec.version)
+        model = repository.get(name, version)
+        return model_info(model, self.settings, model.name == repository.default())
+
+    def list_models(self) -> pb.ListModelsResponse:
+        repository = self.repository
+        default = repository.default()
+        return pb.ListModelsResponse(
+            models=[model_info(m, self.settings, m.name == default) for m in repository.loaded()],
+            default_model=default,
+        )
+
+
+def resolve(
+    future: asyncio.Future[list[Translation]],
+    results: list[Translation] | None,
+    error: Exception | None,
+) -> None:
+    if future.done():  # the request was cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(results or [])
+
+    def finish(
+        self,
+        method: str,
+        request_id: str,
+        code: grpc.StatusCode,
+        started: float,
+        texts: int,
+        message: str = "",
+        error: Exception | None = None,
+        protocol: str = "grpc",
+        model: ModelVersion | None = None,
+    ) -> None:
+        seconds = time.perf_counter() - started
+        self.metrics.observe_request(method, code.name, seconds, protocol)
+        if model is not None:
+            self.metrics.observe_model_request(model.name, model.version, code.name, seconds)
+        if code != grpc.StatusCode.OK:
+            self.metrics.reject(reject_reason(code, error))
+        log.info(
+            "request done",
+            extra={
+                "request_id": request_id,
+                "method": method,
+                "protocol": protocol,
+                "code": code.name,
+                "texts": texts,
+                "model": "" if model is None else str(model),
+                "ms": round(seconds * 1000, 2),
+                "error": message,
+            },
+        )

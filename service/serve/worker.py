@@ -1,0 +1,364 @@
+"""The decode loop: one thread that owns the running batches and applies the scheduler's decisions.
+
+The gRPC server submits a `Job` (one request's sentences, for one model version) and gets its
+translations back through the job's callback, called from this thread. Submitting never waits: a
+full queue is refused at once. The running batches are keyed by (model version, beam size), so one
+decoder call only ever holds one model version's hypotheses; the scheduler takes turns between
+models (service/serve/scheduler.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from service.decode.beam import SearchOptions
+from service.decode.encode_ahead import EncodeAhead
+from service.decode.engine import (
+    AlignmentMode,
+    DecodeRequest,
+    Engine,
+    Prepared,
+    RunningBatch,
+    Translation,
+)
+from service.decode.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
+from service.decode.runtime import EncodedSentence
+from service.serve.metrics import Metrics
+from service.serve.repository import ModelVersion, single
+from service.serve.scheduler import BatchingConfig, BatchKey, Decision, Waiting, decide
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's sentences; `on_done(results, error)` is called once, from the worker thread."""
+
+    request_id: str
+    sentences: Sequence[Prepared]
+    options: SearchOptions
+    alignment: AlignmentMode
+    on_done: Callable[[list[Translation] | None, Exception | None], None]
+    deadline: float | None = None  # clock reading
+    model: ModelVersion | None = None  # None: the worker's default model
+    results: dict[int, Translation] = field(default_factory=dict)
+    finished: bool = False
+
+    def complete(self, error: Exception | None = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if error is not None:
+            self.on_done(None, error)
+        else:
+            self.on_done([self.results[i] for i in range(len(self.sentences))], None)
+
+
+@dataclass(frozen=True)
+class SentenceKey:
+    """Sentence `index` of a job: the key of a queued or decoding sentence."""
+
+    job: Job
+    index: int
+
+
+Queued = Waiting[SentenceKey, Job]  # a queued sentence and the job it belongs to
+
+
+class Load(NamedTuple):
+    waiting: int  # sentences queued (submitted, not yet decoding)
+    decoding: int  # sentences in the running batches
+
+
+class Worker:
+    def __init__(
+        self,
+        engine: Engine,
+        config: BatchingConfig,
+        metrics: Metrics,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.default = single(engine)  # the model of jobs that name none
+        self.config = config
+        self.metrics = metrics
+        metrics.watch_transfers(engine.model.transfers)
+        self.clock = clock
+        self.cond = threading.Condition()
+        self.inbox: list[Job] = []  # submitted, not yet seen by the loop (guarded by cond)
+        self.cancelled: set[Job] = set()  # guarded by cond
+        self.queued_sentences = 0  # waiting + inbox, for the bound (guarded by cond)
+        self.accepting = True
+        self.stopping = False
+        self.waiting: list[Queued] = []  # loop thread only
+        self.batches: dict[BatchKey, RunningBatch[SentenceKey]] = {}  # (model, beam) → batch
+        self.last_stepped: BatchKey | None = None
+        self.last_admitted: ModelVersion | None = None
+        self.queued_per_model: dict[ModelVersion, int] = {}  # waiting sentences (loop thread)
+        self.thread = threading.Thread(target=self.run, name="decode-loop", daemon=True)
+        self._seq = itertools.count()
+        self.ahead = (
+            EncodeAhead[Prepared, list[EncodedSentence]](
+                self.encode_now,  # type: ignore[arg-type]  # its models are ModelVersions
+                config.max_batch_sentences,
+                config.max_batch_sentences,
+            )
+            if config.encode_ahead
+            else None
+        )
+
+    # --- called from other threads --------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.ahead is not None:
+            self.ahead.start()
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise QueueFull / ShuttingDown at once."""
+        with self.cond:
+            if not self.accepting:
+                raise ShuttingDown("the server is shutting down: retry on another replica")
+            if self.queued_sentences + len(job.sentences) > self.config.max_queue_sentences:
+                raise QueueFull(
+                    f"the queue is full ({self.queued_sentences} sentences waiting, limit "
+                    f"{self.config.max_queue_sentences}): retry with backoff"
+                )
+            self.queued_sentences += len(job.sentences)
+            self.inbox.append(job)
+            self.cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        """The client went away or its deadline passed: free the job's places."""
+        with self.cond:
+            self.cancelled.add(job)
+            self.cond.notify()
+
+    def close_intake(self) -> None:
+        """Refuse new jobs (ShuttingDown) from now on; accepted ones go on decoding."""
+        with self.cond:
+            self.accepting = False
+
+    def stop(self, drain_timeout: float | None = None) -> None:
+        """Refuse new jobs; finish the accepted ones (up to drain_timeout), then end the loop."""
+        with self.cond:
+            self.accepting = False
+            self.stopping = True
+            self.cond.notify()
+        self.thread.join(drain_timeout)
+
+    @property
+    def load(self) -> Load:
+        return Load(self.queued_sentences, sum(len(b) for b in self.batches.values()))
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while True:
+            with self.cond:
+                jobs, self.inbox = self.inbox, []
+                cancelled, self.cancelled = self.cancelled, set()
+                if self.stopping and not jobs and not self.waiting and not self.batches:
+                    break
+            self.enqueue(jobs)
+            self.drop_cancelled(cancelled)
+            decision = decide(
+                self.config,
+                self.clock(),
+                self.waiting,
+                {key: len(batch) for key, batch in self.batches.items()},
+                self.last_stepped,
+                None if self.ahead is None else self.ahead.ready_keys(),
+                self.last_admitted,
+            )
+            self.apply(decision)
+            if decision.idle:
+                self.sleep_until(decision.wake_at)
+        if self.ahead is not None:
+            self.ahead.stop()
+
+    def enqueue(self, jobs: list[Job]) -> None:
+        now = self.clock()
+        for job in jobs:
+            model = self.model_of(job)
+            keys = [SentenceKey(job, i) for i in range(len(job.sentences))]
+            for key in keys:
+                self.waiting.append(
+                    Waiting(key, job, job.options.beam_size, now, job.deadline, model)
+                )
+            if self.ahead is not None:
+                self.ahead.submit(list(zip(keys, job.sentences, strict=True)), model)
+            self.count_queued(model, len(keys))
+        self.metrics.set_queue_depth(len(self.waiting))
+
+    def model_of(self, job: Job) -> ModelVersion:
+        return job.model or self.default
+
+    def count_queued(self, model: ModelVersion, change: int) -> None:
+        """Keep the per-model queue gauge; a model's series goes when its queue empties."""
+        n = self.queued_per_model.get(model, 0) + change
+        if n:
+            self.queued_per_model[model] = n
+        else:
+            self.queued_per_model.pop(model, None)
+        self.metrics.set_model_queue_depth(model.name, model.version, n)
+
+    def sleep_until(self, wake_at: float | None) -> None:
+        with self.cond:
+            if (
+                self.inbox
+                or self.cancelled
+                or (self.stopping and not self.waiting and not self.batches)
+            ):
+                return
+            timeout = None if wake_at is None else max(0.0, wake_at - self.clock())
+            self.cond.wait(timeout)
+
+    def apply(self, decision: Decision) -> None:
+        if decision.expire:
+            self.fail_waiting(
+                set(decision.expire),
+                DeadlineExceeded("the deadline passed while the request was queued"),
+            )
+        if decision.admit and decision.admit_batch is not None:
+            self.admit(decision.admit, decision.admit_batch)
+        # admit() may have failed the batch
+        if decision.step_batch is not None and decision.step_batch in self.batches:
+            self.step(decision.step_batch)
+
+    def take_waiting(self, keys: set[SentenceKey]) -> list[Queued]:
+        """Remove these sentences from the queue; returns their entries (key, arrival time, ...)."""
+        taken = [w for w in self.waiting if w.key in keys]
+        self.waiting = [w for w in self.waiting if w.key not in keys]
+        for w in taken:
+            self.count_queued(self.model_of(w.request), -1)
+        with self.cond:
+            self.queued_sentences -= len(taken)
+        self.metrics.set_queue_depth(len(self.waiting))
+        return taken
+
+    def admit(self, keys: Sequence[SentenceKey], key: BatchKey) -> None:
+        taken = self.take_waiting(set(keys))
+        now = self.clock()
+        for w in taken:
+            self.metrics.observe_queue_wait(now - w.arrived)
+        model: ModelVersion = key.model  # type: ignore[assignment]  # the worker's batch keys
+        self.last_admitted = model
+        batch = self.batches.get(key) or model.engine.new_batch(key.beam)
+        self.batches[key] = batch
+        requests = [sentence_request(w.key) for w in taken]
+        encoded = {} if self.ahead is None else self.ahead.take([r.key for r in requests])
+        missing = [r for r in requests if r.key not in encoded]
+        try:
+            if missing:  # nothing was running, or encoding ahead is off: encode here
+                fresh = self.encode_now(model, [r.sentence for r in missing])
+                encoded.update(zip([r.key for r in missing], fresh, strict=True))
+            batch.add(requests, [encoded[r.key] for r in requests])
+        except Exception:  # the model failed: these jobs and the batch's others get INTERNAL
+            log.exception("encoder failed; failing the batch of %s beam %d", model, key.beam)
+            self.fail_batch(key, jobs_of(taken))
+            return
+        self.set_running()
+
+    def encode_now(
+        self, model: ModelVersion, sentences: list[Prepared]
+    ) -> list[list[EncodedSentence]]:
+        """One encoder call with `model` (from this loop or the encode-ahead thread), timed for the
+        metrics: each sentence's parts (a segmented one's segments)."""
+        started = time.perf_counter()
+        encoded = model.engine.encode(sentences)
+        self.metrics.observe_encoder(time.perf_counter() - started)
+        return encoded
+
+    def step(self, key: BatchKey) -> None:
+        batch = self.batches[key]
+        model: ModelVersion = key.model  # type: ignore[assignment]
+        self.last_stepped = key
+        sentences, hypotheses = len(batch), batch.num_hypotheses
+        started = time.perf_counter()
+        try:
+            finished = batch.step()
+        except Exception:
+            log.exception("decoder step failed; failing the batch of %s beam %d", model, key.beam)
+            self.fail_batch(key, set())
+            return
+        self.metrics.observe_step(sentences, hypotheses, time.perf_counter() - started)
+        self.metrics.observe_model_step(model.name, model.version, hypotheses)
+        for sentence, translation in finished:
+            self.deliver(sentence, translation)
+        if not len(batch):
+            del self.batches[key]
+        self.set_running()
+
+    def set_running(self) -> None:
+        """The running gauges: in total and per model version (series of idle versions removed)."""
+        self.metrics.set_running(self.load.decoding)
+        per_model: dict[ModelVersion, int] = {}
+        for key, batch in self.batches.items():
+            model: ModelVersion = key.model  # type: ignore[assignment]
+            per_model[model] = per_model.get(model, 0) + len(batch)
+        self.metrics.set_model_running({(m.name, m.version): n for m, n in per_model.items()})
+
+    def deliver(self, key: SentenceKey, translation: Translation) -> None:
+        job = key.job
+        best = translation.hypotheses[0] if translation.hypotheses else None
+        self.metrics.add_generated(len(best.token_ids) if best else 0, 1)
+        job.results[key.index] = translation
+        if len(job.results) == len(job.sentences):
+            job.complete()
+
+    def fail_batch(self, key: BatchKey, extra_jobs: set[Job]) -> None:
+        batch = self.batches.pop(key, None)
+        jobs = set(extra_jobs)
+        if batch is not None:
+            jobs |= {r.key.job for r in batch.requests.values()}
+        self.fail_jobs(
+            jobs, DecodeFailed("decoding failed inside the model runtime; the error was logged")
+        )
+
+    def fail_waiting(self, keys: set[SentenceKey], error: Exception) -> None:
+        if self.ahead is not None:
+            self.ahead.discard(keys)
+        self.fail_jobs(jobs_of(self.take_waiting(keys)), error)
+
+    def fail_jobs(self, jobs: set[Job], error: Exception) -> None:
+        """Answer these jobs with `error` and drop the rest of their sentences, wherever they are."""
+        for job in jobs:
+            job.complete(error)
+            self.drop_cancelled({job}, notify=False)
+
+    def drop_cancelled(self, jobs: set[Job], notify: bool = True) -> None:
+        """Remove every sentence of these jobs, waiting or decoding."""
+        if not jobs:
+            return
+        waiting_keys = {w.key for w in self.waiting if w.request in jobs}
+        if waiting_keys:
+            self.take_waiting(waiting_keys)
+            if self.ahead is not None:
+                self.ahead.discard(waiting_keys)
+        for key, batch in list(self.batches.items()):
+            batch.remove([r.key for r in batch.requests.values() if r.key.job in jobs])
+            if not len(batch):
+                del self.batches[key]
+        if notify:
+            for job in jobs:
+                job.complete(Cancelled("the request was cancelled"))
+        self.set_running()
+
+
+def sentence_request(key: SentenceKey) -> DecodeRequest[SentenceKey]:
+    """The engine's request for one queued sentence of a job."""
+    job = key.job
+    return DecodeRequest(key, job.sentences[key.index], job.options, job.alignment)
+
+
+def jobs_of(entries: Sequence[Queued]) -> set[Job]:
+    return {w.request for w in entries}
