@@ -148,19 +148,6 @@ class TranslatorCore:
             default_model=default,
         )
 
-
-def resolve(
-    future: asyncio.Future[list[Translation]],
-    results: list[Translation] | None,
-    error: Exception | None,
-) -> None:
-    if future.done():  # the request was cancelled meanwhile
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(results or [])
-
     def finish(
         self,
         method: str,
@@ -192,3 +179,16 @@ def resolve(
                 "error": message,
             },
         )
+
+
+def resolve(
+    future: asyncio.Future[list[Translation]],
+    results: list[Translation] | None,
+    error: Exception | None,
+) -> None:
+    if future.done():  # the request was cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(results or [])
