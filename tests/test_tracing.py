@@ -1,6 +1,6 @@
 """OpenTelemetry tracing (service/serve/tracing.py) with the SDK's in-memory exporter: a server span
 per RPC over gRPC and HTTP that continues the caller's traceparent, queue / encode / decode children
-with step events, model and length attributes, no text unless asked, the trace id in the log line."""
+with the batch at each step, model and length attributes, no text unless asked, the trace id in the log line."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
 
 from proto.translation.v1 import translation_pb2 as pb
@@ -122,12 +123,11 @@ def check_request_trace(
     for child in children:
         assert child.parent is not None and child.parent.span_id == rpc.context.span_id
         assert trace_hex(child) == TRACE_ID
-    steps = [e for e in decode.events if e.name == "step"]
-    assert steps and all(attrs(e)["s2s.batch.hypotheses"] >= 1 for e in steps)
+    steps = list(attrs(decode)["s2s.step.hypotheses"])
+    assert steps and all(n >= 1 for n in steps)  # the batch at each step
     assert attrs(decode)["s2s.decode.steps"] == len(steps)
-    admitted = [e for e in decode.events if e.name == "admitted"]
-    assert len(admitted) == len(lines)  # one per sentence
-    if not any(attrs(e)["s2s.encoded_ahead"] for e in admitted):
+    assert attrs(decode)["s2s.admissions"] == len(lines)  # one per sentence
+    if not attrs(decode)["s2s.encoded_ahead"]:
         assert spans.get("encode")  # the worker encoded them on admission
     assert queue.end_time is not None and decode.start_time is not None
     assert queue.end_time <= decode.start_time + 1_000_000  # queued, then decoded
@@ -253,3 +253,20 @@ def test_untraced_servers_log_no_trace_id(
         server.stub.Translate(pb.TranslateRequest(texts=texts[:1]), timeout=WAIT_S)
     done = [r for r in caplog.records if r.getMessage() == "request done"]
     assert done and not any(hasattr(r, "trace_id") for r in done)
+
+
+def test_a_sampled_out_request_records_nothing_and_answers(
+    traced: ServerThread,
+    texts: list[str],  # noqa: F811
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    assert traced.r.servicer is not None
+    traced.r.servicer.use_tracing(Tracing(TracingConfig(tracing=True), provider))
+    try:
+        answer = traced.stub.Translate(pb.TranslateRequest(texts=texts[:1]), timeout=WAIT_S)
+    finally:
+        traced.r.servicer.use_tracing(Tracing(TracingConfig()))
+    assert answer.translations[0].hypotheses
+    assert exporter.get_finished_spans() == ()

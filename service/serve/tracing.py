@@ -12,9 +12,10 @@ What a request's trace holds (docs/tracing.md):
   version, the number of texts, input characters and source tokens, output tokens, the request id
   and the status code as attributes;
 - child spans "queue" (submitted → its first sentence admitted into a running batch), "encode" (the
-  encoder call that read its sentences, when the worker encoded them on admission) and "decode"
-  (admitted → answered), the decode span with one event per decoder step: the step's running
-  sentences and hypotheses (the batch the request shared) and its milliseconds.
+  encoder call that read its sentences, when the worker encoded them on admission rather than the
+  encode-ahead thread) and "decode" (admitted → answered), the decode span with the number of
+  decoder steps, their milliseconds, and the batch at each step (s2s.step.hypotheses: the
+  hypotheses of every sentence in the decoder call, this request's and the others').
 The texts themselves are never recorded unless `--trace-text` asks.
 
 Each face opens the span with one wrapper: `@traced("Translate")` on a gRPC handler,
@@ -30,6 +31,7 @@ import contextlib
 import functools
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -53,7 +55,7 @@ except ImportError:  # pragma: no cover - without the extra, --tracing says what
 
 SERVICE_NAME = "s2s-serve"
 RPC_SERVICE = "translation.v1.Translator"
-MAX_STEP_EVENTS = 128  # step events kept on one decode span (the SDK's default event limit)
+MAX_STEPS_KEPT = 1024  # per-step batch sizes kept on one decode span
 
 
 class TracingUnavailable(RuntimeError):
@@ -61,29 +63,36 @@ class TracingUnavailable(RuntimeError):
 
 
 class SpanTrace(RequestTrace):
-    """A recording RequestTrace: the RPC span, plus queue / encode / decode children. Called from
-    the event loop and the worker thread; the children's state is guarded by a lock."""
+    """A recording RequestTrace: the RPC span, its "queue", "encode" and "decode" children. Called
+    from the event loop and the worker thread; the children's state is guarded by a lock.
 
-    recording = True
+    Per-step figures are kept as one integer array on the decode span (s2s.step.hypotheses), not as
+    an event per step: the OTLP exporter encodes in Python, and events made tracing cost about four
+    times as much per request (measured: docs/tracing.md)."""
 
     def __init__(self, tracer: trace.Tracer, span: Span, trace_text: bool) -> None:
         self.tracer = tracer
         self.span = span
+        self.recording = span.is_recording()  # False: the sampler dropped it (ids only)
         self.trace_text = trace_text
         self.trace_id = format(span.get_span_context().trace_id, "032x")
         self.context = trace.set_span_in_context(span)
         self.lock = threading.Lock()
-        self.queue: Span | None = None
+        self.queued_ns: int | None = None
         self.decode: Span | None = None
+        self.admissions = 0
+        self.hypotheses: list[int] = []  # the decoder call's hypotheses at each step
         self.steps = 0
+        self.step_s = 0.0
 
     def set(self, **attributes: Any) -> None:
-        self.span.set_attributes(
-            {"s2s." + k.replace("_", "."): v for k, v in attributes.items() if v is not None}
-        )
+        if self.recording:
+            self.span.set_attributes(
+                {"s2s." + k.replace("_", "."): v for k, v in attributes.items() if v is not None}
+            )
 
     def texts(self, key: str, texts: Sequence[str]) -> None:
-        if self.trace_text:
+        if self.trace_text and self.recording:
             self.span.set_attribute("s2s." + key, list(texts))
 
     def finish(self, code: str, message: str = "") -> None:
@@ -95,58 +104,57 @@ class SpanTrace(RequestTrace):
         return self.tracer.start_span(name, context=self.context, start_time=start_ns)
 
     def queued(self) -> None:
-        with self.lock:
-            self.queue = self.child("queue")
+        if self.recording:
+            self.queued_ns = time.time_ns()
 
     def admitted(self, queue_wait_s: float, batch_sentences: int, encoded_ahead: bool) -> None:
+        if not self.recording:
+            return
         with self.lock:
-            if self.queue is not None:
-                self.queue.set_attribute("s2s.queue.wait_ms", round(queue_wait_s * 1000, 3))
-                self.queue.end()
-                self.queue = None
-            if self.decode is None:
-                self.decode = self.child("decode")
-            self.decode.add_event(
-                "admitted",
-                {
-                    "s2s.queue.wait_ms": round(queue_wait_s * 1000, 3),
-                    "s2s.admitted.sentences": batch_sentences,
-                    "s2s.encoded_ahead": encoded_ahead,
-                },
+            self.admissions += 1
+            if self.decode is not None:  # a later sentence of the same request
+                return
+            now = time.time_ns()
+            if self.queued_ns is not None:
+                queue = self.child("queue", self.queued_ns)
+                queue.set_attribute("s2s.queue.wait_ms", round(queue_wait_s * 1000, 3))
+                queue.end(now)
+            self.decode = self.child("decode", now)
+            self.decode.set_attributes(
+                {"s2s.admitted.sentences": batch_sentences, "s2s.encoded_ahead": encoded_ahead}
             )
 
     def encoded(self, start_ns: int, end_ns: int, sentences: int) -> None:
-        span = self.child("encode", start_ns)
-        span.set_attribute("s2s.batch.sentences", sentences)
-        span.end(end_ns)
+        if self.recording:
+            span = self.child("encode", start_ns)
+            span.set_attribute("s2s.batch.sentences", sentences)
+            span.end(end_ns)
 
     def step(self, sentences: int, hypotheses: int, seconds: float) -> None:
         with self.lock:
             if self.decode is None:
                 return
+            if self.steps < MAX_STEPS_KEPT:
+                self.hypotheses.append(hypotheses)
             self.steps += 1
-            if self.steps <= MAX_STEP_EVENTS:
-                self.decode.add_event(
-                    "step",
-                    {
-                        "s2s.step": self.steps,
-                        "s2s.batch.sentences": sentences,
-                        "s2s.batch.hypotheses": hypotheses,
-                        "s2s.step.ms": round(seconds * 1000, 3),
-                    },
-                )
+            self.step_s += seconds
 
     def decoded(self, error: Exception | None) -> None:
         with self.lock:
-            for span in (self.queue, self.decode):
-                if span is None:
-                    continue
-                if span is self.decode:
-                    span.set_attribute("s2s.decode.steps", self.steps)
-                if error is not None:
-                    span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-                span.end()
-            self.queue = self.decode = None
+            decode, self.decode = self.decode, None
+            if decode is None:
+                return
+            decode.set_attributes(
+                {
+                    "s2s.decode.steps": self.steps,
+                    "s2s.decode.step_ms": round(self.step_s * 1000, 3),
+                    "s2s.step.hypotheses": self.hypotheses,
+                    "s2s.admissions": self.admissions,
+                }
+            )
+            if error is not None:
+                decode.set_status(Status(StatusCode.ERROR, type(error).__name__))
+            decode.end()
 
 
 class Tracing:
