@@ -120,6 +120,19 @@ def run_once(target: str, texts: list[str], args: argparse.Namespace) -> dict[st
     return summary
 
 
+def paired_ratios(runs: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """on/off of each figure within each round: the two runs of a round are back to back, so a
+    drift in the machine's load between rounds cancels out."""
+    rounds = sorted({run["round"] for run in runs})
+    out: dict[str, list[float]] = {"rps": [], "p50_ms": [], "p99_ms": []}
+    for r in rounds:
+        on = next(run for run in runs if run["round"] == r and run["mode"] == "on")
+        off = next(run for run in runs if run["round"] == r and run["mode"] == "off")
+        for key, values in out.items():
+            values.append(on[key] / off[key])
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -151,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for mode in MODES
     }
     ratios = {key: medians["on"][key] / medians["off"][key] for key in medians["off"]}
+    paired = paired_ratios(runs)
     for mode in MODES:
         m = medians[mode]
         print(
@@ -158,14 +172,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"p99 {m['p99_ms']:.0f} ms"
         )
     print(
-        f"on/off: throughput x{ratios['rps']:.3f}, p50 x{ratios['p50_ms']:.3f}, "
+        f"on/off of the medians: throughput x{ratios['rps']:.3f}, p50 x{ratios['p50_ms']:.3f}, "
         f"p99 x{ratios['p99_ms']:.3f}; spans exported: {sink.spans}"
+    )
+    print(
+        "on/off within each round (median over rounds): "
+        + ", ".join(f"{key} x{statistics.median(values):.3f}" for key, values in paired.items())
+        + "; per round: "
+        + ", ".join(f"{r:.3f}" for r in paired["rps"])
     )
     summary = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "runs": runs,
         "medians": medians,
         "ratios": ratios,
+        "paired_ratios": paired,
         "spans_exported": sink.spans,
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
