@@ -87,3 +87,18 @@ def test_the_check_sees_a_drift(tmp_path: Path) -> None:
     assert any(p.startswith("numpy>=99 does not allow") for p in found)
     assert "left-pad>=1 is not pinned in serve.lock" in found
     assert any(p.startswith("sentencepiece==") and "no longer has" in p for p in found)
+
+
+def test_the_images_install_the_lock_with_hashes() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text(encoding="utf-8")
+    installs = [
+        line
+        for line in dockerfile.splitlines()
+        if "scripts/install.sh" in line and line.startswith("RUN")
+    ]
+    assert len(installs) == 2  # the cpu and gpu build stages
+    assert all("S2S_LOCK=requirements/serve.lock" in line for line in installs)
+    assert dockerfile.count("COPY requirements/ requirements/") == 2
+    script = (REPO / "scripts" / "install.sh").read_text(encoding="utf-8")
+    assert '--require-hashes --no-deps -r "$S2S_LOCK"' in script
+    assert "--no-deps --no-build-isolation -e ." in script
