@@ -75,3 +75,8 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return str(self.processor.DecodeIds(ids))
+
+    def surfaces(self, ids: list[int]) -> list[str]:
+        """Each id's part of decode(ids), as SentencePiece writes it: they join to the text
+        ("▁5" → " 5" but "" at the start, <unk> → " ⁇ ", a control id → "")."""
+        return [str(piece.surface) for piece in self.processor.DecodeIdsAsProto(ids).pieces]

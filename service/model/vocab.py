@@ -40,6 +40,10 @@ class TextTokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def surfaces(self, ids: list[int]) -> list[str]:
+        """Each id's part of decode(ids): they join to the decoded text."""
+        ...
+
 
 @dataclass(frozen=True)
 class WordTokenizer:
@@ -101,6 +105,9 @@ class WordTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return " ".join(self.tokens[i] for i in ids)
+
+    def surfaces(self, ids: list[int]) -> list[str]:
+        return [("" if k == 0 else " ") + self.tokens[i] for k, i in enumerate(ids)]
 
 
 def _side(options: dict[str, Any], side: str) -> dict[str, Any]:

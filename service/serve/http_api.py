@@ -237,7 +237,10 @@ class HttpFace:
 
     def handler(self, route: Route) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
-            return await self.call(route, request)
+            with self.core.tracing.rpc(
+                route.method, "http", request.headers, request.method, request.path
+            ):
+                return await self.call(route, request)
 
         return handle
 

@@ -258,7 +258,16 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
         resident_memory_bytes=model.resident_bytes,
         confidence_threshold=engine.min_confidence,
         segmentation=engine.bundle.segmentation is not None,
+        description=model_description(engine.bundle.info),
     )
+
+
+def model_description(info: dict[str, Any]) -> str:
+    """The manifest's info.description, else info.task (older bundles), else ""."""
+    for key in ("description", "task"):
+        if isinstance(info.get(key), str) and info[key].strip():
+            return str(info[key]).strip()
+    return ""
 
 
 # --- client side -------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from service.serve.protocol import (
 )
 from service.serve.repository import Events, ModelVersion, ReloadReport, Repository, single
 from service.serve.status import status_for
+from service.serve.tracing import traced
 from service.serve.translator import TranslatorCore
 from service.serve.worker import Worker
 
@@ -110,6 +111,7 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
         super().__init__(settings, metrics)
         self.handlers = Handlers()
 
+    @traced("Translate")
     async def Translate(
         self, request: pb.TranslateRequest | MalformedRequest, context: grpc.aio.ServicerContext
     ) -> pb.TranslateResponse:
@@ -154,6 +156,7 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
     ) -> pb.TranslateResponse:
         return await self.decode(request, request_id, context.time_remaining(), model)
 
+    @traced("GetModelInfo")
     async def GetModelInfo(
         self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInfo:
@@ -168,6 +171,7 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
         self.finish("GetModelInfo", "", grpc.StatusCode.OK, started, 0)
         return info
 
+    @traced("ListModels")
     async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
@@ -293,6 +297,8 @@ class Running:
         if self.metrics_http is not None:
             self.metrics_http.shutdown()
             self.metrics_http.server_close()  # release the port: shutdown() only ends the serving loop
+        if self.servicer is not None:  # export the spans still buffered
+            await loop.run_in_executor(None, self.servicer.tracing.shutdown)
 
 
 def model_health_name(name: str) -> str:

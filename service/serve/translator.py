@@ -30,7 +30,9 @@ from service.serve.protocol import (
     translation_to_pb,
 )
 from service.serve.repository import ModelVersion, Repository
+from service.serve.request_trace import current_trace
 from service.serve.status import reject_reason
+from service.serve.tracing import Tracing
 from service.serve.worker import Job, Worker
 
 log = logging.getLogger("s2s.server")
@@ -42,11 +44,16 @@ class TranslatorCore:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.tracing = Tracing(settings.tracing)
         self._repository: Repository | None = None
         self._worker: Worker | None = None
 
     def attach(self, repository: Repository, worker: Worker) -> None:
         self._repository, self._worker = repository, worker
+
+    def use_tracing(self, tracing: Tracing) -> None:
+        """Trace with this tracer from now on (tests: an in-memory exporter's)."""
+        self.tracing = tracing
 
     @property
     def repository(self) -> Repository:
@@ -87,7 +94,11 @@ class TranslatorCore:
                 f"the request is not a valid {pb.TranslateRequest.DESCRIPTOR.full_name}: {request.error}"
             )
         engine = model.engine
+        trace = current_trace()
+        trace.set(model_name=model.name, model_version=model.version, request_id=request_id)
         parsed = parse_request(request, self.settings)
+        trace.set(texts=len(parsed.texts), input_chars=sum(len(t) for t in parsed.texts))
+        trace.texts("input.texts", parsed.texts)
         engine.check_options(parsed.options, parsed.alignment)
         prepared = []
         for i, text in enumerate(parsed.texts):
@@ -110,6 +121,11 @@ class TranslatorCore:
 
         deadline = None if remaining is None else self.worker.clock() + remaining
         job = Job(request_id, prepared, parsed.options, parsed.alignment, on_done, deadline, model)
+        job.trace = trace
+        trace.set(
+            input_tokens=sum(len(p.ids) for p in prepared), beam_size=parsed.options.beam_size
+        )
+        trace.queued()
         self.worker.submit(job)
         try:
             results = await future
@@ -119,6 +135,9 @@ class TranslatorCore:
         self.metrics.add_low_confidence(
             sum(1 for t in results if t.hypotheses and t.hypotheses[0].low_confidence)
         )
+        best = [t.hypotheses[0] for t in results if t.hypotheses]
+        trace.set(output_tokens=sum(len(h.token_ids) for h in best))
+        trace.texts("output.texts", [h.text for h in best])
         response = pb.TranslateResponse(
             translations=[translation_to_pb(t) for t in results],
             request_id=request_id,
@@ -166,6 +185,8 @@ class TranslatorCore:
             self.metrics.observe_model_request(model.name, model.version, code.name, seconds)
         if code != grpc.StatusCode.OK:
             self.metrics.reject(reject_reason(code, error))
+        trace = current_trace()
+        trace.finish(code.name, message)
         log.info(
             "request done",
             extra={
@@ -177,6 +198,7 @@ class TranslatorCore:
                 "model": "" if model is None else str(model),
                 "ms": round(seconds * 1000, 2),
                 "error": message,
+                **({"trace_id": trace.trace_id} if trace.trace_id else {}),
             },
         )
 

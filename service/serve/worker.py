@@ -31,6 +31,7 @@ from service.decode.errors import Cancelled, DeadlineExceeded, DecodeFailed, Que
 from service.decode.runtime import EncodedSentence
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion, single
+from service.serve.request_trace import NO_TRACE, RequestTrace
 from service.serve.scheduler import BatchingConfig, BatchKey, Decision, Waiting, decide
 
 log = logging.getLogger(__name__)
@@ -51,11 +52,13 @@ class Job:
     model: ModelVersion | None = None  # None: the worker's default model
     results: dict[int, Translation] = field(default_factory=dict)
     finished: bool = False
+    trace: RequestTrace = NO_TRACE  # the request's spans (service/serve/tracing.py)
 
     def complete(self, error: Exception | None = None) -> None:
         if self.finished:
             return
         self.finished = True
+        self.trace.decoded(error)
         if error is not None:
             self.on_done(None, error)
         else:
@@ -256,10 +259,15 @@ class Worker:
         self.batches[key] = batch
         requests = [sentence_request(w.key) for w in taken]
         encoded = {} if self.ahead is None else self.ahead.take([r.key for r in requests])
+        for w in taken:
+            w.request.trace.admitted(now - w.arrived, len(taken), w.key in encoded)
         missing = [r for r in requests if r.key not in encoded]
         try:
             if missing:  # nothing was running, or encoding ahead is off: encode here
+                start_ns = time.time_ns()
                 fresh = self.encode_now(model, [r.sentence for r in missing])
+                for job in {r.key.job for r in missing}:
+                    job.trace.encoded(start_ns, time.time_ns(), len(missing))
                 encoded.update(zip([r.key for r in missing], fresh, strict=True))
             batch.add(requests, [encoded[r.key] for r in requests])
         except Exception:  # the model failed: these jobs and the batch's others get INTERNAL
@@ -283,6 +291,7 @@ class Worker:
         model: ModelVersion = key.model  # type: ignore[assignment]
         self.last_stepped = key
         sentences, hypotheses = len(batch), batch.num_hypotheses
+        traced = {r.key.job.trace for r in batch.requests.values() if r.key.job.trace.recording}
         started = time.perf_counter()
         try:
             finished = batch.step()
@@ -290,7 +299,10 @@ class Worker:
             log.exception("decoder step failed; failing the batch of %s beam %d", model, key.beam)
             self.fail_batch(key, set())
             return
-        self.metrics.observe_step(sentences, hypotheses, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.metrics.observe_step(sentences, hypotheses, seconds)
+        for trace in traced:
+            trace.step(sentences, hypotheses, seconds)
         self.metrics.observe_model_step(model.name, model.version, hypotheses)
         for sentence, translation in finished:
             self.deliver(sentence, translation)
