@@ -83,12 +83,21 @@ def merge_subwords(
     _check_matrix(matrix, rows=len(tgt_pieces), cols=len(src_pieces))
     src_index, tgt_index = word_index(src_pieces), word_index(tgt_pieces)  # (S,), (T,)
     src_words, tgt_words = _words(src_pieces, src_index), _words(tgt_pieces, tgt_index)
-    S_words, T_words = len(src_words), len(tgt_words)
+    merged = merge_by_index(matrix, src_index, tgt_index, len(src_words), len(tgt_words))
+    return merged, src_words, tgt_words
+
+
+def merge_by_index(
+    matrix: np.ndarray, src_index: np.ndarray, tgt_index: np.ndarray, S_words: int, T_words: int
+) -> np.ndarray:
+    """(T, S) → (T', S') given each piece's word, src_index (S,) and tgt_index (T,): a source word's
+    columns summed, a target word's rows averaged (rows still sum to 1)."""
+    _check_matrix(matrix, rows=len(tgt_index), cols=len(src_index))
     summed = matrix @ _one_hot(src_index, S_words, matrix.dtype)  # (T, S')
     tgt_groups = _one_hot(tgt_index, T_words, matrix.dtype).T  # (T', T)
     counts = np.maximum(tgt_groups.sum(axis=1, keepdims=True), 1)  # (T', 1)
     merged = (tgt_groups / counts) @ summed  # (T', S')
-    return merged.astype(matrix.dtype, copy=False), src_words, tgt_words
+    return merged.astype(matrix.dtype, copy=False)
 
 
 def _clip_label(label: str, width: int) -> str:
