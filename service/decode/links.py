@@ -55,7 +55,7 @@ NEIGHBOURS = ((-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 
 
 
 def grow_links(matrix: np.ndarray) -> set[Link]:
-    """grow-diag-final (Koehn et al., 2003) over the two argmax directions: start from their
+    """grow-diag-final-and (Koehn et al., 2003) over the two argmax directions: start from their
     intersection, add union links next to (or diagonal to) a link while one of their words is still
     unaligned, then union links whose words are both unaligned."""
     union = union_links(matrix)
