@@ -28,6 +28,7 @@ from service.decode.engine import Engine
 from service.decode.errors import InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions
 from service.decode.links import LINK_MODES, extract_links, parse_pharaoh, to_pharaoh
+from service.decode.runtime import expose_full_log_probs
 from service.model.architecture import ModelConfig
 from service.serve.protocol import aligned_pair_from_pb
 from tests.conftest import TinyModel
@@ -190,6 +191,24 @@ def test_forced_score_equals_the_beam_searchs(engine: Engine, tiny: TinyModel) -
         np.testing.assert_allclose(forced.subword.matrix, best.alignment.matrix, atol=1e-5)
         compared += 1
     assert compared >= 8
+
+
+def test_the_topk_fallback_equals_the_exposed_log_softmax(
+    engine: Engine, pairs: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph whose log-softmax cannot be exposed aligns through its TopK asked for every token:
+    the same answers."""
+    assert engine.model.forced_session() is not None  # the exposed row, for the bundles we export
+    exposed = align(engine, pairs[:4])
+    monkeypatch.setattr(engine.model, "forced_session", lambda: None)
+    fallback = align(engine, pairs[:4])
+    for a, b in zip(exposed, fallback, strict=True):
+        assert a.token_log_probs == pytest.approx(b.token_log_probs, abs=1e-5)
+        assert a.pharaoh == b.pharaoh
+
+
+def test_the_int8_decoder_exposes_its_log_softmax(tiny: TinyModel) -> None:
+    assert expose_full_log_probs(tiny.bundle / "decoder.int8.onnx") is not None
 
 
 def test_unknown_characters_are_flagged_not_refused(engine: Engine) -> None:

@@ -190,7 +190,7 @@ class ForcedBatch(Generic[KeyT]):
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.decoder = engine.model.new_decoder()
+        self.decoder = engine.model.new_decoder(forced=True)
         cfg = engine.cfg
         self.search = ForcedSearch(self.decoder, cfg.bos_id, cfg.eos_id, cfg.tgt_vocab_size)
         self.requests: dict[Hashable, ForcedRequest[KeyT]] = {}

@@ -6,22 +6,23 @@ token of its own target (BOS first), and reads back the log-probability the mode
 target's next token (EOS after the last one) and this step's attention. A pair of T target tokens
 takes T + 1 steps and leaves; pairs join and leave between steps like the search's sentences.
 
-The decoder graph returns the top k of its log-softmax over the target vocabulary; asking for
-k = V returns all of it, so the forced token's log-probability is looked up in that row: no new
-graph, and the embedded models align as they are. The cost is the (N, V) rows that come back.
+The decoder's `step_full` returns each row's whole log-softmax over the target vocabulary, in
+vocabulary order (service/decode/runtime.py reads it from the step graph's TopK input, so every
+bundle, the embedded models included, aligns as it is), and the forced token's log-probability is
+read from its row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Hashable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
 from service.decode import links as link_modes
 from service.decode.alignment import Alignment
-from service.decode.beam import Decoder, StepOutput, compaction_order
+from service.decode.beam import StepOutput, compaction_order
 
 Matrices = Literal["both", "none", "subword", "word"]
 MATRICES: tuple[str, ...] = ("both", "none", "subword", "word")
@@ -104,15 +105,15 @@ class _Pair:
         return Forced(np.array(self.log_probs, np.float64), np.stack(self.attention))
 
 
-def forced_log_probs(out: StepOutput, forced: np.ndarray) -> np.ndarray:
-    """(N,) the log-prob of each row's forced token (N,) in the step's (N, V) output; ValueError
-    when a row does not hold its token (the decoder was asked for fewer than V candidates)."""
-    hits = out.token_ids == forced[:, None]  # (N, V) one True per row
-    found = hits.any(axis=1)  # (N,)
-    if not found.all():
-        row = int(np.flatnonzero(~found)[0])
-        raise ValueError(f"token {int(forced[row])} is not among row {row}'s decoder outputs")
-    return out.log_probs[np.arange(len(forced)), hits.argmax(axis=1)]  # (N,)
+class ForcedDecoder(Protocol):
+    """The model's decoder step over a running batch, every token's log-prob per row."""
+
+    def step_full(self, tokens: np.ndarray, reorder: np.ndarray) -> StepOutput:
+        """tokens (N,), reorder (N,) as `beam.Decoder.step`'s; log_probs (N, V) in vocabulary
+        order, attention (N, S)."""
+        ...
+
+    def keep_sentences(self, keep: np.ndarray) -> None: ...
 
 
 class ForcedSearch:
@@ -123,13 +124,13 @@ class ForcedSearch:
     and dropped from the batch and the decoder before it returns.
     """
 
-    def __init__(self, decoder: Decoder, bos_id: int, eos_id: int, vocab_size: int) -> None:
+    def __init__(self, decoder: ForcedDecoder, bos_id: int, eos_id: int, vocab_size: int) -> None:
         if vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
         self._decoder = decoder
         self._bos_id = bos_id
         self._eos_id = eos_id
-        self._k = vocab_size  # the whole log-softmax row: every token's log-prob
+        self._vocab_size = vocab_size
         self._pairs: list[_Pair] = []
         self._rows = np.zeros(0, np.int64)  # (B,) the state row each pair continues
         self._ids: set[Hashable] = set()
@@ -147,6 +148,8 @@ class ForcedSearch:
             raise ValueError(f"src_len must be >= 1, got {src_len}")
         if pair_id in self._ids:
             raise ValueError(f"pair {pair_id!r} is already decoding")
+        if any(not 0 <= t < self._vocab_size for t in target):
+            raise ValueError(f"target ids must be in [0, {self._vocab_size})")
         self._ids.add(pair_id)
         forced = np.array([*target, self._eos_id], np.int64)  # (T + 1,)
         self._pairs.append(_Pair(pair_id, forced, src_len))
@@ -162,10 +165,10 @@ class ForcedSearch:
             np.int64,
         )
         wanted = np.array([p.forced[p.steps] for p in self._pairs], np.int64)  # (B,)
-        out = self._decoder.step(fed, self._rows, self._k)
-        if out.attention.shape[0] != B or out.log_probs.shape[0] != B:
-            raise ValueError(f"decoder returned {out.log_probs.shape[0]} rows for {B} pairs")
-        log_probs = forced_log_probs(out, wanted).tolist()  # (B,)
+        out = self._decoder.step_full(fed, self._rows)
+        if out.attention.shape[0] != B or out.log_probs.shape != (B, self._vocab_size):
+            raise ValueError(f"decoder returned {out.log_probs.shape} log-probs for {B} pairs")
+        log_probs = out.log_probs[np.arange(B), wanted].tolist()  # (B,)
         for b, pair in enumerate(self._pairs):
             pair.log_probs.append(float(log_probs[b]))
             pair.attention.append(out.attention[b, : pair.src_len].copy())  # (src_len,)
