@@ -20,6 +20,7 @@ from export.onnx.to_onnx import export_bundle
 from export.train.checkpoint import save_checkpoint
 from export.train.model import Seq2Seq
 from proto.translation.v1 import translation_pb2 as pb
+from service.cli import align as offline_align
 from service.cli import client as client_cli
 from service.decode.aligner import ForcedBatch, ForcedRequest, Side, align, prepare_pair
 from service.decode.alignment import word_index
@@ -414,3 +415,35 @@ def test_align_metrics_method_label(server: ServerThread, pairs: list[tuple[str,
 
 
 _ = (QUIET_SERVER_FLAGS, flag_list)
+
+
+def test_offline_align_files(
+    tiny: TinyModel,
+    pairs: list[tuple[str, str]],
+    engine: Engine,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """s2s-align (no server): the same links as the engine, line for line; an empty line for a
+    pair with an empty side; a line over the limits named by its line number."""
+    sources = [s for s, _ in pairs] + ["one"]
+    targets = [t for _, t in pairs] + [" "]
+    (tmp_path / "src").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    (tmp_path / "tgt").write_text("\n".join(targets) + "\n", encoding="utf-8")
+    out = tmp_path / "links"
+    argv = [
+        "--bundle", str(tiny.bundle), "--source-file", str(tmp_path / "src"),
+        "--target-file", str(tmp_path / "tgt"), "--out", str(out), "--batch-size", "4",
+        "--providers", "CPUExecutionProvider", "--scores",
+    ]  # fmt: skip
+    assert offline_align.main(argv) == 0
+    lines = out.read_text(encoding="utf-8").split("\n")[:-1]
+    want = align(engine, pairs)
+    assert lines[-1] == "" and len(lines) == len(pairs) + 1
+    for line, a in zip(lines[:-1], want, strict=True):
+        log_prob, links = line.split("\t")
+        assert links == a.pharaoh and float(log_prob) == pytest.approx(a.log_prob, abs=1e-3)
+    (tmp_path / "src").write_text("one\n" + " ".join(["seventy"] * 300) + "\n", encoding="utf-8")
+    (tmp_path / "tgt").write_text("un\nsoixante-dix\n", encoding="utf-8")
+    assert offline_align.main([*argv, "--max-source-tokens", "50"]) == 1
+    assert "line 2: source is" in capsys.readouterr().err

@@ -253,6 +253,13 @@ def align(
             prepared.append(prepare_pair(engine, source, target))
         except InvalidInput as err:
             raise InvalidInput(f"pairs[{i}]: {err}") from err
+    return align_prepared(engine, prepared, options)
+
+
+def align_prepared(
+    engine: Engine, prepared: Sequence[PreparedPair], options: AlignOptions
+) -> list[AlignedPair]:
+    """Pairs already prepared (`prepare_pair`) in one forced batch; results in input order."""
     batch: ForcedBatch[int] = ForcedBatch(engine)
     batch.add([ForcedRequest(i, p, options) for i, p in enumerate(prepared)])
     results: dict[int, AlignedPair] = {}
