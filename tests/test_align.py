@@ -447,3 +447,14 @@ def test_offline_align_files(
     (tmp_path / "tgt").write_text("un\nsoixante-dix\n", encoding="utf-8")
     assert offline_align.main([*argv, "--max-source-tokens", "50"]) == 1
     assert "line 2: source is" in capsys.readouterr().err
+
+
+def test_a_passed_deadline_is_deadline_exceeded(
+    server: ServerThread, pairs: list[tuple[str, str]]
+) -> None:
+    request = pb.AlignRequest(pairs=[pb.AlignPair(source=s, target=t) for s, t in pairs * 5])
+    with pytest.raises(grpc.RpcError) as err:
+        server.stub.Align(request, timeout=0.001)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # the loop is still serving: the next request is answered
+    assert grpc_align(server, pairs[:1])[0].pharaoh
