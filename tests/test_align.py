@@ -32,9 +32,10 @@ from service.decode.links import LINK_MODES, extract_links, parse_pharaoh, to_ph
 from service.decode.runtime import expose_full_log_probs
 from service.model.architecture import ModelConfig
 from service.serve.protocol import aligned_pair_from_pb
+from service.serve.scheduler import BatchingConfig, BatchKey, Waiting, decide
 from tests.conftest import TinyModel
 from tests.test_http import call
-from tests.test_server import QUIET_SERVER_FLAGS, ServerThread, base_args, flag_list
+from tests.test_server import ServerThread, base_args
 
 # --- link modes, by hand ---------------------------------------------------------------------
 
@@ -414,9 +415,6 @@ def test_align_metrics_method_label(server: ServerThread, pairs: list[tuple[str,
     assert count is not None and count >= 1
 
 
-_ = (QUIET_SERVER_FLAGS, flag_list)
-
-
 def test_offline_align_files(
     tiny: TinyModel,
     pairs: list[tuple[str, str]],
@@ -458,3 +456,30 @@ def test_a_passed_deadline_is_deadline_exceeded(
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     # the loop is still serving: the next request is answered
     assert grpc_align(server, pairs[:1])[0].pharaoh
+
+
+def test_forced_pairs_get_their_own_batch_and_take_turns() -> None:
+    """The scheduler keeps Align's pairs out of the beam searches' batches (another pass over the
+    decoder) and steps the two in turn, under one capacity."""
+    config = BatchingConfig(max_batch_hypotheses=12, max_batch_sentences=8)
+    waiting = [
+        Waiting(("t", 0), "translate", 4, 0.0, model="m"),
+        Waiting(("a", 0), "align", 1, 0.0, model="m", forced=True),
+    ]
+    first = decide(config, 0.0, waiting, {})
+    assert first.admit == (("t", 0),) and first.admit_batch == BatchKey("m", 4)
+    running = {BatchKey("m", 4): 1}
+    second = decide(config, 0.0, waiting[1:], running, first.step_batch, None, "m")
+    assert second.admit == (("a", 0),) and second.admit_batch == BatchKey("m", 1, forced=True)
+    running[BatchKey("m", 1, forced=True)] = 1
+    stepped = [second.step_batch]
+    for _ in range(3):
+        stepped.append(decide(config, 0.0, [], running, stepped[-1]).step_batch)
+    assert set(stepped[:2]) == set(running) and stepped[2] == stepped[0]
+    # capacity is shared: 2 beam-4 sentences (8 hypotheses) and the pair fill 9 of 12; a third
+    # beam-4 sentence does not fit, a pair does
+    full = {BatchKey("m", 4): 2, BatchKey("m", 1, forced=True): 1}
+    late = [Waiting(("t", 1), "t2", 4, 0.0, model="m")]
+    assert decide(config, 0.0, late, full).admit == ()
+    late_pair = [Waiting(("a", 1), "a2", 1, 0.0, model="m", forced=True)]
+    assert decide(config, 0.0, late_pair, full).admit == (("a", 1),)
