@@ -148,8 +148,8 @@ def test_pairs_joining_mid_batch_equal_alone(engine: Engine, pairs: list[tuple[s
     batch: ForcedBatch[int] = ForcedBatch(engine)
     results: dict[int, AlignedPair] = {}
     options = AlignOptions()
-    for i, pair in enumerate(prepared):
-        batch.add([ForcedRequest(i, pair, options)])
+    for i, prepared_pair in enumerate(prepared):
+        batch.add([ForcedRequest(i, prepared_pair, options)])
         results.update(batch.step())
     while len(batch):
         results.update(batch.step())
