@@ -16,6 +16,8 @@ import pytest
 import torch
 from google.protobuf import json_format
 
+from benchmarks import align_modes
+from benchmarks.align_modes import Counts
 from export.onnx.to_onnx import export_bundle
 from export.train.checkpoint import save_checkpoint
 from export.train.model import Seq2Seq
@@ -483,3 +485,34 @@ def test_forced_pairs_get_their_own_batch_and_take_turns() -> None:
     assert decide(config, 0.0, late, full).admit == ()
     late_pair = [Waiting(("a", 1), "a2", 1, 0.0, model="m", forced=True)]
     assert decide(config, 0.0, late_pair, full).admit == (("a", 1),)
+
+
+def test_the_benchmarks_aer_by_hand() -> None:
+    counts = Counts()
+    # target word 3 has no gold link: (2, 3) is not scored; gold 3 links, 3 scored, 2 hits
+    counts.add({(0, 0), (1, 1), (2, 1), (2, 3)}, {(0, 0), (1, 1), (1, 2)})
+    counts.add({(0, 0)}, set())  # a sentence without gold scores nothing
+    assert (counts.predicted, counts.gold, counts.hits) == (3, 3, 2)
+    assert counts.aer == pytest.approx(1 - 4 / 6)
+    assert counts.precision == pytest.approx(2 / 3) and counts.recall == pytest.approx(2 / 3)
+
+
+def test_the_link_mode_benchmark_runs(
+    tiny: TinyModel,
+    pairs: list[tuple[str, str]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """benchmarks/align_modes.py on a tiny split with diagonal 'gold': one table row per mode."""
+    sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+    gold = [
+        " ".join(f"{i}-{i}" for i in range(min(len(s.split()), len(t.split())))) for s, t in pairs
+    ]
+    for suffix, lines in (("src", sources), ("tgt", targets), ("pharaoh", gold)):
+        (tmp_path / f"dev.{suffix}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = ["--bundle", str(tiny.bundle), "--data", str(tmp_path), "--src", "src", "--tgt", "tgt"]
+    assert align_modes.main([*argv, "--batch", "4"]) == 0
+    out = capsys.readouterr().out
+    assert f"dev: {len(pairs)} pairs, {len(pairs)} with gold links" in out
+    for label, _, _ in align_modes.mode_names():
+        assert f"| {label} | " in out
