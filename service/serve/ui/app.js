@@ -421,10 +421,12 @@ function setAlignStatus(text, isError) {
 
 function buildAlignRequest() {
   const lines = (id) => $(id).value.split("\n").map((t) => t.replace(/\r$/, ""));
-  const sources = lines("align-sources");
-  const targets = lines("align-targets");
-  while (sources.length && sources[sources.length - 1].trim() === "" && (targets[sources.length - 1] || "").trim() === "") sources.pop();
-  const pairs = sources.map((source, i) => ({ source, target: targets[i] || "" }));
+  const trim = (xs) => { while (xs.length && xs[xs.length - 1].trim() === "") xs.pop(); return xs; };
+  const sources = trim(lines("align-sources"));
+  const targets = trim(lines("align-targets"));
+  const n = Math.max(sources.length, targets.length);
+  // a side shorter than the other gets empty lines: the server names the pair that lacks one
+  const pairs = Array.from({ length: n }, (_, i) => ({ source: sources[i] || "", target: targets[i] || "" }));
   const options = { alignment: $("align-level").value === "word" ? "ALIGNMENT_MODE_WORD" : "ALIGNMENT_MODE_SUBWORD" };
   if ($("align-links").value) options.links = $("align-links").value;
   const request = { pairs, options };
