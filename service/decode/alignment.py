@@ -137,6 +137,24 @@ def merge_subwords(
     return merged.astype(matrix.dtype, copy=False), src_words, tgt_words
 
 
+def _one_hot(index: np.ndarray, n: int, dtype: np.dtype) -> np.ndarray:
+    """(P, n) with a 1 at (p, index[p])."""
+    return (index[:, None] == np.arange(n)[None, :]).astype(dtype)  # (P, n)
+
+
+def merge_by_index(
+    matrix: np.ndarray, src_index: np.ndarray, tgt_index: np.ndarray, S_words: int, T_words: int
+) -> np.ndarray:
+    """(T, S) → (T', S') given each piece's word, src_index (S,) and tgt_index (T,): a source word's
+    columns summed, a target word's rows averaged (rows still sum to 1)."""
+    _check_matrix(matrix, rows=len(tgt_index), cols=len(src_index))
+    summed = matrix @ _one_hot(src_index, S_words, matrix.dtype)  # (T, S')
+    tgt_groups = _one_hot(tgt_index, T_words, matrix.dtype).T  # (T', T)
+    counts = np.maximum(tgt_groups.sum(axis=1, keepdims=True), 1)  # (T', 1)
+    merged = (tgt_groups / counts) @ summed  # (T', S')
+    return merged.astype(matrix.dtype, copy=False)
+
+
 def _clip_label(label: str, width: int) -> str:
     return label if len(label) <= width else label[: width - 1] + "…"
 

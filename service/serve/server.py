@@ -24,10 +24,10 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -45,6 +45,7 @@ from service.serve.metrics import Metrics, start_metrics_http_server
 from service.serve.protocol import (
     MAX_REQUEST_ID_CHARS,
     MalformedRequest,
+    deserialize_align_request,
     deserialize_translate_request,
 )
 from service.serve.repository import Events, ModelVersion, ReloadReport, Repository, single
@@ -55,6 +56,7 @@ from service.serve.worker import Worker
 
 log = logging.getLogger("s2s.server")
 
+ResponseT = TypeVar("ResponseT", pb.TranslateResponse, pb.AlignResponse)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
 
 
@@ -115,6 +117,31 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
     async def Translate(
         self, request: pb.TranslateRequest | MalformedRequest, context: grpc.aio.ServicerContext
     ) -> pb.TranslateResponse:
+        async def call(request_id: str, model: ModelVersion) -> pb.TranslateResponse:
+            return await self.translate(request, request_id, context, model)
+
+        return await self.handle("Translate", request, context, len(request.texts), call)
+
+    @traced("Align")
+    async def Align(
+        self, request: pb.AlignRequest | MalformedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AlignResponse:
+        async def call(request_id: str, model: ModelVersion) -> pb.AlignResponse:
+            return await self.align(request, request_id, context.time_remaining(), model)
+
+        pairs = len(request.pairs) if isinstance(request, pb.AlignRequest) else 0
+        return await self.handle("Align", request, context, pairs, call)
+
+    async def handle(
+        self,
+        method: str,
+        request: pb.TranslateRequest | pb.AlignRequest | MalformedRequest,
+        context: grpc.aio.ServicerContext,
+        texts: int,
+        call: Callable[[str, ModelVersion], Awaitable[ResponseT]],
+    ) -> ResponseT:
+        """A decoding RPC: its model version held until answered, `call(request_id, model)`, and
+        its status code, log line and metrics (`texts`: the texts or pairs it holds)."""
         request_id = request.request_id or uuid.uuid4().hex[:16]
         if len(request_id) > MAX_REQUEST_ID_CHARS:  # refused by parse_request: not logged whole
             request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
@@ -122,14 +149,14 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
         code, message, response = grpc.StatusCode.OK, "", None
         error: Exception | None = None
         model: ModelVersion | None = None
-        with self.handlers.track(), self.metrics.track_in_flight("Translate"):
+        with self.handlers.track(), self.metrics.track_in_flight(method):
             try:
                 # held until answered: a reload does not unload it meanwhile
                 model = self.acquire(request)
-                response = await self.translate(request, request_id, context, model)
+                response = await call(request_id, model)
             except asyncio.CancelledError:  # the client cancelled or a deadline passed
                 code = cancel_code(context.time_remaining())
-                self.finish("Translate", request_id, code, started, len(request.texts), model=model)
+                self.finish(method, request_id, code, started, texts, model=model)
                 raise
             except Exception as err:
                 error = err
@@ -139,9 +166,7 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
             finally:
                 if model is not None:
                     self.repository.release(model)
-        self.finish(
-            "Translate", request_id, code, started, len(request.texts), message, error, model=model
-        )
+        self.finish(method, request_id, code, started, texts, message, error, model=model)
         if code != grpc.StatusCode.OK:
             await context.abort(code, message)
         assert response is not None
@@ -195,6 +220,11 @@ def add_translator_servicer(servicer: TranslatorServicer, server: grpc.aio.Serve
             servicer.Translate,
             request_deserializer=deserialize_translate_request,
             response_serializer=pb.TranslateResponse.SerializeToString,
+        ),
+        "Align": grpc.unary_unary_rpc_method_handler(
+            servicer.Align,
+            request_deserializer=deserialize_align_request,
+            response_serializer=pb.AlignResponse.SerializeToString,
         ),
         "GetModelInfo": grpc.unary_unary_rpc_method_handler(
             servicer.GetModelInfo,

@@ -465,3 +465,91 @@ async function start() {
 }
 
 document.addEventListener("DOMContentLoaded", start);
+
+// --- forced alignment (Align) ----------------------------------------------------------------------
+// Its own form and results below the translations: (source, target) pairs teacher-forced by the
+// server, drawn with the same heatmap and links as a translation.
+function setAlignStatus(text, isError) {
+  const s = $("align-status");
+  s.textContent = text;
+  s.classList.toggle("error", Boolean(isError));
+}
+
+function buildAlignRequest() {
+  const lines = (id) => $(id).value.split("\n").map((t) => t.replace(/\r$/, ""));
+  const trim = (xs) => { while (xs.length && xs[xs.length - 1].trim() === "") xs.pop(); return xs; };
+  const sources = trim(lines("align-sources"));
+  const targets = trim(lines("align-targets"));
+  const n = Math.max(sources.length, targets.length);
+  // a side shorter than the other gets empty lines: the server names the pair that lacks one
+  const pairs = Array.from({ length: n }, (_, i) => ({ source: sources[i] || "", target: targets[i] || "" }));
+  const options = { alignment: $("align-level").value === "word" ? "ALIGNMENT_MODE_WORD" : "ALIGNMENT_MODE_SUBWORD" };
+  if ($("align-links").value) options.links = $("align-links").value;
+  const request = { pairs, options };
+  if (state.listed) {
+    const m = state.models.find((x) => x.name === $("model").value);
+    if (m) request.model = { name: m.name, version: m.version };
+  }
+  return request;
+}
+
+async function alignPairs() {
+  const request = buildAlignRequest();
+  if (request.pairs.length === 0) { setAlignStatus("Type a source and its target (one pair per line).", true); return; }
+  document.body.dataset.aligned = "0";
+  setAlignStatus("aligning…");
+  $("align").disabled = true;
+  const started = performance.now();
+  try {
+    const response = await api("Align", request);
+    renderAlign(request, response);
+    const ms = Math.round(performance.now() - started);
+    setAlignStatus(`${response.alignments.length} pair(s) aligned in ${ms} ms · model ${response.model} ${response.model_version} · request ${response.request_id}`);
+    document.body.dataset.aligned = "1";
+  } catch (err) {
+    setAlignStatus(err.message, true);
+    document.body.dataset.aligned = "error";
+  } finally {
+    $("align").disabled = false;
+  }
+}
+
+function renderAlign(request, response) {
+  const results = $("align-results");
+  results.replaceChildren();
+  response.alignments.forEach((a, i) => results.append(alignCard(a, request.pairs[i], i)));
+}
+
+function alignCard(a, pair, i) {
+  const card = el("div", "hyp align-card");
+  card.dataset.pair = i;
+  const head = el("div", "hyp-head");
+  head.append(el("span", "badge", `#${i + 1}`));
+  head.append(el("span", "hyp-text", `${pair.source}  →  ${pair.target}`));
+  const logProb = Number(a.log_prob || 0);
+  head.append(el("span", "badge score", `log P ${logProb.toFixed(3)}`));
+  head.append(el("span", "badge confidence", `confidence ${Number(a.confidence || 0).toFixed(3)}`));
+  const unknown = [
+    ...(a.unknown_source_words || []).map((j) => (a.source_words || [])[j]),
+    ...(a.unknown_target_words || []).map((j) => (a.target_words || [])[j]),
+  ];
+  if (unknown.length) head.append(el("span", "badge unknown", `unknown to the vocabulary: ${unknown.join(" ")}`));
+  card.append(head);
+  card.append(el("p", "muted pharaoh", `links: ${a.pharaoh || "(none)"}`));
+  const m = a.word && a.word.rows ? a.word : a.subword;
+  if (!m || !m.rows || !m.cols) return card;
+  // the word heatmap draws the links the server extracted; the subword one its argmax per row
+  const view = { rows: m.rows, cols: m.cols, weights: m.weights, src: m.source_tokens, tgt: m.target_tokens, pharaoh: m.pharaoh || "" };
+  const heat = heatmap(view);
+  const links = linksView(view);
+  card.append(heat.node, links.node);
+  linkHighlights(view, heat, links);
+  return card;
+}
+
+function startAlign() {
+  if (!$("align-form")) return;
+  $("align-form").addEventListener("submit", (e) => { e.preventDefault(); alignPairs(); });
+}
+
+document.addEventListener("DOMContentLoaded", startAlign);
