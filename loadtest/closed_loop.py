@@ -179,10 +179,25 @@ def translate_kind(
     return Kind(name, weight, make)
 
 
+def align_kind(name: str, weight: int, model: str, texts: Sequence[str], n_pairs: int = 4) -> Kind:
+    """Align `n_pairs` pairs on `model`, each a text drawn from `texts` against another: a forced
+    pass costs the same whatever the target says (words the vocabulary lacks are flagged)."""
+
+    def make(rng: random.Random, stub: pb_grpc.TranslatorStub) -> Call:
+        pool = list(texts)
+        pairs = [
+            pb.AlignPair(source=rng.choice(pool), target=rng.choice(pool)) for _ in range(n_pairs)
+        ]
+        request = pb.AlignRequest(pairs=pairs, model=pb.ModelSpec(name=model))
+        return Call(stub.Align, request, None)
+
+    return Kind(name, weight, make)
+
+
 def repository_mix(models: dict[str, Sequence[str]], cancel_after_s: float = 0.02) -> list[Kind]:
     """Every model with its own texts (`models`: name → texts): single texts at beam 1 and 5, a
-    batch of 8 with word alignment, and a beam-5 request the client cancels after cancel_after_s.
-    The integrator adds an `Align` kind here once the RPC exists."""
+    batch of 8 with word alignment, a beam-5 request the client cancels after cancel_after_s, and
+    Align requests of 4 pairs."""
     kinds: list[Kind] = []
     for model, texts in models.items():
         kinds += [
@@ -196,6 +211,7 @@ def repository_mix(models: dict[str, Sequence[str]], cancel_after_s: float = 0.0
             translate_kind(
                 f"{model}/cancelled", 1, model, texts, n_texts=4, cancel_after_s=cancel_after_s
             ),
+            align_kind(f"{model}/align4", 2, model, texts),
         ]
     return kinds
 

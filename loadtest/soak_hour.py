@@ -17,7 +17,7 @@ requests answered, errors, cancelled, p50 and p99 (OUT/windows.csv). It checks
 
     errors     no request failed (every gRPC code but OK, and our own cancellations, is an error);
     answered   every request sent was answered or cancelled by the client: sent = OK + cancelled;
-    server     the server's Translate count (s2s_request_duration_seconds_count, every code) grew
+    server     the server's Translate and Align count (s2s_request_duration_seconds_count, every code) grew
                by between the client's OK and its sent, and its OK count by at least the client's OK
                (a cancelled request the server had already answered counts OK there);
     drained    queue, running sentences and Translate in flight back to 0;
@@ -188,15 +188,16 @@ class Sampler(threading.Thread):
 
 
 def translate_counts(url: str) -> dict[str, float]:
-    """s2s_request_duration_seconds_count{method="Translate"} by code (every protocol summed)."""
+    """s2s_request_duration_seconds_count{method="Translate" or "Align"} by code (every protocol
+    summed): the requests the load sends."""
     with urllib.request.urlopen(url, timeout=10) as reply:
         text = reply.read().decode("utf-8")
     counts: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if (
-                s.name == "s2s_request_duration_seconds_count"
-                and s.labels.get("method") == "Translate"
+            if s.name == "s2s_request_duration_seconds_count" and s.labels.get("method") in (
+                "Translate",
+                "Align",
             ):
                 code = s.labels.get("code", "")
                 counts[code] = counts.get(code, 0.0) + float(s.value)
@@ -280,7 +281,7 @@ def check(report: Report, args: argparse.Namespace) -> None:
     ok = report.server_counts.get("OK", 0.0)
     c["server"] = Check(
         report.answered <= total <= report.sent and ok >= report.answered,
-        f"server counted {total:.0f} Translate ({ok:.0f} OK) for {report.sent} sent, "
+        f"server counted {total:.0f} Translate and Align ({ok:.0f} OK) for {report.sent} sent, "
         f"{report.answered} answered",
     )
     c["drained"] = Check(
