@@ -158,8 +158,6 @@ def onmt_transform_args(options: dict[str, Any]) -> list[str]:
         for key in ("src_subword_model", "tgt_subword_model"):
             if options.get(key):
                 args += [f"-{key}", str(options[key])]
-        if options.get("share_vocab"):
-            args += ["-share_vocab"]
     return args
 
 
