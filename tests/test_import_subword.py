@@ -83,10 +83,11 @@ SETUPS: dict[str, dict[str, Any]] = {
             },
         },
     },
-    # Joey NMT: subword-nmt; bi-LSTM, Luong, input feeding, init_hidden last
-    "joey_subword_nmt": {
+    # Joey NMT: subword-nmt after the moses pre-tokenizer; bi-LSTM, Luong, input feeding, init_hidden last
+    "joey_subword_nmt_moses": {
         "toolkit": "joeynmt",
         "segmenter": "bpe",
+        "pretokenizer": "moses",
         "model": {
             "encoder": {"rnn_type": "lstm", "embeddings": JOEY_EMB, "hidden_size": 16},
             "decoder": {
@@ -178,7 +179,10 @@ def train_joey(
             "tokenizer_cfg": {"model_file": str(files["sentencepiece"])},
         }
     else:
-        side = {"tokenizer_type": "subword-nmt", "tokenizer_cfg": {"codes": str(files["bpe"])}}
+        side = {
+            "tokenizer_type": "subword-nmt",
+            "tokenizer_cfg": {"codes": str(files["bpe"]), "pretokenizer": setup["pretokenizer"]},
+        }
     side["level"] = "bpe"
     model = {
         "encoder": {"type": "recurrent", "bidirectional": True, **setup["model"]["encoder"]},

@@ -13,7 +13,8 @@ of 2.3.0):
   (no bias). As Joey's search does, BOS and PAD are never produced and EOS not at the first step;
 - `level: bpe` with `tokenizer_type: sentencepiece` or `subword-nmt`: the model or codes file goes
   into the bundle, restricted to the vocabulary as Joey's tokenizers are (service/model/subword.py).
-Anything else (transformers, unidirectional encoders, the moses pre-tokenizer, ...) is refused.
+  `pretokenizer: moses` goes with it (sacremoses at serving time, the `moses` extra);
+Anything else (transformers, unidirectional encoders, ...) is refused.
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ def check_config(cfg: dict[str, Any]) -> None:
         if level == "bpe":
             _want(section, f"data.{side}", "tokenizer_type", SUBWORD_TOKENIZERS, "sentencepiece")
         pre = section.get("tokenizer_cfg", {}) or {}
-        _want(pre, f"data.{side}.tokenizer_cfg", "pretokenizer", (None, "none"), None)
+        pretokenizers = (None, "none", "moses") if level == "bpe" else (None, "none")
+        _want(pre, f"data.{side}.tokenizer_cfg", "pretokenizer", pretokenizers, None)
         _want(section, f"data.{side}", "normalize", (False, None), None)
     symbols = data.get("special_symbols", {}) or {}
     _want(symbols, "data.special_symbols", "sep_token", (None,), None)
@@ -411,6 +413,8 @@ def tokenizer_section(
             restrict_to=vocabularies[side],  # SetVocabulary / bpe.vocab in Joey's set_vocab
             separator=str(options.get("separator", "@@")),
         )
+        if options.get("pretokenizer", "none") == "moses":  # its lang is the side's (Joey's rule)
+            sides[ours]["pretokenizer"] = {"kind": "moses", "lang": str(section.get("lang", "en"))}
         files.update(content)
     return sides, files
 

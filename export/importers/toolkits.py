@@ -52,7 +52,8 @@ def make_subword_task(
     directory: Path, n_train: int = 3000, n_test: int = 200, seed: int = 0
 ) -> Path:
     """The reversal task over 30 words of 2-3 syllables (so that subword models cut them), the
-    target upper-cased; writes train/valid/test .src/.tgt and a train.both (both sides, for
+    target upper-cased, both ending with the same "." or "?" or nothing; writes train/valid/test
+    .src/.tgt and a train.both (both sides, for
     shared subword models) under directory."""
     rng = random.Random(seed)
     words = sorted(
@@ -63,7 +64,9 @@ def make_subword_task(
         pairs = []
         for _ in range(n):
             src = [rng.choice(words) for _ in range(rng.randint(1, 5))]
-            pairs.append((" ".join(src), " ".join(w.upper() for w in reversed(src))))
+            end = rng.choice([".", "?", ""])  # attached to the last word, as people write
+            tgt = [w.upper() for w in reversed(src)]
+            pairs.append((" ".join(src) + end, " ".join(tgt) + end))
         (directory / f"{split}.src").write_text("".join(s + "\n" for s, _ in pairs))
         (directory / f"{split}.tgt").write_text("".join(t + "\n" for _, t in pairs))
     both = (directory / "train.src").read_text() + (directory / "train.tgt").read_text()

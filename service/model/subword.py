@@ -31,7 +31,7 @@ SEGMENTERS = ("sentencepiece", "bpe")
 TOOLKITS = ("opennmt-py", "joeynmt")
 # subword-nmt caches every word it has segmented; a server sees words without end.
 MAX_BPE_CACHE = 100_000
-LOOKAHEAD = 4  # characters a piece may skip in the text (normalization, an unknown piece's text)
+LOOKAHEAD = 16  # characters a piece may skip in the text (an unknown or escaped piece's text)
 
 
 class Segmenter(Protocol):
@@ -111,39 +111,49 @@ class BpeSegmenter:
         return piece[: -len(self.separator)] if piece.endswith(self.separator) else piece
 
 
-def _find(chars: list[tuple[str, int]], start: int, char: str) -> int | None:
-    """The first position from `start` (at most LOOKAHEAD on) whose character is `char`."""
-    for j in range(start, min(len(chars), start + LOOKAHEAD + 1)):
-        if chars[j][0] == char:
+def _find(chars: list[tuple[str, int]], start: int, surface: str) -> int | None:
+    """The first position from `start` (at most LOOKAHEAD on) where `surface` is spelled out."""
+    n = len(surface)
+    for j in range(start, min(len(chars) - n, start + LOOKAHEAD) + 1):
+        if all(chars[j + k][0] == c for k, c in enumerate(surface)):
             return j
     return None
 
 
-def word_starts(text: str, surfaces: Sequence[str | None]) -> list[bool]:
-    """Whether each piece begins a new whitespace word of `text`.
+def word_indices(text: str, surfaces: Sequence[str | None]) -> list[int | None]:
+    """The whitespace word of `text` each piece belongs to (None for a special token).
 
     surfaces: each piece's text, marker removed ("" for one whose text is unknown, e.g. an
-    unknown token: it belongs to the word at the current position; None for a special token,
-    a word of its own). A piece belongs to the word of its first character found in the text
-    (case-insensitive, skipping up to LOOKAHEAD characters the pieces do not spell)."""
+    unknown token; None for a special token). A piece belongs to the word where its text is next
+    spelled out (case-insensitive, up to LOOKAHEAD characters on); one whose text is not found
+    (unknown, escaped or normalized) to the word at the current position.
+    """
     chars = [(c.lower(), w) for w, word in enumerate(text.split()) for c in word]  # (char, word)
-    starts: list[bool] = []
-    pos, current = 0, -1  # next unmatched character; the word of the last piece
+    words: list[int | None] = []
+    pos, current = 0, 0  # next unmatched character; the word of the last piece
     for surface in surfaces:
         if surface is None:
-            starts.append(True)
+            words.append(None)
             continue
-        word = None
-        for char in surface.lower():
-            j = None if char.isspace() else _find(chars, pos, char)
-            if j is None:
-                continue
-            word = chars[j][1] if word is None else word
-            pos = j + 1
-        if word is None:
+        spelled = "".join(surface.lower().split())
+        j = _find(chars, pos, spelled) if spelled else None
+        if j is not None:
+            word, pos = chars[j][1], j + len(spelled)
+        else:
             word = chars[pos][1] if pos < len(chars) else current
-        starts.append(word > current)
         current = max(current, word)
+        words.append(current)
+    return words
+
+
+def word_starts(words: Sequence[int | None]) -> list[bool]:
+    """Whether each piece begins a new word, from word_indices (a special is a word of its own)."""
+    starts: list[bool] = []
+    current = -1
+    for word in words:
+        starts.append(word is None or word > current)
+        if word is not None:
+            current = max(current, word)
     return starts
 
 

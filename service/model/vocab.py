@@ -18,12 +18,14 @@ subword-nmt BPE codes, service/model/subword.py) that cuts text into the vocabul
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from service.model.bundle import Bundle
+from service.model.pretokenizer import Moses, load_pretokenizer
 from service.model.subword import (
     SEGMENTERS,
     TOOLKITS,
@@ -32,6 +34,7 @@ from service.model.subword import (
     Segmenter,
     SentencePieceSegmenter,
     mark_words,
+    word_indices,
     word_starts,
 )
 from service.model.tokenizer import Tokenizer, TokenizerError
@@ -130,6 +133,7 @@ class SubwordTokenizer:
     lowercase: bool = False
     append_eos: bool = False
     drop_specials: bool = False  # Joey NMT's detokenizer drops its specials but UNK
+    pretokenizer: Moses | None = None  # Joey NMT's `pretokenizer: moses`
 
     word_level = False  # alignments merge pieces into the client's words
 
@@ -147,7 +151,10 @@ class SubwordTokenizer:
         return self.vocab.max_piece_bytes + len(WORD_START.encode())
 
     def split(self, text: str) -> list[str]:
-        """The toolkit's pieces of text (before the vocabulary lookup)."""
+        """The toolkit's pieces of text (before the vocabulary lookup): Joey NMT's pre_process
+        (moses, then lowercase), then the segmenter."""
+        if self.pretokenizer is not None:
+            text = self.pretokenizer.tokenize(text)
         return self.segmenter.split(text.lower() if self.lowercase else text)
 
     def encode(self, text: str) -> list[int]:
@@ -160,25 +167,35 @@ class SubwordTokenizer:
         """The toolkit's detokenized text."""
         if self.drop_specials:
             ids = [i for i in ids if i >= UNK_ID]
-        return self.segmenter.join([self.vocab.tokens[i] for i in ids])
+        text = self.segmenter.join([self.vocab.tokens[i] for i in ids])
+        return self.pretokenizer.detokenize(text) if self.pretokenizer is not None else text
 
     def pieces(self, ids: list[int], text: str | None = None) -> list[str]:
         """The vocabulary's tokens of ids, "▁" on the first piece of each of text's words (the
         client's input; default: the decoded output); other specials than UNK (Joey NMT's
-        source EOS) are words of their own."""
+        source EOS) are words of their own. With a pre-tokenizer, pieces map onto its tokens,
+        and its tokens (unescaped) onto text's words."""
         tokens = [self.vocab.tokens[i] for i in ids]
         surfaces: list[str | None]
         if text is None:
-            text = self.decode(ids)
+            kept = [i for i in ids if i >= UNK_ID] if self.drop_specials else ids
+            inner = self.segmenter.join([self.vocab.tokens[i] for i in kept])
+            outer = self.pretokenizer.detokenize(inner) if self.pretokenizer else inner
             surfaces = [self._surface(i, t) for i, t in zip(ids, tokens, strict=True)]
         else:
+            outer = text
+            inner = self.pretokenizer.tokenize(text) if self.pretokenizer else text
             split = self.split(text)  # the pieces' own text, unknown ones included
             surfaces = [self.segmenter.surface(p) for p in split[: len(ids)]]
             surfaces += [None] * (len(ids) - len(surfaces))  # the appended EOS
+        words = word_indices(inner, surfaces)
+        if self.pretokenizer is not None:
+            outer_words = word_indices(outer, [html.unescape(t) for t in inner.split()])
+            words = [None if w is None else outer_words[w] for w in words]
         shown = [
             self.segmenter.surface(t) if i > UNK_ID else t for i, t in zip(ids, tokens, strict=True)
         ]
-        return mark_words(shown, word_starts(text, surfaces))
+        return mark_words(shown, word_starts(words))
 
     def _surface(self, token_id: int, token: str) -> str | None:
         """The text a target token spells: "" for UNK (unknown), None for the other specials."""
@@ -197,7 +214,8 @@ def _side(options: dict[str, Any], side: str) -> dict[str, Any]:
 def load_subword(bundle: Bundle, section: dict[str, Any], toolkit: str) -> SubwordTokenizer:
     """One side of a "subword" tokenizer section:
     {"file": vocabulary, "segmenter": "sentencepiece" | "bpe", "model": its file, "lowercase": bool,
-    "append_eos": bool; bpe: "separator": "@@", "restrict_to_vocabulary": bool}."""
+    "append_eos": bool, "pretokenizer": {"kind": "moses", "lang": "en"} (optional); bpe: "separator":
+    "@@", "restrict_to_vocabulary": bool}."""
     if toolkit not in TOOLKITS:
         raise TokenizerError(
             f"unknown toolkit {toolkit!r} in the tokenizer section (known: {list(TOOLKITS)})"
@@ -224,6 +242,7 @@ def load_subword(bundle: Bundle, section: dict[str, Any], toolkit: str) -> Subwo
         lowercase=bool(section.get("lowercase", False)),
         append_eos=bool(section.get("append_eos", False)),
         drop_specials=toolkit == "joeynmt",
+        pretokenizer=load_pretokenizer(section.get("pretokenizer")),
     )
 
 
