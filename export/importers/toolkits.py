@@ -1,5 +1,10 @@
 """Train and run OpenNMT-py and Joey NMT through their own command lines, on a generated task.
 
+    python -m export.importers.toolkits --toolkit opennmt-py --tokenizer sentencepiece --out runs/demo
+
+trains one tiny subword model with the toolkit's own command line (a minute on 2 cores) and prints
+what it wrote: a checkpoint to try s2s-import on (docs/import.md walks through it).
+
 The import tests and benchmarks/import_speed.py use these to make real checkpoints in seconds and to
 get each toolkit's own translations of the same sentences. The task: random sentences over 40
 lower-case words, the target the source reversed and upper-cased (so source and target vocabularies
@@ -8,6 +13,7 @@ differ). Both toolkits must be installed (the `import` extra plus scripts/instal
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import subprocess
@@ -281,3 +287,55 @@ def translate_joey(config: Path, src: Path, out: Path, beam: int, batch_size: in
 
 def read_lines(path: Path) -> list[str]:
     return [line.rstrip("\n") for line in path.read_text().splitlines()]
+
+
+DEMO_ONMT = {"hidden_size": 64, "word_vec_size": 32, "encoder_type": "brnn", "rnn_type": "GRU",
+             "global_attention": "mlp", "input_feed": 0, "learning_rate": 0.01}  # fmt: skip
+DEMO_JOEY = {
+    "encoder": {"type": "recurrent", "rnn_type": "gru", "embeddings": {"embedding_dim": 32},
+                "hidden_size": 32, "bidirectional": True},
+    "decoder": {"type": "recurrent", "rnn_type": "gru", "embeddings": {"embedding_dim": 32},
+                "hidden_size": 64, "attention": "bahdanau", "input_feeding": False,
+                "init_hidden": "bridge"},
+}  # fmt: skip
+
+
+def train_demo(toolkit: str, tokenizer: str, out: Path) -> dict[str, str]:
+    """One tiny model on the subword task, with the tokenizer shared by both sides; the paths."""
+    task = make_subword_task(out / "task")
+    if tokenizer == "sentencepiece":
+        model = train_sentencepiece(task / "train.both", out / "spm", 60)
+    else:
+        model = learn_bpe(task / "train.both", out / "bpe.codes", 60)
+    paths = {"task": str(task), "subword_model": str(model)}
+    if toolkit == "opennmt-py":
+        transform = "sentencepiece" if tokenizer == "sentencepiece" else "bpe"
+        options = {**DEMO_ONMT, "transforms": [transform], "src_subword_model": str(model),
+                   "tgt_subword_model": str(model), "share_vocab": True}  # fmt: skip
+        paths["checkpoint"] = str(train_onmt(task, out / "onmt", options, steps=400))
+    else:
+        kind = "sentencepiece" if tokenizer == "sentencepiece" else "subword-nmt"
+        key = "model_file" if tokenizer == "sentencepiece" else "codes"
+        side = {"level": "bpe", "tokenizer_type": kind, "tokenizer_cfg": {key: str(model)}}
+        config, ckpt = train_joey(
+            task, out / "joey", DEMO_JOEY, epochs=4, sides={"src": side, "trg": side}
+        )
+        paths.update(config=str(config), checkpoint=str(ckpt))
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--toolkit", choices=["opennmt-py", "joeynmt"], required=True)
+    parser.add_argument("--tokenizer", choices=["sentencepiece", "bpe"], default="sentencepiece")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    for name, path in train_demo(args.toolkit, args.tokenizer, args.out).items():
+        print(f"{name}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -174,7 +174,8 @@ class SubwordTokenizer:
         """The vocabulary's tokens of ids, "▁" on the first piece of each of text's words (the
         client's input; default: the decoded output); other specials than UNK (Joey NMT's
         source EOS) are words of their own. With a pre-tokenizer, pieces map onto its tokens,
-        and its tokens (unescaped) onto text's words."""
+        and its tokens (unescaped) onto text's words. An unknown piece of the client's text shows
+        that text (so the words spell the input), one of the output the vocabulary's UNK token."""
         tokens = [self.vocab.tokens[i] for i in ids]
         surfaces: list[str | None]
         if text is None:
@@ -195,6 +196,11 @@ class SubwordTokenizer:
         shown = [
             self.segmenter.surface(t) if i > UNK_ID else t for i, t in zip(ids, tokens, strict=True)
         ]
+        if text is not None:  # an unknown piece of the client's text shows that text
+            shown = [
+                (surface or shown[k]) if ids[k] == UNK_ID else shown[k]
+                for k, surface in enumerate(surfaces)
+            ]
         return mark_words(shown, word_starts(words))
 
     def _surface(self, token_id: int, token: str) -> str | None:
