@@ -173,41 +173,51 @@ class SubwordTokenizer:
     def pieces(self, ids: list[int], text: str | None = None) -> list[str]:
         """The vocabulary's tokens of ids, "▁" on the first piece of each of text's words (the
         client's input; default: the decoded output); other specials than UNK (Joey NMT's
-        source EOS) are words of their own. With a pre-tokenizer, pieces map onto its tokens,
-        and its tokens (unescaped) onto text's words. An unknown piece of the client's text shows
-        that text (so the words spell the input), one of the output the vocabulary's UNK token."""
+        source EOS) are words of their own. An unknown piece of the client's text shows that
+        text (so the words spell the input), one of the output the vocabulary's UNK token."""
         tokens = [self.vocab.tokens[i] for i in ids]
-        surfaces: list[str | None]
-        if text is None:
-            kept = [i for i in ids if i >= UNK_ID] if self.drop_specials else ids
-            inner = self.segmenter.join([self.vocab.tokens[i] for i in kept])
-            outer = self.pretokenizer.detokenize(inner) if self.pretokenizer else inner
-            surfaces = [self._surface(i, t) for i, t in zip(ids, tokens, strict=True)]
-        else:
-            outer = text
-            inner = self.pretokenizer.tokenize(text) if self.pretokenizer else text
-            split = self.split(text)  # the pieces' own text, unknown ones included
-            surfaces = [self.segmenter.surface(p) for p in split[: len(ids)]]
-            surfaces += [None] * (len(ids) - len(surfaces))  # the appended EOS
-        words = word_indices(inner, surfaces)
-        if self.pretokenizer is not None:
-            outer_words = word_indices(outer, [html.unescape(t) for t in inner.split()])
-            words = [None if w is None else outer_words[w] for w in words]
         shown = [
             self.segmenter.surface(t) if i > UNK_ID else t for i, t in zip(ids, tokens, strict=True)
         ]
-        if text is not None:  # an unknown piece of the client's text shows that text
+        if text is None:
+            text, inner, surfaces = self._output_surfaces(ids, tokens)
+        else:
+            inner, surfaces = self._input_surfaces(ids, text)
             shown = [
-                (surface or shown[k]) if ids[k] == UNK_ID else shown[k]
-                for k, surface in enumerate(surfaces)
+                (surface or piece) if i == UNK_ID else piece
+                for i, piece, surface in zip(ids, shown, surfaces, strict=True)
             ]
-        return mark_words(shown, word_starts(words))
+        return mark_words(shown, word_starts(self._words(text, inner, surfaces)))
 
-    def _surface(self, token_id: int, token: str) -> str | None:
-        """The text a target token spells: "" for UNK (unknown), None for the other specials."""
-        if token_id == UNK_ID:
-            return ""
-        return None if token_id < UNK_ID else self.segmenter.surface(token)
+    def _input_surfaces(self, ids: list[int], text: str) -> tuple[str, list[str | None]]:
+        """The pre-tokenized client text, and each piece's own text (None: the appended EOS)."""
+        inner = self.pretokenizer.tokenize(text) if self.pretokenizer else text
+        split = self.split(text)  # one piece per id, the appended EOS aside
+        surfaces: list[str | None] = [self.segmenter.surface(p) for p in split[: len(ids)]]
+        surfaces += [None] * (len(ids) - len(surfaces))
+        return inner, surfaces
+
+    def _output_surfaces(
+        self, ids: list[int], tokens: list[str]
+    ) -> tuple[str, str, list[str | None]]:
+        """The detokenized output, its text before the pre-tokenizer's detokenizer, and each
+        token's text ("" for UNK, whose text is unknown; None for the other specials)."""
+        kept = [i for i in ids if i >= UNK_ID] if self.drop_specials else ids
+        inner = self.segmenter.join([self.vocab.tokens[i] for i in kept])
+        text = self.pretokenizer.detokenize(inner) if self.pretokenizer else inner
+        surfaces = [
+            "" if i == UNK_ID else None if i < UNK_ID else self.segmenter.surface(t)
+            for i, t in zip(ids, tokens, strict=True)
+        ]
+        return text, inner, surfaces
+
+    def _words(self, text: str, inner: str, surfaces: list[str | None]) -> list[int | None]:
+        """Each piece's word of text: through the pre-tokenizer's tokens (unescaped) if any."""
+        words = word_indices(inner, surfaces)
+        if self.pretokenizer is None:
+            return words
+        outer = word_indices(text, [html.unescape(t) for t in inner.split()])
+        return [None if w is None else outer[w] if w < len(outer) else w for w in words]
 
 
 def _side(options: dict[str, Any], side: str) -> dict[str, Any]:
