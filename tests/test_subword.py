@@ -25,6 +25,7 @@ from service.model.subword import (
     word_indices,
     word_starts,
 )
+from service.model.tokenizer import TokenizerError
 from service.model.vocab import SubwordTokenizer, WordTokenizer, load_tokenizers
 
 TEXT = ["the kalomi sings to the retu", "a retu and a kalomi", "kalomi kalomi retu sings"] * 20
@@ -203,3 +204,12 @@ def test_moses_pieces_are_marked_on_the_client_words(bpe_codes: Path, tmp_path: 
     assert sum(p.startswith(WORD_START) for p in marked) == len(text.split())
     assert tok.decode(ids) == text
     assert sum(p.startswith(WORD_START) for p in tok.pieces(ids)) == len(text.split())
+
+
+def test_malformed_bpe_codes_are_a_tokenizer_error(tmp_path: Path) -> None:
+    codes = tmp_path / "codes"
+    codes.write_text("#version: 0.2\na b c\n")
+    with pytest.raises(TokenizerError, match="cannot read BPE codes"):
+        BpeSegmenter.load(codes, "@@", None)
+    with pytest.raises(TokenizerError, match="not found"):
+        BpeSegmenter.load(tmp_path / "missing", "@@", None)

@@ -93,8 +93,9 @@ class BpeSegmenter:
         try:
             with path.open(encoding="utf-8") as codes:
                 bpe = BPE(codes, separator=separator, vocab=set(vocabulary) if vocabulary else None)
-        except (OSError, UnicodeDecodeError, ValueError) as err:
-            raise TokenizerError(f"cannot read BPE codes {path}: {err}") from err
+        except (OSError, UnicodeDecodeError, ValueError, SystemExit) as err:
+            # (subword-nmt calls sys.exit on a malformed line of codes)
+            raise TokenizerError(f"cannot read BPE codes {path}: {err!r}") from err
         return cls(bpe=bpe, separator=separator)
 
     def split(self, text: str) -> list[str]:
