@@ -172,7 +172,7 @@ def prepare(work: Path) -> list[dict[str, Any]]:
     return models
 
 
-BIBLE_STEPS, BIBLE_EPOCHS, BIBLE_PIECES = 400, 3, 2000
+BIBLE_STEPS, BIBLE_EPOCHS, BIBLE_PIECES = 400, 4, 2000
 # Small, as the 2 shared cores allow (OpenNMT-py: about 0.3-1.4 s a step here): embeddings 64,
 # bi-GRU 2 x 64, GRU decoder 128, mlp / Bahdanau attention, no input feeding.
 BIBLE_ONMT = {**ONMT_MODELS["gru"], "hidden_size": 128, "word_vec_size": 64}
@@ -220,11 +220,13 @@ def bible_segmenters(task: Path, work: Path, tokenizer: str) -> tuple[Path, Path
     return made[0], made[1]
 
 
-def prepare_bible(data: Path, work: Path) -> list[dict[str, Any]]:
+def prepare_bible(
+    data: Path, work: Path, tokenizers: tuple[str, ...] = ("sentencepiece", "bpe")
+) -> list[dict[str, Any]]:
     """Train (once; reused from --work) and import one model per toolkit and tokenizer."""
     task = bible_task(data, work)
     models = []
-    for tokenizer in ("sentencepiece", "bpe"):
+    for tokenizer in tokenizers:
         src_model, tgt_model = bible_segmenters(task, work, tokenizer)
         out = work / f"onmt_{tokenizer}"
         transform = {"sentencepiece": "sentencepiece", "bpe": "bpe"}[tokenizer]
@@ -249,7 +251,9 @@ def prepare_bible(data: Path, work: Path) -> list[dict[str, Any]]:
                 kind = "sentencepiece" if tokenizer == "sentencepiece" else "subword-nmt"
                 sides[side] = {"level": "bpe", "tokenizer_type": kind, "max_length": 200,
                                "tokenizer_cfg": {key: str(model)}}  # fmt: skip
-            config, _ = toolkits.train_joey(task, out, BIBLE_JOEY, BIBLE_EPOCHS, sides)
+            config, _ = toolkits.train_joey(
+                task, out, BIBLE_JOEY, BIBLE_EPOCHS, sides, {"learning_rate": 0.01}
+            )
         bundle = out / "bundle"
         if not bundle.exists():
             cli.main(["joeynmt", "--config", str(config), "--checkpoint",
@@ -307,13 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--bible", type=Path, help="the grc-en split: subword models on the Bible")
+    parser.add_argument("--tokenizers", default="sentencepiece,bpe", help="with --bible")
     parser.add_argument(
         "--only", help="with --bible: prepare the models and stop (no timing)", action="store_true"
     )
     args = parser.parse_args(argv)
     logging.disable(logging.INFO)
     torch.set_num_threads(1)
-    models = prepare_bible(args.bible, args.work) if args.bible else prepare(args.work)
+    tokenizers = tuple(args.tokenizers.split(","))
+    models = prepare_bible(args.bible, args.work, tokenizers) if args.bible else prepare(args.work)
     if args.only:
         return 0
     lines = toolkits.read_lines(args.work / "task" / "test.src")

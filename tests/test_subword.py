@@ -213,3 +213,16 @@ def test_malformed_bpe_codes_are_a_tokenizer_error(tmp_path: Path) -> None:
         BpeSegmenter.load(codes, "@@", None)
     with pytest.raises(TokenizerError, match="not found"):
         BpeSegmenter.load(tmp_path / "missing", "@@", None)
+
+
+def test_joey_output_of_no_text_is_its_unk_token(spm_model: Path, tmp_path: Path) -> None:
+    """A hypothesis that decodes to no text (a lone "▁") is Joey NMT's UNK token, as its
+    prediction writes it; OpenNMT-py's is empty."""
+    path = tmp_path / "vocab"
+    path.write_text("<pad>\n<s>\n</s>\n<unk>\n\u2581\nthe\n")
+    vocab = WordTokenizer.load(path)
+    for toolkit, expected in (("joeynmt", "<unk>"), ("opennmt-py", "")):
+        segmenter = SentencePieceSegmenter.load(spm_model, toolkit)
+        tok = SubwordTokenizer(vocab=vocab, segmenter=segmenter, joey_output=toolkit == "joeynmt")
+        assert tok.decode([4]) == expected
+        assert len(tok.pieces([4])) == 1

@@ -195,8 +195,10 @@ def joey_config(
     model: dict[str, Any],
     epochs: int = 5,
     sides: dict[str, dict[str, Any]] | None = None,
+    training: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """sides: extra data.src / data.trg settings (e.g. level bpe, tokenizer_type, tokenizer_cfg)."""
+    """sides: extra data.src / data.trg settings (e.g. level bpe, tokenizer_type, tokenizer_cfg);
+    training: settings of the training section to change (e.g. learning_rate)."""
     side = {"level": "word", "lowercase": False, "max_length": 30, "voc_min_freq": 1}
     sides = sides or {}
     return {
@@ -228,6 +230,7 @@ def joey_config(
             "overwrite": True,
             "keep_best_ckpts": 1,
             "num_workers": 0,
+            **(training or {}),
         },
         "model": {"initializer": "xavier_uniform", **model},
         "testing": {
@@ -258,11 +261,12 @@ def train_joey(
     model: dict[str, Any],
     epochs: int = 5,
     sides: dict[str, dict[str, Any]] | None = None,
+    training: dict[str, Any] | None = None,
 ) -> tuple[Path, Path]:
     """`python -m joeynmt train`; returns (config, checkpoint)."""
     out.mkdir(parents=True, exist_ok=True)
     config = out / "config.yaml"
-    config.write_text(yaml.safe_dump(joey_config(task, out, model, epochs, sides)))
+    config.write_text(yaml.safe_dump(joey_config(task, out, model, epochs, sides, training)))
     _run(_joey("train", str(config), "--skip-test"), out / "train.log")
     model_dir = out / "model"
     ckpts = sorted(model_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)

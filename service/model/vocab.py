@@ -132,7 +132,9 @@ class SubwordTokenizer:
     segmenter: Segmenter
     lowercase: bool = False
     append_eos: bool = False
-    drop_specials: bool = False  # Joey NMT's detokenizer drops its specials but UNK
+    # Joey NMT's post-processing: its specials but UNK dropped, and an empty text (e.g. a lone
+    # "▁" piece) replaced by its UNK token, as its prediction does on the AssertionError.
+    joey_output: bool = False
     pretokenizer: Moses | None = None  # Joey NMT's `pretokenizer: moses`
 
     word_level = False  # alignments merge pieces into the client's words
@@ -165,10 +167,14 @@ class SubwordTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         """The toolkit's detokenized text."""
-        if self.drop_specials:
+        if self.joey_output:
             ids = [i for i in ids if i >= UNK_ID]
         text = self.segmenter.join([self.vocab.tokens[i] for i in ids])
-        return self.pretokenizer.detokenize(text) if self.pretokenizer is not None else text
+        if self.pretokenizer is not None:
+            text = self.pretokenizer.detokenize(text)
+        if self.joey_output and not text:
+            return self.vocab.tokens[UNK_ID]
+        return text
 
     def pieces(self, ids: list[int], text: str | None = None) -> list[str]:
         """The vocabulary's tokens of ids, "▁" on the first piece of each of text's words (the
@@ -202,9 +208,9 @@ class SubwordTokenizer:
     ) -> tuple[str, str, list[str | None]]:
         """The detokenized output, its text before the pre-tokenizer's detokenizer, and each
         token's text ("" for UNK, whose text is unknown; None for the other specials)."""
-        kept = [i for i in ids if i >= UNK_ID] if self.drop_specials else ids
+        kept = [i for i in ids if i >= UNK_ID] if self.joey_output else ids
         inner = self.segmenter.join([self.vocab.tokens[i] for i in kept])
-        text = self.pretokenizer.detokenize(inner) if self.pretokenizer else inner
+        text = self.decode(ids)
         surfaces = [
             "" if i == UNK_ID else None if i < UNK_ID else self.segmenter.surface(t)
             for i, t in zip(ids, tokens, strict=True)
@@ -257,7 +263,7 @@ def load_subword(bundle: Bundle, section: dict[str, Any], toolkit: str) -> Subwo
         segmenter=segmenter,
         lowercase=bool(section.get("lowercase", False)),
         append_eos=bool(section.get("append_eos", False)),
-        drop_specials=toolkit == "joeynmt",
+        joey_output=toolkit == "joeynmt",
         pretokenizer=load_pretokenizer(section.get("pretokenizer")),
     )
 
