@@ -154,7 +154,7 @@ class Engine:
                 f"text is {len(ids)} subword tokens long, over the limit of {self.limits.max_source_tokens}: "
                 "split it into shorter sentences"
             )
-        whole = Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids))
+        whole = Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids, source))
         if self.bundle.segmentation is None:
             return whole
         return self.segmented(whole, source)
@@ -180,7 +180,7 @@ class Engine:
             ids = self.src_tok.encode(text)
             if not ids:  # a segment with nothing to read: decode the input whole instead
                 return whole
-            segments.append(Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids)))
+            segments.append(Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids, text)))
         separators = [self.separator(src, tgt) for src, tgt in split.separators]
         pieces = list(segments[0].pieces)
         for separator, part in zip(separators, segments[1:], strict=True):

@@ -67,9 +67,10 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self.processor.EncodeAsIds(text))
 
-    def pieces(self, ids: list[int]) -> list[str]:
-        """The pieces of `ids`; a control id (<s>, <pad>, which a model can emit) is "", as decoding
-        drops it, so the tokens a response lists spell out its text."""
+    def pieces(self, ids: list[int], text: str | None = None) -> list[str]:
+        """The pieces of `ids` (their "▁" already marks the words of `text`); a control id (<s>,
+        <pad>, which a model can emit) is "", as decoding drops it, so the tokens a response
+        lists spell out its text."""
         processor = self.processor
         return ["" if processor.IsControl(i) else processor.IdToPiece(i) for i in ids]
 
