@@ -169,6 +169,9 @@ def test_subword_tokenizer_from_the_manifest(
     assert tgt.decode(out) == "the kalomi sings"
     shown = tgt.pieces(out)
     assert "".join(shown).replace(WORD_START, " ").split() == ["the", "kalomi", "sings"]
+    # each piece's part of the answer text: they join to its words (word alignments' labels)
+    surfaces = tgt.surfaces(out)
+    assert len(surfaces) == len(out) and "".join(surfaces) == "the kalomi sings"
 
     # a manifest naming a file outside the bundle is refused
     section["target"]["model"] = "../codes"
@@ -226,3 +229,4 @@ def test_joey_output_of_no_text_is_its_unk_token(spm_model: Path, tmp_path: Path
         tok = SubwordTokenizer(vocab=vocab, segmenter=segmenter, joey_output=toolkit == "joeynmt")
         assert tok.decode([4]) == expected
         assert len(tok.pieces([4])) == 1
+        assert "".join(tok.surfaces([4])).split() == expected.split()

@@ -202,6 +202,31 @@ class SubwordTokenizer:
             ]
         return mark_words(shown, word_starts(self._words(text, inner, surfaces)))
 
+    def surfaces(self, ids: list[int]) -> list[str]:
+        """Each id's part of decode(ids), joining to its words: a word's text on its first piece
+        (a space before it after the first word), "" on its other pieces and on specials. A word
+        no piece writes (Joey NMT's UNK for an empty output) goes with the piece before it."""
+        if not ids:
+            return []
+        tokens = [self.vocab.tokens[i] for i in ids]
+        text, inner, piece_texts = self._output_surfaces(ids, tokens)
+        words = text.split()
+        owner = self._words(text, inner, piece_texts)  # each piece's word, or None
+        out = [""] * len(ids)
+        written: set[int] = set()
+        for p, w in enumerate(owner):
+            if w is not None and w < len(words) and w not in written:
+                out[p] = (" " if w else "") + words[w]
+                written.add(w)
+        last = 0
+        for w, word in enumerate(words):
+            firsts = [p for p, o in enumerate(owner) if o == w]
+            if firsts:
+                last = firsts[0]
+            elif w not in written:
+                out[last] += (" " if w else "") + word
+        return out
+
     def _input_surfaces(self, ids: list[int], text: str) -> tuple[str, list[str | None]]:
         """The pre-tokenized client text, and each piece's own text (None: the appended EOS)."""
         inner = self.pretokenizer.tokenize(text) if self.pretokenizer else text
