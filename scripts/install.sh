@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the project into ./.venv. Used by the README, CI and the Dockerfile alike.
 #   scripts/install.sh            serving only (no torch)
-#   scripts/install.sh dev,train  serving + extras
+#   scripts/install.sh dev,train  serving + extras (train adds bible-alignments 0.4.2 --no-deps: its data only)
 #   scripts/install.sh dev,train,import  + OpenNMT-py 3.5.1 and Joey NMT 2.3.0 (--no-deps) for s2s-import
 # Environment: PYTHON (default python3), S2S_ONNXRUNTIME=gpu to swap in onnxruntime-gpu (CUDA images).
 set -euo pipefail
@@ -15,6 +15,10 @@ if [ -n "$extras" ]; then
 else
   python -m pip install -q -e .
 fi
+case ",$extras," in
+  *,train,*)  # the Greek→English corpus (export/data/bible.py): only its data files, not its heavy deps
+    python -m pip install -q --no-deps bible-alignments==0.4.2 ;;
+esac
 case ",$extras," in
   *,import,*)  # the toolkits s2s-import reads; their own pins (torch<2.3, protobuf<3.21) are too old
     python -m pip install -q --no-deps opennmt-py==3.5.1 joeynmt==2.3.0 ;;
