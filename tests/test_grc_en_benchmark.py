@@ -79,8 +79,8 @@ def test_benchmark_prints_every_row(
     assert grc_en.main(argv) == 0
     table = capsys.readouterr().out
     for system in (
-        "forced attention, argmax",
-        "forced attention, grow-diag-final-and",
+        "forced attention (PyTorch), argmax",
+        "forced attention (PyTorch), grow-diag-final-and",
         "eflomal 2.0.0, grow-diag-final-and",
         "Translate, beam 2",
         "translation memory (tf-idf)",
