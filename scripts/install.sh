@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the project into ./.venv. Used by the README, CI and the Dockerfile alike.
 #   scripts/install.sh            serving only (no torch)
-#   scripts/install.sh dev,train  serving + extras
+#   scripts/install.sh dev,train  serving + extras (train adds bible-alignments 0.4.2 --no-deps: its data only)
 #   scripts/install.sh dev,train,import  + OpenNMT-py 3.5.1 and Joey NMT 2.3.0 (--no-deps) for s2s-import
 # Environment: PYTHON (default python3), S2S_ONNXRUNTIME=gpu to swap in onnxruntime-gpu (CUDA images),
 #   S2S_LOCK=requirements/serve.lock (the images): the hashed pins with --require-hashes, then the
@@ -23,6 +23,11 @@ else
     python -m pip install -q -e .
   fi
 fi
+case ",$extras," in
+  *,train,*)  # the Greek→English corpus (export/data/bible.py): only its data files, not its heavy deps
+    # (it declares Python <3.12, which concerns only its code: we read its data files)
+    python -m pip install -q --no-deps --ignore-requires-python bible-alignments==0.4.2 ;;
+esac
 case ",$extras," in
   *,import,*)  # the toolkits s2s-import reads; their own pins (torch<2.3, protobuf<3.21) are too old
     python -m pip install -q --no-deps opennmt-py==3.5.1 joeynmt==2.3.0 ;;

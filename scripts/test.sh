@@ -11,7 +11,7 @@ command -v chromedriver >/dev/null 2>&1 || packages+=(chromium-driver)
 if [ ${#packages[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null || true
 fi
-bash scripts/install.sh dev,train,import
+bash scripts/install.sh dev,train,import,benchmark
 . .venv/bin/activate
 ruff check .
 ruff format --check .

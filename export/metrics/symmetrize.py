@@ -1,0 +1,76 @@
+"""Symmetrization of two directional word alignments (Koehn et al. 2003), as Moses and atools do.
+
+Both inputs are source-target links (i, j) of one sentence: `forward` from the aligner that gives
+each target word at most one source word, `reverse` from the other direction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+Link = tuple[int, int]  # (source word, target word)
+
+NEIGHBOURS: tuple[Link, ...] = (
+    (-1, 0),
+    (0, -1),
+    (1, 0),
+    (0, 1),
+    (-1, -1),
+    (-1, 1),
+    (1, -1),
+    (1, 1),
+)
+
+
+class _Alignment:
+    """A growing set of links with the aligned words of each side."""
+
+    def __init__(self, links: Iterable[Link]) -> None:
+        self.links: set[Link] = set()
+        self.src: set[int] = set()
+        self.tgt: set[int] = set()
+        for link in links:
+            self.add(link)
+
+    def covers(self, link: Link) -> bool:
+        """Both words of the link are aligned already."""
+        return link[0] in self.src and link[1] in self.tgt
+
+    def add(self, link: Link) -> None:
+        self.links.add(link)
+        self.src.add(link[0])
+        self.tgt.add(link[1])
+
+
+def _grow_diag(alignment: _Alignment, union: set[Link]) -> None:
+    """Add union links next to (8 ways) a link, while one of their words is still unaligned."""
+    added = True
+    while added:
+        added = False
+        for i, j in sorted(alignment.links):
+            for di, dj in NEIGHBOURS:
+                new = (i + di, j + dj)
+                if new in union and new not in alignment.links and not alignment.covers(new):
+                    alignment.add(new)
+                    added = True
+
+
+def _final_and(alignment: _Alignment, directional: set[Link]) -> None:
+    """Add the directional links whose two words are both still unaligned."""
+    for i, j in sorted(directional):
+        if i not in alignment.src and j not in alignment.tgt:
+            alignment.add((i, j))
+
+
+def grow_diag_final_and(forward: Iterable[Link], reverse: Iterable[Link]) -> set[Link]:
+    """The intersection, grown along diagonals within the union, then final-and both ways."""
+    fwd, rev = set(forward), set(reverse)
+    alignment = _Alignment(fwd & rev)
+    _grow_diag(alignment, fwd | rev)
+    _final_and(alignment, fwd)
+    _final_and(alignment, rev)
+    return alignment.links
+
+
+def intersect(forward: Iterable[Link], reverse: Iterable[Link]) -> set[Link]:
+    return set(forward) & set(reverse)
