@@ -307,6 +307,7 @@ class Engine:
                 request.sentence.pieces,
                 pieces,
                 mode or self.alignment_mode(request),
+                request.sentence.text,
             ),
             finished=hyp.finished_by_eos,
             confidence=confidence,
@@ -354,7 +355,7 @@ class Engine:
                 matrices,
                 [(len(s.target_pieces), len(s.source_pieces)) for s in sentence.separators],
             )  # (T, S)
-            alignment = make_alignment(matrix, sentence.pieces, tokens, mode)
+            alignment = make_alignment(matrix, sentence.pieces, tokens, mode, sentence.text)
         scored = sum(len(p.token_ids) + (1 if p.finished else 0) for p in parts)
         log_prob = sum(p.log_prob for p in parts)
         confidence = math.exp(log_prob / scored) if scored else 0.0
@@ -393,12 +394,22 @@ def check_loaded_bundle(
 
 
 def make_alignment(
-    matrix: np.ndarray | None, src_pieces: list[str], tgt_pieces: list[str], mode: AlignmentMode
+    matrix: np.ndarray | None,
+    src_pieces: list[str],
+    tgt_pieces: list[str],
+    mode: AlignmentMode,
+    source_text: str | None = None,
 ) -> Alignment | None:
+    """The answer's alignment; at word level the source words are the client's whitespace words
+    of `source_text` (as sent: not lower-cased by the input rule, no <unk> for unknown letters)
+    whenever the pieces group into as many words, which SentencePiece models keep."""
     if mode == "none" or matrix is None:
         return None
     if mode == "word":
         matrix, src_pieces, tgt_pieces = align.merge_subwords(matrix, src_pieces, tgt_pieces)
+        sent = source_text.split() if source_text is not None else []
+        if len(sent) == len(src_pieces):
+            src_pieces = sent
     return Alignment(
         matrix=matrix,
         source_tokens=src_pieces,
