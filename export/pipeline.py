@@ -74,7 +74,8 @@ def export_and_evaluate(cfg: TrainConfig, out: Path, bundle: Path) -> dict[str, 
     named = cfg.bundle or BundleConfig()
     test_path = data / "test.tsv"
     test = corpus.read_tsv(test_path) if test_path.is_file() else []
-    export_bundle(checkpoint, out, bundle, named.name, named.version, named.int8)
+    credits = {"credits": named.credits} if named.credits else {}
+    export_bundle(checkpoint, out, bundle, named.name, named.version, named.int8, extra=credits)
     src_tok, tgt_tok = Tokenizer.load(out / "source.model"), Tokenizer.load(out / "target.model")
     dev = corpus.read_tsv(data / "dev.tsv")[:PARITY_SENTENCES]
     parity = check_parity(model, bundle, encode_pairs(dev, src_tok, tgt_tok))
@@ -110,7 +111,7 @@ def export_and_evaluate(cfg: TrainConfig, out: Path, bundle: Path) -> dict[str, 
             named.name,
             named.version,
             named.int8,
-            extra={"test": figures["test_served"]},
+            extra={"test": figures["test_served"], **credits},
         )
     (out / "pipeline.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     return figures

@@ -140,6 +140,7 @@ class BundleConfig:
     name: str = "seq2seq"
     version: str = "0.1.0"
     int8: bool = False
+    credits: str = ""  # the data's sources and licences, recorded in the manifest's info
 
 
 @dataclass(frozen=True)
