@@ -157,7 +157,7 @@ def test_text_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
     (tmp_path / "latin1.txt").write_bytes("one\ntwo\ncaf\xe9 au lait\n".encode("latin-1"))
     with pytest.raises(CorpusError, match=r"latin1.txt:3: not UTF-8 \(byte 0xe9 at byte 4"):
         read_lines(tmp_path / "latin1.txt")
-    with pytest.raises(CorpusError, match="cannot read .*missing.txt"):
+    with pytest.raises(CorpusError, match=r"cannot read .*missing\.txt"):
         read_lines(tmp_path / "missing.txt")
 
 
@@ -291,7 +291,7 @@ def test_resume_continues_the_step_count_and_optimizer(tmp_path: Path) -> None:
 
 def test_resume_without_a_run_is_a_clear_error(tmp_path: Path) -> None:
     config = toy_config(tmp_path, steps=40)
-    with pytest.raises(ValueError, match="no .*last.pt to continue from"):
+    with pytest.raises(ValueError, match=r"no .*last\.pt to continue from"):
         pipeline.main(["--config", str(config), "--out", str(tmp_path / "none"), "--resume"])
 
 
