@@ -11,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from export import pipeline
+from export.data import corpus
 from export.data.parallel import (
     CorpusConfig,
     CorpusError,
@@ -23,11 +25,14 @@ from export.data.parallel import (
     read_lines,
 )
 from export.data.tokenizer import train_joint_tokenizer
+from export.onnx.parity import ParityError, check_parity
 from export.train.checkpoint import load_checkpoint, load_training_state
+from export.train.data import encode_pairs
 from export.train.train import TrainConfig
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.options import SearchOptions
+from service.model.tokenizer import Tokenizer
 
 # --- a toy language pair: adjective-noun pairs swap order, every word has one translation ---------
 
@@ -312,3 +317,17 @@ def test_config_needs_a_dev_split(tmp_path: Path) -> None:
     config.write_text(config.read_text().replace("[corpus.dev]", "[corpus.extra]"))
     with pytest.raises(CorpusError, match="unknown keys"):
         TrainConfig.load(config)
+
+
+def test_parity_check_catches_graphs_that_differ_from_the_model(toy_run: Path) -> None:
+    model, _ = load_checkpoint(toy_run / "best.pt")
+    src_tok = Tokenizer.load(toy_run / "source.model")
+    tgt_tok = Tokenizer.load(toy_run / "target.model")
+    pairs = corpus.read_tsv(toy_run / "data" / "dev.tsv")[:8]
+    examples = encode_pairs(pairs, src_tok, tgt_tok)
+    report = check_parity(model, toy_run / "bundle", examples)
+    assert report.sentences == 8 and report.max_log_prob_diff < 1e-3
+    with torch.no_grad():
+        model.out.bias[5] += 0.5  # the PyTorch model no longer matches the exported graphs
+    with pytest.raises(ParityError, match="differ from the PyTorch model"):
+        check_parity(model, toy_run / "bundle", examples)
