@@ -195,6 +195,8 @@ enc_hidden = 24
 dec_hidden = 48
 attn_dim = 24
 decoder_style = "{style}"
+rnn = "{rnn}"
+attention = "{attention}"
 dropout = 0.0
 
 [data]
@@ -228,10 +230,15 @@ version = "0.0.1"
 """
 
 
-def toy_config(folder: Path, steps: int, style: str = "cgru") -> Path:
+def toy_config(
+    folder: Path, steps: int, style: str = "cgru", rnn: str = "gru", attention: str = "additive"
+) -> Path:
     src, tgt, al = write_corpus(folder, 440)
     path = folder / "toy.toml"
-    path.write_text(TOY_CONFIG.format(src=src, tgt=tgt, al=al, steps=steps, style=style))
+    text = TOY_CONFIG.format(
+        src=src, tgt=tgt, al=al, steps=steps, style=style, rnn=rnn, attention=attention
+    )
+    path.write_text(text)
     return path
 
 
@@ -292,6 +299,21 @@ def test_resume_continues_the_step_count_and_optimizer(tmp_path: Path) -> None:
     assert load_training_state(out / "last.pt").progress["step"] == 80
     _, meta = load_checkpoint(out / "best.pt")
     assert meta["last_step"] == 80
+
+
+@pytest.mark.parametrize(
+    ("style", "rnn", "attention"), [("luong", "lstm", "general"), ("bahdanau", "gru", "none")]
+)
+def test_other_architectures_train_through_the_corpus_path(
+    tmp_path: Path, style: str, rnn: str, attention: str
+) -> None:
+    config = toy_config(tmp_path, steps=10, style=style, rnn=rnn, attention=attention)
+    text = config.read_text().replace("guided_alignment = 0.5", "guided_alignment = 0.0")
+    config.write_text(text.replace("[bundle]", "[unused]").split("[unused]")[0])
+    out = tmp_path / "run"
+    assert pipeline.main(["--config", str(config), "--out", str(out)]) == 0
+    model, _ = load_checkpoint(out / "best.pt")
+    assert (model.cfg.decoder_style, model.cfg.rnn, model.cfg.attention) == (style, rnn, attention)
 
 
 def test_resume_without_a_run_is_a_clear_error(tmp_path: Path) -> None:
