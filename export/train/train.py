@@ -149,9 +149,8 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    corpus: parallel.CorpusConfig | None = (
-        None  # [corpus]: plain-text files (export/data/parallel.py)
-    )
+    # [corpus]: plain-text files (export/data/parallel.py), instead of [data]'s sources
+    corpus: parallel.CorpusConfig | None = None
     bundle: BundleConfig | None = None  # [bundle]: export after training (export/pipeline.py)
 
     @classmethod
