@@ -22,7 +22,10 @@ COPY export/__init__.py export/__init__.py
 COPY loadtest/__init__.py loadtest/__init__.py
 COPY models/default/ models/default/
 COPY models/g2p/ models/g2p/
-RUN bash scripts/install.sh
+COPY requirements/ requirements/
+# Every package pinned and hashed (requirements/serve.lock, README "Locked dependencies"), the
+# project itself installed with --no-deps: two builds a month apart install the same bytes.
+RUN S2S_LOCK=requirements/serve.lock bash scripts/install.sh
 
 FROM ${PYTHON_IMAGE} AS cpu
 RUN useradd --create-home --uid 10001 s2s
@@ -49,7 +52,8 @@ COPY export/__init__.py export/__init__.py
 COPY loadtest/__init__.py loadtest/__init__.py
 COPY models/default/ models/default/
 COPY models/g2p/ models/g2p/
-RUN S2S_ONNXRUNTIME=gpu bash scripts/install.sh
+COPY requirements/ requirements/
+RUN S2S_LOCK=requirements/serve.lock S2S_ONNXRUNTIME=gpu bash scripts/install.sh
 
 FROM ${CUDA_IMAGE} AS gpu
 RUN apt-get update && apt-get install -y --no-install-recommends python3 \

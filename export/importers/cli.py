@@ -1,6 +1,7 @@
 """s2s-import: turn an OpenNMT-py or Joey NMT RNN checkpoint into a bundle the server loads.
 
     s2s-import opennmt-py --checkpoint model_step_N.pt --out models/mine [--name N --version V --int8]
+        [--src-subword-model spm.model --tgt-subword-model spm.model]   (where the checkpoint's moved)
     s2s-import joeynmt --config config.yaml --checkpoint best.ckpt --out models/mine [...]
 
 A checkpoint the importer cannot rebuild exactly (an option it does not support, a configuration
@@ -27,6 +28,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     onmt = sub.add_parser("opennmt-py", help="an OpenNMT-py 3.x RNN checkpoint (.pt)")
     joey = sub.add_parser("joeynmt", help="a Joey NMT 2.x recurrent model (config + .ckpt)")
     joey.add_argument("--config", required=True, type=Path, help="the training config.yaml")
+    for side in ("src", "tgt"):
+        onmt.add_argument(
+            f"--{side}-subword-model",
+            type=Path,
+            help=f"the {side} sentencepiece model or BPE codes, when not at the checkpoint's "
+            f"-{side}_subword_model path",
+        )
     for p in (onmt, joey):
         p.add_argument("--checkpoint", required=True, type=Path)
         p.add_argument("--out", required=True, type=Path, help="bundle directory to write")
@@ -53,7 +61,13 @@ def main(argv: list[str] | None = None) -> int:
             from export.importers import opennmt
 
             out = opennmt.import_checkpoint(
-                args.checkpoint, args.out, args.name, args.version, args.int8
+                args.checkpoint,
+                args.out,
+                args.name,
+                args.version,
+                args.int8,
+                args.src_subword_model,
+                args.tgt_subword_model,
             )
         else:
             from export.importers import joeynmt

@@ -16,11 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from google.protobuf.message import DecodeError
 from torch import Tensor, nn
 
+from export.importers.spm_vocab import restrict_to_vocabulary
 from export.onnx.to_onnx import export_graphs, quantize_decoder
 from service.model import bundle as bundle_format
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
+from service.model.tokenizer import TokenizerError
+from service.model.vocab import load_tokenizers
 
 
 class ImportRefused(ValueError):
@@ -106,9 +110,11 @@ def write_bundle(
     version: str,
     int8: bool,
     info: dict[str, Any],
+    files: dict[str, bytes] | None = None,
 ) -> Path:
-    """Graphs, vocabularies and manifest, written to a temporary directory, verified by loading,
-    then moved to `out`: a failure at any point leaves no bundle behind."""
+    """Graphs, vocabularies, the tokenizer's `files` (bundle name → content) and manifest,
+    written to a temporary directory, verified by loading (tokenizers included), then moved to
+    `out`: a failure at any point leaves no bundle behind."""
     parent = out.parent if out.parent.exists() else None
     with tempfile.TemporaryDirectory(dir=parent) as tmp_name:
         tmp = Path(tmp_name)
@@ -117,6 +123,8 @@ def write_bundle(
             quantize_decoder(tmp / "decoder.onnx", tmp / "decoder.int8.onnx")
         for side, (tokens, order) in vocabs.items():
             write_vocab(tmp / f"{side}.vocab", tokens, order, side)
+        for bundle_name, content in (files or {}).items():
+            (tmp / bundle_name).write_bytes(content)
         bundle_format.write_manifest(
             tmp,
             name=name,
@@ -125,13 +133,52 @@ def write_bundle(
             info=info,
             tokenizer=tokenizer,
         )
-        bundle_format.load_bundle(tmp)
+        try:
+            load_tokenizers(bundle_format.load_bundle(tmp))
+        except TokenizerError as err:
+            raise ImportRefused(f"the tokenizer does not load: {err}") from err
         if out.exists():
             shutil.rmtree(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(tmp, out)
     out.chmod(0o755)
     return out
+
+
+def subword_side(
+    segmenter: str,
+    model: Path,
+    side: str,
+    lowercase: bool = False,
+    append_eos: bool = False,
+    restrict_to: Sequence[str] | None = None,
+    separator: str = "@@",
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """One side of a manifest's "subword" tokenizer section (service/model/vocab.py reads it), and
+    its segmenter file by bundle name. restrict_to: the vocabulary the toolkit restricts the
+    segmenter to (Joey NMT): baked into a SentencePiece model here, applied by the server to BPE."""
+    refuse_unless(model.is_file(), f"the {side} {segmenter} model is not found: {model}")
+    content = model.read_bytes()
+    if segmenter == "sentencepiece":
+        name = f"{side}.spm.model"
+        if restrict_to is not None:
+            try:
+                content = restrict_to_vocabulary(content, restrict_to)
+            except DecodeError as err:
+                raise ImportRefused(f"{model} is not a sentencepiece model: {err}") from err
+    else:
+        name = f"{side}.bpe.codes"
+    section: dict[str, Any] = {
+        "file": f"{side}.vocab",
+        "segmenter": segmenter,
+        "model": name,
+        "lowercase": lowercase,
+        "append_eos": append_eos,
+    }
+    if segmenter == "bpe":
+        section["separator"] = separator
+        section["restrict_to_vocabulary"] = restrict_to is not None
+    return section, {name: content}
 
 
 def gru_or_lstm(kind: str) -> str:

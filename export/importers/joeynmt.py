@@ -10,8 +10,11 @@ of 2.3.0):
   same for every layer (and for the LSTM's cell);
 - a step: the RNN on [y; h~_{t-1}] (input_feeding) or y, then attention with the new top state as
   query: bahdanau v·tanh(W_q s + W_k h), luong s·(W_k h); h~ = tanh(W [s; c] + b); logits = U h~
-  (no bias). As Joey's search does, BOS and PAD are never produced and EOS not at the first step.
-Anything else (transformers, unidirectional encoders, other tokenizers, ...) is refused.
+  (no bias). As Joey's search does, BOS and PAD are never produced and EOS not at the first step;
+- `level: bpe` with `tokenizer_type: sentencepiece` or `subword-nmt`: the model or codes file goes
+  into the bundle, restricted to the vocabulary as Joey's tokenizers are (service/model/subword.py).
+  `pretokenizer: moses` goes with it (sacremoses at serving time, the `moses` extra);
+Anything else (transformers, unidirectional encoders, ...) is refused.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from export.importers.common import (
     permuted,
     refuse_unless,
     special_order,
+    subword_side,
     unpack_state,
     write_bundle,
 )
@@ -43,6 +47,12 @@ from export.train.model import Encoded, stacked_rnn_step
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 
 ATTENTIONS = {"bahdanau": "additive", "luong": "general"}
+# data.{src,trg}.tokenizer_type of `level: bpe` → our segmenter, and the tokenizer_cfg key of its file
+SUBWORD_TOKENIZERS = ("sentencepiece", "subword-nmt")
+SEGMENTER_FILES = {
+    "sentencepiece": ("sentencepiece", "model_file"),
+    "subword-nmt": ("bpe", "codes"),
+}
 ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
 
 
@@ -198,16 +208,23 @@ def check_config(cfg: dict[str, Any]) -> None:
     enc, dec = model.get("encoder", {}), model.get("decoder", {})
     _want(enc, "model.encoder", "type", ("recurrent",), "recurrent")
     _want(dec, "model.decoder", "type", ("recurrent",), "recurrent")
-    _want(enc, "model.encoder", "bidirectional", (True,), True)
+    refuse_unless(
+        enc.get("bidirectional", True) is True,
+        f"unsupported Joey NMT option model.encoder.bidirectional: {enc.get('bidirectional')!r}: "
+        "Joey NMT 2.3.0's RecurrentEncoder cannot run unidirectionally (its forward indexes the "
+        "backward direction and raises IndexError), so no such model can have been trained by it",
+    )
     _want(dec, "model.decoder", "attention", ("bahdanau", "luong"), "bahdanau")
     _want(dec, "model.decoder", "init_hidden", ("zero", "last", "bridge"), "bridge")
     _want(dec, "model.decoder", "activation", ("tanh", "relu"), "tanh")
     for side in ("src", "trg"):
         section = data.get(side, {})
-        _want(section, f"data.{side}", "level", ("word",), "word")
-        _want(section, f"data.{side}", "tokenizer_type", (None, "none", "pretokenized"), None)
+        level = _want(section, f"data.{side}", "level", ("word", "bpe"), "word")
+        if level == "bpe":
+            _want(section, f"data.{side}", "tokenizer_type", SUBWORD_TOKENIZERS, "sentencepiece")
         pre = section.get("tokenizer_cfg", {}) or {}
-        _want(pre, f"data.{side}.tokenizer_cfg", "pretokenizer", (None, "none"), None)
+        pretokenizers = (None, "none", "moses") if level == "bpe" else (None, "none")
+        _want(pre, f"data.{side}.tokenizer_cfg", "pretokenizer", pretokenizers, None)
         _want(section, f"data.{side}", "normalize", (False, None), None)
     symbols = data.get("special_symbols", {}) or {}
     _want(symbols, "data.special_symbols", "sep_token", (None,), None)
@@ -328,6 +345,80 @@ def build(
     return model, src_order, tgt_order
 
 
+def tokenizer_type(section: dict[str, Any]) -> str:
+    """Joey NMT's own default: tokenizer_type, else bpe_type, else sentencepiece."""
+    return str(section.get("tokenizer_type", section.get("bpe_type", "sentencepiece")))
+
+
+def segmenter_file(cfg: dict[str, Any], side: str, config_path: Path, checkpoint: Path) -> Path:
+    """tokenizer_cfg's model_file / codes as given, else that name in model_dir (Joey NMT copies
+    it there), next to the checkpoint or next to the config."""
+    section = cfg["data"][side]
+    key = SEGMENTER_FILES[tokenizer_type(section)][1]
+    given = (section.get("tokenizer_cfg", {}) or {}).get(key)
+    refuse_unless(bool(given), f"data.{side}.tokenizer_cfg.{key} is not set")
+    name = Path(str(given)).name
+    candidates = [Path(str(given))]
+    if cfg.get("model_dir"):
+        candidates.append(Path(cfg["model_dir"]) / name)
+    candidates += [checkpoint.parent / name, config_path.parent / name]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise ImportRefused(
+        f"no data.{side}.tokenizer_cfg.{key}: looked for {', '.join(str(p) for p in candidates)}"
+    )
+
+
+def tokenizer_section(
+    cfg: dict[str, Any],
+    config_path: Path,
+    checkpoint: Path,
+    vocabularies: dict[str, list[str]],
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest's tokenizer section and the files it names (bundle name → content).
+    vocabularies: Joey's tokens per side ("src", "trg"), which its segmenters are restricted to."""
+    data = cfg["data"]
+    src, trg = data.get("src", {}), data.get("trg", {})
+    levels = (src.get("level", "word"), trg.get("level", "word"))
+    refuse_unless(
+        levels[0] == levels[1],
+        f"unsupported Joey NMT options data.src.level {levels[0]!r} and data.trg.level {levels[1]!r}: "
+        "both sides must be words, or both subwords",
+    )
+    if levels[0] == "word":
+        word = {
+            "kind": "word",
+            "toolkit": "joeynmt",
+            "source": {
+                "file": "source.vocab",
+                "lowercase": bool(src.get("lowercase", False)),
+                "append_eos": True,
+            },
+            "target": {"file": "target.vocab", "lowercase": bool(trg.get("lowercase", False))},
+        }
+        return word, {}
+    sides: dict[str, Any] = {"kind": "subword", "toolkit": "joeynmt"}
+    files: dict[str, bytes] = {}
+    for side, ours in (("src", "source"), ("trg", "target")):
+        section = data[side]
+        segmenter = SEGMENTER_FILES[tokenizer_type(section)][0]
+        options = section.get("tokenizer_cfg", {}) or {}
+        sides[ours], content = subword_side(
+            segmenter,
+            segmenter_file(cfg, side, config_path, checkpoint),
+            ours,
+            lowercase=bool(section.get("lowercase", False)),
+            append_eos=side == "src",
+            restrict_to=vocabularies[side],  # SetVocabulary / bpe.vocab in Joey's set_vocab
+            separator=str(options.get("separator", "@@")),
+        )
+        if options.get("pretokenizer", "none") == "moses":  # its lang is the side's (Joey's rule)
+            sides[ours]["pretokenizer"] = {"kind": "moses", "lang": str(section.get("lang", "en"))}
+        files.update(content)
+    return sides, files
+
+
 def import_checkpoint(
     config: Path, checkpoint: Path, out: Path, name: str, version: str, int8: bool = False
 ) -> Path:
@@ -338,21 +429,10 @@ def import_checkpoint(
     symbols = cfg["data"].get("special_symbols", {}) or {}
     src_tokens = read_vocab(vocab_file(cfg, "src", config, checkpoint), symbols)
     tgt_tokens = read_vocab(vocab_file(cfg, "trg", config, checkpoint), symbols)
+    tokenizer, files = tokenizer_section(
+        cfg, config, checkpoint, {"src": src_tokens, "trg": tgt_tokens}
+    )
     model, src_order, tgt_order = build(cfg, state, src_tokens, tgt_tokens)
-    data = cfg["data"]
-    tokenizer = {
-        "kind": "word",
-        "toolkit": "joeynmt",
-        "source": {
-            "file": "source.vocab",
-            "lowercase": bool(data.get("src", {}).get("lowercase", False)),
-            "append_eos": True,
-        },
-        "target": {
-            "file": "target.vocab",
-            "lowercase": bool(data.get("trg", {}).get("lowercase", False)),
-        },
-    }
     info = {"imported_from": "joeynmt", "checkpoint": checkpoint.name, "config": config.name}
     return write_bundle(
         model,
@@ -364,4 +444,5 @@ def import_checkpoint(
         version,
         int8,
         info,
+        files,
     )

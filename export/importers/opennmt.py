@@ -10,7 +10,9 @@ global_attention.py and stacked_rnn.py of 3.5.1):
 - InputFeedRNNDecoder (input_feed 1: [y; h~_{t-1}] into the stacked cells) or StdRNNDecoder
   (input_feed 0: y alone); attention on the new top state s_t:
   dot s·h, general (W s)·h, mlp v·tanh(W_q s + b + U h); h~ = linear_out([c; s]), tanh for dot and
-  general (not mlp); the generator is a Linear on h~, log-softmax at translation time.
+  general (not mlp); the generator is a Linear on h~, log-softmax at translation time;
+- the `sentencepiece` or `bpe` transform: its model file goes into the bundle, which then cuts the
+  client's text as the transform does (service/model/subword.py).
 Everything else (copy attention, coverage, context gates, transformers, features, ...) is refused.
 """
 
@@ -33,6 +35,7 @@ from export.importers.common import (
     permuted,
     refuse_unless,
     special_order,
+    subword_side,
     unpack_state,
     write_bundle,
 )
@@ -40,6 +43,10 @@ from export.train.model import Encoded, stacked_rnn_step
 from service.model.architecture import ModelConfig
 
 PAD, BOS, EOS, UNK = "<blank>", "<s>", "</s>", "<unk>"  # onmt.constants.DefaultTokens
+# -transforms: the subword ones the bundle reproduces at serving time, and those that act only on
+# training data (filters), which serving can ignore.
+SUBWORD_TRANSFORMS = {"sentencepiece": "sentencepiece", "bpe": "bpe"}
+TRAINING_ONLY_TRANSFORMS = ("filtertoolong",)
 ATTENTIONS = {"dot": "dot", "general": "general", "mlp": "additive"}
 
 
@@ -304,18 +311,92 @@ def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
     return model, facts
 
 
+def subword_transform(opt: Any) -> str | None:
+    """The checkpoint's subword transform ("sentencepiece", "bpe" or None); other transforms
+    that change the text are refused, naming them."""
+    transforms = list(_opt(opt, "transforms", []) or [])
+    allowed = [*SUBWORD_TRANSFORMS, *TRAINING_ONLY_TRANSFORMS]
+    other = [t for t in transforms if t not in allowed]
+    refuse_unless(
+        not other,
+        f"unsupported OpenNMT-py option -transforms {transforms}: the importer supports {allowed} "
+        f"(not {other})",
+    )
+    subword = [t for t in transforms if t in SUBWORD_TRANSFORMS]
+    refuse_unless(
+        len(subword) <= 1,
+        f"unsupported OpenNMT-py option -transforms {transforms}: two subword transforms",
+    )
+    for side in ("src", "tgt"):
+        threshold = _opt(opt, f"{side}_vocab_threshold", 0) or 0
+        refuse_unless(
+            not subword or threshold <= 0,
+            f"unsupported OpenNMT-py option -{side}_vocab_threshold {threshold}: subword vocabulary "
+            "restriction is not imported (retrain without it, or set it to 0)",
+        )
+    return subword[0] if subword else None
+
+
+def subword_models(
+    opt: Any, kind: str, src_model: Path | None, tgt_model: Path | None
+) -> tuple[Path, Path]:
+    """The source and target subword model files: the given ones, else the checkpoint's
+    -src_subword_model / -tgt_subword_model (the target's is the source's with -share_vocab, as
+    OpenNMT-py's transforms load it)."""
+    src_given = src_model or _opt(opt, "src_subword_model")
+    refuse_unless(
+        bool(src_given),
+        f"the checkpoint was trained with the {kind} transform but names no -src_subword_model: "
+        "give it with --src-subword-model",
+    )
+    src = Path(str(src_given))
+    if tgt_model is not None:
+        return src, tgt_model
+    if _opt(opt, "share_vocab", False):
+        return src, src
+    tgt_given = _opt(opt, "tgt_subword_model")
+    refuse_unless(
+        bool(tgt_given),
+        f"the checkpoint was trained with the {kind} transform but names no -tgt_subword_model: "
+        "give it with --tgt-subword-model",
+    )
+    return src, Path(str(tgt_given))
+
+
+def tokenizer_section(
+    opt: Any, src_model: Path | None = None, tgt_model: Path | None = None
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest's tokenizer section and the files it names (bundle name → content)."""
+    kind = subword_transform(opt)
+    if kind is None:
+        word = {
+            "kind": "word",
+            "toolkit": "opennmt-py",
+            "source": {"file": "source.vocab", "lowercase": False, "append_eos": False},
+            "target": {"file": "target.vocab", "lowercase": False},
+        }
+        return word, {}
+    src_path, tgt_path = subword_models(opt, kind, src_model, tgt_model)
+    source, src_files = subword_side(SUBWORD_TRANSFORMS[kind], src_path, "source")
+    target, tgt_files = subword_side(SUBWORD_TRANSFORMS[kind], tgt_path, "target")
+    section = {"kind": "subword", "toolkit": "opennmt-py", "source": source, "target": target}
+    return section, {**src_files, **tgt_files}
+
+
 def import_checkpoint(
-    checkpoint: Path, out: Path, name: str, version: str, int8: bool = False
+    checkpoint: Path,
+    out: Path,
+    name: str,
+    version: str,
+    int8: bool = False,
+    src_subword_model: Path | None = None,
+    tgt_subword_model: Path | None = None,
 ) -> Path:
-    """An OpenNMT-py checkpoint → a bundle at `out` (nothing written when refused)."""
+    """An OpenNMT-py checkpoint → a bundle at `out` (nothing written when refused).
+    src/tgt_subword_model: where the subword models are, when not where the checkpoint says."""
     ckpt = read_checkpoint(checkpoint)
+    tokenizer, files = tokenizer_section(ckpt["opt"], src_subword_model, tgt_subword_model)
     model, facts = build(ckpt)
-    tokenizer = {
-        "kind": "word",
-        "toolkit": "opennmt-py",
-        "source": {"file": "source.vocab", "lowercase": False, "append_eos": False},
-        "target": {"file": "target.vocab", "lowercase": False},
-    }
     info = {"imported_from": "opennmt-py", "checkpoint": checkpoint.name}
     return write_bundle(
         model,
@@ -330,4 +411,5 @@ def import_checkpoint(
         version,
         int8,
         info,
+        files,
     )

@@ -1,5 +1,10 @@
 """Train and run OpenNMT-py and Joey NMT through their own command lines, on a generated task.
 
+    python -m export.importers.toolkits --toolkit opennmt-py --tokenizer sentencepiece --out runs/demo
+
+trains one tiny subword model with the toolkit's own command line (a minute on 2 cores) and prints
+what it wrote: a checkpoint to try s2s-import on (docs/import.md walks through it).
+
 The import tests and benchmarks/import_speed.py use these to make real checkpoints in seconds and to
 get each toolkit's own translations of the same sentences. The task: random sentences over 40
 lower-case words, the target the source reversed and upper-cased (so source and target vocabularies
@@ -8,6 +13,7 @@ differ). Both toolkits must be installed (the `import` extra plus scripts/instal
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import subprocess
@@ -15,9 +21,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import sentencepiece as spm
 import yaml
+from subword_nmt.learn_bpe import learn_bpe as subword_learn_bpe
 
 WORDS = [f"w{i}" for i in range(40)]
+REPO = (
+    Path(__file__).resolve().parents[2]
+)  # on the toolkits' PYTHONPATH (JOEY_MAIN imports from it)
 # OpenNMT-py 3.5.1 pickles its options; torch >= 2.6 refuses that by default.
 TOOL_ENV = {
     "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
@@ -40,13 +51,62 @@ def make_task(directory: Path, n_train: int = 4000, n_test: int = 500, seed: int
     return directory
 
 
+SYLLABLES = ["ka", "lo", "mi", "re", "tu", "sa", "ne", "po", "ri", "da", "ve", "gu"]
+
+
+def make_subword_task(
+    directory: Path, n_train: int = 3000, n_test: int = 200, seed: int = 0
+) -> Path:
+    """The reversal task over 30 words of 2-3 syllables (so that subword models cut them), the
+    target upper-cased, both ending with the same "." or "?" or nothing; writes train/valid/test
+    .src/.tgt and a train.both (both sides, for
+    shared subword models) under directory."""
+    rng = random.Random(seed)
+    words = sorted(
+        {"".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))) for _ in range(30)}
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", 50), ("test", n_test)):
+        pairs = []
+        for _ in range(n):
+            src = [rng.choice(words) for _ in range(rng.randint(1, 5))]
+            end = rng.choice([".", "?", ""])  # attached to the last word, as people write
+            tgt = [w.upper() for w in reversed(src)]
+            pairs.append((" ".join(src) + end, " ".join(tgt) + end))
+        (directory / f"{split}.src").write_text("".join(s + "\n" for s, _ in pairs))
+        (directory / f"{split}.tgt").write_text("".join(t + "\n" for _, t in pairs))
+    both = (directory / "train.src").read_text() + (directory / "train.tgt").read_text()
+    (directory / "train.both").write_text(both)
+    return directory
+
+
+def train_sentencepiece(corpus: Path, prefix: Path, vocab_size: int) -> Path:
+    """A SentencePiece model as the toolkits' tutorials make one (unigram, defaults); prefix.model."""
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(prefix),
+        vocab_size=vocab_size,
+        minloglevel=2,
+        num_threads=1,
+    )
+    return prefix.with_suffix(".model")
+
+
+def learn_bpe(corpus: Path, codes: Path, merges: int) -> Path:
+    """subword-nmt learn-bpe with `merges` operations."""
+    with corpus.open(encoding="utf-8") as infile, codes.open("w", encoding="utf-8") as outfile:
+        subword_learn_bpe(infile, outfile, merges)
+    return codes
+
+
 def _bin(name: str) -> str:
     """A console script of the running interpreter's environment."""
     return str(Path(sys.executable).parent / name)
 
 
 def _run(cmd: list[str], log: Path, stdin: Path | None = None, stdout: Path | None = None) -> None:
-    env = {**os.environ, **TOOL_ENV}
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, **TOOL_ENV, "PYTHONPATH": path}
     with log.open("w") as err:
         out_f = stdout.open("w") if stdout else err
         in_f = stdin.open() if stdin else None
@@ -98,20 +158,49 @@ def train_onmt(task: Path, out: Path, options: dict[str, Any], steps: int = 300)
     return out / f"model_step_{steps}.pt"
 
 
-def translate_onmt(checkpoint: Path, src: Path, out: Path, beam: int, batch_size: int = 32) -> Path:
+def onmt_transform_args(options: dict[str, Any]) -> list[str]:
+    """The onmt_translate flags that apply the training options' subword transform, if any."""
+    args: list[str] = []
+    transforms = [t for t in options.get("transforms", []) if t in ("sentencepiece", "bpe")]
+    if transforms:
+        args += ["-transforms", *transforms]
+        for key in ("src_subword_model", "tgt_subword_model"):
+            if options.get(key):
+                args += [f"-{key}", str(options[key])]
+    return args
+
+
+def translate_onmt(
+    checkpoint: Path,
+    src: Path,
+    out: Path,
+    beam: int,
+    batch_size: int = 32,
+    extra: list[str] | None = None,
+) -> Path:
     """onmt_translate with the settings our search reproduces: no length penalty (its default is
     "avg") and no length-ratio cut (its default ties the maximum length to the batch's longest
     source). Beam 1 is its beam search with one hypothesis, the argmax (any -random_sampling_topk,
     even 1, switches every beam size to its sampling search)."""
     cmd = [_bin("onmt_translate"), "-model", str(checkpoint), "-src", str(src), "-output", str(out)]
     cmd += ["-beam_size", str(beam), "-batch_size", str(batch_size), "-length_penalty", "none"]
-    cmd += ["-max_length_ratio", "0"]
+    cmd += ["-max_length_ratio", "0", "-max_length", "100", *(extra or [])]
     _run(cmd, out.with_suffix(".log"))
     return out
 
 
-def joey_config(task: Path, out: Path, model: dict[str, Any], epochs: int = 5) -> dict[str, Any]:
+def joey_config(
+    task: Path,
+    out: Path,
+    model: dict[str, Any],
+    epochs: int = 5,
+    sides: dict[str, dict[str, Any]] | None = None,
+    training: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """sides: extra data.src / data.trg settings (e.g. level bpe, tokenizer_type, tokenizer_cfg);
+    training: settings of the training section to change (e.g. learning_rate)."""
     side = {"level": "word", "lowercase": False, "max_length": 30, "voc_min_freq": 1}
+    sides = sides or {}
     return {
         "name": "toy",
         "joeynmt_version": "2.3.0",
@@ -122,8 +211,8 @@ def joey_config(task: Path, out: Path, model: dict[str, Any], epochs: int = 5) -
             "dev": str(task / "valid"),
             "test": str(task / "test"),
             "dataset_type": "plain",
-            "src": {"lang": "src", **side},
-            "trg": {"lang": "tgt", **side},
+            "src": {"lang": "src", **side, **sides.get("src", {})},
+            "trg": {"lang": "tgt", **side, **sides.get("trg", {})},
         },
         "training": {
             "random_seed": 1,
@@ -141,6 +230,7 @@ def joey_config(task: Path, out: Path, model: dict[str, Any], epochs: int = 5) -
             "overwrite": True,
             "keep_best_ckpts": 1,
             "num_workers": 0,
+            **(training or {}),
         },
         "model": {"initializer": "xavier_uniform", **model},
         "testing": {
@@ -153,12 +243,31 @@ def joey_config(task: Path, out: Path, model: dict[str, Any], epochs: int = 5) -
     }
 
 
-def train_joey(task: Path, out: Path, model: dict[str, Any], epochs: int = 5) -> tuple[Path, Path]:
+# `python -m joeynmt` with SentencePieceProcessor.SetVocabulary back (sentencepiece 0.2 dropped it;
+# Joey NMT 2.3.0's sentencepiece tokenizer calls it): export/importers/spm_vocab.py.
+JOEY_MAIN = (
+    "import runpy; from export.importers.spm_vocab import install_set_vocabulary; "
+    "install_set_vocabulary(); runpy.run_module('joeynmt', run_name='__main__')"
+)
+
+
+def _joey(*args: str) -> list[str]:
+    return [sys.executable, "-c", JOEY_MAIN, *args]
+
+
+def train_joey(
+    task: Path,
+    out: Path,
+    model: dict[str, Any],
+    epochs: int = 5,
+    sides: dict[str, dict[str, Any]] | None = None,
+    training: dict[str, Any] | None = None,
+) -> tuple[Path, Path]:
     """`python -m joeynmt train`; returns (config, checkpoint)."""
     out.mkdir(parents=True, exist_ok=True)
     config = out / "config.yaml"
-    config.write_text(yaml.safe_dump(joey_config(task, out, model, epochs)))
-    _run([sys.executable, "-m", "joeynmt", "train", str(config), "--skip-test"], out / "train.log")
+    config.write_text(yaml.safe_dump(joey_config(task, out, model, epochs, sides, training)))
+    _run(_joey("train", str(config), "--skip-test"), out / "train.log")
     model_dir = out / "model"
     ckpts = sorted(model_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     best = model_dir / "best.ckpt"
@@ -172,7 +281,7 @@ def translate_joey(config: Path, src: Path, out: Path, beam: int, batch_size: in
     run_cfg = out.with_suffix(".yaml")
     run_cfg.write_text(yaml.safe_dump(cfg))
     _run(
-        [sys.executable, "-m", "joeynmt", "translate", str(run_cfg)],
+        _joey("translate", str(run_cfg)),
         out.with_suffix(".log"),
         src,
         out,
@@ -182,3 +291,55 @@ def translate_joey(config: Path, src: Path, out: Path, beam: int, batch_size: in
 
 def read_lines(path: Path) -> list[str]:
     return [line.rstrip("\n") for line in path.read_text().splitlines()]
+
+
+DEMO_ONMT = {"hidden_size": 64, "word_vec_size": 32, "encoder_type": "brnn", "rnn_type": "GRU",
+             "global_attention": "mlp", "input_feed": 0, "learning_rate": 0.01}  # fmt: skip
+DEMO_JOEY = {
+    "encoder": {"type": "recurrent", "rnn_type": "gru", "embeddings": {"embedding_dim": 32},
+                "hidden_size": 32, "bidirectional": True},
+    "decoder": {"type": "recurrent", "rnn_type": "gru", "embeddings": {"embedding_dim": 32},
+                "hidden_size": 64, "attention": "bahdanau", "input_feeding": False,
+                "init_hidden": "bridge"},
+}  # fmt: skip
+
+
+def train_demo(toolkit: str, tokenizer: str, out: Path) -> dict[str, str]:
+    """One tiny model on the subword task, with the tokenizer shared by both sides; the paths."""
+    task = make_subword_task(out / "task")
+    if tokenizer == "sentencepiece":
+        model = train_sentencepiece(task / "train.both", out / "spm", 60)
+    else:
+        model = learn_bpe(task / "train.both", out / "bpe.codes", 60)
+    paths = {"task": str(task), "subword_model": str(model)}
+    if toolkit == "opennmt-py":
+        transform = "sentencepiece" if tokenizer == "sentencepiece" else "bpe"
+        options = {**DEMO_ONMT, "transforms": [transform], "src_subword_model": str(model),
+                   "tgt_subword_model": str(model), "share_vocab": True}  # fmt: skip
+        paths["checkpoint"] = str(train_onmt(task, out / "onmt", options, steps=400))
+    else:
+        kind = "sentencepiece" if tokenizer == "sentencepiece" else "subword-nmt"
+        key = "model_file" if tokenizer == "sentencepiece" else "codes"
+        side = {"level": "bpe", "tokenizer_type": kind, "tokenizer_cfg": {key: str(model)}}
+        config, ckpt = train_joey(
+            task, out / "joey", DEMO_JOEY, epochs=4, sides={"src": side, "trg": side}
+        )
+        paths.update(config=str(config), checkpoint=str(ckpt))
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--toolkit", choices=["opennmt-py", "joeynmt"], required=True)
+    parser.add_argument("--tokenizer", choices=["sentencepiece", "bpe"], default="sentencepiece")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    for name, path in train_demo(args.toolkit, args.tokenizer, args.out).items():
+        print(f"{name}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

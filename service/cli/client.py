@@ -5,6 +5,8 @@
     python -m service.cli.client --server dns:///s2s-headless:50051 --round-robin --json --nbest 3 "..."
     python -m service.cli.client --server s2s.example:443 --tls-ca ca.pem --tls-cert me.pem --tls-key me.key "..."
     python -m service.cli.client --server localhost:50051 --list-services --model-info
+    python -m service.cli.client --align-pairs "dog ||| chien"          # forced alignment (Align)
+    python -m service.cli.client --source-file corpus.grc --target-file corpus.en --out links.txt
 
 `TranslatorClient` hides protobuf: it returns `ClientTranslation` dataclasses with numpy alignment
 matrices. gRPC failures propagate as `grpc.RpcError` (use `.code()` and `.details()`); the CLI prints
@@ -31,17 +33,27 @@ from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli.heatmap import save_heatmap_png
 from service.cli.render import translation_to_json
 from service.decode.alignment import render_text_heatmap
+from service.decode.forced import AlignedPair
+from service.decode.links import LINK_MODES
 from service.decode.options import add_option_flags, options_from_args
 from service.serve.protocol import (
     ClientAlignment,
     ClientHypothesis,
     ClientTranslation,
+    align_options_to_pb,
+    aligned_pair_from_pb,
     decoding_options_to_pb,
     model_info_from_pb,
     translation_from_pb,
 )
 
-__all__ = ["ClientAlignment", "ClientHypothesis", "ClientTranslation", "TranslatorClient"]
+__all__ = [
+    "AlignedPair",
+    "ClientAlignment",
+    "ClientHypothesis",
+    "ClientTranslation",
+    "TranslatorClient",
+]
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 ROUND_ROBIN_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
@@ -143,6 +155,81 @@ class TranslatorClient:
             translation_from_pb(t, s) for t, s in zip(response.translations, texts, strict=True)
         ]
 
+    def align_request(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        links: str | None = None,
+        threshold: float | None = None,
+        matrices: str = "both",
+        request_id: str = "",
+        model: str = "",
+        version: str = "",
+    ) -> pb.AlignRequest:
+        return pb.AlignRequest(
+            pairs=[pb.AlignPair(source=s, target=t) for s, t in pairs],
+            options=align_options_to_pb(links, threshold, matrices),
+            request_id=request_id,
+            model=pb.ModelSpec(name=model, version=version),
+        )
+
+    def align(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        links: str | None = None,
+        threshold: float | None = None,
+        matrices: str = "both",
+        timeout: float | None = None,
+        request_id: str = "",
+        model: str = "",
+        version: str = "",
+    ) -> list[AlignedPair]:
+        """Forced alignment: one AlignedPair per (source, target) pair, in order.
+
+        links is one of service/decode/links.py's LINK_MODES (None: the server's default);
+        matrices "both", "none" (links and scores only), "subword" or "word". Raises grpc.RpcError
+        (INVALID_ARGUMENT naming the pair for an empty side or one over the limits, or for a model
+        without attention)."""
+        request = self.align_request(
+            pairs,
+            links=links,
+            threshold=threshold,
+            matrices=matrices,
+            request_id=request_id,
+            model=model,
+            version=version,
+        )
+        response = self._stub.Align(request, timeout=self.timeout if timeout is None else timeout)
+        return aligned_from_response(response, len(pairs))
+
+    def align_many(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        batch: int = 32,
+        in_flight: int = 4,
+        **options: Any,
+    ) -> list[AlignedPair]:
+        """`align` over any number of pairs: requests of `batch` pairs, `in_flight` at a time (so
+        the server's running batch has company); results in order."""
+        chunks = [pairs[i : i + batch] for i in range(0, len(pairs), batch)]
+        timeout = options.pop("timeout", None)
+        results: list[AlignedPair] = []
+        pending: list[tuple[Any, int]] = []
+        for chunk in chunks:
+            request = self.align_request(chunk, **options)
+            call = self._stub.Align.future(
+                request, timeout=self.timeout if timeout is None else timeout
+            )
+            pending.append((call, len(chunk)))
+            if len(pending) >= in_flight:
+                future, n = pending.pop(0)
+                results += aligned_from_response(future.result(), n)
+        for future, n in pending:
+            results += aligned_from_response(future.result(), n)
+        return results
+
     def model_info(
         self, *, model: str = "", version: str = "", timeout: float | None = None
     ) -> dict[str, Any]:
@@ -179,6 +266,12 @@ class TranslatorClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def aligned_from_response(response: pb.AlignResponse, n: int) -> list[AlignedPair]:
+    if len(response.alignments) != n:
+        raise ValueError(f"server returned {len(response.alignments)} alignments for {n} pairs")
+    return [aligned_pair_from_pb(a) for a in response.alignments]
 
 
 # --- command line -----------------------------------------------------------------------------
@@ -228,12 +321,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--model-info", action="store_true", help="print the served model's info as JSON and exit"
     )
+    align = p.add_argument_group("forced alignment (Align)")
+    align.add_argument(
+        "--align-pairs",
+        action="store_true",
+        help='align given translations: each TEXT (or stdin line) is "source ||| target", '
+        "fast_align's input format; prints the Pharaoh links, the log-probability and a heatmap",
+    )
+    align.add_argument("--source-file", type=Path, help="file mode: source sentences, one a line")
+    align.add_argument(
+        "--target-file",
+        type=Path,
+        help="file mode: target sentences, line for line; writes one Pharaoh line per pair "
+        "(an empty line for a pair with an empty side, as fast_align and eflomal do)",
+    )
+    align.add_argument("--out", type=Path, help="file mode: write the links here (default: stdout)")
+    align.add_argument(
+        "--links", choices=LINK_MODES, help="how hard links are read (default: the server's)"
+    )
+    align.add_argument("--threshold", type=float, help="--links threshold's cut, in (0, 1]")
+    align.add_argument(
+        "--scores",
+        action="store_true",
+        help="file mode: each line is 'log_prob<TAB>links' (log P(target | source), EOS included)",
+    )
+    align.add_argument(
+        "--batch", type=int, default=32, help="pairs per Align request (default: %(default)s)"
+    )
     p.add_argument("--tls-ca", help="PEM root certificate(s) that verify the server (enables TLS)")
     p.add_argument("--tls-cert", help="PEM client certificate for mutual TLS (with --tls-key)")
     p.add_argument("--tls-key", help="PEM client private key for mutual TLS (with --tls-cert)")
     args = p.parse_args(argv)
     if (args.tls_cert is None) != (args.tls_key is None):
         p.error("--tls-cert and --tls-key go together")
+    if (args.source_file is None) != (args.target_file is None):
+        p.error("--source-file and --target-file go together")
+    if args.batch < 1:
+        p.error("--batch must be >= 1")
     return args
 
 
@@ -284,6 +408,79 @@ def save_first_heatmap(translations: list[ClientTranslation], path: Path) -> Pat
     return save_heatmap_png(a.matrix, a.source_tokens, a.target_tokens, path, title=first.text)
 
 
+def read_pair_lines(lines: Sequence[str]) -> list[tuple[str, str]]:
+    """ "source ||| target" lines → pairs; ValueError naming the first line without the separator."""
+    pairs = []
+    for i, line in enumerate(lines, 1):
+        source, sep, target = line.partition("|||")
+        if not sep:
+            raise ValueError(f'line {i} is not "source ||| target": {line[:60]!r}')
+        pairs.append((source.strip(), target.strip()))
+    return pairs
+
+
+def read_parallel(source: Path, target: Path) -> list[tuple[str, str]]:
+    """The two files' lines as pairs; ValueError when their line counts differ."""
+    src = source.read_text(encoding="utf-8").splitlines()
+    tgt = target.read_text(encoding="utf-8").splitlines()
+    if len(src) != len(tgt):
+        raise ValueError(f"{source} has {len(src)} lines but {target} has {len(tgt)}")
+    return list(zip(src, tgt, strict=True))
+
+
+def align_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "links": args.links,
+        "threshold": args.threshold,
+        "model": args.model,
+        "version": args.model_version,
+    }
+
+
+def align_files(client: TranslatorClient, args: argparse.Namespace) -> int:
+    """File mode: one Pharaoh line per pair, like fast_align and eflomal; pairs with an empty
+    side get an empty line (counted on stderr)."""
+    pairs = read_parallel(args.source_file, args.target_file)
+    todo = [i for i, (s, t) in enumerate(pairs) if s.strip() and t.strip()]
+    aligned = client.align_many(
+        [pairs[i] for i in todo], batch=args.batch, matrices="none", **align_options(args)
+    )
+    lines = [""] * len(pairs)
+    for i, a in zip(todo, aligned, strict=True):
+        lines[i] = f"{a.log_prob:.4f}\t{a.pharaoh}" if args.scores else a.pharaoh
+    text = "".join(line + "\n" for line in lines)
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text, encoding="utf-8")
+    skipped = len(pairs) - len(todo)
+    if skipped:
+        print(f"{skipped} pairs with an empty side: empty lines written", file=sys.stderr)
+    return 0
+
+
+def format_aligned(a: AlignedPair, args: argparse.Namespace) -> str:
+    if args.json:
+        return json.dumps(aligned_to_json(a), ensure_ascii=False)
+    lines = [f"{a.log_prob:.4f}\t{a.pharaoh}"]
+    if a.word is not None:
+        lines.append(render_text_heatmap(a.word.matrix, a.source_words, a.target_words))
+    unknown = [a.source_words[i] for i in a.unknown_source_words]
+    unknown += [a.target_words[i] for i in a.unknown_target_words]
+    if unknown:
+        lines.append("unknown to the vocabulary: " + " ".join(unknown))
+    return "\n".join(lines)
+
+
+def aligned_to_json(a: AlignedPair) -> dict[str, Any]:
+    out: dict[str, Any] = {k: v for k, v in a.__dict__.items() if k not in ("subword", "word")}
+    for level in ("subword", "word"):
+        matrix = getattr(a, level)
+        if matrix is not None:
+            out[level] = matrix.matrix.round(4).tolist()
+    return out
+
+
 def describe(client: TranslatorClient, args: argparse.Namespace) -> None:
     """--list-services and --model-info: what a server offers, without translating."""
     if args.list_services:
@@ -298,7 +495,16 @@ def run(args: argparse.Namespace) -> int:
         with TranslatorClient(args.server, timeout=args.timeout, **client_options) as client:
             describe(client, args)
         return 0
+    if args.source_file is not None:
+        with TranslatorClient(args.server, timeout=args.timeout, **client_options) as client:
+            return align_files(client, args)
     texts = read_texts(args)
+    if texts and args.align_pairs:
+        with TranslatorClient(args.server, timeout=args.timeout, **client_options) as client:
+            aligned = client.align(read_pair_lines(texts), matrices="word", **align_options(args))
+        for a in aligned:
+            print(format_aligned(a, args))
+        return 0
     if not texts:
         print(
             "error: no texts to translate (give TEXT arguments or lines on stdin)", file=sys.stderr

@@ -6,6 +6,7 @@ token's attention over the source (rows sum to 1). Pure numpy and string ops.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,13 +58,83 @@ def word_index(pieces: list[str]) -> np.ndarray:
     return index
 
 
-def _words(pieces: list[str], index: np.ndarray) -> list[str]:
-    """The words of pieces grouped by index (P,): pieces joined, "▁" removed."""
-    n_words = int(index[-1]) + 1 if len(index) else 0
-    groups: list[list[str]] = [[] for _ in range(n_words)]
-    for piece, word in zip(pieces, index.tolist(), strict=True):
-        groups[word].append(piece)
-    return ["".join(group).replace(WORD_START, "") for group in groups]
+def piece_surfaces(pieces: list[str]) -> list[str]:
+    """The text each SentencePiece piece writes, read off the piece itself ("▁" → a space).
+
+    The tokenizer's own surfaces (`surfaces()` of service/model/tokenizer.py) are exact, e.g. for
+    <unk>; this is for callers that have only the pieces."""
+    return [piece.replace(WORD_START, " ") for piece in pieces]
+
+
+def _word_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each of text.split()'s words in text."""
+    spans: list[tuple[int, int]] = []
+    start = -1
+    for i, char in enumerate(text):
+        if char.isspace():
+            if start >= 0:
+                spans.append((start, i))
+                start = -1
+        elif start < 0:
+            start = i
+    if start >= 0:
+        spans.append((start, len(text)))
+    return spans
+
+
+def word_membership(surfaces: list[str]) -> tuple[list[str], np.ndarray]:
+    """The words of the text the pieces write ("".join(surfaces).split()) and which pieces make each.
+
+    Returns (words, member) with member (W, P) bool: piece p writes part of word w. The words are
+    the text's by construction, so word labels always match the answer's text, whatever the pieces'
+    marks say (a segmented answer's separator " et " before a segment whose first piece "5" has no
+    "▁" makes two words, "et" and "5-sept"). A piece that writes no visible text (a lone "▁", a
+    control piece) belongs to the word after it, or the last word at the end.
+    """
+    text = "".join(surfaces)
+    spans = _word_spans(text)  # (W,)
+    starts, ends = [s for s, _ in spans], [e for _, e in spans]
+    member = np.zeros((len(spans), len(surfaces)), dtype=bool)  # (W, P)
+    begin = 0
+    for p, surface in enumerate(surfaces):
+        end = begin + len(surface)
+        w = bisect.bisect_right(ends, begin)  # the first word ending after this piece begins
+        hit = False
+        while w < len(spans) and starts[w] < end:
+            member[w, p], hit, w = True, True, w + 1
+        if not hit and spans:
+            member[min(bisect.bisect_left(starts, end), len(spans) - 1), p] = True
+        begin = end
+    return [text[s:e] for s, e in spans], member
+
+
+def merge_subwords(
+    matrix: np.ndarray,
+    src_pieces: list[str],
+    tgt_pieces: list[str],
+    src_surfaces: list[str] | None = None,
+    tgt_surfaces: list[str] | None = None,
+) -> tuple[np.ndarray, list[str], list[str]]:
+    """Word-level alignment from a SentencePiece-level matrix (T, S).
+
+    The columns of one source word are summed (the attention mass on that word); the rows of one
+    target word are averaged (so rows still sum to 1). The words are those of the text the pieces
+    write: `*_surfaces`, each piece's text as the tokenizer decodes it (default: read off the
+    pieces). Returns the (T', S') matrix, the source words and the target words.
+    """
+    _check_matrix(matrix, rows=len(tgt_pieces), cols=len(src_pieces))
+    src_surfaces = piece_surfaces(src_pieces) if src_surfaces is None else src_surfaces
+    tgt_surfaces = piece_surfaces(tgt_pieces) if tgt_surfaces is None else tgt_surfaces
+    if len(src_surfaces) != len(src_pieces) or len(tgt_surfaces) != len(tgt_pieces):
+        raise ValueError("one surface per piece is needed on each side")
+    src_words, src_member = word_membership(src_surfaces)  # (S', S)
+    tgt_words, tgt_member = word_membership(tgt_surfaces)  # (T', T)
+    # a piece's attention mass is shared by the words it writes (one, for SentencePiece pieces)
+    src_share = src_member / np.maximum(src_member.sum(axis=0, keepdims=True), 1)  # (S', S)
+    summed = matrix @ src_share.T.astype(matrix.dtype)  # (T, S')
+    counts = np.maximum(tgt_member.sum(axis=1, keepdims=True), 1)  # (T', 1)
+    merged = (tgt_member / counts).astype(matrix.dtype) @ summed  # (T', S')
+    return merged.astype(matrix.dtype, copy=False), src_words, tgt_words
 
 
 def _one_hot(index: np.ndarray, n: int, dtype: np.dtype) -> np.ndarray:
@@ -71,24 +142,17 @@ def _one_hot(index: np.ndarray, n: int, dtype: np.dtype) -> np.ndarray:
     return (index[:, None] == np.arange(n)[None, :]).astype(dtype)  # (P, n)
 
 
-def merge_subwords(
-    matrix: np.ndarray, src_pieces: list[str], tgt_pieces: list[str]
-) -> tuple[np.ndarray, list[str], list[str]]:
-    """Word-level alignment from a SentencePiece-level matrix (T, S).
-
-    The columns of one source word are summed (the attention mass on that word); the rows of one
-    target word are averaged (so rows still sum to 1). Returns the (T', S') matrix, the source
-    words and the target words.
-    """
-    _check_matrix(matrix, rows=len(tgt_pieces), cols=len(src_pieces))
-    src_index, tgt_index = word_index(src_pieces), word_index(tgt_pieces)  # (S,), (T,)
-    src_words, tgt_words = _words(src_pieces, src_index), _words(tgt_pieces, tgt_index)
-    S_words, T_words = len(src_words), len(tgt_words)
+def merge_by_index(
+    matrix: np.ndarray, src_index: np.ndarray, tgt_index: np.ndarray, S_words: int, T_words: int
+) -> np.ndarray:
+    """(T, S) → (T', S') given each piece's word, src_index (S,) and tgt_index (T,): a source word's
+    columns summed, a target word's rows averaged (rows still sum to 1)."""
+    _check_matrix(matrix, rows=len(tgt_index), cols=len(src_index))
     summed = matrix @ _one_hot(src_index, S_words, matrix.dtype)  # (T, S')
     tgt_groups = _one_hot(tgt_index, T_words, matrix.dtype).T  # (T', T)
     counts = np.maximum(tgt_groups.sum(axis=1, keepdims=True), 1)  # (T', 1)
     merged = (tgt_groups / counts) @ summed  # (T', S')
-    return merged.astype(matrix.dtype, copy=False), src_words, tgt_words
+    return merged.astype(matrix.dtype, copy=False)
 
 
 def _clip_label(label: str, width: int) -> str:

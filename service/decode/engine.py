@@ -65,6 +65,7 @@ class Separator:
     target_ids: list[int]
     target_pieces: list[str]
     target_text: str  # written between the segments' translations
+    target_surfaces: list[str]  # each target piece's text; they join to target_text
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ class Engine:
                 f"text is {len(ids)} subword tokens long, over the limit of {self.limits.max_source_tokens}: "
                 "split it into shorter sentences"
             )
-        whole = Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids))
+        whole = Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids, source))
         if self.bundle.segmentation is None:
             return whole
         return self.segmented(whole, source)
@@ -179,7 +180,7 @@ class Engine:
             ids = self.src_tok.encode(text)
             if not ids:  # a segment with nothing to read: decode the input whole instead
                 return whole
-            segments.append(Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids)))
+            segments.append(Prepared(text=text, ids=ids, pieces=self.src_tok.pieces(ids, text)))
         separators = [self.separator(src, tgt) for src, tgt in split.separators]
         pieces = list(segments[0].pieces)
         for separator, part in zip(separators, segments[1:], strict=True):
@@ -203,7 +204,8 @@ class Engine:
             tgt_ids, tgt_pieces = segment.separator_tokens(
                 tgt_ids, self.tgt_tok.pieces(tgt_ids), target
             )
-            found = Separator(src_pieces, tgt_ids, tgt_pieces, target)
+            surfaces = segment.separator_surfaces(self.tgt_tok.surfaces(tgt_ids), target)
+            found = Separator(src_pieces, tgt_ids, tgt_pieces, target, surfaces)
             if len(self._separators) < MAX_CACHED_SEPARATORS:
                 self._separators[(source, target)] = found
         return found
@@ -292,6 +294,7 @@ class Engine:
         self, request: DecodeRequest[Any], hyp: Hypothesis, mode: AlignmentMode | None = None
     ) -> TranslationHypothesis:
         """mode: the alignment's (default: the request's); "subword" keeps the raw matrix."""
+        mode = mode or self.alignment_mode(request)
         pieces = self.tgt_tok.pieces(hyp.tokens)
         confidence = segment.geometric_mean_probability(
             float(hyp.log_prob), len(hyp.tokens), hyp.finished_by_eos
@@ -306,8 +309,9 @@ class Engine:
                 hyp.attention,
                 request.sentence.pieces,
                 pieces,
-                mode or self.alignment_mode(request),
-                request.sentence.text,
+                mode,
+                self.tgt_tok.surfaces(hyp.tokens) if mode == "word" else None,
+                source_text=request.sentence.text,
             ),
             finished=hyp.finished_by_eos,
             confidence=confidence,
@@ -338,6 +342,15 @@ class Engine:
             ],
         )
 
+    def joined_surfaces(self, parts: list[TranslationHypothesis], sentence: Prepared) -> list[str]:
+        """The joined hypothesis's target surfaces: they join to its text (segments' and
+        separators' text in order)."""
+        blocks = [(self.tgt_tok.surfaces(parts[0].token_ids), parts[0].text)]
+        for separator, part in zip(sentence.separators, parts[1:], strict=True):
+            blocks.append((separator.target_surfaces, separator.target_text))
+            blocks.append((self.tgt_tok.surfaces(part.token_ids), part.text))
+        return segment.join_surfaces(blocks)
+
     def join_hypotheses(
         self, parts: list[TranslationHypothesis], sentence: Prepared, mode: AlignmentMode
     ) -> TranslationHypothesis:
@@ -355,7 +368,14 @@ class Engine:
                 matrices,
                 [(len(s.target_pieces), len(s.source_pieces)) for s in sentence.separators],
             )  # (T, S)
-            alignment = make_alignment(matrix, sentence.pieces, tokens, mode, sentence.text)
+            alignment = make_alignment(
+                matrix,
+                sentence.pieces,
+                tokens,
+                mode,
+                self.joined_surfaces(parts, sentence),
+                source_text=sentence.text,
+            )
         scored = sum(len(p.token_ids) + (1 if p.finished else 0) for p in parts)
         log_prob = sum(p.log_prob for p in parts)
         confidence = math.exp(log_prob / scored) if scored else 0.0
@@ -398,15 +418,19 @@ def make_alignment(
     src_pieces: list[str],
     tgt_pieces: list[str],
     mode: AlignmentMode,
+    tgt_surfaces: list[str] | None = None,
     source_text: str | None = None,
 ) -> Alignment | None:
-    """The answer's alignment; at word level the source words are the client's whitespace words
-    of `source_text` (as sent: not lower-cased by the input rule, no <unk> for unknown letters)
-    whenever the pieces group into as many words, which SentencePiece models keep."""
+    """tgt_surfaces: each target piece's text as the answer writes it (the tokenizer's
+    `surfaces`), so that word mode's target words are the answer text's words. At word level the
+    source words are the client's whitespace words of `source_text` (as sent: not lower-cased by
+    the input rule, no <unk> for unknown letters) whenever the pieces group into as many words."""
     if mode == "none" or matrix is None:
         return None
     if mode == "word":
-        matrix, src_pieces, tgt_pieces = align.merge_subwords(matrix, src_pieces, tgt_pieces)
+        matrix, src_pieces, tgt_pieces = align.merge_subwords(
+            matrix, src_pieces, tgt_pieces, tgt_surfaces=tgt_surfaces
+        )
         sent = source_text.split() if source_text is not None else []
         if len(sent) == len(src_pieces):
             src_pieces = sent

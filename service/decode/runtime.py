@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+from onnx import helper
 
 from service.decode.beam import StepOutput
 from service.decode.config import RuntimeConfig
@@ -76,7 +80,7 @@ def provider_options(providers: Sequence[str], config: RuntimeConfig) -> list[di
     return [cuda_provider_options(config) if p == CUDA else {} for p in providers]
 
 
-def make_session(path: str, config: RuntimeConfig, threads: int) -> ort.InferenceSession:
+def make_session(path: str | bytes, config: RuntimeConfig, threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = config.inter_op_threads
@@ -93,7 +97,33 @@ def make_session(path: str, config: RuntimeConfig, threads: int) -> ort.Inferenc
             provider_options=provider_options(providers, config),
         )
     except Exception as err:  # a damaged graph fails with messages that may not name it
-        raise BundleError(f"{path}: ONNX Runtime cannot load this graph: {err}") from err
+        where = "the decoder graph (in memory)" if isinstance(path, bytes) else path
+        raise BundleError(f"{where}: ONNX Runtime cannot load this graph: {err}") from err
+
+
+FULL_LOG_PROBS = "full_log_probs"  # (N, V): the decoder step's whole log-softmax row
+
+
+def expose_full_log_probs(path: Path) -> bytes | None:
+    """The decoder-step graph with the input of its TopK (the log-softmax over the target
+    vocabulary, in vocabulary order) also an output, FULL_LOG_PROBS; None when no TopK produces
+    the contract's `log_probs` (or the graph has the output already: then it is used as it is).
+
+    Align's teacher forcing needs the log-prob of one given token per row, not the top k: asking
+    the graph's TopK for k = V sorts every row of V (measured: a third of greedy decoding's tokens
+    per second at V = 8,000); this reads the row before the TopK, from the same weights and step."""
+    model = onnx.load(str(path))
+    graph = model.graph
+    if any(o.name == FULL_LOG_PROBS for o in graph.output):
+        return model.SerializeToString()
+    topk = next((n for n in graph.node if n.op_type == "TopK" and "log_probs" in n.output), None)
+    if topk is None:
+        return None
+    graph.node.append(helper.make_node("Identity", [topk.input[0]], [FULL_LOG_PROBS]))
+    graph.output.append(
+        helper.make_tensor_value_info(FULL_LOG_PROBS, onnx.TensorProto.FLOAT, ["N", "V"])
+    )
+    return model.SerializeToString()
 
 
 @dataclass
@@ -193,7 +223,12 @@ class OnnxModel:
         self.encoder = make_session(
             str(bundle.file("encoder.onnx")), config, config.encoder_threads
         )
-        self.decoder = make_session(str(bundle.file(decoder_file)), config, config.intra_op_threads)
+        self.decoder_file = bundle.file(decoder_file)
+        self.decoder = make_session(str(self.decoder_file), config, config.intra_op_threads)
+        # Align's decoder session (the same graph, its log-softmax exposed), made on first use
+        self._forced: ort.InferenceSession | None = None
+        self._forced_made = False
+        self._forced_lock = threading.Lock()
         on_gpu = self.decoder.get_providers()[0] == CUDA
         self.device_type = "cuda" if on_gpu else "cpu"
         self.device_id = config.device_id if on_gpu else 0
@@ -234,8 +269,20 @@ class OnnxModel:
                 out[i] = sentence
         return [s for s in out if s is not None]
 
-    def new_decoder(self) -> OnnxDecoder:
-        return OnnxDecoder(self)
+    def new_decoder(self, forced: bool = False) -> OnnxDecoder:
+        """A running batch's decoder; forced: for Align's teacher forcing (`OnnxDecoder.step_full`)."""
+        return OnnxDecoder(self, self.forced_session() if forced else None)
+
+    def forced_session(self) -> ort.InferenceSession | None:
+        """The decoder graph with FULL_LOG_PROBS exposed, loaded once, on the first Align; None when
+        the graph cannot expose it (step_full then asks the TopK for every token)."""
+        with self._forced_lock:
+            if not self._forced_made:
+                graph = expose_full_log_probs(self.decoder_file)
+                if graph is not None:
+                    self._forced = make_session(graph, self.config, self.config.intra_op_threads)
+                self._forced_made = True
+            return self._forced
 
 
 class EncoderRows:
@@ -401,8 +448,10 @@ class OnnxDecoder:
     them across steps copies them (the beam search does not keep them).
     """
 
-    def __init__(self, model: OnnxModel) -> None:
+    def __init__(self, model: OnnxModel, forced: ort.InferenceSession | None = None) -> None:
         self.model = model
+        self.session = forced or model.decoder
+        self.full_rows = forced is not None  # the session outputs FULL_LOG_PROBS
         self.device = model.device
         self.rows = EncoderRows(
             model.row_ops, keys_follow_source=model.bundle.architecture.attention != "none"
@@ -413,7 +462,7 @@ class OnnxDecoder:
         self.attention = HostBuffer(np.float32)
         # One binding for every step: the encoder rows and the host outputs are rebound only when
         # they change (a join, a leave, a new hypothesis count), not at each step.
-        self.binding = model.decoder.io_binding()
+        self.binding = self.session.io_binding()
         self.bound_rows: tuple[int, ...] | None = None
         self.bound_outputs: tuple[int, ...] | None = None
 
@@ -442,7 +491,7 @@ class OnnxDecoder:
     def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
         """One decoder call for every hypothesis: tokens (N,), reorder (N,) → top-k (N, k), attention (N, S)."""
         assert self.rows.count and self.state is not None, "step() on an empty batch"
-        session, device, binding = self.model.decoder, self.device, self.binding
+        session, device, binding = self.session, self.device, self.binding
         N, S = len(tokens), self.rows.source_len
         device.bind_host_input(binding, "tokens", tokens.astype(np.int64, copy=False), "tokens")
         device.bind_host_input(binding, "reorder", reorder.astype(np.int64, copy=False), "tokens")
@@ -475,5 +524,41 @@ class OnnxDecoder:
         return StepOutput(
             log_probs=device.fetched(log_probs, "topk"),
             token_ids=device.fetched(token_ids, "topk"),
+            attention=device.fetched(attention, "attention"),
+        )
+
+    def step_full(self, tokens: np.ndarray, reorder: np.ndarray) -> StepOutput:
+        """One decoder call for teacher forcing: log_probs (N, V) is every token's log-prob in
+        vocabulary order (token_ids (N, V) is then arange(V) per row), attention (N, S)."""
+        V = self.model.bundle.architecture.tgt_vocab_size
+        if not self.full_rows:  # the TopK over every token, scattered back to vocabulary order
+            out = self.step(tokens, reorder, V)
+            full = np.empty_like(out.log_probs)  # (N, V)
+            np.put_along_axis(full, out.token_ids, out.log_probs, axis=1)
+            return StepOutput(full, np.broadcast_to(np.arange(V), full.shape), out.attention)
+        assert self.rows.count and self.state is not None, "step() on an empty batch"
+        session, device, binding = self.session, self.device, self.binding
+        N, S = len(tokens), self.rows.source_len
+        device.bind_host_input(binding, "tokens", tokens.astype(np.int64, copy=False), "tokens")
+        device.bind_host_input(binding, "reorder", reorder.astype(np.int64, copy=False), "tokens")
+        device.bind_host_input(binding, "k", np.array(1, dtype=np.int64), "tokens")
+        binding.bind_ortvalue_input("state", self.state)
+        rows_key = self.rows.binding_key()
+        if rows_key != self.bound_rows:
+            self.rows.bind(binding)
+            self.bound_rows = rows_key
+        binding.bind_output("new_state", device.type, device.id)  # stays on the device
+        log_probs = self.log_probs.view((N, V))  # (N, V)
+        attention = self.attention.view((N, S))  # (N, S)
+        outputs_key = (N, V, S, self.log_probs.generation, -1, self.attention.generation)
+        if outputs_key != self.bound_outputs:
+            device.bind_host_output(binding, FULL_LOG_PROBS, log_probs)
+            device.bind_host_output(binding, "attention", attention)
+            self.bound_outputs = outputs_key
+        session.run_with_iobinding(binding)
+        self.state = device.output(binding, 0)  # new_state was bound first
+        return StepOutput(
+            log_probs=device.fetched(log_probs, "topk"),
+            token_ids=np.broadcast_to(np.arange(V), (N, V)),
             attention=device.fetched(attention, "attention"),
         )

@@ -23,8 +23,9 @@ REQUIRED_FILES = ("encoder.onnx", "decoder.onnx", "source.model", "target.model"
 OPTIONAL_FILES = ("decoder.int8.onnx",)
 # The manifest's "tokenizer" section says how text becomes ids; absent means SentencePiece (every
 # bundle our trainer writes). "word": whitespace-split words looked up in vocabulary files, the
-# convention of the toolkits whose checkpoints export/importers/ turns into bundles.
-TOKENIZER_KINDS = ("sentencepiece", "word")
+# convention of the toolkits whose checkpoints export/importers/ turns into bundles; "subword": the
+# same vocabularies, fed by the toolkit's SentencePiece model or BPE codes (files the section names).
+TOKENIZER_KINDS = ("sentencepiece", "word", "subword")
 TOKENIZER_FILES = {
     "sentencepiece": ("source.model", "target.model"),
     "word": ("source.vocab", "target.vocab"),
@@ -35,9 +36,36 @@ SENTENCEPIECE = {"kind": "sentencepiece"}
 def required_files(tokenizer: dict[str, Any] | None = None) -> tuple[str, ...]:
     """The graphs plus the tokenizer files the manifest's tokenizer section asks for."""
     kind = (tokenizer or SENTENCEPIECE).get("kind")
+    if kind == "subword":
+        assert tokenizer is not None
+        return ("encoder.onnx", "decoder.onnx", *subword_files(tokenizer))
     if kind not in TOKENIZER_FILES:
         raise BundleError(f"unknown tokenizer kind {kind!r} (known: {list(TOKENIZER_KINDS)})")
     return ("encoder.onnx", "decoder.onnx", *TOKENIZER_FILES[kind])
+
+
+def subword_files(tokenizer: dict[str, Any]) -> tuple[str, ...]:
+    """The vocabulary and segmenter files a "subword" section names, each once, each a plain file
+    name inside the bundle."""
+    names: list[str] = []
+    for side in ("source", "target"):
+        section = tokenizer.get(side)
+        if not isinstance(section, dict):
+            raise BundleError(f"the tokenizer section has no {side!r} object")
+        for key in ("file", "model"):
+            name = section.get(key)
+            if (
+                not isinstance(name, str)
+                or not name
+                or Path(name).name != name
+                or name in (".", "..")
+            ):
+                raise BundleError(
+                    f"the tokenizer section's {side}.{key} must name a file in the bundle, got {name!r}"
+                )
+            if name not in names:
+                names.append(name)
+    return tuple(names)
 
 
 class BundleError(ValueError):

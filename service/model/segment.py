@@ -164,6 +164,41 @@ def separator_tokens(
     return ids, [first, *pieces[1:]]
 
 
+def separator_surfaces(surfaces: list[str], text: str) -> list[str]:
+    """A separator's target surfaces (its pieces' text, from the tokenizer) made to join to its
+    text exactly: the text's leading and trailing whitespace on its first and last piece (" et " →
+    [" e", "t "]), so the words of a joined answer are the words of its text. Where the pieces do
+    not spell the stripped text, the first piece carries all of it."""
+    if not surfaces:
+        return []
+    core = text.strip()
+    if "".join(surfaces) != core:
+        return [text] + [""] * (len(surfaces) - 1)
+    lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()) :]
+    out = list(surfaces)
+    out[0] = lead + out[0]
+    out[-1] = out[-1] + trail
+    return out
+
+
+def join_surfaces(blocks: Sequence[tuple[Sequence[str], str]]) -> list[str]:
+    """The surfaces of concatenated blocks (surfaces, text): a block without pieces (a whitespace
+    separator, an empty segment) lends its text to the next piece, or the last one at the end, so
+    the result joins to the joined text."""
+    out: list[str] = []
+    pending = ""
+    for surfaces, text in blocks:
+        if not surfaces:
+            pending += text
+            continue
+        out.append(pending + surfaces[0])
+        out.extend(surfaces[1:])
+        pending = ""
+    if pending and out:
+        out[-1] += pending
+    return out
+
+
 # --- the join -------------------------------------------------------------------------------------
 
 

@@ -67,11 +67,17 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self.processor.EncodeAsIds(text))
 
-    def pieces(self, ids: list[int]) -> list[str]:
-        """The pieces of `ids`; a control id (<s>, <pad>, which a model can emit) is "", as decoding
-        drops it, so the tokens a response lists spell out its text."""
+    def pieces(self, ids: list[int], text: str | None = None) -> list[str]:
+        """The pieces of `ids` (their "▁" already marks the words of `text`); a control id (<s>,
+        <pad>, which a model can emit) is "", as decoding drops it, so the tokens a response
+        lists spell out its text."""
         processor = self.processor
         return ["" if processor.IsControl(i) else processor.IdToPiece(i) for i in ids]
 
     def decode(self, ids: list[int]) -> str:
         return str(self.processor.DecodeIds(ids))
+
+    def surfaces(self, ids: list[int]) -> list[str]:
+        """Each id's part of decode(ids), as SentencePiece writes it: they join to the text
+        ("▁5" → " 5" but "" at the start, <unk> → " ⁇ ", a control id → "")."""
+        return [str(piece.surface) for piece in self.processor.DecodeIdsAsProto(ids).pieces]

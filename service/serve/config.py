@@ -129,6 +129,18 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry tracing (service/serve/tracing.py); the OTEL_* variables configure the rest."""
+
+    tracing: bool = setting(
+        False, "OpenTelemetry traces of every request, exported over OTLP (see docs/tracing.md)"
+    )
+    trace_text: bool = setting(
+        False, "with --tracing, record the input and output texts on the spans (off: lengths only)"
+    )
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the server is configured with."""
 
@@ -137,6 +149,7 @@ class Settings:
     limits: EngineLimits
     batching: BatchingConfig
     decoding: SearchOptions  # what a request gets for each option it leaves unset
+    tracing: TracingConfig = TracingConfig()
 
 
 SECTIONS: tuple[tuple[str, type, str], ...] = (
@@ -145,6 +158,7 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
     ("limits", EngineLimits, ""),
     ("batching", BatchingConfig, ""),
     ("decoding", SearchOptions, "default_"),
+    ("tracing", TracingConfig, ""),
 )
 ENV_PREFIX = "S2S_"
 # Settings renamed when the decoding options got one name each; the environment still takes the

@@ -95,6 +95,17 @@ async def translate(
     return await core.decode(request, request_id, remaining, model)
 
 
+async def align(
+    core: TranslatorCore,
+    request: Any,
+    request_id: str,
+    remaining: float | None,
+    model: ModelVersion | None,
+) -> Message:
+    assert model is not None  # Route.holds_model: acquired by HttpFace.call
+    return await core.align(request, request_id, remaining, model)
+
+
 async def get_model_info(
     core: TranslatorCore,
     request: Any,
@@ -141,6 +152,14 @@ ROUTES: tuple[Route, ...] = (
         has_id=True,
         holds_model=True,
         texts=lambda request: len(request.texts),
+    ),
+    Route(
+        "Align",
+        pb.AlignRequest,
+        align,
+        has_id=True,
+        holds_model=True,
+        texts=lambda request: len(request.pairs),
     ),
     Route("GetModelInfo", pb.ModelInfoRequest, get_model_info, verbs=("GET", "POST")),
     Route("ListModels", pb.ListModelsRequest, list_models, verbs=("GET", "POST")),
@@ -237,7 +256,10 @@ class HttpFace:
 
     def handler(self, route: Route) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
-            return await self.call(route, request)
+            with self.core.tracing.rpc(
+                route.method, "http", request.headers, request.method, request.path
+            ):
+                return await self.call(route, request)
 
         return handle
 

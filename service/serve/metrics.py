@@ -30,7 +30,7 @@ from service.decode.transfers import DIRECTIONS, REASONS, TransferLedger
 
 # --- bounded label values ---------------------------------------------------------------------
 
-METHODS: tuple[str, ...] = ("Translate", "GetModelInfo", "ListModels")
+METHODS: tuple[str, ...] = ("Translate", "GetModelInfo", "ListModels", "Align")
 CODES: tuple[str, ...] = (  # gRPC status names, as grpc.StatusCode.X.name
     "OK",
     "INVALID_ARGUMENT",

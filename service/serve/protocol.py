@@ -22,6 +22,8 @@ from google.protobuf.message import DecodeError
 from proto.translation.v1 import translation_pb2 as pb
 from service.decode.alignment import Alignment
 from service.decode.errors import InvalidInput
+from service.decode.forced import DEFAULT_LINKS, AlignedPair, AlignOptions, Matrices
+from service.decode.links import DEFAULT_THRESHOLD
 from service.decode.options import OPTIONS, SearchOptions, problems
 
 if TYPE_CHECKING:  # the client imports this module: keep onnxruntime out of its imports
@@ -40,6 +42,24 @@ ALIGNMENT_MODES: dict[str, pb.AlignmentMode] = {
     "subword": pb.ALIGNMENT_MODE_SUBWORD,
     "word": pb.ALIGNMENT_MODE_WORD,
 }
+
+LINKS_FROM_PB: dict[int, str | None] = {
+    pb.LINK_MODE_UNSPECIFIED: None,  # the server's default
+    pb.LINK_MODE_ARGMAX: "argmax",
+    pb.LINK_MODE_SOURCE_ARGMAX: "source_argmax",
+    pb.LINK_MODE_INTERSECT: "intersect",
+    pb.LINK_MODE_UNION: "union",
+    pb.LINK_MODE_GROW: "grow",
+    pb.LINK_MODE_THRESHOLD: "threshold",
+}
+LINK_MODES_PB: dict[str, int] = {name: v for v, name in LINKS_FROM_PB.items() if name}
+MATRICES_FROM_PB: dict[int, Matrices] = {
+    pb.ALIGNMENT_MODE_UNSPECIFIED: "both",
+    pb.ALIGNMENT_MODE_NONE: "none",
+    pb.ALIGNMENT_MODE_SUBWORD: "subword",
+    pb.ALIGNMENT_MODE_WORD: "word",
+}
+MATRICES_PB: dict[str, int] = {name: v for v, name in MATRICES_FROM_PB.items()}
 
 # A request_id is echoed back and written in every log line of its request: bounded.
 MAX_REQUEST_ID_CHARS = 128
@@ -66,6 +86,13 @@ class MalformedRequest:
 def deserialize_translate_request(data: bytes) -> pb.TranslateRequest | MalformedRequest:
     try:
         return pb.TranslateRequest.FromString(data)
+    except DecodeError as err:
+        return MalformedRequest(str(err))
+
+
+def deserialize_align_request(data: bytes) -> pb.AlignRequest | MalformedRequest:
+    try:
+        return pb.AlignRequest.FromString(data)
     except DecodeError as err:
         return MalformedRequest(str(err))
 
@@ -204,7 +231,109 @@ def check_response_bound(
         )
 
 
+@dataclass(frozen=True)
+class ParsedAlign:
+    pairs: list[tuple[str, str]]  # (source, target)
+    options: AlignOptions
+
+
+def check_request_id(request_id: str) -> None:
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidInput(
+            f"request_id has {len(request_id)} characters, over the limit of "
+            f"{MAX_REQUEST_ID_CHARS}: send a shorter id (or none: the server makes one)"
+        )
+
+
+def parse_align_request(request: pb.AlignRequest, settings: Settings) -> ParsedAlign:
+    """Validate an AlignRequest against the limits (pairs as texts: max_texts pairs, max_text_chars
+    per side); InvalidInput names the pair and says what to change."""
+    server = settings.server
+    pairs = [(p.source, p.target) for p in request.pairs]
+    if not pairs:
+        raise InvalidInput("pairs is empty: send at least one (source, target) pair to align")
+    if len(pairs) > server.max_texts:
+        raise InvalidInput(
+            f"{len(pairs)} pairs in one request, over the limit of {server.max_texts}: split the request"
+        )
+    check_request_id(request.request_id)
+    for i, pair in enumerate(pairs):
+        for side, text in zip(("source", "target"), pair, strict=True):
+            if not text.strip():
+                raise InvalidInput(f"pairs[{i}].{side} is empty or only whitespace")
+            if len(text) > server.max_text_chars:
+                raise InvalidInput(
+                    f"pairs[{i}].{side} has {len(text)} characters, over the limit of "
+                    f"{server.max_text_chars}"
+                )
+    o = request.options
+    if o.links not in LINKS_FROM_PB:
+        raise InvalidInput(f"unknown link mode {o.links}: use one of {sorted(LINK_MODES_PB)}")
+    if o.alignment not in MATRICES_FROM_PB:
+        raise InvalidInput(f"unknown alignment mode {o.alignment}: use NONE, SUBWORD or WORD")
+    options = AlignOptions(
+        links=LINKS_FROM_PB[o.links] or DEFAULT_LINKS,
+        threshold=o.threshold if o.HasField("threshold") else DEFAULT_THRESHOLD,
+        matrices=MATRICES_FROM_PB[o.alignment],
+    )
+    found = options.problems()
+    if found:
+        raise InvalidInput("; ".join(found))
+    return ParsedAlign(pairs, options)
+
+
+def align_response_bytes(pairs: Sequence[tuple[int, int, int, int, int]], piece_bytes: int) -> int:
+    """An upper bound on an AlignResponse's size, known before decoding: for each pair (source
+    tokens, target tokens, source words, target words, UTF-8 bytes of its text), both matrices
+    full (float32), every token the longest piece, links and scores generously counted."""
+    token = piece_bytes + 3
+    total = 64
+    for S, T, S_w, T_w, text_bytes in pairs:
+        matrices = 4 * (T * S + T_w * S_w) + 2 * (12 + 6)
+        strings = 2 * (S + T) * token + text_bytes + 3 * (S_w + T_w) * 2
+        links = 12 * S_w * T_w + 14 * T  # "s-t " per link (at most one per word cell)
+        scores = 5 * (T + 8) + 6 * (S + T + S_w + T_w)
+        total += matrices + strings + links + scores + 16
+    return total
+
+
 # --- server side: results out ------------------------------------------------------------------
+
+
+def alignment_to_pb(a: Alignment) -> pb.Alignment:
+    matrix = np.asarray(a.matrix, dtype=np.float32)  # (rows, cols)
+    rows, cols = matrix.shape
+    return pb.Alignment(
+        rows=rows,
+        cols=cols,
+        weights=matrix.reshape(-1).tolist(),
+        source_tokens=a.source_tokens,
+        target_tokens=a.target_tokens,
+        pharaoh=a.pharaoh,
+    )
+
+
+def aligned_pair_to_pb(a: AlignedPair) -> pb.PairAlignment:
+    out = pb.PairAlignment(
+        source_tokens=a.source_tokens,
+        target_tokens=a.target_tokens,
+        source_words=a.source_words,
+        target_words=a.target_words,
+        pharaoh=a.pharaoh,
+        token_log_probs=a.token_log_probs,
+        eos_log_prob=a.eos_log_prob,
+        log_prob=a.log_prob,
+        confidence=a.confidence,
+        unknown_source_tokens=a.unknown_source_tokens,
+        unknown_target_tokens=a.unknown_target_tokens,
+        unknown_source_words=a.unknown_source_words,
+        unknown_target_words=a.unknown_target_words,
+    )
+    if a.subword is not None:
+        out.subword.CopyFrom(alignment_to_pb(a.subword))
+    if a.word is not None:
+        out.word.CopyFrom(alignment_to_pb(a.word))
+    return out
 
 
 def translation_to_pb(t: Translation) -> pb.Translation:
@@ -220,18 +349,7 @@ def translation_to_pb(t: Translation) -> pb.Translation:
             low_confidence=h.low_confidence,
         )
         if h.alignment is not None:
-            matrix = np.asarray(h.alignment.matrix, dtype=np.float32)  # (rows, cols)
-            rows, cols = matrix.shape
-            hyp.alignment.CopyFrom(
-                pb.Alignment(
-                    rows=rows,
-                    cols=cols,
-                    weights=matrix.reshape(-1).tolist(),
-                    source_tokens=h.alignment.source_tokens,
-                    target_tokens=h.alignment.target_tokens,
-                    pharaoh=h.alignment.pharaoh,
-                )
-            )
+            hyp.alignment.CopyFrom(alignment_to_pb(h.alignment))
     return out
 
 
@@ -258,7 +376,16 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
         resident_memory_bytes=model.resident_bytes,
         confidence_threshold=engine.min_confidence,
         segmentation=engine.bundle.segmentation is not None,
+        description=model_description(engine.bundle.info),
     )
+
+
+def model_description(info: dict[str, Any]) -> str:
+    """The manifest's info.description, else info.task (older bundles), else ""."""
+    for key in ("description", "task"):
+        if isinstance(info.get(key), str) and info[key].strip():
+            return str(info[key]).strip()
+    return ""
 
 
 # --- client side -------------------------------------------------------------------------------
@@ -344,6 +471,46 @@ def translation_from_pb(message: pb.Translation, source: str = "") -> ClientTran
         source=source,
         source_tokens=list(message.source_tokens),
         hypotheses=[hypothesis_from_pb(h) for h in message.hypotheses],
+    )
+
+
+def align_options_to_pb(
+    links: str | None = None, threshold: float | None = None, matrices: str = "both"
+) -> pb.AlignOptions:
+    """AlignOptions: links one of service/decode/links.py's LINK_MODES (None: the server's
+    default), matrices one of both, none, subword, word."""
+    if links is not None and links not in LINK_MODES_PB:
+        raise ValueError(f"links must be one of {tuple(LINK_MODES_PB)}, got {links!r}")
+    if matrices not in MATRICES_PB:
+        raise ValueError(f"matrices must be one of {tuple(MATRICES_PB)}, got {matrices!r}")
+    message = pb.AlignOptions(alignment=MATRICES_PB[matrices])  # type: ignore[arg-type]
+    if links is not None:
+        message.links = LINK_MODES_PB[links]  # type: ignore[assignment]
+    if threshold is not None:
+        message.threshold = threshold
+    return message
+
+
+def aligned_pair_from_pb(message: pb.PairAlignment) -> AlignedPair:
+    """The client's view of one pair: the engine's own AlignedPair type, matrices as numpy."""
+    subword = alignment_from_pb(message.subword) if message.HasField("subword") else None
+    word = alignment_from_pb(message.word) if message.HasField("word") else None
+    return AlignedPair(
+        source_tokens=list(message.source_tokens),
+        target_tokens=list(message.target_tokens),
+        source_words=list(message.source_words),
+        target_words=list(message.target_words),
+        subword=subword,
+        word=word,
+        pharaoh=message.pharaoh,
+        token_log_probs=list(message.token_log_probs),
+        eos_log_prob=message.eos_log_prob,
+        log_prob=message.log_prob,
+        confidence=message.confidence,
+        unknown_source_tokens=list(message.unknown_source_tokens),
+        unknown_target_tokens=list(message.unknown_target_tokens),
+        unknown_source_words=list(message.unknown_source_words),
+        unknown_target_words=list(message.unknown_target_words),
     )
 
 

@@ -5,6 +5,8 @@ returns a `Decision`; the worker applies it. Tests drive it with a fake clock.
 
 Running batches are keyed by (model version, beam size): every sentence in a batch belongs to one loaded
 model version and has the same number of hypothesis slots, so one decoder call advances them all.
+Align's pairs (teacher-forced, one hypothesis each) have batches of their own, keyed forced=True,
+under the same admission, limits and turns.
 
 Fairness across models: admission takes turns between the models with waiting sentences (the model
 admitted last yields to another model that has work), and a model whose turn it is blocks the others'
@@ -100,17 +102,20 @@ class Waiting(Generic[KeyT, RequestT]):
     model: Hashable = (
         None  # the loaded model version it decodes with (the worker's: a ModelVersion)
     )
+    forced: bool = False  # Align's teacher-forced pass (the target given) rather than a search
 
     @property
     def batch(self) -> BatchKey:
-        return BatchKey(self.model, self.beam_size)
+        return BatchKey(self.model, self.beam_size, self.forced)
 
 
 class BatchKey(NamedTuple):
-    """Which running batch a sentence decodes in: one model version, one beam size."""
+    """Which running batch a sentence decodes in: one model version, one beam size, one pass (a
+    beam search, or Align's teacher forcing: one hypothesis per pair, beam 1)."""
 
     model: Hashable
     beam: int
+    forced: bool = False
 
 
 @dataclass(frozen=True)
@@ -253,9 +258,9 @@ def admit_one_request(
     return take_fifo(config, [w for w in alive if w.request == request], groups), alive[0].batch
 
 
-def batch_order(key: BatchKey) -> tuple[str, int]:
-    """A stable order of running batches: by model (its str), then beam size."""
-    return str(key.model), key.beam
+def batch_order(key: BatchKey) -> tuple[str, int, bool]:
+    """A stable order of running batches: by model (its str), then beam size, then pass."""
+    return str(key.model), key.beam, key.forced
 
 
 def next_group(groups: Groups, last_stepped: BatchKey | None) -> BatchKey | None:

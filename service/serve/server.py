@@ -24,10 +24,10 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -45,15 +45,18 @@ from service.serve.metrics import Metrics, start_metrics_http_server
 from service.serve.protocol import (
     MAX_REQUEST_ID_CHARS,
     MalformedRequest,
+    deserialize_align_request,
     deserialize_translate_request,
 )
 from service.serve.repository import Events, ModelVersion, ReloadReport, Repository, single
 from service.serve.status import status_for
+from service.serve.tracing import traced
 from service.serve.translator import TranslatorCore
 from service.serve.worker import Worker
 
 log = logging.getLogger("s2s.server")
 
+ResponseT = TypeVar("ResponseT", pb.TranslateResponse, pb.AlignResponse)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
 
 
@@ -110,9 +113,35 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
         super().__init__(settings, metrics)
         self.handlers = Handlers()
 
+    @traced("Translate")
     async def Translate(
         self, request: pb.TranslateRequest | MalformedRequest, context: grpc.aio.ServicerContext
     ) -> pb.TranslateResponse:
+        async def call(request_id: str, model: ModelVersion) -> pb.TranslateResponse:
+            return await self.translate(request, request_id, context, model)
+
+        return await self.handle("Translate", request, context, len(request.texts), call)
+
+    @traced("Align")
+    async def Align(
+        self, request: pb.AlignRequest | MalformedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AlignResponse:
+        async def call(request_id: str, model: ModelVersion) -> pb.AlignResponse:
+            return await self.align(request, request_id, context.time_remaining(), model)
+
+        pairs = len(request.pairs) if isinstance(request, pb.AlignRequest) else 0
+        return await self.handle("Align", request, context, pairs, call)
+
+    async def handle(
+        self,
+        method: str,
+        request: pb.TranslateRequest | pb.AlignRequest | MalformedRequest,
+        context: grpc.aio.ServicerContext,
+        texts: int,
+        call: Callable[[str, ModelVersion], Awaitable[ResponseT]],
+    ) -> ResponseT:
+        """A decoding RPC: its model version held until answered, `call(request_id, model)`, and
+        its status code, log line and metrics (`texts`: the texts or pairs it holds)."""
         request_id = request.request_id or uuid.uuid4().hex[:16]
         if len(request_id) > MAX_REQUEST_ID_CHARS:  # refused by parse_request: not logged whole
             request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
@@ -120,14 +149,14 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
         code, message, response = grpc.StatusCode.OK, "", None
         error: Exception | None = None
         model: ModelVersion | None = None
-        with self.handlers.track(), self.metrics.track_in_flight("Translate"):
+        with self.handlers.track(), self.metrics.track_in_flight(method):
             try:
                 # held until answered: a reload does not unload it meanwhile
                 model = self.acquire(request)
-                response = await self.translate(request, request_id, context, model)
+                response = await call(request_id, model)
             except asyncio.CancelledError:  # the client cancelled or a deadline passed
                 code = cancel_code(context.time_remaining())
-                self.finish("Translate", request_id, code, started, len(request.texts), model=model)
+                self.finish(method, request_id, code, started, texts, model=model)
                 raise
             except Exception as err:
                 error = err
@@ -137,9 +166,7 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
             finally:
                 if model is not None:
                     self.repository.release(model)
-        self.finish(
-            "Translate", request_id, code, started, len(request.texts), message, error, model=model
-        )
+        self.finish(method, request_id, code, started, texts, message, error, model=model)
         if code != grpc.StatusCode.OK:
             await context.abort(code, message)
         assert response is not None
@@ -154,6 +181,7 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
     ) -> pb.TranslateResponse:
         return await self.decode(request, request_id, context.time_remaining(), model)
 
+    @traced("GetModelInfo")
     async def GetModelInfo(
         self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInfo:
@@ -168,6 +196,7 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
         self.finish("GetModelInfo", "", grpc.StatusCode.OK, started, 0)
         return info
 
+    @traced("ListModels")
     async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
@@ -191,6 +220,11 @@ def add_translator_servicer(servicer: TranslatorServicer, server: grpc.aio.Serve
             servicer.Translate,
             request_deserializer=deserialize_translate_request,
             response_serializer=pb.TranslateResponse.SerializeToString,
+        ),
+        "Align": grpc.unary_unary_rpc_method_handler(
+            servicer.Align,
+            request_deserializer=deserialize_align_request,
+            response_serializer=pb.AlignResponse.SerializeToString,
         ),
         "GetModelInfo": grpc.unary_unary_rpc_method_handler(
             servicer.GetModelInfo,
@@ -293,6 +327,8 @@ class Running:
         if self.metrics_http is not None:
             self.metrics_http.shutdown()
             self.metrics_http.server_close()  # release the port: shutdown() only ends the serving loop
+        if self.servicer is not None:  # export the spans still buffered
+            await loop.run_in_executor(None, self.servicer.tracing.shutdown)
 
 
 def model_health_name(name: str) -> str:

@@ -13,27 +13,37 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
 from proto.translation.v1 import translation_pb2 as pb
+from service.decode.aligner import PreparedPair, check_aligner, prepare_pair
 from service.decode.engine import Engine, Translation
 from service.decode.errors import InvalidInput, NotReady
 from service.serve.config import Settings
 from service.serve.metrics import Metrics
 from service.serve.protocol import (
     MalformedRequest,
+    align_response_bytes,
+    aligned_pair_to_pb,
     check_response_bound,
     input_shape,
     model_info,
+    parse_align_request,
     parse_request,
     translation_to_pb,
 )
 from service.serve.repository import ModelVersion, Repository
+from service.serve.request_trace import current_trace
 from service.serve.status import reject_reason
+from service.serve.tracing import Tracing
 from service.serve.worker import Job, Worker
 
 log = logging.getLogger("s2s.server")
+
+OnDone = Callable[[list[Any] | None, Exception | None], None]  # a Job's completion callback
 
 
 class TranslatorCore:
@@ -42,11 +52,16 @@ class TranslatorCore:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.tracing = Tracing(settings.tracing)
         self._repository: Repository | None = None
         self._worker: Worker | None = None
 
     def attach(self, repository: Repository, worker: Worker) -> None:
         self._repository, self._worker = repository, worker
+
+    def use_tracing(self, tracing: Tracing) -> None:
+        """Trace with this tracer from now on (tests: an in-memory exporter's)."""
+        self.tracing = tracing
 
     @property
     def repository(self) -> Repository:
@@ -65,7 +80,9 @@ class TranslatorCore:
             raise NotReady("the model is still loading: retry in a few seconds")
         return self._worker
 
-    def acquire(self, request: pb.TranslateRequest | MalformedRequest) -> ModelVersion:
+    def acquire(
+        self, request: pb.TranslateRequest | pb.AlignRequest | MalformedRequest
+    ) -> ModelVersion:
         """The version the request names (empty: the default model), held until `release`;
         ModelNotFound names the models served."""
         return self.repository.acquire(request.model.name, request.model.version)
@@ -87,7 +104,11 @@ class TranslatorCore:
                 f"the request is not a valid {pb.TranslateRequest.DESCRIPTOR.full_name}: {request.error}"
             )
         engine = model.engine
+        trace = current_trace()
+        trace.set(model_name=model.name, model_version=model.version, request_id=request_id)
         parsed = parse_request(request, self.settings)
+        trace.set(texts=len(parsed.texts), input_chars=sum(len(t) for t in parsed.texts))
+        trace.texts("input.texts", parsed.texts)
         engine.check_options(parsed.options, parsed.alignment)
         prepared = []
         for i, text in enumerate(parsed.texts):
@@ -102,23 +123,21 @@ class TranslatorCore:
             engine.max_piece_bytes,
             self.settings.server.max_message_bytes,
         )
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Translation]] = loop.create_future()
-
-        def on_done(results: list[Translation] | None, error: Exception | None) -> None:
-            loop.call_soon_threadsafe(resolve, future, results, error)
-
         deadline = None if remaining is None else self.worker.clock() + remaining
-        job = Job(request_id, prepared, parsed.options, parsed.alignment, on_done, deadline, model)
-        self.worker.submit(job)
-        try:
-            results = await future
-        except asyncio.CancelledError:
-            self.worker.cancel(job)
-            raise
+        trace.set(
+            input_tokens=sum(len(p.ids) for p in prepared), beam_size=parsed.options.beam_size
+        )
+        results: list[Translation] = await self.run_job(
+            lambda done: Job(
+                request_id, prepared, parsed.options, parsed.alignment, done, deadline, model
+            )
+        )
         self.metrics.add_low_confidence(
             sum(1 for t in results if t.hypotheses and t.hypotheses[0].low_confidence)
         )
+        best = [t.hypotheses[0] for t in results if t.hypotheses]
+        trace.set(output_tokens=sum(len(h.token_ids) for h in best))
+        trace.texts("output.texts", [h.text for h in best])
         response = pb.TranslateResponse(
             translations=[translation_to_pb(t) for t in results],
             request_id=request_id,
@@ -132,6 +151,95 @@ class TranslatorCore:
                 "send fewer texts, or ask for a smaller n_best or no alignment"
             )
         return response
+
+    async def align(
+        self,
+        request: pb.AlignRequest | MalformedRequest,
+        request_id: str,
+        remaining: float | None,
+        model: ModelVersion,
+    ) -> pb.AlignResponse:
+        """Align: validate the pairs (errors name the pair), queue them on the worker's forced
+        batches, wait, convert; as `decode` for deadlines and cancellation."""
+        if isinstance(request, MalformedRequest):
+            raise InvalidInput(
+                f"the request is not a valid {pb.AlignRequest.DESCRIPTOR.full_name}: {request.error}"
+            )
+        engine = model.engine
+        trace = current_trace()
+        trace.set(model_name=model.name, model_version=model.version, request_id=request_id)
+        parsed = parse_align_request(request, self.settings)
+        trace.set(pairs=len(parsed.pairs))
+        trace.texts("input.pairs", [f"{s} ||| {t}" for s, t in parsed.pairs])
+        check_aligner(engine, parsed.options)
+        pairs: list[PreparedPair] = []
+        for i, (source, target) in enumerate(parsed.pairs):
+            try:
+                pairs.append(prepare_pair(engine, source, target))
+            except InvalidInput as err:
+                raise InvalidInput(f"pairs[{i}]: {err}") from err
+        self.check_align_bound(pairs, engine.max_piece_bytes, parsed.pairs)
+        deadline = None if remaining is None else self.worker.clock() + remaining
+        results = await self.run_job(
+            lambda done: Job.align(request_id, pairs, parsed.options, done, deadline, model)
+        )
+        response = pb.AlignResponse(
+            alignments=[aligned_pair_to_pb(a) for a in results],
+            request_id=request_id,
+            model_version=model.version,
+            model=model.name,
+        )
+        size, limit = response.ByteSize(), self.settings.server.max_message_bytes
+        if size > limit:
+            raise InvalidInput(
+                f"the response would be {size} bytes, over the server's message limit of {limit}: "
+                "send fewer pairs, or ask for alignment NONE (links and scores only)"
+            )
+        return response
+
+    def check_align_bound(
+        self, pairs: list[PreparedPair], piece_bytes: int, texts: list[tuple[str, str]]
+    ) -> None:
+        """Refuse before decoding an Align request whose response could exceed the message limit."""
+        shapes = [
+            (
+                len(p.src.ids),
+                len(p.tgt.ids),
+                len(p.src.words),
+                len(p.tgt.words),
+                len(s.encode()) + len(t.encode()),
+            )
+            for p, (s, t) in zip(pairs, texts, strict=True)
+        ]
+        bound, limit = (
+            align_response_bytes(shapes, piece_bytes),
+            self.settings.server.max_message_bytes,
+        )
+        if bound > limit:
+            raise InvalidInput(
+                f"the response could reach {bound} bytes ({len(pairs)} pairs with their attention "
+                f"matrices), over the server's message limit of {limit}: send fewer or shorter "
+                "pairs, or ask for alignment NONE (links and scores only)"
+            )
+
+    async def run_job(self, make_job: Callable[[OnDone], Job]) -> list[Any]:
+        """Submit the job `make_job` builds around its completion callback and wait for its
+        results; cancelling the awaiting task cancels the job."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Any]] = loop.create_future()
+
+        def on_done(results: list[Any] | None, error: Exception | None) -> None:
+            loop.call_soon_threadsafe(resolve, future, results, error)
+
+        job = make_job(on_done)
+        job.trace = current_trace()  # the request's spans (service/serve/tracing.py)
+        job.trace.queued()
+        self.worker.submit(job)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.worker.cancel(job)
+            raise
 
     def model_info(self, spec: pb.ModelSpec | None = None) -> pb.ModelInfo:
         """The named model version (None or empty: the default model); ModelNotFound otherwise."""
@@ -147,19 +255,6 @@ class TranslatorCore:
             models=[model_info(m, self.settings, m.name == default) for m in repository.loaded()],
             default_model=default,
         )
-
-
-def resolve(
-    future: asyncio.Future[list[Translation]],
-    results: list[Translation] | None,
-    error: Exception | None,
-) -> None:
-    if future.done():  # the request was cancelled meanwhile
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(results or [])
 
     def finish(
         self,
@@ -179,6 +274,8 @@ def resolve(
             self.metrics.observe_model_request(model.name, model.version, code.name, seconds)
         if code != grpc.StatusCode.OK:
             self.metrics.reject(reject_reason(code, error))
+        trace = current_trace()
+        trace.finish(code.name, message)
         log.info(
             "request done",
             extra={
@@ -190,5 +287,19 @@ def resolve(
                 "model": "" if model is None else str(model),
                 "ms": round(seconds * 1000, 2),
                 "error": message,
+                **({"trace_id": trace.trace_id} if trace.trace_id else {}),
             },
         )
+
+
+def resolve(
+    future: asyncio.Future[list[Any]],
+    results: list[Any] | None,
+    error: Exception | None,
+) -> None:
+    if future.done():  # the request was cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(results or [])

@@ -15,8 +15,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from service.decode.aligner import ForcedBatch, ForcedRequest, PreparedPair
 from service.decode.beam import SearchOptions
 from service.decode.encode_ahead import EncodeAhead
 from service.decode.engine import (
@@ -28,9 +29,11 @@ from service.decode.engine import (
     Translation,
 )
 from service.decode.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
+from service.decode.forced import AlignedPair, AlignOptions
 from service.decode.runtime import EncodedSentence
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion, single
+from service.serve.request_trace import NO_TRACE, RequestTrace
 from service.serve.scheduler import BatchingConfig, BatchKey, Decision, Waiting, decide
 
 log = logging.getLogger(__name__)
@@ -38,24 +41,54 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
+Result = Translation | AlignedPair  # a Translate sentence's, an Align pair's
+
+
 @dataclass(eq=False)
 class Job:
-    """One request's sentences; `on_done(results, error)` is called once, from the worker thread."""
+    """One request's sentences; `on_done(results, error)` is called once, from the worker thread.
+    An Align job (`Job.align`) holds its pairs, and their sources as its sentences (what is encoded)."""
 
     request_id: str
     sentences: Sequence[Prepared]
     options: SearchOptions
     alignment: AlignmentMode
-    on_done: Callable[[list[Translation] | None, Exception | None], None]
+    on_done: Callable[[list[Any] | None, Exception | None], None]
     deadline: float | None = None  # clock reading
     model: ModelVersion | None = None  # None: the worker's default model
-    results: dict[int, Translation] = field(default_factory=dict)
+    results: dict[int, Result] = field(default_factory=dict)
     finished: bool = False
+    trace: RequestTrace = NO_TRACE  # the request's spans (service/serve/tracing.py)
+    pairs: Sequence[PreparedPair] = ()  # Align: teacher-forced, one result per pair
+    align_options: AlignOptions | None = None  # set for an Align job
+
+    @classmethod
+    def align(
+        cls,
+        request_id: str,
+        pairs: Sequence[PreparedPair],
+        options: AlignOptions,
+        on_done: Callable[[list[Any] | None, Exception | None], None],
+        deadline: float | None = None,
+        model: ModelVersion | None = None,
+    ) -> Job:
+        """An Align request's job: its pairs decode in the forced batches, one row each."""
+        sources = [p.source for p in pairs]
+        single_row = SearchOptions(beam_size=1, n_best=1)
+        return cls(
+            request_id, sources, single_row, "none", on_done, deadline, model,
+            pairs=pairs, align_options=options,
+        )  # fmt: skip
+
+    @property
+    def forced(self) -> bool:
+        return self.align_options is not None
 
     def complete(self, error: Exception | None = None) -> None:
         if self.finished:
             return
         self.finished = True
+        self.trace.decoded(error)
         if error is not None:
             self.on_done(None, error)
         else:
@@ -99,7 +132,8 @@ class Worker:
         self.accepting = True
         self.stopping = False
         self.waiting: list[Queued] = []  # loop thread only
-        self.batches: dict[BatchKey, RunningBatch[SentenceKey]] = {}  # (model, beam) → batch
+        # (model, beam, forced) → batch: beam searches, and Align's teacher-forced batches
+        self.batches: dict[BatchKey, RunningBatch[SentenceKey] | ForcedBatch[SentenceKey]] = {}
         self.last_stepped: BatchKey | None = None
         self.last_admitted: ModelVersion | None = None
         self.queued_per_model: dict[ModelVersion, int] = {}  # waiting sentences (loop thread)
@@ -192,7 +226,7 @@ class Worker:
             keys = [SentenceKey(job, i) for i in range(len(job.sentences))]
             for key in keys:
                 self.waiting.append(
-                    Waiting(key, job, job.options.beam_size, now, job.deadline, model)
+                    Waiting(key, job, job.options.beam_size, now, job.deadline, model, job.forced)
                 )
             if self.ahead is not None:
                 self.ahead.submit(list(zip(keys, job.sentences, strict=True)), model)
@@ -252,16 +286,25 @@ class Worker:
             self.metrics.observe_queue_wait(now - w.arrived)
         model: ModelVersion = key.model  # type: ignore[assignment]  # the worker's batch keys
         self.last_admitted = model
-        batch = self.batches.get(key) or model.engine.new_batch(key.beam)
+        batch = self.batches.get(key) or new_batch(model.engine, key)
         self.batches[key] = batch
-        requests = [sentence_request(w.key) for w in taken]
-        encoded = {} if self.ahead is None else self.ahead.take([r.key for r in requests])
-        missing = [r for r in requests if r.key not in encoded]
+        keys = [w.key for w in taken]
+        encoded = {} if self.ahead is None else self.ahead.take(keys)
+        for w in taken:
+            w.request.trace.admitted(now - w.arrived, len(taken), w.key in encoded)
+        missing = [k for k in keys if k not in encoded]
         try:
             if missing:  # nothing was running, or encoding ahead is off: encode here
-                fresh = self.encode_now(model, [r.sentence for r in missing])
-                encoded.update(zip([r.key for r in missing], fresh, strict=True))
-            batch.add(requests, [encoded[r.key] for r in requests])
+                start_ns = time.time_ns()
+                fresh = self.encode_now(model, [k.job.sentences[k.index] for k in missing])
+                for job in {k.job for k in missing}:
+                    job.trace.encoded(start_ns, time.time_ns(), len(missing))
+                encoded.update(zip(missing, fresh, strict=True))
+            rows = [encoded[k] for k in keys]
+            if isinstance(batch, ForcedBatch):
+                batch.add([forced_request(k) for k in keys], rows)
+            else:
+                batch.add([sentence_request(k) for k in keys], rows)
         except Exception:  # the model failed: these jobs and the batch's others get INTERNAL
             log.exception("encoder failed; failing the batch of %s beam %d", model, key.beam)
             self.fail_batch(key, jobs_of(taken))
@@ -283,6 +326,7 @@ class Worker:
         model: ModelVersion = key.model  # type: ignore[assignment]
         self.last_stepped = key
         sentences, hypotheses = len(batch), batch.num_hypotheses
+        traced = {r.key.job.trace for r in batch.requests.values() if r.key.job.trace.recording}
         started = time.perf_counter()
         try:
             finished = batch.step()
@@ -290,7 +334,10 @@ class Worker:
             log.exception("decoder step failed; failing the batch of %s beam %d", model, key.beam)
             self.fail_batch(key, set())
             return
-        self.metrics.observe_step(sentences, hypotheses, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.metrics.observe_step(sentences, hypotheses, seconds)
+        for trace in traced:
+            trace.step(sentences, hypotheses, seconds)
         self.metrics.observe_model_step(model.name, model.version, hypotheses)
         for sentence, translation in finished:
             self.deliver(sentence, translation)
@@ -307,11 +354,12 @@ class Worker:
             per_model[model] = per_model.get(model, 0) + len(batch)
         self.metrics.set_model_running({(m.name, m.version): n for m, n in per_model.items()})
 
-    def deliver(self, key: SentenceKey, translation: Translation) -> None:
+    def deliver(self, key: SentenceKey, result: Result) -> None:
         job = key.job
-        best = translation.hypotheses[0] if translation.hypotheses else None
-        self.metrics.add_generated(len(best.token_ids) if best else 0, 1)
-        job.results[key.index] = translation
+        if isinstance(result, Translation):  # an Align pair's tokens were given, not generated
+            best = result.hypotheses[0] if result.hypotheses else None
+            self.metrics.add_generated(len(best.token_ids) if best else 0, 1)
+        job.results[key.index] = result
         if len(job.results) == len(job.sentences):
             job.complete()
 
@@ -358,6 +406,22 @@ def sentence_request(key: SentenceKey) -> DecodeRequest[SentenceKey]:
     """The engine's request for one queued sentence of a job."""
     job = key.job
     return DecodeRequest(key, job.sentences[key.index], job.options, job.alignment)
+
+
+def forced_request(key: SentenceKey) -> ForcedRequest[SentenceKey]:
+    """The engine's request for one queued pair of an Align job."""
+    job = key.job
+    assert job.align_options is not None
+    return ForcedRequest(key, job.pairs[key.index], job.align_options)
+
+
+def new_batch(
+    engine: Engine, key: BatchKey
+) -> RunningBatch[SentenceKey] | ForcedBatch[SentenceKey]:
+    """A running batch for `key`: a beam search of its beam size, or Align's forced pass."""
+    if key.forced:
+        return ForcedBatch(engine)
+    return engine.new_batch(key.beam)
 
 
 def jobs_of(entries: Sequence[Queued]) -> set[Job]:

@@ -8,7 +8,7 @@ const SVG = "http://www.w3.org/2000/svg";
 const CELL = 26; // heatmap cell size in px
 const ALIGNMENT = { none: "ALIGNMENT_MODE_NONE", subword: "ALIGNMENT_MODE_SUBWORD", word: "ALIGNMENT_MODE_WORD" };
 
-const state = { models: [], listed: false, response: null, request: null };
+const state = { models: [], listed: false, defaultModel: "", infos: {}, response: null, request: null };
 const $ = (id) => document.getElementById(id);
 
 // --- colour: viridis as a degree-6 polynomial (fit by Matt Zucker, public domain) -------------
@@ -80,31 +80,65 @@ async function api(method, body) {
 
 async function loadModels() {
   // ListModels when the server has a model repository; else the one model GetModelInfo describes.
+  // The list opens on the server's default model (the one requests without a model get).
+  let defaultName = "";
   try {
     const listed = await api("ListModels", {});
     state.models = (listed.models || []).map((m) => ({ name: m.name, version: m.version || "", info: m }));
     state.listed = state.models.length > 0;
+    defaultName = listed.default_model || (state.models.find((m) => m.info.is_default) || {}).name || "";
   } catch (e) {
     state.listed = false;
   }
   const info = await api("GetModelInfo");
   if (!state.listed) state.models = [{ name: info.name, version: info.version, info }];
+  state.defaultModel = defaultName || info.name;
   const select = $("model");
   select.replaceChildren();
   for (const m of state.models) {
-    const option = el("option", "", m.version ? `${m.name} ${m.version}` : m.name);
+    const label = m.version ? `${m.name} ${m.version}` : m.name;
+    const option = el("option", "", m.name === state.defaultModel ? `${label} (default)` : label);
     option.value = m.name;
     select.append(option);
   }
-  const limits = info.limits || {};
+  select.value = state.defaultModel;
+  select.addEventListener("change", () => { showModel(select.value); });
   const defaults = info.defaults || {};
-  $("beam").max = limits.max_beam_size || 16;
-  $("nbest").max = limits.max_beam_size || 16;
   if (!location.hash) {
     $("beam").value = defaults.beam_size || 5;
     $("nbest").value = Math.min(3, defaults.beam_size || 5);
   }
-  $("model-info").textContent = `${info.name} ${info.version} · up to ${limits.max_texts} texts of ${limits.max_text_chars} characters · beam ≤ ${limits.max_beam_size}`;
+  state.infos = { [info.name]: info };
+  await showModel(select.value);
+}
+
+async function modelInfo(name) {
+  // The chosen model's own GetModelInfo (its version, limits, threshold and domain), fetched once.
+  if (!state.infos[name]) {
+    const m = state.models.find((x) => x.name === name);
+    state.infos[name] = await api("GetModelInfo", { model: { name, version: m ? m.version : "" } });
+  }
+  return state.infos[name];
+}
+
+async function showModel(name) {
+  // The header and the form's limits follow the model chosen in the list.
+  const info = await modelInfo(name);
+  const limits = info.limits || {};
+  $("beam").max = limits.max_beam_size || 16;
+  $("nbest").max = limits.max_beam_size || 16;
+  const header = $("model-info");
+  header.dataset.model = info.name;
+  header.textContent = `${info.name} ${info.version}${info.is_default ? " (default)" : ""} · up to ${limits.max_texts} texts of ${limits.max_text_chars} characters · beam ≤ ${limits.max_beam_size}`;
+  const domain = $("model-domain");
+  domain.dataset.model = info.name;
+  domain.textContent = info.description
+    ? `Domain: ${info.description}. Text outside it gets answers that look fluent but are wrong; they are flagged low confidence.`
+    : "This model does not describe its domain.";
+  const threshold = Number(info.confidence_threshold || 0);
+  $("model-threshold").textContent = threshold > 0
+    ? `Answers with confidence below ${threshold.toFixed(4)} are flagged low confidence.`
+    : "This model has no confidence threshold: no answer is flagged.";
 }
 
 // --- URL state: the inputs live in the fragment, so a view can be shared ------------------------
@@ -114,7 +148,9 @@ function readHash() {
   if (p.has("beam")) $("beam").value = p.get("beam");
   if (p.has("nbest")) $("nbest").value = p.get("nbest");
   if (p.has("alignment") && ALIGNMENT[p.get("alignment")]) $("alignment").value = p.get("alignment");
-  if (p.has("model")) $("model").value = p.get("model");
+  // A link without model= (or naming a model not served) means the server's default model.
+  const named = p.get("model");
+  $("model").value = named && state.models.some((m) => m.name === named) ? named : state.defaultModel;
   return p.has("texts");
 }
 function writeHash() {
@@ -155,10 +191,11 @@ async function translate() {
     const response = await api("Translate", request);
     state.request = request;
     state.response = response;
+    state.shownModel = response.model || $("model").value;
     render(request, response);
     $("download-json").disabled = false;
     const ms = Math.round(performance.now() - started);
-    setStatus(`${response.translations.length} text(s) translated in ${ms} ms · model ${response.model_version} · request ${response.request_id}`);
+    setStatus(`${response.translations.length} text(s) translated in ${ms} ms · model ${response.model} ${response.model_version} · request ${response.request_id}`);
     document.body.dataset.ready = "1";
   } catch (err) {
     setStatus(err.message, true);
@@ -204,6 +241,12 @@ function hypothesisCard(h, ti, hi) {
   head.append(conf);
   head.append(el("span", h.finished ? "badge finished" : "badge unfinished", h.finished ? "finished" : "not finished (cut at max length)"));
   card.append(head);
+  if (h.low_confidence) {
+    card.classList.add("low-confidence");
+    const info = state.infos[state.shownModel] || {};
+    const domain = info.description ? ` The model's domain: ${info.description}.` : "";
+    card.append(el("p", "low-warning", `⚠ Low confidence: this answer is probably wrong. The input may be outside what the model was trained on.${domain}`));
+  }
   const a = h.alignment;
   if (!a || !a.rows || !a.cols) {
     card.append(el("p", "muted no-alignment", "no alignment (alignment mode none, or a model without attention)"));
@@ -324,9 +367,16 @@ function linkHighlights(v, heat, links) {
   links.tgtWords.forEach((l, i) => l.addEventListener("mouseenter", (e) => focusRow(i, e)));
   heat.srcLabels.forEach((l, j) => l.addEventListener("mouseenter", (e) => focusCol(j, e)));
   links.srcWords.forEach((l, j) => l.addEventListener("mouseenter", (e) => focusCol(j, e)));
+  const focusCell = (i, j, event) => {
+    // The cell under the pointer is the one highlighted (not the row last hovered by its label).
+    clear();
+    heat.cells[i][j].classList.add("hl");
+    heat.tgtLabels[i].classList.add("hl");
+    heat.srcLabels[j].classList.add("hl");
+    showTip(event, `${v.tgt[i]} → ${v.src[j]}: ${v.weights[i * v.cols + j].toFixed(3)}`);
+  };
   heat.cells.forEach((row, i) => row.forEach((c, j) => {
-    c.addEventListener("mouseenter", (e) => showTip(e, `${v.tgt[i]} → ${v.src[j]}: ${v.weights[i * v.cols + j].toFixed(3)}`));
-    c.addEventListener("mouseleave", hideTip);
+    c.addEventListener("mouseenter", (e) => focusCell(i, j, e));
   }));
   heat.node.addEventListener("mouseleave", clear);
   links.node.addEventListener("mouseleave", clear);
@@ -404,8 +454,102 @@ async function start() {
     return;
   }
   document.body.dataset.loaded = "1";
-  window.addEventListener("hashchange", () => { if (readHash()) translate(); }); // a pasted link
-  if (readHash()) await translate();
+  window.addEventListener("hashchange", async () => { // a pasted link
+    const go = readHash();
+    await showModel($("model").value);
+    if (go) translate();
+  });
+  const go = readHash();
+  await showModel($("model").value);
+  if (go) await translate();
 }
 
 document.addEventListener("DOMContentLoaded", start);
+
+// --- forced alignment (Align) ----------------------------------------------------------------------
+// Its own form and results below the translations: (source, target) pairs teacher-forced by the
+// server, drawn with the same heatmap and links as a translation.
+function setAlignStatus(text, isError) {
+  const s = $("align-status");
+  s.textContent = text;
+  s.classList.toggle("error", Boolean(isError));
+}
+
+function buildAlignRequest() {
+  const lines = (id) => $(id).value.split("\n").map((t) => t.replace(/\r$/, ""));
+  const trim = (xs) => { while (xs.length && xs[xs.length - 1].trim() === "") xs.pop(); return xs; };
+  const sources = trim(lines("align-sources"));
+  const targets = trim(lines("align-targets"));
+  const n = Math.max(sources.length, targets.length);
+  // a side shorter than the other gets empty lines: the server names the pair that lacks one
+  const pairs = Array.from({ length: n }, (_, i) => ({ source: sources[i] || "", target: targets[i] || "" }));
+  const options = { alignment: $("align-level").value === "word" ? "ALIGNMENT_MODE_WORD" : "ALIGNMENT_MODE_SUBWORD" };
+  if ($("align-links").value) options.links = $("align-links").value;
+  const request = { pairs, options };
+  if (state.listed) {
+    const m = state.models.find((x) => x.name === $("model").value);
+    if (m) request.model = { name: m.name, version: m.version };
+  }
+  return request;
+}
+
+async function alignPairs() {
+  const request = buildAlignRequest();
+  if (request.pairs.length === 0) { setAlignStatus("Type a source and its target (one pair per line).", true); return; }
+  document.body.dataset.aligned = "0";
+  setAlignStatus("aligning…");
+  $("align").disabled = true;
+  const started = performance.now();
+  try {
+    const response = await api("Align", request);
+    renderAlign(request, response);
+    const ms = Math.round(performance.now() - started);
+    setAlignStatus(`${response.alignments.length} pair(s) aligned in ${ms} ms · model ${response.model} ${response.model_version} · request ${response.request_id}`);
+    document.body.dataset.aligned = "1";
+  } catch (err) {
+    setAlignStatus(err.message, true);
+    document.body.dataset.aligned = "error";
+  } finally {
+    $("align").disabled = false;
+  }
+}
+
+function renderAlign(request, response) {
+  const results = $("align-results");
+  results.replaceChildren();
+  response.alignments.forEach((a, i) => results.append(alignCard(a, request.pairs[i], i)));
+}
+
+function alignCard(a, pair, i) {
+  const card = el("div", "hyp align-card");
+  card.dataset.pair = i;
+  const head = el("div", "hyp-head");
+  head.append(el("span", "badge", `#${i + 1}`));
+  head.append(el("span", "hyp-text", `${pair.source}  →  ${pair.target}`));
+  const logProb = Number(a.log_prob || 0);
+  head.append(el("span", "badge score", `log P ${logProb.toFixed(3)}`));
+  head.append(el("span", "badge confidence", `confidence ${Number(a.confidence || 0).toFixed(3)}`));
+  const unknown = [
+    ...(a.unknown_source_words || []).map((j) => (a.source_words || [])[j]),
+    ...(a.unknown_target_words || []).map((j) => (a.target_words || [])[j]),
+  ];
+  if (unknown.length) head.append(el("span", "badge unknown", `unknown to the vocabulary: ${unknown.join(" ")}`));
+  card.append(head);
+  card.append(el("p", "muted pharaoh", `links: ${a.pharaoh || "(none)"}`));
+  const m = a.word && a.word.rows ? a.word : a.subword;
+  if (!m || !m.rows || !m.cols) return card;
+  // the word heatmap draws the links the server extracted; the subword one its argmax per row
+  const view = { rows: m.rows, cols: m.cols, weights: m.weights, src: m.source_tokens, tgt: m.target_tokens, pharaoh: m.pharaoh || "" };
+  const heat = heatmap(view);
+  const links = linksView(view);
+  card.append(heat.node, links.node);
+  linkHighlights(view, heat, links);
+  return card;
+}
+
+function startAlign() {
+  if (!$("align-form")) return;
+  $("align-form").addEventListener("submit", (e) => { e.preventDefault(); alignPairs(); });
+}
+
+document.addEventListener("DOMContentLoaded", startAlign);

@@ -1,0 +1,268 @@
+"""Forced alignment (`Align`): the engine's teacher-forced pass over given (source, target) pairs.
+
+The same encoder and decoder step as `Translate`, the target's tokens fed instead of the search's
+choices (service/decode/forced.py). `ForcedBatch` is the running batch the worker drives beside the
+beam-search ones (same admission, limits, deadlines and turns; one decoder row per pair); `align`
+is the same path for a static batch.
+
+Words are the client's: each side is split on whitespace and every word tokenized on its own, so each
+subword piece belongs to exactly one of the words sent, and word-level matrices and Pharaoh links
+are indexed over those words whatever the tokenizer does inside a word. A word or piece the
+vocabulary does not know is fed as the unknown token and listed in `unknown_*`, never refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from service.decode import links as link_modes
+from service.decode.alignment import Alignment, merge_by_index
+from service.decode.alignment import pharaoh as argmax_pharaoh
+from service.decode.engine import Engine, Prepared
+from service.decode.errors import InvalidInput
+from service.decode.forced import AlignedPair, AlignOptions, Forced, ForcedSearch
+from service.decode.runtime import EncodedSentence
+from service.model.vocab import TextTokenizer
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a pair, tokenized word by word."""
+
+    words: list[str]  # the client's whitespace words
+    ids: list[int]  # (P,) the ids the model reads
+    pieces: list[str]  # (P,)
+    word_of: np.ndarray  # (P,) int64: the word each piece belongs to
+    unknown: list[int]  # indices of pieces that are the unknown token
+
+    @property
+    def unknown_words(self) -> list[int]:
+        return sorted({int(self.word_of[i]) for i in self.unknown})
+
+
+@dataclass(frozen=True)
+class PreparedPair:
+    """A validated, tokenized pair; `source` is what the encoder (and encode-ahead) reads."""
+
+    source: Prepared
+    src: Side
+    tgt: Side
+
+
+KeyT = TypeVar("KeyT", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class ForcedRequest(Generic[KeyT]):
+    """One pair for a forced batch, under its caller's key (the worker's: a SentenceKey)."""
+
+    key: KeyT
+    pair: PreparedPair
+    options: AlignOptions
+
+    @property
+    def sentence(self) -> Prepared:
+        return self.pair.source
+
+
+# --- preparation -------------------------------------------------------------------------------
+
+
+def tokenize_side(
+    tokenizer: TextTokenizer, words: Sequence[str], model_words: Sequence[str]
+) -> Side:
+    """Each of `model_words` (the words as the model reads them: `words` after the input rule)
+    tokenized alone. A word with no ids, or an end-of-sentence the tokenizer appends to every
+    encoding (Joey NMT's sources), is handled so that each piece belongs to one word: a bare
+    word becomes the unknown token, a sentence-final EOS is kept once, on the last word."""
+    special = tokenizer.special_ids
+    unk, eos = special["unk"], special["eos"]
+    ids: list[int] = []
+    word_of: list[int] = []
+    for w, word in enumerate(model_words):
+        word_ids = [i for i in tokenizer.encode(word) if i != eos] or [unk]
+        ids += word_ids
+        word_of += [w] * len(word_ids)
+    whole = tokenizer.encode(" ".join(model_words))
+    if whole[-1:] == [eos] and ids[-1:] != [eos]:  # the tokenizer ends a sentence with EOS
+        ids.append(eos)
+        word_of.append(len(model_words) - 1)
+    return Side(
+        words=list(words),
+        ids=ids,
+        pieces=tokenizer.pieces(ids),
+        word_of=np.array(word_of, np.int64),
+        unknown=[i for i, t in enumerate(ids) if t == unk],
+    )
+
+
+def prepare_pair(engine: Engine, source: str, target: str) -> PreparedPair:
+    """Validate and tokenize one pair (InvalidInput says which side and what to change). The
+    source goes through the bundle's input rule as Translate's does; it is never segmented (the
+    target cannot be cut to match)."""
+    for side, text in (("source", source), ("target", target)):
+        if not isinstance(text, str):
+            raise InvalidInput(f"{side} must be a string, got {type(text).__name__}")
+        if not text.strip():
+            raise InvalidInput(f"{side} is empty or only whitespace: send at least one word")
+    words = source.split()
+    normalized = engine.normalize(source).split()
+    if len(normalized) != len(words):  # a rule that changes the word count cannot be indexed
+        normalized = [engine.normalize(w) for w in words]
+    src = tokenize_side(engine.src_tok, words, normalized)
+    limits = engine.limits
+    if len(src.ids) > limits.max_source_tokens:
+        raise InvalidInput(
+            f"source is {len(src.ids)} subword tokens long, over the limit of "
+            f"{limits.max_source_tokens}: split the pair into shorter sentences"
+        )
+    tgt_words = target.split()
+    tgt = tokenize_side(engine.tgt_tok, tgt_words, tgt_words)
+    if len(tgt.ids) + 1 > limits.max_length:  # the target's tokens and its end of sentence
+        raise InvalidInput(
+            f"target is {len(tgt.ids)} subword tokens long; with its end of sentence over the "
+            f"limit of {limits.max_length} (max_length): split the pair into shorter sentences"
+        )
+    return PreparedPair(Prepared(text=source, ids=src.ids, pieces=src.pieces), src, tgt)
+
+
+def check_aligner(engine: Engine, options: AlignOptions) -> None:
+    """The model can align (it has attention) and the options are valid; InvalidInput otherwise."""
+    if not engine.supports_alignment:
+        raise InvalidInput(
+            f"model {engine.bundle.name} has no attention (architecture 'none'): it cannot align; "
+            "ask a model with attention"
+        )
+    found = options.problems()
+    if found:
+        raise InvalidInput("; ".join(found))
+
+
+# --- results -----------------------------------------------------------------------------------
+
+
+def aligned_pair(pair: PreparedPair, forced: Forced, options: AlignOptions) -> AlignedPair:
+    """The forced pass's rows → subword and word matrices, links and scores."""
+    src, tgt = pair.src, pair.tgt
+    T = len(tgt.ids)
+    matrix = forced.attention[:T]  # (T, S): the EOS step's row is not a target token's
+    word_matrix = merge_by_index(matrix, src.word_of, tgt.word_of, len(src.words), len(tgt.words))
+    links = link_modes.extract_links(word_matrix, options.links, options.threshold)
+    pharaoh = link_modes.to_pharaoh(links)
+    subword = word = None
+    if options.matrices in ("both", "subword"):
+        subword = Alignment(matrix, src.pieces, tgt.pieces, argmax_pharaoh(matrix))
+    if options.matrices in ("both", "word"):
+        word = Alignment(word_matrix, src.words, tgt.words, pharaoh)
+    log_prob = forced.log_prob
+    return AlignedPair(
+        source_tokens=src.pieces,
+        target_tokens=tgt.pieces,
+        source_words=src.words,
+        target_words=tgt.words,
+        subword=subword,
+        word=word,
+        pharaoh=pharaoh,
+        token_log_probs=forced.token_log_probs[:T].tolist(),
+        eos_log_prob=float(forced.token_log_probs[T]),
+        log_prob=log_prob,
+        confidence=math.exp(log_prob / (T + 1)),
+        unknown_source_tokens=src.unknown,
+        unknown_target_tokens=tgt.unknown,
+        unknown_source_words=src.unknown_words,
+        unknown_target_words=tgt.unknown_words,
+    )
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+
+class ForcedBatch(Generic[KeyT]):
+    """Pairs teacher-forced together, one decoder row each; pairs join and leave between steps.
+    The worker drives it as it drives a beam search's RunningBatch (add, step, remove)."""
+
+    beam_size = 1
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.decoder = engine.model.new_decoder(forced=True)
+        cfg = engine.cfg
+        self.search = ForcedSearch(self.decoder, cfg.bos_id, cfg.eos_id, cfg.tgt_vocab_size)
+        self.requests: dict[Hashable, ForcedRequest[KeyT]] = {}
+
+    def __len__(self) -> int:
+        return len(self.search)
+
+    @property
+    def num_hypotheses(self) -> int:
+        return len(self.search)
+
+    def add(
+        self,
+        requests: Sequence[ForcedRequest[KeyT]],
+        encoded: Sequence[Sequence[EncodedSentence]] | None = None,
+    ) -> None:
+        """Append the joining pairs; encoded[i] holds requests[i]'s source rows (Engine.encode;
+        None: encode them now, in one encoder call)."""
+        if not requests:
+            return
+        if encoded is None:
+            encoded = self.engine.encode([r.sentence for r in requests])
+        if len(encoded) != len(requests) or any(len(rows) != 1 for rows in encoded):
+            raise ValueError("one encoded source per pair expected")
+        row = self.decoder.add_sentences([rows[0] for rows in encoded])
+        for request in requests:
+            pair = request.pair
+            self.search.add(request.key, len(pair.src.ids), pair.tgt.ids, state_row=row)
+            self.requests[request.key] = request
+            row += 1
+
+    def remove(self, keys: Collection[KeyT]) -> list[KeyT]:
+        """Drop pairs mid-pass (their client went away); returns the keys that were here."""
+        present = [key for key in keys if key in self.requests]
+        self.search.remove(present)
+        return [self.requests.pop(key).key for key in present]
+
+    def step(self) -> list[tuple[KeyT, AlignedPair]]:
+        """One decoder call for every pair; returns the pairs that finished at this step."""
+        out = []
+        for key, forced in self.search.step():
+            request = self.requests.pop(key)
+            out.append((request.key, aligned_pair(request.pair, forced, request.options)))
+        return out
+
+
+def align(
+    engine: Engine,
+    pairs: Sequence[tuple[str, str]],
+    options: AlignOptions | None = None,
+) -> list[AlignedPair]:
+    """Align a static batch of (source, target) pairs in one forced batch; results in input order."""
+    options = options or AlignOptions()
+    if not pairs:
+        raise InvalidInput("no pairs to align")
+    check_aligner(engine, options)
+    prepared = []
+    for i, (source, target) in enumerate(pairs):
+        try:
+            prepared.append(prepare_pair(engine, source, target))
+        except InvalidInput as err:
+            raise InvalidInput(f"pairs[{i}]: {err}") from err
+    return align_prepared(engine, prepared, options)
+
+
+def align_prepared(
+    engine: Engine, prepared: Sequence[PreparedPair], options: AlignOptions
+) -> list[AlignedPair]:
+    """Pairs already prepared (`prepare_pair`) in one forced batch; results in input order."""
+    batch: ForcedBatch[int] = ForcedBatch(engine)
+    batch.add([ForcedRequest(i, p, options) for i, p in enumerate(prepared)])
+    results: dict[int, AlignedPair] = {}
+    while len(batch):
+        results.update(batch.step())
+    return [results[i] for i in range(len(prepared))]
