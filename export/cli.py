@@ -39,7 +39,7 @@ def _run(module: str, script: str) -> int:
 
 
 def train() -> int:
-    return _run("export.train.train", "s2s-train")
+    return _run("export.pipeline", "s2s-train")
 
 
 def evaluate() -> int:

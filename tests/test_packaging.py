@@ -30,6 +30,7 @@ def test_training_script_names_the_train_extra_when_a_dependency_is_missing(
 ) -> None:
     monkeypatch.setitem(sys.modules, "sacrebleu", None)  # import sacrebleu now fails
     monkeypatch.delitem(sys.modules, "export.train.train", raising=False)
+    monkeypatch.delitem(sys.modules, "export.pipeline", raising=False)
     assert cli.train() == 2
     err = capsys.readouterr().err
     assert "sacrebleu is not installed" in err and "seq2seq-serve[train]" in err

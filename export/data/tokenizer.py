@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,4 +91,20 @@ def train_tokenizers(
     tgt = train_sentencepiece(
         [t for _, t in pairs], out_dir / "target.model", tgt_vocab, options=target
     )
+    return src, tgt
+
+
+def train_joint_tokenizer(
+    pairs: Sequence[tuple[str, str]], out_dir: Path, vocab: int, options: SpmOptions | None = None
+) -> tuple[Path, Path]:
+    """One model trained on both sides' lines, written as out_dir/source.model and a copy as
+    out_dir/target.model (the bundle carries one model per side)."""
+    src = train_sentencepiece(
+        [s for s, _ in pairs] + [t for _, t in pairs],
+        out_dir / "source.model",
+        vocab,
+        options=options,
+    )
+    tgt = out_dir / "target.model"
+    shutil.copyfile(src, tgt)
     return src, tgt

@@ -1,7 +1,9 @@
-"""Checkpoints: weights plus the architecture config, loaded safely (weights_only=True)."""
+"""Checkpoints: weights plus the architecture config, loaded safely (weights_only=True); and a
+run's training state (weights, optimizer, counters) for --resume."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +48,43 @@ def load_checkpoint(path: str | Path) -> tuple[Seq2Seq, dict[str, Any]]:
         raise CheckpointError(f"checkpoint {path} does not match its config: {err}") from err
     model.eval()
     return model, dict(payload.get("extra", {}))
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """What --resume needs beyond best.pt: the latest weights, the optimizer's moments and the
+    run's counters (export/train/train.py's Progress, as a dict)."""
+
+    config: dict[str, Any]
+    model: dict[str, Any]
+    optimizer: dict[str, Any]
+    progress: dict[str, Any]
+
+
+def save_training_state(
+    path: Path, model: Seq2Seq, optimizer: torch.optim.Optimizer, progress: dict[str, Any]
+) -> None:
+    """Write the run's latest state (replacing the previous one only once fully written)."""
+    payload = {
+        "config": model.cfg.to_dict(),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "progress": progress,
+    }
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+
+
+def load_training_state(path: Path) -> TrainingState:
+    """Read a state written by save_training_state (CheckpointError when it is not one)."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for truncated or foreign files
+        raise CheckpointError(
+            f"cannot read training state {path}: {type(err).__name__}: {err}"
+        ) from err
+    keys = ("config", "model", "optimizer", "progress")
+    if not isinstance(payload, dict) or any(k not in payload for k in keys):
+        raise CheckpointError(f"{path} is not a training state (expected keys {keys})")
+    return TrainingState(**{k: payload[k] for k in keys})

@@ -17,9 +17,9 @@ import random
 import shutil
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import sacrebleu
@@ -27,11 +27,16 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from export.data import corpus, families, g2p, reversal
-from export.data.gold import gold_path_for, read_gold
-from export.data.tokenizer import SpmOptions, train_tokenizers
+from export.data import corpus, families, g2p, parallel, reversal
+from export.data.gold import gold_path_for, read_gold, write_gold
+from export.data.tokenizer import SpmOptions, train_joint_tokenizer, train_tokenizers
 from export.metrics.g2p_metrics import word_error_rate
-from export.train.checkpoint import load_checkpoint, save_checkpoint
+from export.train.checkpoint import (
+    load_checkpoint,
+    load_training_state,
+    save_checkpoint,
+    save_training_state,
+)
 from export.train.data import Batch, batches, encode_pairs
 from export.train.greedy import translate_greedy
 from export.train.guided import guided_loss, piece_guide
@@ -40,12 +45,14 @@ from service.model.architecture import PAD_ID, ModelConfig
 from service.model.tokenizer import Tokenizer
 
 TASKS = ("translation", "reversal")
+LAST = "last.pt"  # the latest state of a run, for --resume
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """Either TSV files (train/dev/test), the generated demo corpus (generate_seed set) or the
-    CMUdict G2P corpus split by word (cmudict_seed set; see export/data/g2p.py).
+    CMUdict G2P corpus split by word (cmudict_seed set; see export/data/g2p.py). A plain-text
+    parallel corpus is the config's [corpus] table instead (export/data/parallel.py).
 
     task = "reversal" trains on export/data/reversal.py's task instead (seeded by generate_seed, sizes
     n_train/n_dev/n_test, reversal_max_len words at most), written with its exact gold links."""
@@ -112,10 +119,28 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    """[tokenizer.source] and [tokenizer.target]: SentencePiece options per side (sizes are in [data])."""
+    """[tokenizer.source] and [tokenizer.target]: SentencePiece options per side (sizes are in
+    [data]); `[tokenizer] joint_vocab = N` trains one model of N pieces on both sides instead
+    (with [tokenizer.source]'s options), shared by source and target."""
 
     source: SpmOptions = field(default_factory=SpmOptions)
     target: SpmOptions = field(default_factory=SpmOptions)
+    joint_vocab: int = 0  # 0 = a model per side, sized by [data] src_vocab / tgt_vocab
+
+    def __post_init__(self) -> None:
+        if self.joint_vocab < 0:
+            raise ValueError(f"[tokenizer] joint_vocab must be >= 0, got {self.joint_vocab}")
+
+
+@dataclass(frozen=True)
+class BundleConfig:
+    """[bundle]: the name and version the exported bundle's manifest carries (the pipeline's
+    export step, export/pipeline.py); int8 also writes a quantized decoder."""
+
+    name: str = "seq2seq"
+    version: str = "0.1.0"
+    int8: bool = False
+    credits: str = ""  # the data's sources and licences, recorded in the manifest's info
 
 
 @dataclass(frozen=True)
@@ -124,17 +149,27 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    # [corpus]: plain-text files (export/data/parallel.py), instead of [data]'s sources
+    corpus: parallel.CorpusConfig | None = None
+    bundle: BundleConfig | None = None  # [bundle]: export after training (export/pipeline.py)
 
     @classmethod
     def load(cls, path: str | Path) -> TrainConfig:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        unknown = sorted(set(raw) - {"model", "data", "optim", "tokenizer"})
+        unknown = sorted(set(raw) - {"model", "data", "optim", "tokenizer", "corpus", "bundle"})
         if unknown:
             raise ValueError(f"{path}: unknown sections {unknown}")
         tok = dict(raw.get("tokenizer", {}))
-        unknown = sorted(set(tok) - {"source", "target"})
+        unknown = sorted(set(tok) - {"source", "target", "joint_vocab"})
         if unknown:
-            raise ValueError(f"{path}: unknown [tokenizer] sections {unknown}")
+            raise ValueError(f"{path}: unknown [tokenizer] keys {unknown}")
+        corpus_cfg = (
+            parallel.CorpusConfig.from_dict(raw["corpus"], f"{path}: [corpus]")
+            if "corpus" in raw
+            else None
+        )
+        if corpus_cfg is not None and "dev" not in corpus_cfg.splits:
+            raise ValueError(f"{path}: [corpus] has no [corpus.dev] split to choose checkpoints on")
         return cls(
             model=dict(raw.get("model", {})),
             data=_build(DataConfig, raw.get("data", {}), path),
@@ -142,8 +177,15 @@ class TrainConfig:
             tokenizer=TokenizerConfig(
                 source=_build(SpmOptions, tok.get("source", {}), path),
                 target=_build(SpmOptions, tok.get("target", {}), path),
+                joint_vocab=int(tok.get("joint_vocab", 0)),
             ),
+            corpus=corpus_cfg,
+            bundle=_build(BundleConfig, raw["bundle"], path) if "bundle" in raw else None,
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """The config as JSON-able values (paths as strings): what checkpoints record."""
+        return cast(dict[str, Any], json.loads(json.dumps(asdict(self), default=str)))
 
 
 def _build(cls: type, values: dict[str, Any], path: str | Path) -> Any:
@@ -154,10 +196,32 @@ def _build(cls: type, values: dict[str, Any], path: str | Path) -> Any:
     return cls(**values)
 
 
-def prepare_corpus(cfg: DataConfig, out: Path) -> dict[str, list[tuple[str, str]]]:
-    """Load the TSV splits, or generate the demo corpus (and write it, with its gold sidecar,
-    under out/data). Sources are lower-cased when `cfg.lowercase_source` (the written files too:
-    they are what the model saw)."""
+def prepare_parallel(
+    cfg: parallel.CorpusConfig, lowercase: bool, out: Path, say: Any = print
+) -> dict[str, list[tuple[str, str]]]:
+    """Read and check the [corpus] files, say what each split kept and skipped, and write each
+    split under out/data as TSV with its gold sidecar (what the guided loss and s2s-evaluate read).
+    Sources are lower-cased when `lowercase`."""
+    loaded = parallel.load_corpus(cfg)
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    splits: dict[str, list[tuple[str, str]]] = {}
+    for name, split in loaded.items():
+        say(f"corpus {split.report.line()}")
+        pairs = lowercase_sources(split.pairs) if lowercase else split.pairs
+        corpus.write_tsv(out / "data" / f"{name}.tsv", pairs)
+        write_gold(out / "data" / f"{name}.gold.jsonl", split.gold_links())
+        splits[name] = pairs
+    return splits
+
+
+def prepare_corpus(
+    cfg: DataConfig, out: Path, corpus_cfg: parallel.CorpusConfig | None = None
+) -> dict[str, list[tuple[str, str]]]:
+    """Load the [corpus] files or the TSV splits, or generate the demo corpus (and write it, with
+    its gold sidecar, under out/data). Sources are lower-cased when `cfg.lowercase_source` (the
+    written files too: they are what the model saw)."""
+    if corpus_cfg is not None:
+        return prepare_parallel(corpus_cfg, cfg.lowercase_source, out, tqdm.write)
     if cfg.task not in TASKS:
         raise ValueError(f"[data] task must be one of {TASKS}, got {cfg.task!r}")
     if cfg.task == "reversal":
@@ -249,10 +313,17 @@ def train_guides(
     gold = read_gold(path)
     if len(gold) != len(examples):
         raise ValueError(f"{path} has {len(gold)} lines but the training split {len(examples)}")
-    return [
+    guides = [
         piece_guide(links, src_tok.pieces(s), tgt_tok.pieces(t))
         for links, (s, t) in zip(gold, examples, strict=True)
     ]
+    misfit = sum(g is None and bool(links.words) for g, links in zip(guides, gold, strict=True))
+    guided = sum(g is not None and bool(g.any()) for g in guides)
+    tqdm.write(
+        f"guided alignment: {guided} of {len(guides)} training pairs guided; {misfit} pairs' gold "
+        "links do not fit their tokenized words and go unguided"
+    )
+    return guides
 
 
 def budget_spent(o: OptimConfig, step: int, minutes: float) -> str | None:
@@ -279,8 +350,63 @@ def describe_end(o: OptimConfig, ended_by: str, step: int, minutes: float) -> st
     return line
 
 
-def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
-    """Run training; returns a summary (best dev BLEU, steps, minutes, paths)."""
+def minutes_left(o: OptimConfig, step: int, minutes: float, steps_per_epoch: int) -> float:
+    """The time left before the first budget runs out, at the speed so far (the progress line)."""
+    per_step = minutes / max(step, 1)
+    left = [o.max_minutes - minutes]
+    if o.max_steps:
+        left.append((o.max_steps - step) * per_step)
+    left.append((o.max_epochs * steps_per_epoch - step) * per_step)
+    return max(0.0, min(left))
+
+
+def make_tokenizers(
+    cfg: TrainConfig, train_pairs: list[tuple[str, str]], out: Path
+) -> tuple[Path, Path]:
+    """out/source.model and out/target.model: copied from optim.init_from, one joint model
+    ([tokenizer] joint_vocab) or one per side."""
+    if cfg.optim.init_from:
+        return cast(
+            tuple[Path, Path],
+            tuple(
+                Path(shutil.copyfile(Path(cfg.optim.init_from) / f"{s}.model", out / f"{s}.model"))
+                for s in ("source", "target")
+            ),
+        )
+    if cfg.tokenizer.joint_vocab:
+        return train_joint_tokenizer(
+            train_pairs, out, cfg.tokenizer.joint_vocab, cfg.tokenizer.source
+        )
+    return train_tokenizers(
+        train_pairs,
+        out,
+        cfg.data.src_vocab,
+        cfg.data.tgt_vocab,
+        cfg.tokenizer.source,
+        cfg.tokenizer.target,
+    )
+
+
+@dataclass
+class Progress:
+    """The counters a run carries between evaluations, saved in last.pt for --resume."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of `epoch` already trained
+    best: float = -float("inf")
+    stale: int = 0
+    minutes: float = 0.0  # training minutes before this process (earlier, resumed runs)
+    last_eval: int = -1
+    epoch_rng: Any = None  # the batch order's random state at the start of `epoch`
+    loss_sum: float = 0.0  # training loss since the last evaluation
+    loss_steps: int = 0
+
+
+def train(cfg: TrainConfig, out: Path, quiet: bool = False, resume: bool = False) -> dict[str, Any]:
+    """Run training; returns a summary (best dev BLEU, steps, minutes, paths). With `resume`,
+    continue from out/last.pt (the weights, optimizer, step, budgets spent and batch order of the
+    run that wrote it) instead of starting afresh."""
     o = cfg.optim
     random.seed(o.seed)
     torch.manual_seed(o.seed)
@@ -288,27 +414,19 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
         torch.set_num_threads(o.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out.mkdir(parents=True, exist_ok=True)
-    splits = prepare_corpus(cfg.data, out)
-    if o.init_from:
-        src_path, tgt_path = (
-            Path(shutil.copyfile(Path(o.init_from) / f"{side}.model", out / f"{side}.model"))
-            for side in ("source", "target")
-        )
+    if resume and not (out / LAST).is_file():
+        raise ValueError(f"--resume: no {out / LAST} to continue from (was the run started?)")
+    splits = prepare_corpus(cfg.data, out, cfg.corpus)
+    if resume:  # the tokenizers the run was trained with, not new ones
+        src_path, tgt_path = out / "source.model", out / "target.model"
     else:
-        src_path, tgt_path = train_tokenizers(
-            splits["train"],
-            out,
-            cfg.data.src_vocab,
-            cfg.data.tgt_vocab,
-            cfg.tokenizer.source,
-            cfg.tokenizer.target,
-        )
+        src_path, tgt_path = make_tokenizers(cfg, splits["train"], out)
     src_tok, tgt_tok = Tokenizer.load(src_path), Tokenizer.load(tgt_path)
     model_cfg = ModelConfig(
         src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, **cfg.model
     )
     model = Seq2Seq(model_cfg).to(device)
-    if o.init_from:
+    if o.init_from and not resume:
         start, _ = load_checkpoint(Path(o.init_from) / "best.pt")
         if start.cfg != model_cfg:
             raise ValueError(
@@ -324,16 +442,22 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
     opt = torch.optim.Adam(model.parameters(), lr=o.lr)
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=o.label_smoothing)
     rng = random.Random(o.seed)
+    p = Progress(epoch_rng=rng.getstate())
     log_path = out / "train_log.jsonl"
-    log_path.write_text("")
-    best, stale, step, started, last_eval = -float("inf"), 0, 0, time.monotonic(), -1
-    extra = {"train_config": asdict(cfg), "dev_bleu": 0.0, "step": 0}
+    if resume:
+        p = resume_from(out / LAST, model, opt, model_cfg)
+        rng.setstate(p.epoch_rng)
+        tqdm.write(f"resuming {out} at step {p.step} (epoch {p.epoch}, {p.minutes:.1f} min done)")
+    else:
+        log_path.write_text("")
+    started = time.monotonic() - p.minutes * 60  # minutes count across resumed runs
+    extra = {"train_config": cfg.to_json(), "dev_bleu": 0.0, "step": 0}
     by_wer = o.select_by == "wer"
+    steps_per_epoch = 1
 
     def evaluate_and_checkpoint() -> bool:
         """Dev score, checkpoint on gain, lr decay on no gain; returns True to stop early."""
-        nonlocal best, stale, last_eval
-        last_eval = step
+        p.last_eval = p.step
         dev = splits["dev"]
         hyps = translate_greedy(model, [src_tok.encode(s) for s, _ in dev], tgt_tok, device)
         bleu = float(sacrebleu.corpus_bleu(hyps, [[t for _, t in dev]]).score)
@@ -341,33 +465,46 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
         wer = word_error_rate(dev, hyps)
         minutes = (time.monotonic() - started) / 60
         entry = {
-            "step": step,
+            "step": p.step,
+            "epoch": p.epoch,
+            "train_loss": round(p.loss_sum / max(p.loss_steps, 1), 4),
             "dev_bleu": round(bleu, 2),
             "dev_wer": round(wer, 2),
             "lr": opt.param_groups[0]["lr"],
             "minutes": round(minutes, 2),
+            "minutes_left": round(minutes_left(o, p.step, minutes, steps_per_epoch), 1),
         }
+        p.loss_sum, p.loss_steps = 0.0, 0
         gain = -wer if by_wer else bleu
         with log_path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
         if not quiet:
             tqdm.write(json.dumps(entry))
-        if gain > best:
-            best, stale = gain, 0
+        stop = False
+        if gain > p.best:
+            p.best, p.stale = gain, 0
             save_checkpoint(
-                out / "best.pt", model, {**extra, "dev_bleu": bleu, "dev_wer": wer, "step": step}
+                out / "best.pt",
+                model,
+                {**extra, "dev_bleu": bleu, "dev_wer": wer, "step": p.step},
             )
-            return False
-        stale += 1
-        for group in opt.param_groups:
-            group["lr"] = max(group["lr"] * o.lr_decay, o.min_lr)
-        return stale >= o.patience
+        else:
+            p.stale += 1
+            for group in opt.param_groups:
+                group["lr"] = max(group["lr"] * o.lr_decay, o.min_lr)
+            stop = p.stale >= o.patience
+        p.minutes = minutes
+        save_training_state(out / LAST, model, opt, asdict(p))
+        return stop
 
     stop, ended_by = False, "max_epochs"
-    for epoch in range(o.max_epochs):
+    while p.epoch < o.max_epochs:
+        p.epoch_rng = rng.getstate()
+        epoch_batches = list(batches(train_examples, o.max_tokens, rng, guides=guides))
+        steps_per_epoch = len(epoch_batches)
         bar = tqdm(
-            list(batches(train_examples, o.max_tokens, rng, guides=guides)),
-            desc=f"epoch {epoch}",
+            epoch_batches[p.batch_in_epoch :],
+            desc=f"epoch {p.epoch}",
             disable=quiet,
             leave=False,
             mininterval=5.0,
@@ -377,21 +514,29 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
             loss = train_step(
                 model, batch.to(device), loss_fn, opt, o.clip_norm, o.guided_alignment
             )
-            step += 1
+            p.step += 1
+            p.batch_in_epoch += 1
+            p.loss_sum, p.loss_steps = p.loss_sum + loss, p.loss_steps + 1
+            minutes = (time.monotonic() - started) / 60
             bar.set_postfix(
-                loss=f"{loss:.3f}", tok_s=f"{batch.n_target_tokens / (time.monotonic() - tick):.0f}"
+                step=p.step,
+                loss=f"{loss:.3f}",
+                tok_s=f"{batch.n_target_tokens / (time.monotonic() - tick):.0f}",
+                left=f"{minutes_left(o, p.step, minutes, steps_per_epoch):.0f}m",
             )
-            spent = budget_spent(o, step, (time.monotonic() - started) / 60)
-            if step % o.eval_every == 0 or spent:
+            spent = budget_spent(o, p.step, minutes)
+            if p.step % o.eval_every == 0 or spent:
                 stop = evaluate_and_checkpoint() or spent is not None
                 ended_by = spent or ("patience" if stop else ended_by)
             if stop:
                 break
         if stop:
             break
+        p.epoch, p.batch_in_epoch = p.epoch + 1, 0
     else:
-        if last_eval != step:
+        if p.last_eval != p.step:
             evaluate_and_checkpoint()
+    step, best = p.step, p.best
     minutes = (time.monotonic() - started) / 60
     end = {"step": step, "ended_by": ended_by, "minutes": round(minutes, 2)}
     with log_path.open("a") as f:
@@ -417,24 +562,59 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False) -> dict[str, Any]:
     return summary
 
 
+def resume_from(
+    path: Path, model: Seq2Seq, opt: torch.optim.Optimizer, model_cfg: ModelConfig
+) -> Progress:
+    """Load last.pt's weights and optimizer state into `model` and `opt`; returns its counters."""
+    state = load_training_state(path)
+    if state.config != model_cfg.to_dict():
+        raise ValueError(
+            f"{path} was trained as {state.config}, the config now asks for "
+            f"{model_cfg.to_dict()}: resume with the config the run started with"
+        )
+    model.load_state_dict(state.model)
+    opt.load_state_dict(state.optimizer)
+    counters = dict(state.progress)
+    counters["epoch_rng"] = rng_state(counters["epoch_rng"])
+    return Progress(**counters)
+
+
+def rng_state(saved: Any) -> tuple[Any, ...]:
+    """random.Random's state back from its saved form (lists where it had tuples)."""
+    version, internal, gauss = saved
+    return (version, tuple(internal), gauss)
+
+
 def main(argv: list[str] | None = None) -> int:
+    parser = train_parser()
+    args = parser.parse_args(argv)
+    cfg = load_config(args)
+    print(json.dumps(train(cfg, args.out, resume=args.resume), indent=2))
+    return 0
+
+
+def train_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", required=True, help="TOML file with [model], [data], [optim]")
     parser.add_argument("--out", required=True, type=Path, help="run directory")
     parser.add_argument("--max-minutes", type=float, help="override optim.max_minutes")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last.pt (weights, optimizer, step, minutes spent)",
+    )
+    return parser
+
+
+def load_config(args: argparse.Namespace) -> TrainConfig:
+    """The config file, with --max-minutes applied."""
     cfg = TrainConfig.load(args.config)
     if args.max_minutes is not None:
-        cfg = TrainConfig(
-            cfg.model,
-            cfg.data,
-            OptimConfig(**{**asdict(cfg.optim), "max_minutes": args.max_minutes}),
-            cfg.tokenizer,
-        )
-    print(json.dumps(train(cfg, args.out), indent=2))
-    return 0
+        optim = OptimConfig(**{**asdict(cfg.optim), "max_minutes": args.max_minutes})
+        cfg = replace(cfg, optim=optim)
+    return cfg
 
 
 if __name__ == "__main__":

@@ -311,6 +311,7 @@ class Engine:
                 pieces,
                 mode,
                 self.tgt_tok.surfaces(hyp.tokens) if mode == "word" else None,
+                source_text=request.sentence.text,
             ),
             finished=hyp.finished_by_eos,
             confidence=confidence,
@@ -368,7 +369,12 @@ class Engine:
                 [(len(s.target_pieces), len(s.source_pieces)) for s in sentence.separators],
             )  # (T, S)
             alignment = make_alignment(
-                matrix, sentence.pieces, tokens, mode, self.joined_surfaces(parts, sentence)
+                matrix,
+                sentence.pieces,
+                tokens,
+                mode,
+                self.joined_surfaces(parts, sentence),
+                source_text=sentence.text,
             )
         scored = sum(len(p.token_ids) + (1 if p.finished else 0) for p in parts)
         log_prob = sum(p.log_prob for p in parts)
@@ -413,15 +419,21 @@ def make_alignment(
     tgt_pieces: list[str],
     mode: AlignmentMode,
     tgt_surfaces: list[str] | None = None,
+    source_text: str | None = None,
 ) -> Alignment | None:
     """tgt_surfaces: each target piece's text as the answer writes it (the tokenizer's
-    `surfaces`), so that word mode's target words are the answer text's words."""
+    `surfaces`), so that word mode's target words are the answer text's words. At word level the
+    source words are the client's whitespace words of `source_text` (as sent: not lower-cased by
+    the input rule, no <unk> for unknown letters) whenever the pieces group into as many words."""
     if mode == "none" or matrix is None:
         return None
     if mode == "word":
         matrix, src_pieces, tgt_pieces = align.merge_subwords(
             matrix, src_pieces, tgt_pieces, tgt_surfaces=tgt_surfaces
         )
+        sent = source_text.split() if source_text is not None else []
+        if len(sent) == len(src_pieces):
+            src_pieces = sent
     return Alignment(
         matrix=matrix,
         source_tokens=src_pieces,

@@ -1,0 +1,148 @@
+"""s2s-train: train from a TOML config, then (with a bundle to write) export, check and evaluate.
+
+    s2s-train --config configs/my-corpus.toml --out runs/my-corpus [--bundle models/my-corpus]
+    s2s-train --config configs/my-corpus.toml --out runs/my-corpus --resume
+
+1. training (export/train/train.py): progress on the terminal and in <out>/train_log.jsonl;
+   --resume continues from <out>/last.pt;
+2. with --bundle (or a [bundle] table in the config, which then writes <out>/bundle): the ONNX
+   bundle (export/onnx/to_onnx.py), named and versioned by [bundle];
+3. the parity check: the bundle's graphs teacher-forced through dev sentences against PyTorch
+   (export/onnx/parity.py); a mismatch stops the command;
+4. with a test split: sacrebleu BLEU and chrF of the served bundle (ONNX Runtime, beam 5) and of
+   PyTorch greedy decoding, and the attention's AER against the test split's gold links where it
+   has them (export/evaluate/evaluate.py), into <out>/eval; the served figures also go into the
+   bundle's manifest ("info").
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import sacrebleu
+
+from export.data import corpus
+from export.data.parallel import CorpusError
+from export.evaluate.evaluate import evaluate_parser, run_evaluate
+from export.onnx.parity import check_parity
+from export.onnx.to_onnx import export_bundle
+from export.train.checkpoint import load_checkpoint
+from export.train.data import encode_pairs
+from export.train.train import BundleConfig, TrainConfig, load_config, train, train_parser
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.options import SearchOptions
+from service.model.tokenizer import Tokenizer
+
+PARITY_SENTENCES = 32  # dev pairs teacher-forced through the exported graphs
+BEAM = 5
+
+
+def served_scores(bundle: Path, pairs: list[tuple[str, str]], beam: int = BEAM) -> dict[str, Any]:
+    """BLEU and chrF of the bundle as served (ONNX Runtime, beam search) on `pairs`."""
+    engine = Engine.load(bundle, RuntimeConfig(providers=("CPUExecutionProvider",)))
+    options = SearchOptions(beam_size=beam)
+    hyps: list[str] = []
+    for start in range(0, len(pairs), 64):
+        chunk = [s for s, _ in pairs[start : start + 64]]
+        hyps += [t.hypotheses[0].text for t in engine.translate(chunk, options, alignment="none")]
+    refs = [[t for _, t in pairs]]
+    return {
+        "decoding": f"ONNX Runtime, beam {beam}",
+        "sentences": len(pairs),
+        "bleu": round(float(sacrebleu.corpus_bleu(hyps, refs).score), 2),
+        "chrf": round(float(sacrebleu.corpus_chrf(hyps, refs).score), 2),
+    }
+
+
+def bundle_dir(cfg: TrainConfig, out: Path, given: Path | None) -> Path | None:
+    """--bundle, else <out>/bundle when the config has a [bundle] table, else None (train only)."""
+    if given is not None:
+        return given
+    return out / "bundle" if cfg.bundle is not None else None
+
+
+def export_and_evaluate(cfg: TrainConfig, out: Path, bundle: Path) -> dict[str, Any]:
+    """Steps 2-4 of the module's docstring on a trained run folder; returns their figures."""
+    checkpoint = out / "best.pt"
+    model, _ = load_checkpoint(checkpoint)
+    data = out / "data"
+    figures: dict[str, Any] = {}
+    named = cfg.bundle or BundleConfig()
+    test_path = data / "test.tsv"
+    test = corpus.read_tsv(test_path) if test_path.is_file() else []
+    credits = {"credits": named.credits} if named.credits else {}
+    export_bundle(checkpoint, out, bundle, named.name, named.version, named.int8, extra=credits)
+    src_tok, tgt_tok = Tokenizer.load(out / "source.model"), Tokenizer.load(out / "target.model")
+    dev = corpus.read_tsv(data / "dev.tsv")[:PARITY_SENTENCES]
+    parity = check_parity(model, bundle, encode_pairs(dev, src_tok, tgt_tok))
+    figures["parity"] = parity.to_dict()
+    print(f"parity: {json.dumps(figures['parity'])}")
+    if test:
+        figures["test_served"] = served_scores(bundle, test)
+        print(f"test, served: {json.dumps(figures['test_served'])}")
+        args = evaluate_parser().parse_args(
+            [
+                "--checkpoint",
+                str(checkpoint),
+                "--tokenizers",
+                str(out),
+                "--test",
+                str(test_path),
+                "--train",
+                str(data / "train.tsv"),
+                "--out",
+                str(out / "eval"),
+            ]
+        )
+        metrics = run_evaluate(args)
+        figures["test_greedy"] = {k: metrics["overall"][k] for k in ("bleu", "chrf")}
+        if "alignment" in metrics:
+            figures["test_attention_aer"] = metrics["alignment"].get("aer")
+        print(f"test, PyTorch greedy: {json.dumps(figures['test_greedy'])}")
+        # the manifest records what the bundle scores as served; rewrite it with the figures
+        export_bundle(
+            checkpoint,
+            out,
+            bundle,
+            named.name,
+            named.version,
+            named.int8,
+            extra={"test": figures["test_served"], **credits},
+        )
+    (out / "pipeline.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = train_parser()
+    parser.description = __doc__
+    parser.add_argument(
+        "--bundle",
+        type=Path,
+        help="write the ONNX bundle here, check it and evaluate it (default: <out>/bundle when "
+        "the config has a [bundle] table; without either, train only)",
+    )
+    parser.add_argument(
+        "--skip-train", action="store_true", help="export and evaluate the run in --out as it is"
+    )
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args)
+        if not args.skip_train:
+            print(json.dumps(train(cfg, args.out, resume=args.resume), indent=2))
+        bundle = bundle_dir(cfg, args.out, args.bundle)
+        if bundle is not None:
+            export_and_evaluate(cfg, args.out, bundle)
+            print(f"wrote bundle {bundle}")
+    except CorpusError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
