@@ -22,6 +22,7 @@ COPY export/__init__.py export/__init__.py
 COPY loadtest/__init__.py loadtest/__init__.py
 COPY models/default/ models/default/
 COPY models/g2p/ models/g2p/
+COPY models/grc-en-nt/ models/grc-en-nt/
 COPY requirements/ requirements/
 # Every package pinned and hashed (requirements/serve.lock, README "Locked dependencies"), the
 # project itself installed with --no-deps: two builds a month apart install the same bytes.
@@ -52,6 +53,7 @@ COPY export/__init__.py export/__init__.py
 COPY loadtest/__init__.py loadtest/__init__.py
 COPY models/default/ models/default/
 COPY models/g2p/ models/g2p/
+COPY models/grc-en-nt/ models/grc-en-nt/
 COPY requirements/ requirements/
 RUN S2S_LOCK=requirements/serve.lock S2S_ONNXRUNTIME=gpu bash scripts/install.sh
 
@@ -73,4 +75,5 @@ ENTRYPOINT ["/app/.venv/bin/python", "-m", "service.serve.server"]
 FROM ${PYTHON_IMAGE} AS models
 COPY --chown=10001:10001 models/default/ /repository/default/
 COPY --chown=10001:10001 models/g2p/ /repository/g2p/
+COPY --chown=10001:10001 models/grc-en-nt/ /repository/grc-en-nt/
 USER 10001

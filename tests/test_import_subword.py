@@ -312,7 +312,7 @@ def opennmt_refusals(imported: Imported, tmp_path: Path) -> None:
     restriction, and a subword model that is no longer where the checkpoint says (found again
     with --src-subword-model / --tgt-subword-model)."""
     base = dict(load_torch_file(imported.checkpoint, "OpenNMT-py"))
-    cases = [
+    cases: list[tuple[dict[str, Any], list[str]]] = [
         ({"transforms": ["onmt_tokenize"]}, ["-transforms", "onmt_tokenize"]),
         ({"transforms": ["sentencepiece", "bpe"]}, ["-transforms", "two subword transforms"]),
         ({"src_vocab_threshold": 5}, ["-src_vocab_threshold 5"]),

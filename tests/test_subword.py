@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sentencepiece as spm
@@ -141,7 +142,7 @@ def test_subword_tokenizer_from_the_manifest(
 ) -> None:
     bundle = subword_bundle(tiny_bundle_copy, spm_model, bpe_codes)
     manifest = json.loads((bundle / "manifest.json").read_text())
-    section = {
+    section: dict[str, Any] = {
         "kind": "subword",
         "toolkit": "joeynmt",
         "source": {
