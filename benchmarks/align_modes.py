@@ -7,8 +7,8 @@ target word j, 0-based over `split(" ")`; an empty gold line means no gold for t
 is then not scored), teacher-forces every pair once through the engine's Align pass and reads the
 links of every mode (service/decode/links.py) from the same word matrices. Prints one table and the
 pass's throughput. AER is Och and Ney's with every gold link sure, over the gold words (a link counts
-only when its target word has a gold link), counts summed over the corpus; the same definition as
-export/metrics/aer.py, written out here so this script needs only the serving package.
+only when its target word has a gold link), counts summed over the corpus; export/metrics/aer.py's
+(pure Python, no torch).
 
 Choose modes on a dev split; the default mode (service/decode/forced.py DEFAULT_LINKS) was chosen so,
 docs/align.md has the figures.
@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from export.metrics.aer import AlignmentCounts, score_sentence
 from service.decode.aligner import align
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import Engine
@@ -29,35 +29,6 @@ from service.decode.forced import AlignOptions
 from service.decode.links import LINK_MODES, Link, extract_links, parse_pharaoh
 
 THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5)
-
-
-@dataclass
-class Counts:
-    predicted: int = 0  # |A| on gold words
-    gold: int = 0  # |G|
-    hits: int = 0  # |A ∩ G|
-
-    def add(self, predicted: set[Link], gold: set[Link]) -> None:
-        if not gold:
-            return
-        gold_targets = {t for _, t in gold}
-        scored = {(s, t) for s, t in predicted if t in gold_targets}
-        self.predicted += len(scored)
-        self.gold += len(gold)
-        self.hits += len(scored & gold)
-
-    @property
-    def aer(self) -> float:
-        den = self.predicted + self.gold
-        return 1.0 - 2.0 * self.hits / den if den else 0.0
-
-    @property
-    def precision(self) -> float:
-        return self.hits / self.predicted if self.predicted else 0.0
-
-    @property
-    def recall(self) -> float:
-        return self.hits / self.gold if self.gold else 0.0
 
 
 def read_split(
@@ -84,7 +55,7 @@ def mode_names() -> list[tuple[str, str, float]]:
 
 def evaluate(
     engine: Engine, pairs: Sequence[tuple[str, str]], golds: Sequence[set[Link]], batch: int
-) -> tuple[dict[str, Counts], float]:
+) -> tuple[dict[str, AlignmentCounts], float]:
     """Counts per mode, and the Align pass's pairs per second (static batches of `batch`)."""
     matrices = []
     started = time.perf_counter()
@@ -92,15 +63,16 @@ def evaluate(
         chunk = pairs[i : i + batch]
         matrices += [a.word for a in align(engine, chunk, AlignOptions(matrices="word"))]
     seconds = time.perf_counter() - started
-    counts = {label: Counts() for label, _, _ in mode_names()}
+    counts = {label: AlignmentCounts() for label, _, _ in mode_names()}
     for matrix, gold in zip(matrices, golds, strict=True):
         assert matrix is not None
         for label, mode, threshold in mode_names():
-            counts[label].add(extract_links(matrix.matrix, mode, threshold or 0.3), gold)
+            links = extract_links(matrix.matrix, mode, threshold or 0.3)
+            counts[label].add(score_sentence(links, gold))
     return counts, len(pairs) / seconds
 
 
-def table(counts: dict[str, Counts]) -> str:
+def table(counts: dict[str, AlignmentCounts]) -> str:
     lines = ["| links | AER | precision | recall |", "|---|---|---|---|"]
     for label, c in counts.items():
         lines.append(f"| {label} | {c.aer:.3f} | {c.precision:.3f} | {c.recall:.3f} |")

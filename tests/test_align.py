@@ -17,7 +17,7 @@ import torch
 from google.protobuf import json_format
 
 from benchmarks import align_modes
-from benchmarks.align_modes import Counts
+from export.metrics.aer import AlignmentCounts, score_sentence
 from export.onnx.to_onnx import export_bundle
 from export.train.checkpoint import save_checkpoint
 from export.train.model import Seq2Seq
@@ -488,10 +488,10 @@ def test_forced_pairs_get_their_own_batch_and_take_turns() -> None:
 
 
 def test_the_benchmarks_aer_by_hand() -> None:
-    counts = Counts()
+    counts = AlignmentCounts()
     # target word 3 has no gold link: (2, 3) is not scored; gold 3 links, 3 scored, 2 hits
-    counts.add({(0, 0), (1, 1), (2, 1), (2, 3)}, {(0, 0), (1, 1), (1, 2)})
-    counts.add({(0, 0)}, set())  # a sentence without gold scores nothing
+    counts.add(score_sentence({(0, 0), (1, 1), (2, 1), (2, 3)}, {(0, 0), (1, 1), (1, 2)}))
+    counts.add(score_sentence({(0, 0)}, set()))  # a sentence without gold scores nothing
     assert (counts.predicted, counts.gold, counts.hits) == (3, 3, 2)
     assert counts.aer == pytest.approx(1 - 4 / 6)
     assert counts.precision == pytest.approx(2 / 3) and counts.recall == pytest.approx(2 / 3)
