@@ -270,3 +270,29 @@ def test_a_sampled_out_request_records_nothing_and_answers(
         traced.r.servicer.use_tracing(Tracing(TracingConfig()))
     assert answer.translations[0].hypotheses
     assert exporter.get_finished_spans() == ()
+
+
+def test_an_align_request_is_traced_like_translate(
+    traced: ServerThread,
+    spans: InMemorySpanExporter,
+    texts: list[str],  # noqa: F811
+) -> None:
+    pairs = [
+        pb.AlignPair(source=texts[0], target="un deux trois"),
+        pb.AlignPair(source=texts[1], target="quatre"),
+    ]
+    answer = traced.stub.Align(
+        pb.AlignRequest(pairs=pairs), timeout=WAIT_S, metadata=(("traceparent", TRACEPARENT),)
+    )
+    assert len(answer.alignments) == 2
+    found = by_name(spans)
+    (rpc,) = found["Align"]
+    assert trace_hex(rpc) == TRACE_ID and rpc.kind == SpanKind.SERVER
+    got = attrs(rpc)
+    assert got["s2s.model.name"] == answer.model and got["s2s.pairs"] == 2
+    assert got["rpc.method"] == "Align" and got["rpc.grpc.status_code_name"] == "OK"
+    (queue,), (decode,) = found["queue"], found["decode"]
+    for child in (queue, decode):
+        assert child.parent is not None and child.parent.span_id == rpc.context.span_id
+    for span in (rpc, queue, decode):
+        assert all(texts[0] not in value for value in every_value(span))
