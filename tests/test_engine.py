@@ -170,7 +170,7 @@ def test_removed_sentences_leave_and_the_rest_are_unaffected(
     batch = engine.new_batch(2)
     batch.add([DecodeRequest(i, engine.prepare(s), opts) for i, s in enumerate(sources)])
     results = dict(batch.step())
-    assert batch.remove({1, 3, "absent"}) == [k for k in (1, 3) if k not in results]
+    assert sorted(batch.remove({1, 3, "absent"})) == [k for k in (1, 3) if k not in results]
     while len(batch):
         results.update(batch.step())
     expected = engine.translate([sources[0], sources[2]], opts)
