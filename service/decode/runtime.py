@@ -488,11 +488,11 @@ class OnnxDecoder:
         if len(keep) == 0:  # the batch is empty: its state rows are of no use to anyone
             self.state = None
 
-    def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
-        """One decoder call for every hypothesis: tokens (N,), reorder (N,) → top-k (N, k), attention (N, S)."""
+    def _bind_inputs(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> None:
+        """Bind one step's inputs: tokens, reorder and k from the host, the state and the running
+        batch's encoder rows on the device (rebound only when the rows changed)."""
         assert self.rows.count and self.state is not None, "step() on an empty batch"
-        session, device, binding = self.session, self.device, self.binding
-        N, S = len(tokens), self.rows.source_len
+        device, binding = self.device, self.binding
         device.bind_host_input(binding, "tokens", tokens.astype(np.int64, copy=False), "tokens")
         device.bind_host_input(binding, "reorder", reorder.astype(np.int64, copy=False), "tokens")
         device.bind_host_input(binding, "k", np.array(k, dtype=np.int64), "tokens")
@@ -501,6 +501,12 @@ class OnnxDecoder:
         if rows_key != self.bound_rows:
             self.rows.bind(binding)
             self.bound_rows = rows_key
+
+    def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
+        """One decoder call for every hypothesis: tokens (N,), reorder (N,) → top-k (N, k), attention (N, S)."""
+        self._bind_inputs(tokens, reorder, k)
+        session, device, binding = self.session, self.device, self.binding
+        N, S = len(tokens), self.rows.source_len
         # rebound at every step: a binding left from the last run would be written in place
         binding.bind_output("new_state", device.type, device.id)  # stays on the device
         log_probs = self.log_probs.view((N, k))  # (N, k)
@@ -536,17 +542,9 @@ class OnnxDecoder:
             full = np.empty_like(out.log_probs)  # (N, V)
             np.put_along_axis(full, out.token_ids, out.log_probs, axis=1)
             return StepOutput(full, np.broadcast_to(np.arange(V), full.shape), out.attention)
-        assert self.rows.count and self.state is not None, "step() on an empty batch"
+        self._bind_inputs(tokens, reorder, 1)
         session, device, binding = self.session, self.device, self.binding
         N, S = len(tokens), self.rows.source_len
-        device.bind_host_input(binding, "tokens", tokens.astype(np.int64, copy=False), "tokens")
-        device.bind_host_input(binding, "reorder", reorder.astype(np.int64, copy=False), "tokens")
-        device.bind_host_input(binding, "k", np.array(1, dtype=np.int64), "tokens")
-        binding.bind_ortvalue_input("state", self.state)
-        rows_key = self.rows.binding_key()
-        if rows_key != self.bound_rows:
-            self.rows.bind(binding)
-            self.bound_rows = rows_key
         binding.bind_output("new_state", device.type, device.id)  # stays on the device
         log_probs = self.log_probs.view((N, V))  # (N, V)
         attention = self.attention.view((N, S))  # (N, S)
