@@ -19,9 +19,14 @@ maximum of 100 target tokens on every side. The toolkits are driven through thei
 With --bible DIR (the Greek→English New Testament split written by `python -m export.data.bible`:
 {train,dev,test}.{grc,en}, books 40-57, John held out as test), the models are instead one per
 toolkit and subword tokenizer, trained on train with dev for validation: SentencePiece (one
-unigram model of 2,000 pieces per language; OpenNMT-py's `sentencepiece` transform, Joey NMT's
-`tokenizer_type: sentencepiece`) and BPE (subword-nmt, 2,000 merges per language; `bpe` /
-`subword-nmt`), each a small bi-GRU (BIBLE_ONMT / BIBLE_JOEY) trained briefly; they decode John.
+unigram model per language; OpenNMT-py's `sentencepiece` transform, Joey NMT's
+`tokenizer_type: sentencepiece`) and BPE (subword-nmt, merges per language; `bpe` /
+`subword-nmt`), sized and trained by `--setup` (BIBLE_SETUPS): `brief` (default) a small bi-GRU
+trained for minutes, `full` a 256-unit model trained about 12 minutes each on one thread (4,000
+pieces / merges per language; benchmarks/import_bible_table.py's models); they decode John:
+
+    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.import_speed --bible /work/data/grc-en \
+        --work /work/runs/import_bible_full --setup full --only   # train and import, no timing
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -172,11 +178,22 @@ def prepare(work: Path) -> list[dict[str, Any]]:
     return models
 
 
-BIBLE_STEPS, BIBLE_EPOCHS, BIBLE_PIECES = 400, 4, 2000
-# Small, as the 2 shared cores allow (OpenNMT-py: about 0.3-1.4 s a step here): embeddings 64,
-# bi-GRU 2 x 64, GRU decoder 128, mlp / Bahdanau attention, no input feeding.
-BIBLE_ONMT = {**ONMT_MODELS["gru"], "hidden_size": 128, "word_vec_size": 64}
-BIBLE_JOEY = {
+@dataclass(frozen=True)
+class BibleSetup:
+    """How the Bible models are sized and trained (the toolkits' own option names)."""
+
+    onmt: dict[str, Any]  # model and training options of onmt_train
+    joey: dict[str, Any]  # Joey NMT's model section
+    joey_training: dict[str, Any]  # settings of Joey NMT's training section
+    steps: int  # OpenNMT-py training steps
+    epochs: int  # Joey NMT epochs
+    pieces: int  # SentencePiece vocabulary / subword-nmt merges, per language
+
+
+# brief: small, as the 2 shared cores allow (OpenNMT-py: about 0.3-1.4 s a step here): embeddings
+# 64, bi-GRU 2 x 64, GRU decoder 128, mlp / Bahdanau attention, no input feeding; a few minutes.
+BRIEF_ONMT = {**ONMT_MODELS["gru"], "hidden_size": 128, "word_vec_size": 64}
+BRIEF_JOEY = {
     "encoder": {
         **JOEY_MODELS["gru"]["encoder"],
         "embeddings": {"embedding_dim": 64},
@@ -187,6 +204,40 @@ BIBLE_JOEY = {
         "embeddings": {"embedding_dim": 64},
         "hidden_size": 128,
     },
+}
+# full: the issue's scale (OpenNMT-py, 256-unit bi-LSTM, general attention, 4k pieces per side,
+# 2,500 steps: about 12 minutes on 2 cores), about 12 minutes each on one thread (OpenNMT-py: 0.55 s
+# a step, so 1,300 steps, about 12 epochs; Joey NMT 12 epochs), each toolkit's own RNN defaults
+# apart from size, one layer:
+# OpenNMT-py brnn LSTM 256 (2 x 128), general attention, input feeding, dropout 0.3 (its defaults);
+# Joey NMT bi-GRU 2 x 128, GRU decoder 256, Bahdanau attention, input feeding, bridge, no dropout
+# (its defaults); embeddings 256; batches of 2,048 tokens, Adam at 0.002 for both.
+FULL_ONMT = {"encoder_type": "brnn", "hidden_size": 256, "word_vec_size": 256,
+             "enc_layers": 1, "dec_layers": 1}  # fmt: skip
+FULL_JOEY = {
+    "encoder": {"type": "recurrent", "embeddings": {"embedding_dim": 256}, "hidden_size": 128,
+                "bidirectional": True},
+    "decoder": {"type": "recurrent", "embeddings": {"embedding_dim": 256}, "hidden_size": 256},
+}  # fmt: skip
+FULL_JOEY_TRAINING = {"learning_rate": 0.002, "batch_size": 2048, "batch_type": "token",
+                      "validation_freq": 400, "logging_freq": 100}  # fmt: skip
+BIBLE_SETUPS = {
+    "brief": BibleSetup(
+        onmt={**BRIEF_ONMT, "batch_size": 1024},
+        joey=BRIEF_JOEY,
+        joey_training={"learning_rate": 0.01},
+        steps=400,
+        epochs=4,
+        pieces=2000,
+    ),
+    "full": BibleSetup(
+        onmt={**FULL_ONMT, "batch_size": 2048, "report_every": 250},
+        joey=FULL_JOEY,
+        joey_training=FULL_JOEY_TRAINING,
+        steps=1300,
+        epochs=12,
+        pieces=4000,
+    ),
 }
 
 
@@ -202,65 +253,107 @@ def bible_task(data: Path, work: Path) -> Path:
     return task
 
 
-def bible_segmenters(task: Path, work: Path, tokenizer: str) -> tuple[Path, Path]:
+def bible_segmenters(task: Path, work: Path, tokenizer: str, pieces: int) -> tuple[Path, Path]:
     """One subword model per language (made once; reused from --work)."""
     made = []
     for side in ("src", "tgt"):
         if tokenizer == "sentencepiece":
             path = work / f"spm_{side}.model"
             if not path.exists():
-                toolkits.train_sentencepiece(
-                    task / f"train.{side}", path.with_suffix(""), BIBLE_PIECES
-                )
+                toolkits.train_sentencepiece(task / f"train.{side}", path.with_suffix(""), pieces)
         else:
             path = work / f"bpe_{side}.codes"
             if not path.exists():
-                toolkits.learn_bpe(task / f"train.{side}", path, BIBLE_PIECES)
+                toolkits.learn_bpe(task / f"train.{side}", path, pieces)
         made.append(path)
     return made[0], made[1]
 
 
+def _timed(out: Path, train: Callable[[], object]) -> None:
+    """Run `train`, writing its wall-clock seconds to out/train_seconds.txt."""
+    started = time.perf_counter()
+    train()
+    (out / "train_seconds.txt").write_text(f"{time.perf_counter() - started:.0f}\n")
+
+
 def prepare_bible(
-    data: Path, work: Path, tokenizers: tuple[str, ...] = ("sentencepiece", "bpe")
+    data: Path,
+    work: Path,
+    tokenizers: tuple[str, ...] = ("sentencepiece", "bpe"),
+    setup: BibleSetup = BIBLE_SETUPS["brief"],
+    toolkit_names: tuple[str, ...] = ("opennmt-py", "joeynmt"),
 ) -> list[dict[str, Any]]:
     """Train (once; reused from --work) and import one model per toolkit and tokenizer."""
     task = bible_task(data, work)
     models = []
     for tokenizer in tokenizers:
-        src_model, tgt_model = bible_segmenters(task, work, tokenizer)
-        out = work / f"onmt_{tokenizer}"
-        transform = {"sentencepiece": "sentencepiece", "bpe": "bpe"}[tokenizer]
-        options = {**BIBLE_ONMT, "transforms": [transform], "batch_size": 1024,
-                   "batch_type": "tokens", "bucket_size": 8192, "learning_rate": 0.002,
-                   "src_subword_model": str(src_model), "tgt_subword_model": str(tgt_model),
-                   "src_seq_length": 200, "tgt_seq_length": 200}  # fmt: skip
-        ckpt = out / f"model_step_{BIBLE_STEPS}.pt"
-        if not ckpt.exists():
-            toolkits.train_onmt(task, out, options, steps=BIBLE_STEPS)
-        bundle = out / "bundle"
-        if not bundle.exists():
-            cli.main(["opennmt-py", "--checkpoint", str(ckpt), "--out", str(bundle), "--int8"])
-        models.append({"toolkit": "opennmt-py", "model": f"gru-{tokenizer}", "bundle": bundle,
-                       "ckpt": ckpt, "extra": toolkits.onmt_transform_args(options)})  # fmt: skip
-        out = work / f"joey_{tokenizer}"
-        config = out / "config.yaml"
-        if not (out / "model" / "best.ckpt").exists():
-            sides = {}
-            for side, model in (("src", src_model), ("trg", tgt_model)):
-                key = "model_file" if tokenizer == "sentencepiece" else "codes"
-                kind = "sentencepiece" if tokenizer == "sentencepiece" else "subword-nmt"
-                sides[side] = {"level": "bpe", "tokenizer_type": kind, "max_length": 200,
-                               "tokenizer_cfg": {key: str(model)}}  # fmt: skip
-            config, _ = toolkits.train_joey(
-                task, out, BIBLE_JOEY, BIBLE_EPOCHS, sides, {"learning_rate": 0.01}
-            )
-        bundle = out / "bundle"
-        if not bundle.exists():
-            cli.main(["joeynmt", "--config", str(config), "--checkpoint",
-                      str(out / "model" / "best.ckpt"), "--out", str(bundle), "--int8"])  # fmt: skip
-        models.append({"toolkit": "joeynmt", "model": f"gru-{tokenizer}", "bundle": bundle,
-                       "config": config})  # fmt: skip
+        src_model, tgt_model = bible_segmenters(task, work, tokenizer, setup.pieces)
+        if "opennmt-py" in toolkit_names:
+            models.append(_bible_onmt(task, work, tokenizer, (src_model, tgt_model), setup))
+        if "joeynmt" in toolkit_names:
+            models.append(_bible_joey(task, work, tokenizer, (src_model, tgt_model), setup))
     return models
+
+
+def _bible_onmt(
+    task: Path, work: Path, tokenizer: str, segmenters: tuple[Path, Path], setup: BibleSetup
+) -> dict[str, Any]:
+    out = work / f"onmt_{tokenizer}"
+    options = {"transforms": [tokenizer], "batch_type": "tokens", "bucket_size": 8192,
+               "learning_rate": 0.002, "src_subword_model": str(segmenters[0]),
+               "tgt_subword_model": str(segmenters[1]), "src_seq_length": 200,
+               "tgt_seq_length": 200, **setup.onmt}  # fmt: skip
+    ckpt = out / f"model_step_{setup.steps}.pt"
+    if not ckpt.exists():
+        _timed(out, lambda: toolkits.train_onmt(task, out, options, steps=setup.steps))
+    bundle = out / "bundle"
+    if not bundle.exists():
+        cli.main(["opennmt-py", "--checkpoint", str(ckpt), "--out", str(bundle), "--int8"])
+    return {"toolkit": "opennmt-py", "model": f"{tokenizer}", "tokenizer": tokenizer,
+            "bundle": bundle, "ckpt": ckpt, "extra": toolkits.onmt_transform_args(options)}  # fmt: skip
+
+
+def _bible_joey(
+    task: Path, work: Path, tokenizer: str, segmenters: tuple[Path, Path], setup: BibleSetup
+) -> dict[str, Any]:
+    out = work / f"joey_{tokenizer}"
+    config = out / "config.yaml"
+    kind = "sentencepiece" if tokenizer == "sentencepiece" else "subword-nmt"
+    if not (out / "model" / "best.ckpt").exists():
+        key = "model_file" if tokenizer == "sentencepiece" else "codes"
+        sides = {side: {"level": "bpe", "tokenizer_type": kind, "max_length": 200,
+                        "tokenizer_cfg": {key: str(model)}}
+                 for side, model in zip(("src", "trg"), segmenters, strict=True)}  # fmt: skip
+        _timed(
+            out,
+            lambda: toolkits.train_joey(
+                task, out, setup.joey, setup.epochs, sides, setup.joey_training
+            ),
+        )
+    bundle = out / "bundle"
+    if not bundle.exists():
+        cli.main(["joeynmt", "--config", str(config), "--checkpoint",
+                  str(out / "model" / "best.ckpt"), "--out", str(bundle), "--int8"])  # fmt: skip
+    return {"toolkit": "joeynmt", "model": kind, "tokenizer": kind, "bundle": bundle,
+            "config": config}  # fmt: skip
+
+
+def time_systems(
+    systems: dict[str, Callable[[list[str]], list[str]]], lines: list[str], repeats: int
+) -> tuple[dict[str, float], dict[str, list[str]]]:
+    """Sentences/s of each system (median of `repeats` interleaved rounds, after a warm-up on 64
+    lines) and each system's outputs of the last round."""
+    times: dict[str, list[float]] = {k: [] for k in systems}
+    outputs: dict[str, list[str]] = {}
+    for name, system in systems.items():  # warm-up
+        outputs[name] = system(lines[:64])
+    for _ in range(repeats):  # interleaved
+        for name, system in systems.items():
+            start = time.perf_counter()
+            outputs[name] = system(lines)
+            times[name].append(time.perf_counter() - start)
+    speeds = {name: round(len(lines) / statistics.median(times[name]), 1) for name in systems}
+    return speeds, outputs
 
 
 def measure(
@@ -280,18 +373,10 @@ def measure(
                 "ours_int8": ours(m["bundle"], threads, int8=True),
                 m["toolkit"]: toolkit,
             }
-            times: dict[str, list[float]] = {k: [] for k in systems}
-            outputs: dict[str, list[str]] = {}
-            for name, system in systems.items():  # warm-up, and the outputs to compare
-                outputs[name] = system(lines[:64])
-            for _ in range(repeats):  # interleaved
-                for name, system in systems.items():
-                    start = time.perf_counter()
-                    outputs[name] = system(lines)
-                    times[name].append(time.perf_counter() - start)
+            speeds, outputs = time_systems(systems, lines, repeats)
             row: dict[str, Any] = {"toolkit": m["toolkit"], "model": m["model"], "threads": threads}
             for name in systems:
-                row[f"{name}_sent_per_s"] = round(len(lines) / statistics.median(times[name]), 1)
+                row[f"{name}_sent_per_s"] = speeds[name]
             tool = row[f"{m['toolkit']}_sent_per_s"]
             row["speedup"] = round(row["ours_sent_per_s"] / tool, 2)
             row["speedup_int8"] = round(row["ours_int8_sent_per_s"] / tool, 2)
@@ -312,6 +397,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--bible", type=Path, help="the grc-en split: subword models on the Bible")
     parser.add_argument("--tokenizers", default="sentencepiece,bpe", help="with --bible")
+    parser.add_argument("--toolkits", default="opennmt-py,joeynmt", help="with --bible")
+    parser.add_argument(
+        "--setup", choices=sorted(BIBLE_SETUPS), default="brief", help="with --bible: model sizes"
+    )
     parser.add_argument(
         "--only", help="with --bible: prepare the models and stop (no timing)", action="store_true"
     )
@@ -319,7 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.INFO)
     torch.set_num_threads(1)
     tokenizers = tuple(args.tokenizers.split(","))
-    models = prepare_bible(args.bible, args.work, tokenizers) if args.bible else prepare(args.work)
+    if args.bible:
+        setup, names = BIBLE_SETUPS[args.setup], tuple(args.toolkits.split(","))
+        models = prepare_bible(args.bible, args.work, tokenizers, setup, names)
+    else:
+        models = prepare(args.work)
     if args.only:
         return 0
     lines = toolkits.read_lines(args.work / "task" / "test.src")
