@@ -160,9 +160,8 @@ def models_of(args: argparse.Namespace) -> list[dict[str, Any]]:
             "bundle": args.bundle, "int8_bundle": int8_copy(args.bundle, args.work)}  # fmt: skip
     setup = import_speed.BIBLE_SETUPS[args.setup]
     toolkit_names = tuple(t for t in args.toolkits.split(",") if t)
-    imported = import_speed.prepare_bible(
-        args.data, args.work, ("sentencepiece", "bpe"), setup, toolkit_names
-    )
+    tokenizers = tuple(args.tokenizers.split(","))
+    imported = import_speed.prepare_bible(args.data, args.work, tokenizers, setup, toolkit_names)
     for m in imported:
         m["system"] = f"{TOOLKIT_LABEL[m['toolkit']]}, {m['tokenizer']} (imported)"
         m["int8_bundle"] = m["bundle"]
@@ -238,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--bundle", type=Path, default=Path("models/grc-en-nt"))
     p.add_argument("--setup", choices=sorted(import_speed.BIBLE_SETUPS), default="full")
     p.add_argument("--toolkits", default="opennmt-py,joeynmt", help="imported rows ('' for none)")
+    p.add_argument("--tokenizers", default="sentencepiece,bpe", help="of the imported rows")
     p.add_argument("--limit", type=int, help="only the first N verses of John (a quick check)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts (speed)")

@@ -207,8 +207,8 @@ BRIEF_JOEY = {
 }
 # full: the scale (OpenNMT-py, 256-unit bi-LSTM, general attention, 4k pieces per side,
 # 2,500 steps: about 12 minutes on 2 cores), about 12 minutes each on one thread (OpenNMT-py: 0.55 s
-# a step, so 1,300 steps, about 12 epochs; Joey NMT 12 epochs), each toolkit's own RNN defaults
-# apart from size, one layer:
+# a step, so 1,300 steps, about 12 epochs; Joey NMT: about 100 s an epoch, so 7 epochs, validated
+# every 250 steps), each toolkit's own RNN defaults apart from size, one layer:
 # OpenNMT-py brnn LSTM 256 (2 x 128), general attention, input feeding, dropout 0.3 (its defaults);
 # Joey NMT bi-GRU 2 x 128, GRU decoder 256, Bahdanau attention, input feeding, bridge, no dropout
 # (its defaults); embeddings 256; batches of 2,048 tokens, Adam at 0.002 for both.
@@ -220,7 +220,7 @@ FULL_JOEY = {
     "decoder": {"type": "recurrent", "embeddings": {"embedding_dim": 256}, "hidden_size": 256},
 }  # fmt: skip
 FULL_JOEY_TRAINING = {"learning_rate": 0.002, "batch_size": 2048, "batch_type": "token",
-                      "validation_freq": 400, "logging_freq": 100}  # fmt: skip
+                      "validation_freq": 250, "logging_freq": 50}  # fmt: skip
 BIBLE_SETUPS = {
     "brief": BibleSetup(
         onmt={**BRIEF_ONMT, "batch_size": 1024},
@@ -235,7 +235,7 @@ BIBLE_SETUPS = {
         joey=FULL_JOEY,
         joey_training=FULL_JOEY_TRAINING,
         steps=1300,
-        epochs=12,
+        epochs=7,
         pieces=4000,
     ),
 }
