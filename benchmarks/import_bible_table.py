@@ -146,8 +146,11 @@ def speed(model: dict[str, Any], lines: list[str], repeats: int, threads: int) -
         systems["toolkit"] = import_speed.onmt_system(model["ckpt"], model.get("extra"))
     elif model["toolkit"] == "joeynmt":
         systems["toolkit"] = import_speed.joey_system(model["config"])
+    load_before = os.getloadavg()[0]
     speeds, _ = import_speed.time_systems(systems, lines, repeats)
     found: dict[str, Any] = {f"{k}_sent_per_s_{threads}t": v for k, v in speeds.items()}
+    # the 1-minute load average around the measurement: the cores are shared
+    found[f"load_{threads}t"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
     if "toolkit" in speeds:
         found[f"ratio_{threads}t"] = round(speeds["ours"] / speeds["toolkit"], 2)
         found[f"ratio_int8_{threads}t"] = round(speeds["ours_int8"] / speeds["toolkit"], 2)
@@ -228,6 +231,16 @@ def format_table(rows: Sequence[dict[str, Any]], threads: Sequence[int], title: 
     return "\n".join(lines)
 
 
+def load_note(rows: Sequence[dict[str, Any]], threads: Sequence[int]) -> str:
+    """The range of the 1-minute load average seen around each thread count's speed rounds."""
+    parts = []
+    for t in threads:
+        seen = [v for row in rows for v in row.get(f"load_{t}t", [])]
+        if seen:
+            parts.append(f"{t} thread(s) {min(seen):.1f}-{max(seen):.1f}")
+    return "\nLoad average (1 min) around the speed rounds: " + ", ".join(parts) if parts else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -257,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     test_size = args.limit or len(toolkits.read_lines(args.work / "task" / "test.src"))
     title = f"John: {test_size} verses, beam 5, batches of 32 (speeds in sentences/s)"
     print(format_table(list(rows.values()), shown, title))
+    print(load_note(list(rows.values()), shown))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = {"title": title, "threads": shown, "rows": list(rows.values())}
