@@ -266,7 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
     rows = {r["system"]: r for r in previous.get("rows", [])}
     run(args, rows)
-    shown = sorted({*args.threads, *previous.get("threads", [])})
+    timed = set(args.threads) if "speed" in args.phases else set()
+    shown = sorted(timed | set(previous.get("threads", [])))
     test_size = args.limit or len(toolkits.read_lines(args.work / "task" / "test.src"))
     title = f"John: {test_size} verses, beam 5, batches of 32 (speeds in sentences/s)"
     print(format_table(list(rows.values()), shown, title))
