@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,8 +171,10 @@ def models_of(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [ours, *imported]
 
 
-def run(args: argparse.Namespace, rows: dict[str, dict[str, Any]]) -> None:
-    """Fill rows (system -> results) with the phases asked for."""
+def run(
+    args: argparse.Namespace, rows: dict[str, dict[str, Any]], save: Callable[[], None]
+) -> None:
+    """Fill rows (system -> results) with the phases asked for, calling `save` after each model."""
     grc_en.ensure_data(args.data)
     test = grc_en.read_split(args.data, "test", args.limit)
     src = args.work / "task" / "test.src"
@@ -197,12 +199,14 @@ def run(args: argparse.Namespace, rows: dict[str, dict[str, Any]]) -> None:
         if "align" in args.phases and engine:
             row.update(alignment(engine, test))
         print(json.dumps(row), flush=True)
+        save()
     if "speed" in args.phases:
         lines = test.sources
         for threads in args.threads:
             for m in models:
                 rows[m["system"]].update(speed(m, lines, args.repeats, threads))
                 print(json.dumps(rows[m["system"]]), flush=True)
+                save()
 
 
 def format_table(rows: Sequence[dict[str, Any]], threads: Sequence[int], title: str) -> str:
@@ -265,17 +269,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     previous = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
     rows = {r["system"]: r for r in previous.get("rows", [])}
-    run(args, rows)
     timed = set(args.threads) if "speed" in args.phases else set()
     shown = sorted(timed | set(previous.get("threads", [])))
     test_size = args.limit or len(toolkits.read_lines(args.work / "task" / "test.src"))
     title = f"John: {test_size} verses, beam 5, batches of 32 (speeds in sentences/s)"
+
+    def save() -> None:  # after every model: a long run stopped midway keeps what it measured
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            report = {"title": title, "threads": shown, "rows": list(rows.values())}
+            partial = args.json.with_suffix(".partial")
+            partial.write_text(json.dumps(report, indent=2) + "\n")
+            partial.replace(args.json)
+
+    run(args, rows, save)
     print(format_table(list(rows.values()), shown, title))
     print(load_note(list(rows.values()), shown))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        report = {"title": title, "threads": shown, "rows": list(rows.values())}
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 
