@@ -125,7 +125,7 @@ class Engine:
         self._separators: dict[tuple[str, str], Separator] = {}
         self.decoding_defaults = check_decoding_defaults(bundle)
         # Align's supervised word aligner, where the bundle ships one (service/decode/link_head.py)
-        self.link_head = load_link_head(bundle, model.config.intra_op_threads)
+        self.link_head = load_link_head(bundle)
 
     @classmethod
     def load(

@@ -135,10 +135,13 @@ class LinkHead:
         self.thresholds = thresholds
 
     @classmethod
-    def load(cls, directory: Path, thresholds: Thresholds, threads: int = 1) -> LinkHead:
+    def load(cls, directory: Path, thresholds: Thresholds) -> LinkHead:
+        """One thread, no spinning: a call is a millisecond of small matrices, one pair at a time
+        (more threads only wait for each other, and spin against the decoder's)."""
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             session = ort.InferenceSession(
                 str(directory / GRAPH), sess_options=options, providers=["CPUExecutionProvider"]
@@ -168,11 +171,11 @@ class LinkHead:
         return head_links(logits, *self.thresholds)
 
 
-def load_link_head(bundle: Bundle, threads: int = 1) -> LinkHead | None:
+def load_link_head(bundle: Bundle) -> LinkHead | None:
     """The bundle's link head, None when it has none; BundleError when its files are not one."""
     if not bundle.has_link_head or bundle.link_head_thresholds is None:
         return None
     try:
-        return LinkHead.load(bundle.path, bundle.link_head_thresholds, threads)
+        return LinkHead.load(bundle.path, bundle.link_head_thresholds)
     except LinkHeadError as err:
         raise BundleError(str(err)) from err
