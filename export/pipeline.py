@@ -68,9 +68,12 @@ def bundle_dir(cfg: TrainConfig, out: Path, given: Path | None) -> Path | None:
     return out / "bundle" if cfg.bundle is not None else None
 
 
-def export_and_evaluate(cfg: TrainConfig, out: Path, bundle: Path) -> dict[str, Any]:
-    """Steps 2-4 of the module's docstring on a trained run folder; returns their figures."""
-    checkpoint = out / "best.pt"
+def export_and_evaluate(
+    cfg: TrainConfig, out: Path, bundle: Path, checkpoint_name: str = "best.pt"
+) -> dict[str, Any]:
+    """Steps 2-4 of the module's docstring on a trained run folder (its checkpoint_name, best.pt
+    unless told: an averaged one, export/train/average.py); returns their figures."""
+    checkpoint = out / checkpoint_name
     model, _ = load_checkpoint(checkpoint)
     data = out / "data"
     figures: dict[str, Any] = {}
@@ -143,14 +146,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip-train", action="store_true", help="export and evaluate the run in --out as it is"
     )
+    parser.add_argument(
+        "--train-only", action="store_true", help="train, then stop (no export, even with [bundle])"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default="best.pt",
+        help="the checkpoint in --out to export (default: %(default)s; e.g. one written by "
+        "python -m export.train.average)",
+    )
     args = parser.parse_args(argv)
+    if args.skip_train and args.train_only:
+        parser.error("--skip-train and --train-only leave nothing to do")
     try:
         cfg = load_config(args)
         if not args.skip_train:
             print(json.dumps(train(cfg, args.out, resume=args.resume), indent=2))
-        bundle = bundle_dir(cfg, args.out, args.bundle)
+        bundle = None if args.train_only else bundle_dir(cfg, args.out, args.bundle)
         if bundle is not None:
-            export_and_evaluate(cfg, args.out, bundle)
+            export_and_evaluate(cfg, args.out, bundle, args.checkpoint)
             if cfg.link_head is not None and cfg.corpus is not None:
                 head = train_link_head(cfg.corpus, cfg.link_head, bundle, args.out / "link_head")
                 print(f"link head: dev AER {head['served_dev_aer']} (served)")
