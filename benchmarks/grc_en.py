@@ -1,7 +1,8 @@
 """The Greek→English model held to Biblica's manual alignments: one table, all on John.
 
 - AER, precision and recall (export/metrics/aer.py: every gold link sure, over the target words
-  with gold links, counts summed over verses) of forced alignment per link-extraction mode, and of
+  with gold links, counts summed over verses) of forced alignment per link-extraction mode (the
+  link head's "head" where the bundle has one, else the attention's), and of
   eflomal (unsupervised on the text of books 40-57, folded, grow-diag-final-and);
 - BLEU and chrF (sacrebleu) of Translate, beam 5, against the BSB words without `exclude` rows (the
   model's punctuation stripped), beside the translation-memory baseline (benchmarks/grc_en_baselines.py);
@@ -188,6 +189,8 @@ def align_served(engine: Engine, pairs: Sequence[tuple[str, str]], mode: str) ->
 def served_rows(engine: Engine, test: Split) -> list[Row]:
     rows = []
     for mode in LINK_MODES:
+        if mode == "head" and engine.link_head is None:
+            continue  # a bundle without a link head (service/decode/link_head.py)
         started = time.perf_counter()
         lines = align_served(engine, test.pairs, mode)
         seconds = time.perf_counter() - started
@@ -261,7 +264,7 @@ def memory_row(directory: Path, test: Split) -> Row:
 
 def translate(engine: Engine, sources: Sequence[str], beam: int, batch_size: int) -> list[str]:
     """Best hypothesis per source, batched by length (like benchmarks/quality.py)."""
-    options = SearchOptions(beam_size=beam)
+    options = SearchOptions(**{**engine.decoding_defaults, "beam_size": beam})  # as served
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     out = [""] * len(sources)
     for start in range(0, len(order), batch_size):

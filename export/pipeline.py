@@ -12,7 +12,9 @@
 4. with a test split: sacrebleu BLEU and chrF of the served bundle (ONNX Runtime, beam 5) and of
    PyTorch greedy decoding, and the attention's AER against the test split's gold links where it
    has them (export/evaluate/evaluate.py), into <out>/eval; the served figures also go into the
-   bundle's manifest ("info").
+   bundle's manifest ("info");
+5. with a [link_head] table and gold links in [corpus]'s train and dev splits: the bundle's link
+   head, Align's supervised word aligner (export/link_head.py), into <out>/link_head.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sacrebleu
 from export.data import corpus
 from export.data.parallel import CorpusError
 from export.evaluate.evaluate import evaluate_parser, run_evaluate
+from export.link_head import train_link_head
 from export.onnx.parity import check_parity
 from export.onnx.to_onnx import export_bundle
 from export.train.checkpoint import load_checkpoint
@@ -44,7 +47,7 @@ BEAM = 5
 def served_scores(bundle: Path, pairs: list[tuple[str, str]], beam: int = BEAM) -> dict[str, Any]:
     """BLEU and chrF of the bundle as served (ONNX Runtime, beam search) on `pairs`."""
     engine = Engine.load(bundle, RuntimeConfig(providers=("CPUExecutionProvider",)))
-    options = SearchOptions(beam_size=beam)
+    options = SearchOptions(**{**engine.decoding_defaults, "beam_size": beam})
     hyps: list[str] = []
     for start in range(0, len(pairs), 64):
         chunk = [s for s, _ in pairs[start : start + 64]]
@@ -65,9 +68,12 @@ def bundle_dir(cfg: TrainConfig, out: Path, given: Path | None) -> Path | None:
     return out / "bundle" if cfg.bundle is not None else None
 
 
-def export_and_evaluate(cfg: TrainConfig, out: Path, bundle: Path) -> dict[str, Any]:
-    """Steps 2-4 of the module's docstring on a trained run folder; returns their figures."""
-    checkpoint = out / "best.pt"
+def export_and_evaluate(
+    cfg: TrainConfig, out: Path, bundle: Path, checkpoint_name: str = "best.pt"
+) -> dict[str, Any]:
+    """Steps 2-4 of the module's docstring on a trained run folder (its checkpoint_name, best.pt
+    unless told: an averaged one, export/train/average.py); returns their figures."""
+    checkpoint = out / checkpoint_name
     model, _ = load_checkpoint(checkpoint)
     data = out / "data"
     figures: dict[str, Any] = {}
@@ -75,7 +81,17 @@ def export_and_evaluate(cfg: TrainConfig, out: Path, bundle: Path) -> dict[str, 
     test_path = data / "test.tsv"
     test = corpus.read_tsv(test_path) if test_path.is_file() else []
     credits = {"credits": named.credits} if named.credits else {}
-    export_bundle(checkpoint, out, bundle, named.name, named.version, named.int8, extra=credits)
+    sections = {"decoding": named.decoding} if named.decoding else None
+    export_bundle(
+        checkpoint,
+        out,
+        bundle,
+        named.name,
+        named.version,
+        named.int8,
+        extra=credits,
+        sections=sections,
+    )
     src_tok, tgt_tok = Tokenizer.load(out / "source.model"), Tokenizer.load(out / "target.model")
     dev = corpus.read_tsv(data / "dev.tsv")[:PARITY_SENTENCES]
     parity = check_parity(model, bundle, encode_pairs(dev, src_tok, tgt_tok))
@@ -112,6 +128,7 @@ def export_and_evaluate(cfg: TrainConfig, out: Path, bundle: Path) -> dict[str, 
             named.version,
             named.int8,
             extra={"test": figures["test_served"], **credits},
+            sections=sections,
         )
     (out / "pipeline.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     return figures
@@ -129,14 +146,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip-train", action="store_true", help="export and evaluate the run in --out as it is"
     )
+    parser.add_argument(
+        "--train-only", action="store_true", help="train, then stop (no export, even with [bundle])"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default="best.pt",
+        help="the checkpoint in --out to export (default: %(default)s; e.g. one written by "
+        "python -m export.train.average)",
+    )
     args = parser.parse_args(argv)
+    if args.skip_train and args.train_only:
+        parser.error("--skip-train and --train-only leave nothing to do")
     try:
         cfg = load_config(args)
         if not args.skip_train:
             print(json.dumps(train(cfg, args.out, resume=args.resume), indent=2))
-        bundle = bundle_dir(cfg, args.out, args.bundle)
+        bundle = None if args.train_only else bundle_dir(cfg, args.out, args.bundle)
         if bundle is not None:
-            export_and_evaluate(cfg, args.out, bundle)
+            export_and_evaluate(cfg, args.out, bundle, args.checkpoint)
+            if cfg.link_head is not None and cfg.corpus is not None:
+                head = train_link_head(cfg.corpus, cfg.link_head, bundle, args.out / "link_head")
+                print(f"link head: dev AER {head['served_dev_aer']} (served)")
             print(f"wrote bundle {bundle}")
     except CorpusError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -126,6 +126,8 @@ def test_every_link_mode_stays_inside_the_sentence(
     engine: Engine, pairs: list[tuple[str, str]]
 ) -> None:
     for mode in LINK_MODES:
+        if mode == "head":  # the tiny model has no link head: tests/test_link_head.py
+            continue
         for (source, target), result in zip(
             pairs, align(engine, pairs, AlignOptions(links=mode)), strict=True
         ):

@@ -56,13 +56,18 @@ def add_version(root: Path, name: str, version: str, bundle: Path) -> Path:
 
 
 def add_broken_version(root: Path, name: str, version: str, bundle: Path) -> Path:
-    """A copy of a bundle with one byte of the decoder changed (its sha256 no longer matches)."""
+    """A copy of a bundle with one byte of the decoder changed (its sha256 no longer matches),
+    made beside the repository and moved in at once: a server polling the repository never sees
+    the copy before the byte is changed (it did once: it loaded the intact copy)."""
     folder = root / name / version
-    shutil.copytree(bundle, folder)
-    decoder = folder / "decoder.onnx"
+    staging = root.parent / f".staging-{name}-{version}"
+    shutil.copytree(bundle, staging)
+    decoder = staging / "decoder.onnx"
     data = bytearray(decoder.read_bytes())
     data[len(data) // 2] ^= 0xFF
     decoder.write_bytes(bytes(data))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(folder)
     return folder
 
 

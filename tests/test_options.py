@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,9 +15,15 @@ from service.cli import client, translate
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.errors import InvalidInput
-from service.decode.options import OPTIONS, SearchOptions, problems
+from service.decode.options import OPTIONS, SearchOptions, options_from_args, problems
+from service.model.bundle import BundleError
 from service.serve.config import load_settings
-from service.serve.protocol import decoding_options_to_pb, default_options, parse_options
+from service.serve.protocol import (
+    decoding_options_to_pb,
+    default_options,
+    parse_options,
+    parse_request,
+)
 from tests.conftest import TinyModel
 
 # A value inside every option's range, different from its default.
@@ -129,6 +138,51 @@ def test_both_clis_have_a_flag_per_option() -> None:
     assert all(getattr(unset, spec.name) is None for spec in OPTIONS)  # the server's defaults
     args = translate.parse_args(flags)
     assert {spec.name: getattr(args, spec.name) for spec in OPTIONS} == OTHER
-    defaults = translate.parse_args([])
-    assert {spec.name: getattr(defaults, spec.name) for spec in OPTIONS} == SearchOptions().values()
+    unset = translate.parse_args([])  # the model's defaults (its manifest's "decoding"), else ours
+    assert all(getattr(unset, spec.name) is None for spec in OPTIONS)
     assert translate.parse_args(["--max-len-a", "0.5"]).max_length_a == 0.5  # the former flag
+
+
+# --- a model's own defaults (the manifest's "decoding") ------------------------------------------
+
+
+def bundle_with_decoding(tiny: TinyModel, tmp_path: Path, decoding: object) -> Path:
+    copy = tmp_path / "bundle"
+    shutil.copytree(tiny.bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["decoding"] = decoding
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_a_models_decoding_defaults_sit_between_the_servers_and_the_request(
+    tiny: TinyModel, tmp_path: Path
+) -> None:
+    bundle = bundle_with_decoding(tiny, tmp_path, {"length_penalty": 1.0, "beam_size": 3})
+    engine = Engine.load(bundle, RuntimeConfig(providers=("CPUExecutionProvider",)))
+    assert engine.decoding_defaults == {"length_penalty": 1.0, "beam_size": 3}
+    settings = load_settings(["--default-n-best", "2"], {})
+    unset = parse_request(pb.TranslateRequest(texts=["x"]), settings, engine.decoding_defaults)
+    assert (unset.options.length_penalty, unset.options.beam_size) == (1.0, 3)
+    assert unset.options.n_best == 2  # the server's default where the model says nothing
+    asked = pb.TranslateRequest(texts=["x"], options=pb.DecodingOptions(beam_size=5))
+    assert parse_request(asked, settings, engine.decoding_defaults).options.beam_size == 5
+    # s2s-translate (no server) applies them too
+    args = translate.parse_args(["--bundle", str(bundle)])
+    assert SearchOptions(**{**engine.decoding_defaults, **options_from_args(args)}).beam_size == 3
+
+
+@pytest.mark.parametrize(
+    ("decoding", "message"),
+    [
+        ({"lenght_penalty": 1.0}, "unknown options \\['lenght_penalty'\\]"),
+        ({"beam_size": 0}, "beam_size must be >= 1, got 0"),
+        ({"beam_size": "five"}, "must map option names to numbers"),
+    ],
+)
+def test_bad_decoding_defaults_are_refused_at_load(
+    tiny: TinyModel, tmp_path: Path, decoding: object, message: str
+) -> None:
+    bundle = bundle_with_decoding(tiny, tmp_path, decoding)
+    with pytest.raises(BundleError, match=message):
+        Engine.load(bundle, RuntimeConfig(providers=("CPUExecutionProvider",)))

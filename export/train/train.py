@@ -40,6 +40,7 @@ from export.train.checkpoint import (
 from export.train.data import Batch, batches, encode_pairs
 from export.train.greedy import translate_greedy
 from export.train.guided import guided_loss, piece_guide
+from export.train.link_head import LinkHeadConfig
 from export.train.model import Seq2Seq, count_parameters
 from service.model.architecture import PAD_ID, ModelConfig
 from service.model.tokenizer import Tokenizer
@@ -141,6 +142,10 @@ class BundleConfig:
     version: str = "0.1.0"
     int8: bool = False
     credits: str = ""  # the data's sources and licences, recorded in the manifest's info
+    # [bundle.decoding]: the model's default decoding options (the manifest's "decoding"), chosen
+    # on dev; a request's own values and the server's --default-* flags are overridden/kept as
+    # service/serve/protocol.py's default_options says
+    decoding: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -152,11 +157,14 @@ class TrainConfig:
     # [corpus]: plain-text files (export/data/parallel.py), instead of [data]'s sources
     corpus: parallel.CorpusConfig | None = None
     bundle: BundleConfig | None = None  # [bundle]: export after training (export/pipeline.py)
+    # [link_head]: after export, train the bundle's link head on [corpus]'s gold (export/link_head.py)
+    link_head: LinkHeadConfig | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> TrainConfig:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        unknown = sorted(set(raw) - {"model", "data", "optim", "tokenizer", "corpus", "bundle"})
+        sections = {"model", "data", "optim", "tokenizer", "corpus", "bundle", "link_head"}
+        unknown = sorted(set(raw) - sections)
         if unknown:
             raise ValueError(f"{path}: unknown sections {unknown}")
         tok = dict(raw.get("tokenizer", {}))
@@ -181,6 +189,9 @@ class TrainConfig:
             ),
             corpus=corpus_cfg,
             bundle=_build(BundleConfig, raw["bundle"], path) if "bundle" in raw else None,
+            link_head=(
+                LinkHeadConfig.from_dict(dict(raw["link_head"])) if "link_head" in raw else None
+            ),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -37,7 +37,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--out", type=Path, help="write the links here (default: stdout)")
     p.add_argument(
-        "--links", choices=LINK_MODES, default=DEFAULT_LINKS, help="default: %(default)s"
+        "--links",
+        choices=LINK_MODES,
+        default="",
+        help=f"default: the model's ('head' where it has a link head, else {DEFAULT_LINKS!r})",
     )
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="--links threshold")
     p.add_argument("--scores", action="store_true", help="'log_prob<TAB>links' lines")

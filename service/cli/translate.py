@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_BUNDLE,
         help="model bundle directory (default: %(default)s)",
     )
-    add_option_flags(p, SearchOptions())
+    add_option_flags(p, None, unset="the model's, else the built-in one")
     p.add_argument(
         "--batch-size",
         type=int,
@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             int8_decoder=args.int8,
         )
         engine = Engine.load(args.bundle, runtime, EngineLimits(min_confidence=args.min_confidence))
-        options = SearchOptions(**options_from_args(args))
+        options = SearchOptions(**{**engine.decoding_defaults, **options_from_args(args)})
+        args.n_best = options.n_best  # the value in effect (the output's columns follow it)
     except (BundleError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -25,7 +25,7 @@ from service.decode.alignment import Alignment, merge_by_index
 from service.decode.alignment import pharaoh as argmax_pharaoh
 from service.decode.engine import Engine, Prepared
 from service.decode.errors import InvalidInput
-from service.decode.forced import AlignedPair, AlignOptions, Forced, ForcedSearch
+from service.decode.forced import AlignedPair, AlignOptions, Forced, ForcedSearch, default_links
 from service.decode.runtime import EncodedSentence
 from service.model.vocab import TextTokenizer
 
@@ -139,20 +139,54 @@ def check_aligner(engine: Engine, options: AlignOptions) -> None:
             "ask a model with attention"
         )
     found = options.problems()
+    if options.links == link_modes.HEAD and engine.link_head is None:
+        others = [m for m in link_modes.LINK_MODES if m != link_modes.HEAD]
+        found.append(
+            f"model {engine.bundle.name} has no link head (links 'head'): use one of {others}, "
+            "or add a head with `python -m export.link_head`"
+        )
     if found:
         raise InvalidInput("; ".join(found))
+
+
+def resolve_links(engine: Engine, options: AlignOptions) -> AlignOptions:
+    """The options with the model's default link mode filled in where none was asked."""
+    if options.links:
+        return options
+    return replace(options, links=default_links(engine.link_head is not None))
 
 
 # --- results -----------------------------------------------------------------------------------
 
 
-def aligned_pair(pair: PreparedPair, forced: Forced, options: AlignOptions) -> AlignedPair:
-    """The forced pass's rows → subword and word matrices, links and scores."""
+def head_links(engine: Engine, pair: PreparedPair, states: np.ndarray) -> set[link_modes.Link]:
+    """The link head's links for a pair whose source the encoder gave `states` (P_s, D)."""
+    assert engine.link_head is not None
+    src, tgt = pair.src, pair.tgt
+    logits = engine.link_head.logits(
+        states, src.words, src.ids, src.word_of, tgt.words, tgt.ids, tgt.word_of
+    )
+    return engine.link_head.links(logits)
+
+
+def aligned_pair(
+    pair: PreparedPair,
+    forced: Forced,
+    options: AlignOptions,
+    head: set[link_modes.Link] | None = None,
+) -> AlignedPair:
+    """The forced pass's rows → subword and word matrices, links and scores. Links are read from
+    the attention's word matrix, or with links "head" are `head`, the link head's."""
     src, tgt = pair.src, pair.tgt
     T = len(tgt.ids)
     matrix = forced.attention[:T]  # (T, S): the EOS step's row is not a target token's
     word_matrix = merge_by_index(matrix, src.word_of, tgt.word_of, len(src.words), len(tgt.words))
-    links = link_modes.extract_links(word_matrix, options.links, options.threshold)
+    if options.links == link_modes.HEAD:
+        if head is None:
+            raise ValueError("links 'head' needs the link head's links")
+        links = head
+    else:
+        links = link_modes.extract_links(word_matrix, options.links, options.threshold)
     pharaoh = link_modes.to_pharaoh(links)
     subword = word = None
     if options.matrices in ("both", "subword"):
@@ -194,6 +228,7 @@ class ForcedBatch(Generic[KeyT]):
         cfg = engine.cfg
         self.search = ForcedSearch(self.decoder, cfg.bos_id, cfg.eos_id, cfg.tgt_vocab_size)
         self.requests: dict[Hashable, ForcedRequest[KeyT]] = {}
+        self.states: dict[Hashable, np.ndarray] = {}  # encoder states of pairs linked by the head
 
     def __len__(self) -> int:
         return len(self.search)
@@ -216,16 +251,21 @@ class ForcedBatch(Generic[KeyT]):
         if len(encoded) != len(requests) or any(len(rows) != 1 for rows in encoded):
             raise ValueError("one encoded source per pair expected")
         row = self.decoder.add_sentences([rows[0] for rows in encoded])
-        for request in requests:
+        for request, rows in zip(requests, encoded, strict=True):
             pair = request.pair
+            request = replace(request, options=resolve_links(self.engine, request.options))
             self.search.add(request.key, len(pair.src.ids), pair.tgt.ids, state_row=row)
             self.requests[request.key] = request
+            if request.options.links == link_modes.HEAD:
+                self.states[request.key] = rows[0].values
             row += 1
 
     def remove(self, keys: Collection[KeyT]) -> list[KeyT]:
         """Drop pairs mid-pass (their client went away); returns the keys that were here."""
         present = [key for key in keys if key in self.requests]
         self.search.remove(present)
+        for key in present:
+            self.states.pop(key, None)
         return [self.requests.pop(key).key for key in present]
 
     def step(self) -> list[tuple[KeyT, AlignedPair]]:
@@ -233,7 +273,9 @@ class ForcedBatch(Generic[KeyT]):
         out = []
         for key, forced in self.search.step():
             request = self.requests.pop(key)
-            out.append((request.key, aligned_pair(request.pair, forced, request.options)))
+            states = self.states.pop(key, None)
+            head = head_links(self.engine, request.pair, states) if states is not None else None
+            out.append((request.key, aligned_pair(request.pair, forced, request.options, head)))
         return out
 
 

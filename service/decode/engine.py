@@ -21,10 +21,13 @@ from service.decode.alignment import Alignment
 from service.decode.beam import BeamSearch, Hypothesis, SearchOptions
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.errors import InvalidInput
+from service.decode.link_head import load_link_head
+from service.decode.options import OPTIONS
+from service.decode.options import problems as option_problems
 from service.decode.runtime import EncodedSentence, OnnxDecoder, OnnxModel
 from service.model import graph_contract as contract
 from service.model import segment
-from service.model.bundle import MANIFEST, Bundle, load_bundle
+from service.model.bundle import MANIFEST, Bundle, BundleError, load_bundle
 from service.model.embedded import resolve_bundle
 from service.model.input_rule import InputRejected
 from service.model.vocab import TextTokenizer, is_word_level, load_tokenizers
@@ -120,6 +123,9 @@ class Engine:
             else bundle.confidence_threshold or 0.0
         )
         self._separators: dict[tuple[str, str], Separator] = {}
+        self.decoding_defaults = check_decoding_defaults(bundle)
+        # Align's supervised word aligner, where the bundle ships one (service/decode/link_head.py)
+        self.link_head = load_link_head(bundle)
 
     @classmethod
     def load(
@@ -391,6 +397,23 @@ class Engine:
             low_confidence=confidence < self.min_confidence,
             segment_confidences=tuple(p.confidence for p in parts),
         )
+
+
+def check_decoding_defaults(bundle: Bundle) -> dict[str, Any]:
+    """The manifest's "decoding" defaults, every name a decoding option and every value in its
+    range (BundleError naming the manifest otherwise)."""
+    known = {spec.name: spec for spec in OPTIONS}
+    unknown = sorted(set(bundle.decoding) - set(known))
+    if unknown:
+        raise BundleError(
+            f"{bundle.path / MANIFEST}: 'decoding' names unknown options {unknown} "
+            f"(known: {sorted(known)})"
+        )
+    values = {name: known[name].kind(v) for name, v in bundle.decoding.items()}
+    found = option_problems({**SearchOptions().values(), **values})
+    if found:
+        raise BundleError(f"{bundle.path / MANIFEST}: 'decoding': " + "; ".join(found))
+    return values
 
 
 def check_loaded_bundle(

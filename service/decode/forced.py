@@ -26,19 +26,26 @@ from service.decode.beam import StepOutput, compaction_order
 
 Matrices = Literal["both", "none", "subword", "word"]
 MATRICES: tuple[str, ...] = ("both", "none", "subword", "word")
-# The mode with the best AER on the Greek model's dev split (docs/align.md).
+# The modes with the best AER on the Greek model's dev split (docs/align.md): the link head's where
+# the bundle has one, else grow-diag-final-and over the attention.
 DEFAULT_LINKS = "grow"
+DEFAULT_LINKS_WITH_HEAD = "head"
+
+
+def default_links(has_link_head: bool) -> str:
+    """The link mode an Align request without one gets from a model."""
+    return DEFAULT_LINKS_WITH_HEAD if has_link_head else DEFAULT_LINKS
 
 
 @dataclass(frozen=True)
 class AlignOptions:
-    links: str = DEFAULT_LINKS  # one of service.decode.links.LINK_MODES
+    links: str = ""  # one of service.decode.links.LINK_MODES; "": the model's default_links
     threshold: float = link_modes.DEFAULT_THRESHOLD  # links "threshold" only
     matrices: Matrices = "both"  # which attention matrices the result keeps
 
     def problems(self) -> list[str]:
         found = []
-        if self.links not in link_modes.LINK_MODES:
+        if self.links and self.links not in link_modes.LINK_MODES:
             found.append(f"links must be one of {link_modes.LINK_MODES}, got {self.links!r}")
         if not 0 < self.threshold <= 1:
             found.append(f"threshold must be in (0, 1], got {self.threshold}")

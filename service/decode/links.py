@@ -6,6 +6,9 @@ writes it. One matrix gives both directions: a row's argmax says which source wo
 looks at most, a column's argmax which target word looks at a source word most; the symmetrised
 modes combine the two as statistical aligners combine two directional models (Koehn et al., 2003).
 What each mode gave on the Greek model's dev split is in docs/align.md.
+
+Mode "head" is not read from the attention: the bundle's link head (service/decode/link_head.py),
+a supervised aligner that sees the whole pair, gives the links.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ LINK_MODES: tuple[str, ...] = (
     "union",
     "grow",
     "threshold",
+    "head",
 )
+HEAD = "head"  # the link head's own links (service/decode/link_head.py), not an attention reading
 DEFAULT_THRESHOLD = 0.3
 
 
@@ -109,6 +114,10 @@ def extract_links(matrix: np.ndarray, mode: str, threshold: float = DEFAULT_THRE
         raise ValueError(f"alignment matrix must be 2-D (target, source), got {matrix.shape}")
     if mode == "threshold":
         return threshold_links(matrix, threshold)
+    if mode == HEAD:
+        raise ValueError(
+            "links 'head' come from the link head (service/decode/link_head.py), not a matrix"
+        )
     if mode not in EXTRACTORS:
         raise ValueError(f"link mode must be one of {LINK_MODES}, got {mode!r}")
     return EXTRACTORS[mode](matrix)

@@ -183,13 +183,16 @@ def problems(values: Mapping[str, Any], limits: Limits | None = None) -> list[st
 # --- command-line flags --------------------------------------------------------------------------
 
 
-def add_option_flags(parser: argparse.ArgumentParser, defaults: SearchOptions | None) -> None:
-    """One flag per option (dest = its name); defaults None leaves unset flags None (the server's
-    defaults apply), otherwise unset flags take the given defaults."""
+def add_option_flags(
+    parser: argparse.ArgumentParser, defaults: SearchOptions | None, unset: str = "the server's"
+) -> None:
+    """One flag per option (dest = its name); defaults None leaves unset flags None (whoever
+    decodes applies its defaults, named by `unset` in the help), otherwise unset flags take the
+    given defaults."""
     group = parser.add_argument_group("decoding options")
     for spec in OPTIONS:
         default = None if defaults is None else getattr(defaults, spec.name)
-        shown = "the server's" if defaults is None else "%(default)s"
+        shown = unset if defaults is None else "%(default)s"
         group.add_argument(
             *spec.flags,
             dest=spec.name,

@@ -20,7 +20,10 @@ from service.model.segment import Segmentation, SegmentationError
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 REQUIRED_FILES = ("encoder.onnx", "decoder.onnx", "source.model", "target.model")
-OPTIONAL_FILES = ("decoder.int8.onnx",)
+# decoder.int8.onnx: the int8 decoder (--int8); link_head.onnx and link_lexicon.json: the link head,
+# a supervised word aligner for Align (service/decode/link_head.py, added by export/link_head.py).
+OPTIONAL_FILES = ("decoder.int8.onnx", "link_head.onnx", "link_lexicon.json")
+LINK_HEAD_FILES = ("link_head.onnx", "link_lexicon.json")
 # The manifest's "tokenizer" section says how text becomes ids; absent means SentencePiece (every
 # bundle our trainer writes). "word": whitespace-split words looked up in vocabulary files, the
 # convention of the toolkits whose checkpoints export/importers/ turns into bundles; "subword": the
@@ -87,6 +90,13 @@ class Bundle:
     # The manifest's "confidence": {"threshold": x}: hypotheses below x are marked low_confidence
     # unless the server sets its own (--min-confidence); None: no threshold.
     confidence_threshold: float | None = None
+    # The manifest's "link_head": {"row_threshold": r, "cell_threshold": c}: with the link head's
+    # files, Align's "head" links (service/decode/link_head.py's head_links); None: no link head.
+    link_head_thresholds: tuple[float, float] | None = None
+    # The manifest's "decoding": the model's own defaults for decoding options (name → value, the
+    # DecodingOptions names), chosen on its dev split; a request's own values override them, and
+    # they override the server's --default-* (checked by the engine: service/decode/engine.py).
+    decoding: dict[str, int | float] = field(default_factory=dict)
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -94,6 +104,12 @@ class Bundle:
     @property
     def has_int8(self) -> bool:
         return "decoder.int8.onnx" in self.files
+
+    @property
+    def has_link_head(self) -> bool:
+        return self.link_head_thresholds is not None and all(
+            name in self.files for name in LINK_HEAD_FILES
+        )
 
 
 def sha256_of(path: Path) -> str:
@@ -114,6 +130,7 @@ def write_manifest(
     tokenizer: dict[str, Any] | None = None,
     segmentation: dict[str, Any] | None = None,
     confidence: dict[str, Any] | None = None,
+    decoding: dict[str, Any] | None = None,
 ) -> Path:
     """Hash every bundle file present in `directory` and write manifest.json next to them.
 
@@ -144,6 +161,32 @@ def write_manifest(
     if confidence is not None:
         parse_confidence(confidence, directory / MANIFEST)
         manifest["confidence"] = confidence
+    if decoding:
+        manifest["decoding"] = decoding
+    path = directory / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def add_files(
+    directory: Path,
+    names: list[str],
+    info: dict[str, Any] | None = None,
+    sections: dict[str, Any] | None = None,
+) -> Path:
+    """List (or re-hash) `names`, files already in the bundle `directory`, in its manifest, merge
+    `info` into the manifest's "info" and set its top-level `sections`; the rest is kept."""
+    manifest = read_manifest(directory)
+    if sections and "link_head" in sections:
+        parse_link_head(sections["link_head"], directory / MANIFEST)
+    manifest.update(sections or {})
+    for name in names:
+        if name not in OPTIONAL_FILES:
+            raise BundleError(f"{name} is not a file a bundle may add (known: {OPTIONAL_FILES})")
+        if not (directory / name).is_file():
+            raise BundleError(f"cannot add {directory / name}: no such file")
+        manifest["files"][name] = sha256_of(directory / name)
+    manifest["info"] = {**manifest.get("info", {}), **(info or {})}
     path = directory / MANIFEST
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
@@ -219,6 +262,20 @@ def load_bundle(path: str | Path) -> Bundle:
     threshold = None
     if "confidence" in manifest:
         threshold = parse_confidence(manifest["confidence"], directory / MANIFEST)
+    head_thresholds = None
+    if "link_head" in manifest:
+        head_thresholds = parse_link_head(manifest["link_head"], directory / MANIFEST)
+        missing = [f for f in LINK_HEAD_FILES if f not in manifest["files"]]
+        if missing:
+            raise BundleError(
+                f"{directory / MANIFEST}: has a 'link_head' but does not list {missing}"
+            )
+    decoding = manifest.get("decoding", {})
+    if not isinstance(decoding, dict) or not all(
+        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+        for k, v in decoding.items()
+    ):
+        raise BundleError(f"{directory / MANIFEST}: 'decoding' must map option names to numbers")
     return Bundle(
         path=directory,
         name=str(manifest["name"]),
@@ -230,6 +287,8 @@ def load_bundle(path: str | Path) -> Bundle:
         tokenizer=dict(tokenizer),
         segmentation=segmentation,
         confidence_threshold=threshold,
+        link_head_thresholds=head_thresholds,
+        decoding=dict(decoding),
     )
 
 
@@ -243,3 +302,20 @@ def parse_confidence(section: object, where: Path) -> float:
             f"{where}: confidence.threshold must be a number in [0, 1], got {value!r}"
         )
     return float(value)
+
+
+def parse_link_head(section: object, where: Path) -> tuple[float, float]:
+    """(row, cell) thresholds of a manifest's "link_head": {"row_threshold": r, "cell_threshold":
+    c} section, each a probability in [0, 1]."""
+    keys = ("row_threshold", "cell_threshold")
+    if not isinstance(section, dict) or set(section) != set(keys):
+        raise BundleError(
+            f'{where}: \'link_head\' must be an object {{"row_threshold": r, "cell_threshold": c}}'
+        )
+    values = []
+    for key in keys:
+        value = section[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise BundleError(f"{where}: link_head.{key} must be a number in [0, 1], got {value!r}")
+        values.append(float(value))
+    return values[0], values[1]

@@ -11,7 +11,7 @@ option's name is its DecodingOptions field, so both directions loop over `OPTION
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -22,12 +22,12 @@ from google.protobuf.message import DecodeError
 from proto.translation.v1 import translation_pb2 as pb
 from service.decode.alignment import Alignment
 from service.decode.errors import InvalidInput
-from service.decode.forced import DEFAULT_LINKS, AlignedPair, AlignOptions, Matrices
+from service.decode.forced import AlignedPair, AlignOptions, Matrices, default_links
 from service.decode.links import DEFAULT_THRESHOLD
 from service.decode.options import OPTIONS, SearchOptions, problems
 
 if TYPE_CHECKING:  # the client imports this module: keep onnxruntime out of its imports
-    from service.decode.engine import AlignmentMode, Prepared, Translation
+    from service.decode.engine import AlignmentMode, Engine, Prepared, Translation
     from service.serve.config import Settings
     from service.serve.repository import ModelVersion
 
@@ -51,6 +51,7 @@ LINKS_FROM_PB: dict[int, str | None] = {
     pb.LINK_MODE_UNION: "union",
     pb.LINK_MODE_GROW: "grow",
     pb.LINK_MODE_THRESHOLD: "threshold",
+    pb.LINK_MODE_HEAD: "head",
 }
 LINK_MODES_PB: dict[str, int] = {name: v for v, name in LINKS_FROM_PB.items() if name}
 MATRICES_FROM_PB: dict[int, Matrices] = {
@@ -104,8 +105,14 @@ class ParsedRequest:
     alignment: AlignmentMode
 
 
-def parse_request(request: pb.TranslateRequest, settings: Settings) -> ParsedRequest:
-    """Validate a TranslateRequest against the limits; InvalidInput says what to change."""
+def parse_request(
+    request: pb.TranslateRequest,
+    settings: Settings,
+    model_defaults: Mapping[str, Any] | None = None,
+) -> ParsedRequest:
+    """Validate a TranslateRequest against the limits; InvalidInput says what to change. Options
+    the request leaves unset take the model's defaults (its manifest's "decoding"), then the
+    server's."""
     server = settings.server
     texts = list(request.texts)
     if not texts:
@@ -127,21 +134,27 @@ def parse_request(request: pb.TranslateRequest, settings: Settings) -> ParsedReq
                 f"texts[{i}] has {len(text)} characters, over the limit of {server.max_text_chars}"
             )
     return ParsedRequest(
-        texts, parse_options(request.options, settings), parse_alignment(request.options.alignment)
+        texts,
+        parse_options(request.options, settings, model_defaults),
+        parse_alignment(request.options.alignment),
     )
 
 
-def default_options(settings: Settings) -> dict[str, Any]:
-    """What a request gets for each option it leaves unset: the configured defaults, max_length
-    capped by the engine's limit."""
-    defaults = settings.decoding.values()
+def default_options(
+    settings: Settings, model_defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """What a request gets for each option it leaves unset: the model's defaults, else the
+    configured ones; max_length capped by the engine's limit."""
+    defaults = {**settings.decoding.values(), **(model_defaults or {})}
     defaults["max_length"] = min(defaults["max_length"], settings.limits.max_length)
     return defaults
 
 
-def parse_options(o: pb.DecodingOptions, settings: Settings) -> SearchOptions:
+def parse_options(
+    o: pb.DecodingOptions, settings: Settings, model_defaults: Mapping[str, Any] | None = None
+) -> SearchOptions:
     """The set fields of DecodingOptions over the defaults, checked against the engine's limits."""
-    values = default_options(settings)
+    values = default_options(settings, model_defaults)
     for spec in OPTIONS:
         if o.HasField(spec.name):
             values[spec.name] = spec.kind(getattr(o, spec.name))
@@ -272,7 +285,7 @@ def parse_align_request(request: pb.AlignRequest, settings: Settings) -> ParsedA
     if o.alignment not in MATRICES_FROM_PB:
         raise InvalidInput(f"unknown alignment mode {o.alignment}: use NONE, SUBWORD or WORD")
     options = AlignOptions(
-        links=LINKS_FROM_PB[o.links] or DEFAULT_LINKS,
+        links=LINKS_FROM_PB[o.links] or "",  # "": the model's default (aligner.resolve_links)
         threshold=o.threshold if o.HasField("threshold") else DEFAULT_THRESHOLD,
         matrices=MATRICES_FROM_PB[o.alignment],
     )
@@ -369,7 +382,10 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
             max_message_bytes=settings.server.max_message_bytes,
             max_request_id_chars=MAX_REQUEST_ID_CHARS,
         ),
-        defaults=pb.DecodingOptions(**default_options(settings), alignment=pb.ALIGNMENT_MODE_NONE),
+        defaults=pb.DecodingOptions(
+            **default_options(settings, engine.decoding_defaults),
+            alignment=pb.ALIGNMENT_MODE_NONE,
+        ),
         execution_providers=engine.model.providers,
         scheduling_policy=settings.batching.policy,
         is_default=is_default,
@@ -377,6 +393,7 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
         confidence_threshold=engine.min_confidence,
         segmentation=engine.bundle.segmentation is not None,
         description=model_description(engine.bundle.info),
+        default_link_mode=default_link_mode(engine),  # type: ignore[arg-type]
     )
 
 
@@ -512,6 +529,13 @@ def aligned_pair_from_pb(message: pb.PairAlignment) -> AlignedPair:
         unknown_source_words=list(message.unknown_source_words),
         unknown_target_words=list(message.unknown_target_words),
     )
+
+
+def default_link_mode(engine: Engine) -> int:
+    """The LinkMode an Align request without one gets from this model."""
+    if not engine.supports_alignment:
+        return pb.LINK_MODE_UNSPECIFIED
+    return LINK_MODES_PB[default_links(engine.link_head is not None)]
 
 
 def model_info_from_pb(message: pb.ModelInfo) -> dict[str, Any]:

@@ -106,7 +106,7 @@ class TranslatorCore:
         engine = model.engine
         trace = current_trace()
         trace.set(model_name=model.name, model_version=model.version, request_id=request_id)
-        parsed = parse_request(request, self.settings)
+        parsed = parse_request(request, self.settings, engine.decoding_defaults)
         trace.set(texts=len(parsed.texts), input_chars=sum(len(t) for t in parsed.texts))
         trace.texts("input.texts", parsed.texts)
         engine.check_options(parsed.options, parsed.alignment)

@@ -1,0 +1,205 @@
+"""Train a bundle's link head on a corpus's gold word links and add it to the bundle.
+
+    python -m export.link_head --config configs/grc-en-nt-align.toml --bundle models/grc-en-nt
+
+The config's [corpus] train split must have gold alignments (Pharaoh, over whitespace words); its
+dev split, with gold too, chooses the epoch (lowest AER). `[link_head]` (optional) sets the
+sizes and schedule (export/train/link_head.py's LinkHeadConfig). The translation model is not
+changed: its encoder graph gives the states the head reads. Writes link_head.onnx and
+link_lexicon.json into the bundle, re-hashes its manifest, checks the graph against the module,
+then aligns dev through the served path (`Align`, links "head") and reports that AER.
+s2s-train runs this as its last step when the config has a [link_head] table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from export.data.parallel import CorpusConfig, CorpusError, ParallelSplit, load_corpus
+from export.metrics.aer import score_corpus
+from export.onnx.link_head import export_link_head, parity_error
+from export.train.link_head import Example, LinkHeadConfig, fit, jackknife_features, predict
+from service.decode import links as link_modes
+from service.decode.aligner import align, prepare_pair
+from service.decode.config import EngineLimits, RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.forced import AlignOptions
+from service.decode.lexicon import Lexicon
+from service.decode.link_head import GRAPH, LEXICON, Thresholds, head_links, pool_matrix
+from service.model.bundle import add_files
+
+log = logging.getLogger(__name__)
+PARITY_PAIRS = 16
+PARITY_TOLERANCE = 1e-3
+# The thresholds tried on dev: row 0 links every target word; cell 1.0 adds no second links.
+ROW_THRESHOLDS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)
+CELL_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+Link = tuple[int, int]
+
+
+def load_engine(bundle: Path, threads: int) -> Engine:
+    return Engine.load(
+        bundle,
+        RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=threads),
+        EngineLimits(max_source_tokens=4096, max_length=4096),
+    )
+
+
+def gold_pairs(split: ParallelSplit) -> list[tuple[str, str, list[Link]]]:
+    """The split's pairs that have gold links."""
+    return [(s, t, list(g)) for (s, t), g in zip(split.pairs, split.gold, strict=True) if g]
+
+
+def make_examples(engine: Engine, pairs: Sequence[tuple[str, str, list[Link]]]) -> list[Example]:
+    """Tokenized as Align tokenizes (word by word), the source encoded by the bundle's encoder
+    graph; lexicon features are left empty (filled by the caller)."""
+    out: list[Example] = []
+    for start in range(0, len(pairs), 64):
+        chunk = pairs[start : start + 64]
+        prepared = [prepare_pair(engine, s, t) for s, t, _ in chunk]
+        encoded = engine.encode([p.source for p in prepared])
+        for p, rows, (_, _, gold) in zip(prepared, encoded, chunk, strict=True):
+            S_w, T_w = len(p.src.words), len(p.tgt.words)
+            states = pool_matrix(p.src.word_of, S_w) @ rows[0].values  # (S_w, D)
+            out.append(
+                Example(
+                    states=states.astype(np.float32),
+                    src_ids=np.array(p.src.ids, np.int64),
+                    src_word_of=p.src.word_of,
+                    tgt_ids=np.array(p.tgt.ids, np.int64),
+                    tgt_word_of=p.tgt.word_of,
+                    features=np.zeros((T_w, S_w, 0), np.float32),
+                    gold=gold,
+                    src_words=p.src.words,
+                    tgt_words=p.tgt.words,
+                )
+            )
+    return out
+
+
+def aer_at(logits: list[np.ndarray], examples: Sequence[Example], thresholds: Thresholds) -> float:
+    """AER of the served "head" links at one (row, cell) threshold pair."""
+    predicted = [head_links(x, *thresholds) for x in logits]
+    return score_corpus(predicted, [set(e.gold) for e in examples]).aer
+
+
+def best_thresholds(
+    logits: list[np.ndarray], examples: Sequence[Example]
+) -> tuple[Thresholds, float]:
+    """((row, cell), AER) with the lowest AER on the grid."""
+    grid = [(r, c) for r in ROW_THRESHOLDS for c in CELL_THRESHOLDS]
+    return min(((t, aer_at(logits, examples, t)) for t in grid), key=lambda x: x[1])
+
+
+def dev_aer(logits: list[np.ndarray], examples: Sequence[Example]) -> float:
+    """The epoch's score: its AER at its best thresholds."""
+    return best_thresholds(logits, examples)[1]
+
+
+def served_dev_aer(bundle: Path, pairs: Sequence[tuple[str, str, list[Link]]]) -> float:
+    """Dev aligned through the bundle as served, links "head"."""
+    engine = load_engine(bundle, 1)
+    results = align(engine, [(s, t) for s, t, _ in pairs], AlignOptions(links="head"))
+    predicted = [link_modes.parse_pharaoh(r.pharaoh) for r in results]
+    return score_corpus(predicted, [set(g) for _, _, g in pairs]).aer
+
+
+def train_link_head(
+    corpus_cfg: CorpusConfig, head_cfg: LinkHeadConfig, bundle: Path, out: Path
+) -> dict[str, Any]:
+    """Train, export into the bundle, check; returns the figures (also in <out>/link_head.json)."""
+    splits = load_corpus(corpus_cfg)
+    if "dev" not in splits:
+        raise CorpusError(
+            "the link head needs a [corpus.dev] split with gold links to choose its epoch"
+        )
+    train_pairs, dev_pairs = gold_pairs(splits["train"]), gold_pairs(splits["dev"])
+    if not train_pairs or not dev_pairs:
+        raise CorpusError("the link head needs gold links in both the train and the dev split")
+    start = time.monotonic()
+    engine = load_engine(bundle, head_cfg.threads)
+    train, dev = make_examples(engine, train_pairs), make_examples(engine, dev_pairs)
+    jackknife_features(train, head_cfg.seed)
+    lexicon = Lexicon.from_links((e.src_words, e.tgt_words, e.gold) for e in train)
+    for e in dev:
+        e.features = lexicon.features(e.src_words, e.tgt_words)
+    cfg = engine.cfg
+    net, history = fit(head_cfg, train, dev, dev_aer, cfg.src_vocab_size, cfg.tgt_vocab_size)
+    logits = predict(net, dev)
+    thresholds, best_aer = best_thresholds(logits, dev)
+    export_link_head(net, dev[0], bundle / GRAPH)
+    lexicon.save(bundle / LEXICON)
+    worst = parity_error(net, bundle / GRAPH, dev[:PARITY_PAIRS])
+    if worst > PARITY_TOLERANCE:
+        raise RuntimeError(
+            f"link head graph differs from the module by {worst:.2e} (> {PARITY_TOLERANCE})"
+        )
+    figures: dict[str, Any] = {
+        "train_pairs": len(train),
+        "dev_pairs": len(dev),
+        "dev_aer": round(best_aer, 4),
+        "row_threshold": thresholds[0],
+        "cell_threshold": thresholds[1],
+        "dev_aer_every_target_word_linked_once": round(aer_at(logits, dev, (0.0, 1.0)), 4),
+        "parity_max_abs": worst,
+        "minutes": round((time.monotonic() - start) / 60, 1),
+        "history": history,
+    }
+    add_files(
+        bundle,
+        [GRAPH, LEXICON],
+        info={"link_head": {k: v for k, v in figures.items() if k != "history"}},
+        sections={"link_head": {"row_threshold": thresholds[0], "cell_threshold": thresholds[1]}},
+    )
+    figures["served_dev_aer"] = round(served_dev_aer(bundle, dev_pairs), 4)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "link_head.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+    return figures
+
+
+def read_config(path: Path) -> tuple[CorpusConfig, LinkHeadConfig]:
+    raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    if "corpus" not in raw:
+        raise CorpusError(
+            f"{path}: no [corpus] table: name the train and dev files with gold links"
+        )
+    corpus_cfg = CorpusConfig.from_dict(raw["corpus"], f"{path}: [corpus]")
+    return corpus_cfg, LinkHeadConfig.from_dict(dict(raw.get("link_head", {})))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--config", type=Path, required=True, help="TOML with [corpus] (and [link_head])"
+    )
+    p.add_argument("--bundle", type=Path, required=True, help="the bundle to add the head to")
+    p.add_argument(
+        "--out", type=Path, help="where link_head.json goes (default: runs/<bundle>-link-head)"
+    )
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    out = args.out or Path("runs") / f"{args.bundle.name}-link-head"
+    try:
+        corpus_cfg, head_cfg = read_config(args.config)
+        figures = train_link_head(corpus_cfg, head_cfg, args.bundle, out)
+    except (CorpusError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: v for k, v in figures.items() if k != "history"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""Training the link head (service/decode/link_head.py) on gold word links.
+
+The head is trained after the translation model, which stays frozen: its encoder states are read
+once per sentence through the bundle's own graph (the served computation), and only the head's
+weights learn. The loss per pair, over the (target word, source word) cells:
+- cross-entropy of each linked target word's row softmax against its gold links (uniform over them),
+- the same per column (each linked source word over the target words),
+- binary cross-entropy of every cell against link / no link.
+
+The lexicon features of a training pair must not come from that pair's own links (the head would
+learn to trust them more than they deserve on new text), so training pairs are split in two and
+each half reads a lexicon counted on the other half; dev and new text read the lexicon of all of
+training, which is the one the bundle ships.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from service.decode.lexicon import NUM_FEATURES, Lexicon
+from service.decode.link_head import pool_matrix
+
+log = logging.getLogger(__name__)
+Link = tuple[int, int]  # (source word, target word)
+
+
+@dataclass(frozen=True)
+class LinkHeadConfig:
+    """The `[link_head]` table of a training config."""
+
+    emb_dim: int = 128
+    hidden: int = 192
+    attn_dim: int = 256
+    dropout: float = 0.3
+    refine_channels: int = 16
+    epochs: int = 8
+    batch_size: int = 32
+    lr: float = 0.002
+    lr_decay: float = 0.7  # per two epochs, from the fourth
+    seed: int = 1
+    threads: int = 1
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> LinkHeadConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"[link_head] has unknown keys {unknown} (known: {sorted(known)})")
+        return cls(**raw)
+
+
+@dataclass
+class Example:
+    """One pair as the head reads it (see service/decode/link_head.py's graph contract)."""
+
+    states: np.ndarray  # (S_w, D) encoder states averaged per source word
+    src_ids: np.ndarray  # (P_s,)
+    src_word_of: np.ndarray  # (P_s,)
+    tgt_ids: np.ndarray  # (P_t,)
+    tgt_word_of: np.ndarray  # (P_t,)
+    features: np.ndarray  # (T_w, S_w, F)
+    gold: list[Link]
+    src_words: list[str]
+    tgt_words: list[str]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.features.shape[0], self.features.shape[1]
+
+
+class LinkHeadNet(nn.Module):
+    """Scores (target word, source word) cells: v^T tanh(W_s u_s + W_t u_t + W_f f_ts) + w^T f_ts,
+    with u_s a bi-GRU over [tanh(W h_s); pooled source embeddings] and u_t a bi-GRU over pooled
+    target embeddings, then refined by a small convolution over the score matrix."""
+
+    def __init__(self, cfg: LinkHeadConfig, state_dim: int, src_vocab: int, tgt_vocab: int) -> None:
+        super().__init__()
+        E, H, A = cfg.emb_dim, cfg.hidden, cfg.attn_dim
+        self.src_in = nn.Linear(state_dim, H)
+        self.src_emb = nn.Embedding(src_vocab, E)
+        self.tgt_emb = nn.Embedding(tgt_vocab, E)
+        self.src_rnn = nn.GRU(H + E, H, bidirectional=True, batch_first=True)
+        self.tgt_rnn = nn.GRU(E, H, bidirectional=True, batch_first=True)
+        self.w_src = nn.Linear(2 * H, A)
+        self.w_tgt = nn.Linear(2 * H, A, bias=False)
+        self.w_cell = nn.Linear(NUM_FEATURES, A, bias=False)
+        self.v = nn.Linear(A, 1)
+        self.linear_cell = nn.Linear(NUM_FEATURES, 1, bias=False)
+        self.drop = nn.Dropout(cfg.dropout)
+        # reads each cell's neighbourhood of scores and of both softmaxes: links run in diagonal
+        # lines, and a word already claimed in one direction is less likely in the other
+        self.refine_in = nn.Conv2d(3, cfg.refine_channels, 5, padding=2)
+        self.refine_out = nn.Conv2d(cfg.refine_channels, 1, 5, padding=2)
+
+    def forward(
+        self,
+        source_states: Tensor,  # (B, S_w, D)
+        source_ids: Tensor,  # (B, P_s)
+        source_pool: Tensor,  # (B, S_w, P_s)
+        target_ids: Tensor,  # (B, P_t)
+        target_pool: Tensor,  # (B, T_w, P_t)
+        cell_features: Tensor,  # (B, T_w, S_w, F)
+        src_lengths: Tensor | None = None,  # (B,) words; None: every row full (one pair)
+        tgt_lengths: Tensor | None = None,
+    ) -> Tensor:
+        """→ logits (B, T_w, S_w)."""
+        src_emb = source_pool @ self.src_emb(source_ids)  # (B, S_w, E)
+        tgt_emb = target_pool @ self.tgt_emb(target_ids)  # (B, T_w, E)
+        src_in = torch.cat([torch.tanh(self.src_in(self.drop(source_states))), src_emb], -1)
+        u_src = self._run(self.src_rnn, self.drop(src_in), src_lengths)  # (B, S_w, 2H)
+        u_tgt = self._run(self.tgt_rnn, self.drop(tgt_emb), tgt_lengths)  # (B, T_w, 2H)
+        energy = torch.tanh(
+            self.w_src(self.drop(u_src)).unsqueeze(1)  # (B, 1, S_w, A)
+            + self.w_tgt(self.drop(u_tgt)).unsqueeze(2)  # (B, T_w, 1, A)
+            + self.w_cell(cell_features)  # (B, T_w, S_w, A)
+        )
+        scores = (self.v(energy) + self.linear_cell(cell_features)).squeeze(-1)  # (B, T_w, S_w)
+        return scores + self._refinement(scores, src_lengths, tgt_lengths)
+
+    def _refinement(
+        self, scores: Tensor, src_lengths: Tensor | None, tgt_lengths: Tensor | None
+    ) -> Tensor:
+        """A correction per cell from the 5x5 neighbourhood of the scores and of their row and
+        column softmaxes; outside the sentences every map is 0 (the hidden one too), as the
+        convolutions' own zero padding is at a lone pair's borders."""
+        if src_lengths is None or tgt_lengths is None:
+            by_row, by_col = torch.softmax(scores, -1), torch.softmax(scores, 1)
+            maps = torch.stack([scores / 5.0, by_row, by_col], 1)  # (B, 3, T_w, S_w)
+            return self.refine_out(torch.relu(self.refine_in(maps))).squeeze(1)
+        T, S = scores.shape[1:]
+        valid = (torch.arange(T)[None, :, None] < tgt_lengths[:, None, None]) & (
+            torch.arange(S)[None, None, :] < src_lengths[:, None, None]
+        )
+        masked = scores.masked_fill(~valid, -1e9)
+        by_row = torch.softmax(masked, -1).masked_fill(~valid, 0.0)
+        by_col = torch.softmax(masked, 1).masked_fill(~valid, 0.0)
+        maps = torch.stack([scores.masked_fill(~valid, 0.0) / 5.0, by_row, by_col], 1)
+        hidden = torch.relu(self.refine_in(maps)) * valid.unsqueeze(1)  # (B, C, T_w, S_w)
+        return self.refine_out(hidden).squeeze(1)
+
+    @staticmethod
+    def _run(rnn: nn.GRU, x: Tensor, lengths: Tensor | None) -> Tensor:
+        if lengths is None:  # one unpadded pair: the exported graph's case
+            return rnn(x)[0]
+        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = rnn(packed)
+        return pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[0]
+
+
+# --- batches ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    inputs: tuple[Tensor, ...]  # the forward's six inputs
+    src_lengths: Tensor  # (B,)
+    tgt_lengths: Tensor  # (B,)
+    gold: Tensor  # (B, T_w, S_w) 1 on gold links
+    valid: Tensor  # (B, T_w, S_w) bool, inside both sentences
+
+
+def make_batch(examples: Sequence[Example]) -> Batch:
+    B = len(examples)
+    S = max(e.shape[1] for e in examples)
+    T = max(e.shape[0] for e in examples)
+    Ps = max(len(e.src_ids) for e in examples)
+    Pt = max(len(e.tgt_ids) for e in examples)
+    D = examples[0].states.shape[1]
+    states = np.zeros((B, S, D), np.float32)
+    src_ids, tgt_ids = np.zeros((B, Ps), np.int64), np.zeros((B, Pt), np.int64)
+    src_pool, tgt_pool = np.zeros((B, S, Ps), np.float32), np.zeros((B, T, Pt), np.float32)
+    features = np.zeros((B, T, S, NUM_FEATURES), np.float32)
+    gold = np.zeros((B, T, S), np.float32)
+    for b, e in enumerate(examples):
+        t, s = e.shape
+        states[b, :s] = e.states
+        src_ids[b, : len(e.src_ids)], tgt_ids[b, : len(e.tgt_ids)] = e.src_ids, e.tgt_ids
+        src_pool[b, :s, : len(e.src_ids)] = pool_matrix(e.src_word_of, s)
+        tgt_pool[b, :t, : len(e.tgt_ids)] = pool_matrix(e.tgt_word_of, t)
+        features[b, :t, :s] = e.features
+        for si, ti in e.gold:
+            gold[b, ti, si] = 1.0
+    src_len = torch.tensor([e.shape[1] for e in examples])
+    tgt_len = torch.tensor([e.shape[0] for e in examples])
+    valid = (torch.arange(T)[None, :, None] < tgt_len[:, None, None]) & (
+        torch.arange(S)[None, None, :] < src_len[:, None, None]
+    )
+    arrays = (states, src_ids, src_pool, tgt_ids, tgt_pool, features)
+    return Batch(
+        tuple(torch.from_numpy(a) for a in arrays), src_len, tgt_len, torch.from_numpy(gold), valid
+    )
+
+
+def link_loss(logits: Tensor, gold: Tensor, valid: Tensor) -> Tensor:
+    """Row and column cross-entropy against the gold links, plus cell-wise binary cross-entropy."""
+    cells = nn.functional.binary_cross_entropy_with_logits(logits, gold, reduction="none")
+    masked = logits.masked_fill(~valid, -1e9)
+    loss = 4.0 * cells[valid].mean()
+    for axis, weight in ((-1, 1.0), (1, 0.5)):  # rows: target words; columns: source words
+        total = gold.sum(axis, keepdim=True)  # (B, T, 1) or (B, 1, S)
+        linked = total.squeeze(axis) > 0
+        if bool(linked.any()):
+            ce = -(gold / total.clamp(min=1) * torch.log_softmax(masked, axis)).sum(axis)
+            loss = loss + weight * ce[linked].mean()
+    return loss
+
+
+# --- training -----------------------------------------------------------------------------------
+
+
+def jackknife_features(examples: Sequence[Example], seed: int) -> None:
+    """Give each training example the lexicon features of a lexicon counted without it (two
+    halves, each featurized by the other's counts)."""
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    halves = (order[::2], order[1::2])
+    for counted, featurized in ((halves[0], halves[1]), (halves[1], halves[0])):
+        lexicon = Lexicon.from_links(
+            (examples[i].src_words, examples[i].tgt_words, examples[i].gold) for i in counted
+        )
+        for i in featurized:
+            e = examples[i]
+            e.features = lexicon.features(e.src_words, e.tgt_words)
+
+
+@torch.no_grad()
+def predict(
+    net: LinkHeadNet, examples: Sequence[Example], batch_size: int = 64
+) -> list[np.ndarray]:
+    """Each example's (T_w, S_w) logits."""
+    net.eval()
+    out = []
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i : i + batch_size]
+        batch = make_batch(chunk)
+        logits = net(*batch.inputs, batch.src_lengths, batch.tgt_lengths)
+        out += [logits[b, : e.shape[0], : e.shape[1]].numpy() for b, e in enumerate(chunk)]
+    return out
+
+
+Scorer = Callable[[list[np.ndarray], Sequence[Example]], float]
+
+
+def fit(
+    cfg: LinkHeadConfig,
+    train: list[Example],
+    dev: Sequence[Example],
+    score: Scorer,
+    src_vocab: int,
+    tgt_vocab: int,
+) -> tuple[LinkHeadNet, list[dict[str, float]]]:
+    """Train for cfg.epochs; returns the net of the epoch with the lowest dev score (AER) and the
+    per-epoch log."""
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    rng = random.Random(cfg.seed)
+    net = LinkHeadNet(cfg, train[0].states.shape[1], src_vocab, tgt_vocab)
+    optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr)
+    best: tuple[float, dict[str, Tensor]] | None = None
+    history: list[dict[str, float]] = []
+    start = time.monotonic()
+    for epoch in range(cfg.epochs):
+        net.train()
+        rng.shuffle(train)
+        total = 0.0
+        for i in range(0, len(train), cfg.batch_size):
+            batch = make_batch(train[i : i + cfg.batch_size])
+            logits = net(*batch.inputs, batch.src_lengths, batch.tgt_lengths)
+            loss = link_loss(logits, batch.gold, batch.valid)
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(net.parameters(), 5.0)
+            optimizer.step()
+            total += float(loss.detach()) * len(batch.src_lengths)
+        dev_score = score(predict(net, dev), dev)
+        history.append(
+            {"epoch": epoch + 1, "loss": total / len(train), "dev_aer": dev_score,
+             "minutes": (time.monotonic() - start) / 60}
+        )  # fmt: skip
+        log.info(
+            "link head epoch %d: loss %.3f, dev AER %.4f", epoch + 1, total / len(train), dev_score
+        )
+        if best is None or dev_score < best[0]:
+            best = (dev_score, {k: v.clone() for k, v in net.state_dict().items()})
+        if epoch >= 3 and epoch % 2 == 1:
+            for group in optimizer.param_groups:
+                group["lr"] *= cfg.lr_decay
+    assert best is not None
+    net.load_state_dict(best[1])
+    net.eval()
+    return net, history

@@ -1,0 +1,218 @@
+"""The link head (service/decode/link_head.py, export/link_head.py): Align's supervised word aligner.
+
+Hand-worked lexicon features and link rule; the graph equal to the module for pairs of different
+lengths (padding must not leak into a batch's shorter pairs); a toy corpus trained through
+s2s-train with a [link_head] table gets a head that the server loads and uses by default, whose
+links stay inside each pair and do not depend on the batch; a model without a head refuses links
+"head" naming the model; a manifest that names a head it does not have is refused at load.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from export import pipeline
+from export.onnx.link_head import example_inputs, export_link_head, parity_error
+from export.train.link_head import Example, LinkHeadConfig, LinkHeadNet, predict
+from proto.translation.v1 import translation_pb2 as pb
+from service.decode.aligner import align
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.errors import InvalidInput
+from service.decode.forced import AlignOptions
+from service.decode.lexicon import NUM_FEATURES, Lexicon, normalize
+from service.decode.link_head import head_links
+from service.model.bundle import BundleError, load_bundle
+from service.serve.config import load_settings
+from service.serve.protocol import default_link_mode, parse_align_request
+from tests.conftest import TinyModel
+from tests.test_parallel_corpus import toy_config
+
+CPU = RuntimeConfig(providers=("CPUExecutionProvider",))
+
+
+# --- lexicon features and the link rule, by hand ---------------------------------------------------
+
+
+def test_normalize_drops_case_accents_and_punctuation() -> None:
+    assert normalize("Θεοῦ,") == "θεου"
+    assert normalize("Ὁ") == "ο"
+    assert normalize("Word.") == "word"
+    assert normalize("—") == "—"  # punctuation alone stays a word
+
+
+def test_lexicon_features_are_link_count_ratios() -> None:
+    lexicon = Lexicon.from_links(
+        [
+            (["Ὁ", "λόγος"], ["The", "Word"], [(0, 0), (1, 1)]),
+            (["λόγος,"], ["word"], [(0, 0)]),
+            (["λόγῳ"], ["said"], []),
+        ],
+        stem=3,
+    )
+    f = lexicon.features(["λόγος", "λόγῳ"], ["Word", "said"])  # (T=2, S=2, F)
+    assert f.shape == (2, 2, NUM_FEATURES)
+    # positions: target t/T minus source s/S, and its magnitude
+    assert np.allclose(f[..., 0], [[0.0, -0.5], [0.5, 0.0]])
+    assert np.allclose(f[..., 1], np.abs(f[..., 0]))
+    # forms: "λογος"-"word" linked twice; λογος seen twice, word twice → P(t|s) = P(s|t) = 1
+    assert f[0, 0, 2] == pytest.approx(1.0) and f[0, 0, 3] == pytest.approx(1.0)
+    assert f[1, 1, 2] == 0.0  # λογω and said were seen but never linked
+    # stems of 3: "λογ" (λογος x2, λογω x1) - "wor" linked twice: P(t|s) = 2/3, P(s|t) = 2/2
+    assert f[0, 0, 4] == pytest.approx(2 / 3) and f[0, 0, 5] == pytest.approx(1.0)
+    assert f[0, 1, 4] == pytest.approx(2 / 3)  # λόγῳ shares the stem
+    # frequencies, capped at 50: λογος 2, λογω 1; word 2, said 1
+    assert np.allclose(f[0, :, 6], [2 / 50, 1 / 50]) and np.allclose(f[:, 0, 7], [2 / 50, 1 / 50])
+
+
+def test_lexicon_survives_save_and_load(tmp_path: Path) -> None:
+    lexicon = Lexicon.from_links([(["Ὁ", "λόγος"], ["The", "Word"], [(0, 0), (1, 1)])])
+    lexicon.save(tmp_path / "lex.json")
+    again = Lexicon.load(tmp_path / "lex.json")
+    words = (["λόγος", "ὁ"], ["the", "word", "x"])
+    assert np.array_equal(again.features(*words), lexicon.features(*words))
+    (tmp_path / "bad.json").write_text('{"format": "other"}')
+    with pytest.raises(ValueError, match=r"bad\.json is not a link lexicon"):
+        Lexicon.load(tmp_path / "bad.json")
+
+
+def test_head_links_rule() -> None:
+    logits = np.array([[2.0, -1.0], [-3.0, -2.5], [1.0, 3.0]])  # (T=3, S=2)
+    # row 0's best (0) has sigmoid 0.88; row 1's best (1) 0.08; row 2's best (1) 0.95, its other 0.73
+    assert head_links(logits, 0.0, 1.0) == {(0, 0), (1, 1), (1, 2)}  # every row's argmax
+    assert head_links(logits, 0.3, 1.0) == {(0, 0), (1, 2)}  # row 1 too unsure: no link
+    assert head_links(logits, 0.3, 0.7) == {(0, 0), (1, 2), (0, 2)}  # a second link for row 2
+    assert head_links(np.zeros((0, 3)), 0.0, 0.5) == set()
+
+
+# --- the graph is the module ---------------------------------------------------------------------
+
+
+def random_example(rng: np.random.Generator, S_w: int, T_w: int) -> Example:
+    src_word_of = np.repeat(np.arange(S_w), rng.integers(1, 3, S_w))
+    tgt_word_of = np.repeat(np.arange(T_w), rng.integers(1, 3, T_w))
+    return Example(
+        states=rng.normal(size=(S_w, 12)).astype(np.float32),
+        src_ids=rng.integers(4, 30, len(src_word_of)),
+        src_word_of=src_word_of,
+        tgt_ids=rng.integers(4, 30, len(tgt_word_of)),
+        tgt_word_of=tgt_word_of,
+        features=rng.random((T_w, S_w, NUM_FEATURES)).astype(np.float32),
+        gold=[],
+        src_words=[],
+        tgt_words=[],
+    )
+
+
+def test_graph_equals_the_module_for_pairs_of_different_lengths(tmp_path: Path) -> None:
+    """The module scores padded batches; the graph one pair at a time: the same logits."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    examples = [random_example(rng, s, t) for s, t in ((7, 9), (2, 3), (5, 1), (1, 6))]
+    cfg = LinkHeadConfig(emb_dim=8, hidden=8, attn_dim=8, refine_channels=4)
+    net = LinkHeadNet(cfg, state_dim=12, src_vocab=30, tgt_vocab=30).eval()
+    path = export_link_head(net, examples[0], tmp_path / "head.onnx")
+    assert parity_error(net, path, examples) < 1e-5
+    batched = predict(net, examples)
+    with torch.no_grad():
+        for example, logits in zip(examples, batched, strict=True):
+            alone = net(*(torch.from_numpy(a) for a in example_inputs(example).values()))[0]
+            assert logits.shape == example.shape
+            assert np.allclose(alone.numpy(), logits, atol=1e-5)
+
+
+# --- trained through s2s-train, served -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("toy-head")
+    config = toy_config(folder, steps=120)
+    config.write_text(config.read_text() + "\n[link_head]\nepochs = 6\nhidden = 32\n")
+    assert pipeline.main(["--config", str(config), "--out", str(folder / "run")]) == 0
+    return folder / "run"
+
+
+def toy_pairs(run: Path, split: str) -> list[tuple[str, str]]:
+    rows = [line.split("\t") for line in (run / "data" / f"{split}.tsv").read_text().splitlines()]
+    return [(row[0], row[1]) for row in rows]
+
+
+@pytest.mark.slow
+def test_pipeline_adds_a_head_that_the_server_uses_by_default(toy_head: Path) -> None:
+    figures = json.loads((toy_head / "link_head" / "link_head.json").read_text())
+    assert figures["parity_max_abs"] < 1e-3
+    assert figures["served_dev_aer"] == pytest.approx(figures["dev_aer"], abs=1e-4)
+    # the toy language pairs every content word with one word: the head learns it
+    assert figures["dev_aer"] < 0.15
+    bundle = load_bundle(toy_head / "bundle")
+    assert bundle.has_link_head
+    engine = Engine.load(toy_head / "bundle", CPU)
+    assert engine.link_head is not None
+    assert default_link_mode(engine) == pb.LINK_MODE_HEAD  # what ModelInfo tells clients
+    pairs = toy_pairs(toy_head, "test")[:12]
+    default = align(engine, pairs)
+    head = align(engine, pairs, AlignOptions(links="head"))
+    grow = align(engine, pairs, AlignOptions(links="grow"))
+    assert [r.pharaoh for r in default] == [r.pharaoh for r in head]
+    assert any(h.pharaoh != g.pharaoh for h, g in zip(head, grow, strict=True))
+    for (source, target), result in zip(pairs, head, strict=True):
+        for s, t in (tuple(map(int, link.split("-"))) for link in result.pharaoh.split()):
+            assert 0 <= s < len(source.split()) and 0 <= t < len(target.split())
+        # the matrices are still the attention's: rows sum to 1
+        assert result.word is not None
+        assert np.allclose(result.word.matrix.sum(axis=1), 1.0, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_head_links_do_not_depend_on_the_batch(toy_head: Path) -> None:
+    engine = Engine.load(toy_head / "bundle", CPU)
+    pairs = toy_pairs(toy_head, "test")[:8]
+    together = align(engine, pairs, AlignOptions(links="head"))
+    alone = [align(engine, [pair], AlignOptions(links="head"))[0] for pair in pairs]
+    assert [r.pharaoh for r in together] == [r.pharaoh for r in alone]
+
+
+@pytest.mark.slow
+def test_manifest_naming_a_head_without_its_files_is_refused(
+    toy_head: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "bundle"
+    shutil.copytree(toy_head / "bundle", copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest["files"]["link_lexicon.json"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match=r"link_head.*link_lexicon.json"):
+        load_bundle(copy)
+    manifest["files"] = json.loads((toy_head / "bundle" / "manifest.json").read_text())["files"]
+    manifest["link_head"] = {"row_threshold": 0.1, "cell_threshold": 1.5}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="cell_threshold must be a number in"):
+        load_bundle(copy)
+
+
+def test_model_without_a_head_refuses_head_links(tiny: TinyModel) -> None:
+    engine = Engine.load(tiny.bundle, CPU)
+    assert engine.link_head is None
+    assert default_link_mode(engine) == pb.LINK_MODE_GROW
+    with pytest.raises(InvalidInput, match=r"has no link head.*grow"):
+        align(engine, [(tiny.sources[0], "one two")], AlignOptions(links="head"))
+    # without a head the default stays grow-diag-final-and over the attention
+    pairs = [(tiny.sources[0], "one two three")]
+    default = align(engine, pairs)[0].pharaoh
+    assert default == align(engine, pairs, AlignOptions(links="grow"))[0].pharaoh
+
+
+def test_the_wire_names_the_head_mode() -> None:
+    def links_of(options: pb.AlignOptions) -> str:
+        request = pb.AlignRequest(pairs=[pb.AlignPair(source="a", target="b")], options=options)
+        return parse_align_request(request, load_settings([], {})).options.links
+
+    assert links_of(pb.AlignOptions(links=pb.LINK_MODE_HEAD)) == "head"
+    assert links_of(pb.AlignOptions()) == ""  # the model's default
