@@ -13,7 +13,8 @@ with `subword-nmt`; imported with s2s-import). Columns:
   `exclude` rows, hypotheses with punctuation stripped; the imported models' served output at beam 5
   with the fidelity settings (no length penalty, at most 100 target tokens);
 - AER / precision / recall of the model's attention against Biblica's gold links (test.pharaoh),
-  through our Align path (service/decode/aligner.py `align` on the bundle), links `argmax` and `grow`;
+  through our Align path (service/decode/aligner.py `align` on the bundle), links `argmax` and `grow`,
+  and `head` for a bundle with a link head (ours);
 - fidelity: verses whose served output equals the toolkit's own translate command's output
   (onmt_translate / `python -m joeynmt translate`), greedy and beam 5;
 - decode speed in sentences/s, beam 5, batches of 32, decode only, ours fp32 and int8 against the
@@ -51,7 +52,7 @@ from service.decode.engine import Engine
 from service.decode.options import SearchOptions
 from service.model.bundle import sha256_of
 
-LINKS = ("argmax", "grow")
+LINKS = ("argmax", "grow", "head")  # "head": only a bundle with a link head (ours) has it
 PHASES = ("fidelity", "quality", "align", "speed")
 TOOLKIT_LABEL = {"opennmt-py": "OpenNMT-py", "joeynmt": "Joey NMT"}
 
@@ -116,6 +117,8 @@ def alignment(engine: Engine, test: grc_en.Split) -> dict[str, float]:
     """AER, precision and recall of Align's links in each of LINKS."""
     found: dict[str, float] = {}
     for mode in LINKS:
+        if mode == "head" and engine.link_head is None:
+            continue
         lines = grc_en.align_served(engine, test.pairs, mode)
         counts = score_corpus([parse_pharaoh(line) for line in lines], test.gold)
         found[f"aer_{mode}"] = round(counts.aer, 3)
