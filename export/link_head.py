@@ -31,11 +31,12 @@ from export.onnx.link_head import export_link_head, parity_error
 from export.train.link_head import Example, LinkHeadConfig, fit, jackknife_features, predict
 from service.decode import links as link_modes
 from service.decode.aligner import align, prepare_pair
+from service.decode.alignment import mean_pool
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.forced import AlignOptions
 from service.decode.lexicon import Lexicon
-from service.decode.link_head import GRAPH, LEXICON, Thresholds, head_links, pool_matrix
+from service.decode.link_head import GRAPH, LEXICON, Thresholds, head_links
 from service.model.bundle import add_files
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def make_examples(engine: Engine, pairs: Sequence[tuple[str, str, list[Link]]]) 
         encoded = engine.encode([p.source for p in prepared])
         for p, rows, (_, _, gold) in zip(prepared, encoded, chunk, strict=True):
             S_w, T_w = len(p.src.words), len(p.tgt.words)
-            states = pool_matrix(p.src.word_of, S_w) @ rows[0].values  # (S_w, D)
+            states = mean_pool(p.src.word_of, S_w) @ rows[0].values  # (S_w, D)
             out.append(
                 Example(
                     states=states.astype(np.float32),

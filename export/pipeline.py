@@ -38,6 +38,7 @@ from export.train.train import BundleConfig, TrainConfig, load_config, train, tr
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.options import SearchOptions
+from service.model.bundle import add_files
 from service.model.tokenizer import Tokenizer
 
 PARITY_SENTENCES = 32  # dev pairs teacher-forced through the exported graphs
@@ -119,17 +120,8 @@ def export_and_evaluate(
         if "alignment" in metrics:
             figures["test_attention_aer"] = metrics["alignment"].get("aer")
         print(f"test, PyTorch greedy: {json.dumps(figures['test_greedy'])}")
-        # the manifest records what the bundle scores as served; rewrite it with the figures
-        export_bundle(
-            checkpoint,
-            out,
-            bundle,
-            named.name,
-            named.version,
-            named.int8,
-            extra={"test": figures["test_served"], **credits},
-            sections=sections,
-        )
+        # the manifest records what the bundle scores as served (the graphs are not exported again)
+        add_files(bundle, [], info={"test": figures["test_served"]})
     (out / "pipeline.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     return figures
 

@@ -27,17 +27,15 @@ AXES = {
 
 
 def example_inputs(example: Example) -> dict[str, np.ndarray]:
-    """One example as the served graph receives it (service/decode/link_head.head_inputs, with the
-    word-averaged states already made)."""
-    T_w, S_w = example.shape
-    return {
-        "source_states": example.states[None].astype(np.float32),
-        "source_ids": example.src_ids[None].astype(np.int64),
-        "source_pool": contract.pool_matrix(example.src_word_of, S_w)[None],
-        "target_ids": example.tgt_ids[None].astype(np.int64),
-        "target_pool": contract.pool_matrix(example.tgt_word_of, T_w)[None],
-        "cell_features": example.features[None].astype(np.float32),
-    }
+    """One example as the served graph receives it."""
+    return contract.head_inputs(
+        example.states,
+        example.src_ids,
+        example.src_word_of,
+        example.tgt_ids,
+        example.tgt_word_of,
+        example.features,
+    )
 
 
 def export_link_head(net: LinkHeadNet, sample: Example, path: Path) -> Path:

@@ -37,11 +37,12 @@ def average_decoders(encoder_from: Seq2Seq, models: Sequence[Seq2Seq]) -> Seq2Se
     for model in models:
         if model.cfg != encoder_from.cfg:
             raise ValueError("checkpoints of different architectures cannot be averaged")
+    states = [m.state_dict() for m in models]
     with torch.no_grad():
         for name, value in state.items():
             if name.startswith(ENCODER) or not value.is_floating_point():
                 continue
-            state[name] = torch.stack([m.state_dict()[name] for m in models]).mean(dim=0)
+            state[name] = torch.stack([s[name] for s in states]).mean(dim=0)
     encoder_from.load_state_dict(state)
     return encoder_from.eval()
 

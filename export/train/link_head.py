@@ -27,8 +27,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from service.decode.alignment import mean_pool
 from service.decode.lexicon import NUM_FEATURES, Lexicon
-from service.decode.link_head import pool_matrix
 
 log = logging.getLogger(__name__)
 Link = tuple[int, int]  # (source word, target word)
@@ -185,8 +185,8 @@ def make_batch(examples: Sequence[Example]) -> Batch:
         t, s = e.shape
         states[b, :s] = e.states
         src_ids[b, : len(e.src_ids)], tgt_ids[b, : len(e.tgt_ids)] = e.src_ids, e.tgt_ids
-        src_pool[b, :s, : len(e.src_ids)] = pool_matrix(e.src_word_of, s)
-        tgt_pool[b, :t, : len(e.tgt_ids)] = pool_matrix(e.tgt_word_of, t)
+        src_pool[b, :s, : len(e.src_ids)] = mean_pool(e.src_word_of, s)
+        tgt_pool[b, :t, : len(e.tgt_ids)] = mean_pool(e.tgt_word_of, t)
         features[b, :t, :s] = e.features
         for si, ti in e.gold:
             gold[b, ti, si] = 1.0

@@ -142,6 +142,12 @@ def _one_hot(index: np.ndarray, n: int, dtype: np.dtype) -> np.ndarray:
     return (index[:, None] == np.arange(n)[None, :]).astype(dtype)  # (P, n)
 
 
+def mean_pool(index: np.ndarray, n: int, dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """(n, P): row w averages the pieces p with index[p] == w (a row of none stays 0)."""
+    groups = _one_hot(index, n, np.dtype(dtype)).T  # (n, P)
+    return groups / np.maximum(groups.sum(axis=1, keepdims=True), 1)
+
+
 def merge_by_index(
     matrix: np.ndarray, src_index: np.ndarray, tgt_index: np.ndarray, S_words: int, T_words: int
 ) -> np.ndarray:
@@ -149,9 +155,7 @@ def merge_by_index(
     columns summed, a target word's rows averaged (rows still sum to 1)."""
     _check_matrix(matrix, rows=len(tgt_index), cols=len(src_index))
     summed = matrix @ _one_hot(src_index, S_words, matrix.dtype)  # (T, S')
-    tgt_groups = _one_hot(tgt_index, T_words, matrix.dtype).T  # (T', T)
-    counts = np.maximum(tgt_groups.sum(axis=1, keepdims=True), 1)  # (T', 1)
-    merged = (tgt_groups / counts) @ summed  # (T', S')
+    merged = mean_pool(tgt_index, T_words, matrix.dtype) @ summed  # (T', S')
     return merged.astype(matrix.dtype, copy=False)
 
 

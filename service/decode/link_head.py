@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from service.decode.alignment import mean_pool
 from service.decode.lexicon import NUM_FEATURES, Lexicon
 from service.model.bundle import Bundle, BundleError
 
@@ -50,14 +51,6 @@ OUTPUT = "link_logits"
 
 class LinkHeadError(ValueError):
     """The link head's files do not make a link head."""
-
-
-def pool_matrix(word_of: np.ndarray, num_words: int) -> np.ndarray:
-    """(W, P) float32: row w averages the pieces of word w (word_of (P,) gives each piece's word)."""
-    pool = np.zeros((num_words, len(word_of)), np.float32)
-    pool[word_of, np.arange(len(word_of))] = 1.0
-    counts = pool.sum(axis=1, keepdims=True)  # (W, 1)
-    return np.divide(pool, counts, out=np.zeros_like(pool), where=counts > 0)
 
 
 Link = tuple[int, int]  # (source word, target word)
@@ -91,23 +84,22 @@ def row_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def head_inputs(
-    states: np.ndarray,
-    src_ids: Sequence[int],
+    word_states: np.ndarray,
+    src_ids: Sequence[int] | np.ndarray,
     src_word_of: np.ndarray,
-    tgt_ids: Sequence[int],
+    tgt_ids: Sequence[int] | np.ndarray,
     tgt_word_of: np.ndarray,
     features: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """One pair's graph inputs (batch of 1): states (P_s, D) the encoder's values per piece,
-    features (T_w, S_w, F)."""
+    """One pair's graph inputs (batch of 1): word_states (S_w, D) the encoder's values averaged
+    per source word (`mean_pool(src_word_of, S_w) @ values`), features (T_w, S_w, F)."""
     T_w, S_w = features.shape[:2]
-    src_pool = pool_matrix(src_word_of, S_w)  # (S_w, P_s)
     return {
-        "source_states": (src_pool @ states.astype(np.float32))[None],  # (1, S_w, D)
+        "source_states": word_states[None].astype(np.float32, copy=False),  # (1, S_w, D)
         "source_ids": np.asarray(src_ids, np.int64)[None],
-        "source_pool": src_pool[None],
+        "source_pool": mean_pool(src_word_of, S_w)[None],
         "target_ids": np.asarray(tgt_ids, np.int64)[None],
-        "target_pool": pool_matrix(tgt_word_of, T_w)[None],
+        "target_pool": mean_pool(tgt_word_of, T_w)[None],
         "cell_features": features[None].astype(np.float32, copy=False),
     }
 
@@ -163,7 +155,8 @@ class LinkHead:
     ) -> np.ndarray:
         """(T_w, S_w) float32 scores of every (target word, source word) cell."""
         features = self.lexicon.features(src_words, tgt_words)  # (T_w, S_w, F)
-        inputs = head_inputs(states, src_ids, src_word_of, tgt_ids, tgt_word_of, features)
+        word_states = mean_pool(src_word_of, len(src_words)) @ states  # (S_w, D)
+        inputs = head_inputs(word_states, src_ids, src_word_of, tgt_ids, tgt_word_of, features)
         (logits,) = self.session.run([OUTPUT], inputs)  # (1, T_w, S_w)
         return np.asarray(logits[0], np.float32)
 
