@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import cast
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
 
-from export.onnx.to_onnx import export_graphs, max_abs_diff
+from export.onnx.to_onnx import export_graphs, max_abs_diff, with_folded_embeddings
 from export.train.model import Seq2Seq
 from service.model.architecture import ModelConfig
 from service.model.graph_contract import check_graph
@@ -129,3 +131,58 @@ def test_encoder_is_batch_invariant(tmp_path: Path) -> None:
     alone = encoder.run(None, {"src": src[:1, :4], "src_lengths": src_len[:1]})
     assert max_abs_diff(batch[0][0, :4], alone[0][0]) < 1e-6
     assert max_abs_diff(batch[3][0], alone[3][0]) < 1e-6
+
+
+def random_step_inputs(model: Seq2Seq, B: int, K: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """A decoder step's inputs for B sentences of K hypotheses: random tokens and states."""
+    rng = np.random.default_rng(seed)
+    src, src_len = random_batch(
+        rng, [int(n) for n in rng.integers(1, 12, B)], model.cfg.src_vocab_size
+    )
+    with torch.no_grad():
+        enc = model.encode(torch.from_numpy(src), torch.from_numpy(src_len))
+    tokens = torch.from_numpy(rng.integers(0, model.cfg.tgt_vocab_size, B * K))
+    state = torch.from_numpy(rng.standard_normal((B * K, enc.state.shape[1])).astype(np.float32))
+    return tokens, state, enc.keys, enc.values, enc.mask
+
+
+@pytest.mark.parametrize(("rnn", "attention", "style"), VARIANTS)
+def test_folded_embeddings_give_the_same_step(rnn: str, attention: str, style: str) -> None:
+    """The exporter's copy with the target embedding folded into the products it enters computes
+    the same step as the model, and the model itself is left unfolded."""
+    model = tiny_model(rnn, attention, style, seed=4)
+    folded = cast(Seq2Seq, with_folded_embeddings(model))
+    assert folded is not model and getattr(folded, "folded", None) is not None
+    assert model.folded is None
+    inputs = random_step_inputs(model, B=3, K=2, seed=5)
+    with torch.no_grad():
+        expected = model.decode_step(*inputs)
+        got = folded.decode_step(*inputs)
+    for a, b in zip(got, expected, strict=True):
+        assert max_abs_diff(a.numpy(), b.numpy()) < 1e-5
+
+
+def constant_shapes(path: Path) -> list[tuple[int, ...]]:
+    """The shapes of a graph's initializers and Constant nodes' tensors."""
+    graph = onnx.load(str(path)).graph
+    shapes = [tuple(t.dims) for t in graph.initializer]
+    for node in graph.node:
+        if node.op_type == "Constant":
+            shapes += [tuple(a.t.dims) for a in node.attribute if a.name == "value"]
+    return shapes
+
+
+@pytest.mark.parametrize(("rnn", "gates"), [("gru", 3), ("lstm", 4)])
+def test_exported_step_looks_up_folded_tables(tmp_path: Path, rnn: str, gates: int) -> None:
+    """The decoder graph holds a (V, G*H) table in place of the (V, E) embedding, unless the tables
+    would pass the size limit."""
+    model = tiny_model(rnn, "additive", "bahdanau")
+    cfg = model.cfg
+    (tmp_path / "folded").mkdir()
+    (tmp_path / "unfolded").mkdir()
+    _, decoder = export_graphs(model, tmp_path / "folded")
+    shapes = constant_shapes(decoder)
+    assert (cfg.tgt_vocab_size, gates * cfg.dec_hidden) in shapes
+    assert (cfg.tgt_vocab_size, cfg.emb_dim) not in shapes
+    _, decoder = export_graphs(model, tmp_path / "unfolded", fold_limit_bytes=0)
+    assert (cfg.tgt_vocab_size, cfg.emb_dim) in constant_shapes(decoder)

@@ -43,7 +43,7 @@ from export.importers.common import (
     unpack_state,
     write_bundle,
 )
-from export.train.model import Encoded, stacked_rnn_step
+from export.train.model import Encoded, FoldedEmbedding, stacked_rnn_step
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 
 ATTENTIONS = {"bahdanau": "additive", "luong": "general"}
@@ -89,6 +89,11 @@ class JoeyRnn(nn.Module):
         self.output_layer = nn.Linear(H, cfg.tgt_vocab_size, bias=False)
         self.activation = ACTIVATIONS[activation]
         self.project_context = D == H
+        self.folded: FoldedEmbedding | None = None  # set on the exporter's copy only
+
+    def fold_embeddings(self) -> FoldedEmbedding:
+        """The target embedding through the decoder's bottom layer (export/onnx/to_onnx.py)."""
+        return FoldedEmbedding(self.tgt_embed.weight, self.dec_rnn, self.tgt_scale)
 
     def encode(self, src: Tensor, lengths: Tensor) -> Encoded:
         cfg = self.cfg
@@ -128,9 +133,13 @@ class JoeyRnn(nn.Module):
         h, c, feed = unpack_state(
             state, cfg.dec_layers, cfg.dec_hidden, cfg.rnn == "lstm", cfg.input_feeding
         )
-        emb = self.tgt_embed(tokens) * self.tgt_scale  # (N, E)
-        x = torch.cat([emb, feed], dim=-1) if feed is not None else emb
-        s_t, h, c = stacked_rnn_step(self.dec_rnn, x, h, c)  # (N, H)
+        if self.folded is None:
+            emb = self.tgt_embed(tokens) * self.tgt_scale  # (N, E)
+            x = torch.cat([emb, feed], dim=-1) if feed is not None else emb
+            s_t, h, c = stacked_rnn_step(self.dec_rnn, x, h, c)  # (N, H)
+        else:  # the exporter's copy: y_{t-1}'s input gates looked up
+            gates = self.folded.input_gates(tokens, feed)  # (N, G*H)
+            s_t, h, c = stacked_rnn_step(self.dec_rnn, None, h, c, bottom_gates=gates)
         query = s_t.reshape(B, K, -1)  # (B, K, H)
         if cfg.attention == "additive":
             energy = torch.tanh(self.query_layer(query).unsqueeze(2) + keys.unsqueeze(1))

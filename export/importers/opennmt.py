@@ -39,7 +39,7 @@ from export.importers.common import (
     unpack_state,
     write_bundle,
 )
-from export.train.model import Encoded, stacked_rnn_step
+from export.train.model import Encoded, FoldedEmbedding, stacked_rnn_step
 from service.model.architecture import ModelConfig
 
 PAD, BOS, EOS, UNK = "<blank>", "<s>", "</s>", "<unk>"  # onmt.constants.DefaultTokens
@@ -81,6 +81,11 @@ class OnmtRnn(nn.Module):
             self.v = nn.Linear(H, 1, bias=False)
         self.linear_out = nn.Linear(2 * H, H, bias=onmt_attention == "mlp")
         self.generator = nn.Linear(H, cfg.tgt_vocab_size)
+        self.folded: FoldedEmbedding | None = None  # set on the exporter's copy only
+
+    def fold_embeddings(self) -> FoldedEmbedding:
+        """The target embedding through the decoder's bottom layer (export/onnx/to_onnx.py)."""
+        return FoldedEmbedding(self.tgt_embed.weight, self.dec_rnn)
 
     def _bridge(self, state: Tensor, linear: nn.Linear) -> Tensor:
         """RNNEncoder._bridge: state (L*D, B, Hd) → (L*D, B, Hd), rows regrouped as OpenNMT does."""
@@ -144,9 +149,13 @@ class OnmtRnn(nn.Module):
         h, c, feed = unpack_state(
             state, cfg.dec_layers, cfg.dec_hidden, cfg.rnn == "lstm", cfg.input_feeding
         )
-        emb = self.tgt_embed(tokens)  # (N, E)
-        x = torch.cat([emb, feed], dim=-1) if feed is not None else emb
-        s_t, h, c = stacked_rnn_step(self.dec_rnn, x, h, c)  # (N, H)
+        if self.folded is None:
+            emb = self.tgt_embed(tokens)  # (N, E)
+            x = torch.cat([emb, feed], dim=-1) if feed is not None else emb
+            s_t, h, c = stacked_rnn_step(self.dec_rnn, x, h, c)  # (N, H)
+        else:  # the exporter's copy: y_{t-1}'s input gates looked up
+            gates = self.folded.input_gates(tokens, feed)  # (N, G*H)
+            s_t, h, c = stacked_rnn_step(self.dec_rnn, None, h, c, bottom_gates=gates)
         query = s_t.reshape(B, K, -1)  # (B, K, H)
         if self.onmt_attention == "mlp":
             energy = torch.tanh(

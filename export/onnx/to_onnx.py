@@ -5,7 +5,8 @@
 
 The decoder step does the beam's state reorder (Gather by back-pointers), log-softmax and TopK inside
 the graph: only k candidates per hypothesis reach the host, and the recurrent state can stay on the
-device between steps.
+device between steps. Its target embedding is folded into the products it enters (a table row per
+token instead of an embedding times a matrix per hypothesis, export.train.model.FoldedEmbedding).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import shutil
 import tempfile
 import warnings
+from copy import deepcopy
 from pathlib import Path
 from typing import Any, cast
 
@@ -95,6 +97,25 @@ class DecoderStepGraph(nn.Module):
         return top_lp, top_ids, new_state, attention
 
 
+# FoldedEmbedding trades N·E·G·H multiply-adds per step for a table lookup; past this size the
+# decoder file would grow more than the step gains (a 32k-word vocabulary into a 4x1024 LSTM: 512 MB).
+FOLD_LIMIT_BYTES = 64 * 2**20
+
+
+def with_folded_embeddings(model: nn.Module, limit_bytes: int = FOLD_LIMIT_BYTES) -> nn.Module:
+    """A copy of model whose decoder step looks up its target embedding's products (the model's
+    `fold_embeddings`), or model itself when it has none or the tables would exceed limit_bytes."""
+    fold = getattr(model, "fold_embeddings", None)
+    if fold is None:
+        return model
+    folded = fold()
+    if folded.nbytes > limit_bytes:
+        return model
+    copy = deepcopy(model)
+    copy.folded = folded
+    return copy
+
+
 def example_inputs(
     model: Seq2Seq, B: int = 2, S: int = 5, K: int = 3
 ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
@@ -110,8 +131,11 @@ def example_inputs(
     return (src, lengths), (tokens, enc.state, reorder, enc.values, enc.keys, enc.mask, k)
 
 
-def export_graphs(model: Seq2Seq, out_dir: Path) -> tuple[Path, Path]:
-    """Write encoder.onnx and decoder.onnx (dynamic batch, hypothesis and source-length axes)."""
+def export_graphs(
+    model: Seq2Seq, out_dir: Path, fold_limit_bytes: int = FOLD_LIMIT_BYTES
+) -> tuple[Path, Path]:
+    """Write encoder.onnx and decoder.onnx (dynamic batch, hypothesis and source-length axes); the
+    decoder step with folded embeddings where they fit fold_limit_bytes (with_folded_embeddings)."""
     model.eval()
     enc_inputs, dec_inputs = example_inputs(model)
     encoder_path, decoder_path = out_dir / "encoder.onnx", out_dir / "decoder.onnx"
@@ -134,7 +158,7 @@ def export_graphs(model: Seq2Seq, out_dir: Path) -> tuple[Path, Path]:
             ENCODER_AXES,
         )
         export_graph(
-            DecoderStepGraph(model),
+            DecoderStepGraph(cast(Seq2Seq, with_folded_embeddings(model, fold_limit_bytes))),
             dec_inputs,
             decoder_path,
             (DECODER_INPUTS, DECODER_OUTPUTS),

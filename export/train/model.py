@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from service.model.architecture import ModelConfig
+
+# y_{t-1} as the decoder step reads it: the token ids and their embeddings (None when the
+# exporter's copy looks their products up in FoldedEmbedding's tables instead)
+TokenInput = tuple[Tensor, Tensor | None]
 
 
 @dataclass
@@ -133,6 +138,47 @@ def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
 
 
+class FoldedEmbedding(nn.Module):
+    """Every target token's embedding carried through the linear maps it enters at each decoder step
+    (eval mode): the bottom RNN layer's input gates, bias included, and, where the readout reads
+    y_{t-1}, its part of the readout, bias included. An exported decoder step then looks these rows
+    up (a Gather) instead of multiplying N embeddings per step: the same sums in another order.
+    Only the export uses it (export/onnx/to_onnx.py, on a copy of the model); training never does."""
+
+    def __init__(
+        self, embedding: Tensor, rnn: nn.RNNBase, scale: float = 1.0, readout: Tensor | None = None
+    ) -> None:
+        """embedding (V, E), times scale, is the first E inputs of rnn's bottom layer; readout
+        (V, H): the readout's product of each token, bias included, where there is one."""
+        super().__init__()
+        E = embedding.shape[1]
+        with torch.no_grad():
+            w_ih = cast(Tensor, rnn.weight_ih_l0)  # (G*H, I)
+            gates = (embedding * scale) @ w_ih[:, :E].t() + cast(Tensor, rnn.bias_ih_l0)
+            rest = w_ih[:, E:].t().contiguous() if w_ih.shape[1] > E else None  # (I - E, G*H)
+        self.register_buffer("gates", gates, persistent=False)  # (V, G*H)
+        self.register_buffer("rest", rest, persistent=False)
+        self.register_buffer(
+            "readout", None if readout is None else readout.detach().clone(), persistent=False
+        )
+        self.gates: Tensor
+        self.rest: Tensor | None
+        self.readout: Tensor | None
+
+    def input_gates(self, tokens: Tensor, rest: Tensor | None) -> Tensor:
+        """The bottom layer's input product of [y_{t-1}; rest], bias included: (N, G*H)."""
+        gates = self.gates[tokens]  # (N, G*H)
+        if rest is None:
+            return gates
+        assert self.rest is not None, "this layer reads the embedding alone"
+        return gates + rest @ self.rest
+
+    @property
+    def nbytes(self) -> int:
+        tables = [t for t in (self.gates, self.rest, self.readout) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tables)
+
+
 class Seq2Seq(nn.Module):
     """Encoder, bridge, attention and a Bahdanau-, Luong- or conditional (cGRU) decoder."""
 
@@ -160,6 +206,19 @@ class Seq2Seq(nn.Module):
             readout_in = H
         self.rnn = make_rnn(cfg.rnn, rnn_in, H, L, cfg.dropout, False)  # cGRU: RNN2
         self.out = nn.Linear(readout_in, cfg.tgt_vocab_size)
+        self.folded: FoldedEmbedding | None = None  # set on the exporter's copy only
+
+    def fold_embeddings(self) -> FoldedEmbedding:
+        """The target embedding through the bottom layer that reads it (RNN1 for cGRU) and the
+        readout's y_{t-1} columns (Bahdanau, cGRU, no attention: the readout ends with y_{t-1})."""
+        rnn = self.rnn1 if self.cfg.conditional and not self.cfg.input_feeding else self.rnn
+        weight = self.tgt_embed.weight
+        readout = None
+        if hasattr(self, "readout"):
+            with torch.no_grad():
+                columns = self.readout.weight[:, -self.cfg.emb_dim :]  # (H, E)
+                readout = weight @ columns.t() + self.readout.bias  # (V, H)
+        return FoldedEmbedding(weight, rnn, readout=readout)
 
     # --- packed decoder state: [h_1 .. h_L, (c_1 .. c_L), (h~)] per row --------------------------
 
@@ -219,53 +278,81 @@ class Seq2Seq(nn.Module):
         N = tokens.shape[0]
         B, S = mask.shape
         K = N // B
-        emb = self.dropout(self.tgt_embed(tokens))  # (N, E)
+        # y_{t-1}: embedded once (one dropout mask per step), or looked up in the folded tables
+        emb = self.dropout(self.tgt_embed(tokens)) if self.folded is None else None  # (N, E)
         rnn_state, feed = self.unpack_state(state)
         if self.attention is None:  # fixed context: the encoder summary at every step
             context = keys.unsqueeze(1).expand(B, K, 1, keys.shape[-1]).reshape(N, -1)  # (N, D)
-            s_t, rnn_state = self.rnn_step(torch.cat([emb, context], -1), rnn_state)
-            hidden = torch.tanh(self.readout(torch.cat([s_t, context, emb], -1)))
+            s_t, rnn_state = self.rnn_step((tokens, emb), context, rnn_state)
+            hidden = self.read_out((tokens, emb), s_t, context)
             weights = (
                 torch.zeros_like(values[:, :, 0]).unsqueeze(1).expand(B, K, S).reshape(N, S)
             )  # no alignment
         elif self.cfg.input_feeding:  # Luong: query is the current state s_t
             assert feed is not None  # input feeding keeps h~_{t-1} in the packed state
-            s_t, rnn_state = self.rnn_step(torch.cat([emb, feed], -1), rnn_state)
+            s_t, rnn_state = self.rnn_step((tokens, emb), feed, rnn_state)
             context, weights = self.attend(s_t, keys, values, mask)
             hidden = torch.tanh(self.combine(torch.cat([context, s_t], -1)))  # h~_t (N, H)
             feed = hidden
         elif self.cfg.conditional:  # cGRU: query is s'_t, the state after reading y_{t-1}
-            s_mid, rnn_state = self.conditional_first_step(emb, rnn_state)
+            s_mid, rnn_state = self.conditional_first_step((tokens, emb), rnn_state)
             context, weights = self.attend(s_mid, keys, values, mask)
-            s_t, rnn_state = self.rnn_step(context, rnn_state)
-            hidden = torch.tanh(self.readout(torch.cat([s_t, context, emb], -1)))
+            s_t, rnn_state = self.rnn_step(None, context, rnn_state)
+            hidden = self.read_out((tokens, emb), s_t, context)
         else:  # Bahdanau: query is the previous state s_{t-1}
             h_prev = rnn_state[0] if isinstance(rnn_state, tuple) else rnn_state
             context, weights = self.attend(h_prev[-1], keys, values, mask)
-            s_t, rnn_state = self.rnn_step(torch.cat([emb, context], -1), rnn_state)
-            hidden = torch.tanh(self.readout(torch.cat([s_t, context, emb], -1)))
+            s_t, rnn_state = self.rnn_step((tokens, emb), context, rnn_state)
+            hidden = self.read_out((tokens, emb), s_t, context)
         logits = self.out(self.dropout(hidden))  # (N, V)
         return logits, self.pack_state(rnn_state, feed), weights
 
+    def read_out(self, y: TokenInput, s_t: Tensor, context: Tensor) -> Tensor:
+        """tanh(readout([s_t; c_t; y_{t-1}])) (N, H), y_{t-1}'s part looked up when folded."""
+        tokens, emb = y
+        if emb is not None:
+            return torch.tanh(self.readout(torch.cat([s_t, context, emb], -1)))
+        assert self.folded is not None and self.folded.readout is not None
+        columns = self.readout.weight[:, : s_t.shape[-1] + context.shape[-1]]  # (H, H + D)
+        rest = torch.cat([s_t, context], -1) @ columns.t()  # (N, H)
+        return torch.tanh(rest + self.folded.readout[tokens])
+
     def rnn_step(
-        self, x: Tensor, rnn_state: Tensor | tuple[Tensor, Tensor]
+        self, y: TokenInput | None, rest: Tensor, rnn_state: Tensor | tuple[Tensor, Tensor]
     ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
-        """One time step of the stacked decoder RNN, written as cell equations over nn.GRU/nn.LSTM's
-        own parameters: the exported graph then holds plain MatMul/Gemm ops, which ONNX Runtime runs
-        about twice as fast as its GRU/LSTM op for a single step (measured: 13 ms of a 25 ms step)."""
+        """One time step of the stacked decoder RNN on [y_{t-1}; rest] (rest alone when y is
+        None), written as cell equations over nn.GRU/nn.LSTM's own parameters: the exported graph
+        then holds plain MatMul/Gemm ops, which ONNX Runtime runs about twice as fast as its
+        GRU/LSTM op for a single step (measured: 13 ms of a 25 ms step)."""
         h_all, c_all = rnn_state if isinstance(rnn_state, tuple) else (rnn_state, None)  # (L, N, H)
-        x, h_new, c_new = stacked_rnn_step(self.rnn, x, h_all, c_all, self.training)
+        if y is None:
+            x, h_new, c_new = stacked_rnn_step(self.rnn, rest, h_all, c_all, self.training)
+        elif y[1] is not None:
+            x_in = torch.cat([y[1], rest], -1)
+            x, h_new, c_new = stacked_rnn_step(self.rnn, x_in, h_all, c_all, self.training)
+        else:
+            assert self.folded is not None
+            gates = self.folded.input_gates(y[0], rest)
+            x, h_new, c_new = stacked_rnn_step(self.rnn, None, h_all, c_all, bottom_gates=gates)
         return x, (h_new, c_new) if c_new is not None else h_new
 
     def conditional_first_step(
-        self, emb: Tensor, rnn_state: Tensor | tuple[Tensor, Tensor]
+        self, y: TokenInput, rnn_state: Tensor | tuple[Tensor, Tensor]
     ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
         """cGRU's first transition s'_t = RNN1(y_{t-1}, s_{t-1}) on the bottom layer: returns s'_t
         (N, H) and the stacked state with the bottom layer replaced by s'_t (and c'_t), so that
         RNN2's bottom layer continues from it and its upper layers from their own s_{t-1}."""
         h_all, c_all = rnn_state if isinstance(rnn_state, tuple) else (rnn_state, None)  # (L, N, H)
         c_first = c_all[:1] if c_all is not None else None
-        s_mid, h1, c1 = stacked_rnn_step(self.rnn1, emb, h_all[:1], c_first, self.training)
+        tokens, emb = y
+        if emb is not None:
+            s_mid, h1, c1 = stacked_rnn_step(self.rnn1, emb, h_all[:1], c_first, self.training)
+        else:
+            assert self.folded is not None
+            gates = self.folded.input_gates(tokens, None)
+            s_mid, h1, c1 = stacked_rnn_step(
+                self.rnn1, None, h_all[:1], c_first, bottom_gates=gates
+            )
         h_all = torch.cat([h1, h_all[1:]], dim=0)  # (L, N, H)
         if c_all is None or c1 is None:
             return s_mid, h_all
@@ -336,27 +423,41 @@ class Seq2Seq(nn.Module):
 
 
 def stacked_rnn_step(
-    rnn: nn.RNNBase, x: Tensor, h: Tensor, c: Tensor | None, training: bool = False
+    rnn: nn.RNNBase,
+    x: Tensor | None,
+    h: Tensor,
+    c: Tensor | None,
+    training: bool = False,
+    bottom_gates: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """One time step of a stacked GRU/LSTM over nn.GRU/nn.LSTM's own parameters (the equations of
     GRUCell/LSTMCell) as plain matrix products: x (N, I), h and c (L, N, H) → the top layer's output
-    (N, H), the new h and c. Dropout between layers only while training, as nn.GRU/nn.LSTM do."""
+    (N, H), the new h and c. Dropout between layers only while training, as nn.GRU/nn.LSTM do.
+
+    bottom_gates (N, G*H): the bottom layer's input product, bias included, computed by the caller
+    (FoldedEmbedding.input_gates); x is then None."""
     hs, cs = [], []
+    out = x
     for layer in range(rnn.num_layers):
-        if layer > 0:
-            x = nn.functional.dropout(x, rnn.dropout, training)
         w_ih, w_hh, b_ih, b_hh = (
             getattr(rnn, f"{n}_l{layer}") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
         )
-        gi = nn.functional.linear(x, w_ih, b_ih)  # (N, G*H)
+        if layer == 0 and bottom_gates is not None:
+            gi = bottom_gates
+        else:
+            assert out is not None  # only the bottom layer may have its whole input folded
+            if layer > 0:
+                out = nn.functional.dropout(out, rnn.dropout, training)
+            gi = nn.functional.linear(out, w_ih, b_ih)  # (N, G*H)
         gh = nn.functional.linear(h[layer], w_hh, b_hh)  # (N, G*H)
         if c is None:
-            x = gru_cell(gi, gh, h[layer])
+            h_layer = gru_cell(gi, gh, h[layer])
         else:
-            x, c_layer = lstm_cell(gi + gh, c[layer])
+            h_layer, c_layer = lstm_cell(gi + gh, c[layer])
             cs.append(c_layer)
-        hs.append(x)
-    return x, torch.stack(hs), (torch.stack(cs) if c is not None else None)  # (L, N, H) each
+        hs.append(h_layer)
+        out = h_layer
+    return hs[-1], torch.stack(hs), (torch.stack(cs) if c is not None else None)  # (L, N, H) each
 
 
 def gru_cell(gi: Tensor, gh: Tensor, h: Tensor) -> Tensor:

@@ -112,15 +112,6 @@ class BpeSegmenter:
         return piece[: -len(self.separator)] if piece.endswith(self.separator) else piece
 
 
-def _find(chars: list[tuple[str, int]], start: int, surface: str) -> int | None:
-    """The first position from `start` (at most LOOKAHEAD on) where `surface` is spelled out."""
-    n = len(surface)
-    for j in range(start, min(len(chars) - n, start + LOOKAHEAD) + 1):
-        if all(chars[j + k][0] == c for k, c in enumerate(surface)):
-            return j
-    return None
-
-
 def word_indices(text: str, surfaces: Sequence[str | None]) -> list[int | None]:
     """The whitespace word of `text` each piece belongs to (None for a special token).
 
@@ -129,7 +120,11 @@ def word_indices(text: str, surfaces: Sequence[str | None]) -> list[int | None]:
     spelled out (case-insensitive, up to LOOKAHEAD characters on); one whose text is not found
     (unknown, escaped or normalized) to the word at the current position.
     """
-    chars = [(c.lower(), w) for w, word in enumerate(text.split()) for c in word]  # (char, word)
+    lowered = [(c.lower(), w) for w, word in enumerate(text.split()) for c in word]  # (char, word)
+    # one character per position of text; one whose lower case is longer (İ) matches nothing: a
+    # lone surrogate, which no decoded UTF-8 text holds
+    spelled_text = "".join(c if len(c) == 1 else "\ud800" for c, _ in lowered)
+    owners = [w for _, w in lowered]
     words: list[int | None] = []
     pos, current = 0, 0  # next unmatched character; the word of the last piece
     for surface in surfaces:
@@ -137,11 +132,11 @@ def word_indices(text: str, surfaces: Sequence[str | None]) -> list[int | None]:
             words.append(None)
             continue
         spelled = "".join(surface.lower().split())
-        j = _find(chars, pos, spelled) if spelled else None
-        if j is not None:
-            word, pos = chars[j][1], j + len(spelled)
+        j = spelled_text.find(spelled, pos, pos + LOOKAHEAD + len(spelled)) if spelled else -1
+        if j >= 0:
+            word, pos = owners[j], j + len(spelled)
         else:
-            word = chars[pos][1] if pos < len(chars) else current
+            word = owners[pos] if pos < len(owners) else current
         current = max(current, word)
         words.append(current)
     return words
