@@ -346,6 +346,39 @@ def test_init_from_continues_from_a_runs_weights_and_tokenizers(tmp_path: Path) 
         assert torch.equal(x, y), name
 
 
+def test_freeze_encoder_trains_the_decoder_side_only(tmp_path: Path) -> None:
+    """A stage with freeze_encoder from a named checkpoint (init_checkpoint) keeps every encoder.*
+    weight of that checkpoint and moves the decoder side."""
+    model = {"emb_dim": 8, "enc_hidden": 8, "dec_hidden": 16, "attn_dim": 8, "dropout": 0.0}
+    data = DataConfig(
+        generate_seed=3, n_train=60, n_dev=6, n_test=6, n_test_long=2, src_vocab=60, tgt_vocab=70
+    )
+    first = tmp_path / "first"
+    optim = OptimConfig(max_steps=3, eval_every=3, max_tokens=400, threads=1)
+    train(TrainConfig(model, data, optim), first, quiet=True)
+    shutil.copyfile(first / "best.pt", first / "start.pt")
+    stage2 = OptimConfig(
+        lr=0.05,
+        max_steps=2,
+        eval_every=1,
+        max_tokens=400,
+        threads=1,
+        init_from=str(first),
+        init_checkpoint="start.pt",
+        freeze_encoder=True,
+    )
+    train(TrainConfig(model, data, stage2), tmp_path / "second", quiet=True)
+    a, _ = load_checkpoint(first / "start.pt")
+    b, _ = load_checkpoint(tmp_path / "second" / "last.pt")
+    before, after = a.state_dict(), b.state_dict()
+    encoder = [name for name in before if name.startswith("encoder.")]
+    assert encoder and all(torch.equal(before[n], after[n]) for n in encoder)
+    moved = [
+        n for n in before if not n.startswith("encoder.") and not torch.equal(before[n], after[n])
+    ]
+    assert "out.weight" in moved and "bridge.weight" in moved
+
+
 def test_the_three_g2p_stages_describe_one_model() -> None:
     first, second, third = (
         TrainConfig.load(G2P_CONFIG),

@@ -102,9 +102,13 @@ class OptimConfig:
     lr_decay: float = 0.5  # multiply the learning rate on each evaluation without gain
     min_lr: float = 5e-5
     seed: int = 1
-    # A run directory to continue from: its best.pt's weights and its tokenizers (a second stage,
+    # A run directory to continue from: its init_checkpoint's weights and its tokenizers (a second stage,
     # e.g. at a lower learning rate); "" = a fresh model and new tokenizers.
     init_from: str = ""
+    init_checkpoint: str = "best.pt"  # the file of init_from whose weights start the run
+    # Train everything but the encoder (encoder.*): a later stage that keeps the encoder states a
+    # link head reads (export/link_head.py) and the encoder checkpoint averaging keeps.
+    freeze_encoder: bool = False
     select_by: str = "bleu"  # the dev score that picks best.pt: "bleu" (higher) or "wer" (lower)
     threads: int = 0  # torch intra-op threads; 0 = torch's default. 1 is robust when other jobs share the cores
     # Weight of the guided-alignment loss (export/train/guided.py) against the gold sidecar of the
@@ -438,19 +442,21 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False, resume: bool = False
     )
     model = Seq2Seq(model_cfg).to(device)
     if o.init_from and not resume:
-        start, _ = load_checkpoint(Path(o.init_from) / "best.pt")
+        start, _ = load_checkpoint(Path(o.init_from) / o.init_checkpoint)
         if start.cfg != model_cfg:
             raise ValueError(
-                f"{o.init_from}/best.pt is a {start.cfg}, the config asks for {model_cfg}"
+                f"{o.init_from}/{o.init_checkpoint} is a {start.cfg}, the config asks for {model_cfg}"
             )
         model.load_state_dict(start.state_dict())
+    if o.freeze_encoder:
+        model.encoder.requires_grad_(False)
     train_examples = encode_pairs(splits["train"], src_tok, tgt_tok)
     guides = (
         train_guides(cfg.data, out, train_examples, src_tok, tgt_tok)
         if o.guided_alignment
         else None
     )
-    opt = torch.optim.Adam(model.parameters(), lr=o.lr)
+    opt = torch.optim.Adam([w for w in model.parameters() if w.requires_grad], lr=o.lr)
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=o.label_smoothing)
     rng = random.Random(o.seed)
     p = Progress(epoch_rng=rng.getstate())
