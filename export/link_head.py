@@ -9,6 +9,12 @@ changed: its encoder graph gives the states the head reads. Writes link_head.onn
 link_lexicon.json into the bundle, re-hashes its manifest, checks the graph against the module,
 then aligns dev through the served path (`Align`, links "head") and reports that AER.
 s2s-train runs this as its last step when the config has a [link_head] table.
+
+    python -m export.link_head --config C --bundle NEW --from-bundle OLD
+
+carries OLD's head over to NEW instead of training one, for a bundle whose encoder and tokenizers
+are OLD's to the byte (a decoder-side stage, `[optim] freeze_encoder`, or a re-export: the head
+reads only those), refused otherwise; then aligns dev through NEW as above.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 import time
 import tomllib
@@ -37,7 +44,7 @@ from service.decode.engine import Engine
 from service.decode.forced import AlignOptions
 from service.decode.lexicon import Lexicon
 from service.decode.link_head import GRAPH, LEXICON, Thresholds, head_links
-from service.model.bundle import add_files
+from service.model.bundle import LINK_HEAD_FILES, add_files, read_manifest
 
 log = logging.getLogger(__name__)
 PARITY_PAIRS = 16
@@ -168,6 +175,40 @@ def train_link_head(
     return figures
 
 
+# What a link head reads of its bundle: the encoder's states and both sides' pieces.
+HEAD_INPUT_FILES = ("encoder.onnx", "source.model", "target.model")
+
+
+def carry_link_head(
+    old: Path, bundle: Path, pairs: Sequence[tuple[str, str, list[Link]]], out: Path
+) -> dict[str, Any]:
+    """old's link head (files, thresholds, figures) into bundle, whose encoder and tokenizers must
+    be old's (ValueError naming the file that differs); returns the figures with bundle's served
+    dev AER (also in <out>/link_head.json)."""
+    before, after = read_manifest(old), read_manifest(bundle)
+    if "link_head" not in before or any(f not in before["files"] for f in LINK_HEAD_FILES):
+        raise ValueError(f"{old} has no link head to carry over")
+    for name in HEAD_INPUT_FILES:
+        if before["files"].get(name) != after["files"].get(name):
+            raise ValueError(
+                f"{bundle / name} is not {old / name}: the link head reads it, so it must be "
+                f"trained again for {bundle} (leave out --from-bundle)"
+            )
+    for name in LINK_HEAD_FILES:
+        shutil.copyfile(old / name, bundle / name)
+    figures = dict(before["info"].get("link_head", {}))
+    add_files(
+        bundle,
+        list(LINK_HEAD_FILES),
+        info={"link_head": {**figures, "carried_from": str(old)}},
+        sections={"link_head": before["link_head"]},
+    )
+    figures["served_dev_aer"] = round(served_dev_aer(bundle, pairs), 4)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "link_head.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+    return figures
+
+
 def read_config(path: Path) -> tuple[CorpusConfig, LinkHeadConfig]:
     raw = tomllib.loads(path.read_text(encoding="utf-8"))
     if "corpus" not in raw:
@@ -189,12 +230,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out", type=Path, help="where link_head.json goes (default: runs/<bundle>-link-head)"
     )
+    p.add_argument(
+        "--from-bundle",
+        type=Path,
+        help="carry this bundle's link head over instead of training one (same encoder and "
+        "tokenizers)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     out = args.out or Path("runs") / f"{args.bundle.name}-link-head"
     try:
         corpus_cfg, head_cfg = read_config(args.config)
-        figures = train_link_head(corpus_cfg, head_cfg, args.bundle, out)
+        if args.from_bundle:
+            splits = load_corpus(corpus_cfg)
+            if "dev" not in splits:
+                raise CorpusError(
+                    "--from-bundle aligns the [corpus.dev] split: the config has none"
+                )
+            figures = carry_link_head(args.from_bundle, args.bundle, gold_pairs(splits["dev"]), out)
+        else:
+            figures = train_link_head(corpus_cfg, head_cfg, args.bundle, out)
     except (CorpusError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

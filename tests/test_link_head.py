@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 import torch
 
+from export import link_head as link_head_cli
 from export import pipeline
 from export.onnx.link_head import example_inputs, export_link_head, parity_error
+from export.onnx.to_onnx import export_bundle
 from export.train.link_head import Example, LinkHeadConfig, LinkHeadNet, predict
 from proto.translation.v1 import translation_pb2 as pb
 from service.decode.aligner import align
@@ -195,6 +197,32 @@ def test_manifest_naming_a_head_without_its_files_is_refused(
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match="cell_threshold must be a number in"):
         load_bundle(copy)
+
+
+@pytest.mark.slow
+def test_a_head_carries_over_to_a_bundle_with_the_same_encoder(
+    toy_head: Path, tmp_path: Path, tiny: TinyModel
+) -> None:
+    """--from-bundle: a re-export of the same weights (the encoder and tokenizers byte for byte)
+    takes the head and aligns as the original does; another model's bundle is refused."""
+    run = toy_head
+    again = export_bundle(run / "best.pt", run, tmp_path / "again", "toy", "0.0.2")
+    config = run.parent / "toy.toml"
+    argv = ["--config", str(config), "--bundle", str(again), "--out", str(tmp_path / "out")]
+    assert link_head_cli.main([*argv, "--from-bundle", str(run / "bundle")]) == 0
+    figures = json.loads((tmp_path / "out" / "link_head.json").read_text())
+    trained = json.loads((run / "link_head" / "link_head.json").read_text())
+    assert figures["served_dev_aer"] == pytest.approx(trained["served_dev_aer"], abs=1e-6)
+    pairs = toy_pairs(run, "test")[:8]
+    ours, original = (
+        [r.pharaoh for r in align(Engine.load(b, CPU), pairs, AlignOptions(links="head"))]
+        for b in (again, run / "bundle")
+    )
+    assert ours == original
+    other = tmp_path / "other"
+    shutil.copytree(tiny.bundle, other)
+    with pytest.raises(ValueError, match=r"encoder\.onnx is not"):
+        link_head_cli.carry_link_head(run / "bundle", other, [], tmp_path / "out2")
 
 
 def test_model_without_a_head_refuses_head_links(tiny: TinyModel) -> None:
