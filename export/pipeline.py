@@ -55,11 +55,18 @@ def served_scores(bundle: Path, pairs: list[tuple[str, str]], beam: int = BEAM) 
         hyps += [t.hypotheses[0].text for t in engine.translate(chunk, options, alignment="none")]
     refs = [[t for _, t in pairs]]
     return {
-        "decoding": f"ONNX Runtime, beam {beam}",
+        "decoding": f"ONNX Runtime, beam {beam}" + describe_defaults(engine.decoding_defaults),
         "sentences": len(pairs),
         "bleu": round(float(sacrebleu.corpus_bleu(hyps, refs).score), 2),
         "chrf": round(float(sacrebleu.corpus_chrf(hyps, refs).score), 2),
     }
+
+
+def describe_defaults(defaults: dict[str, Any]) -> str:
+    """", the model's defaults (length_penalty 1.0, ...)" for a manifest's "decoding", or ""."""
+    if not defaults:
+        return ""
+    return ", the model's defaults (" + ", ".join(f"{k} {v}" for k, v in defaults.items()) + ")"
 
 
 def bundle_dir(cfg: TrainConfig, out: Path, given: Path | None) -> Path | None:

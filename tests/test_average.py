@@ -46,7 +46,7 @@ def test_other_architectures_are_refused() -> None:
 
 def test_command_writes_a_checkpoint(tmp_path: Path) -> None:
     for i in (1, 2):
-        save_checkpoint(tmp_path / f"{i}.pt", model(i), {"step": i})
+        save_checkpoint(tmp_path / f"{i}.pt", model(i), {"step": i, "dev_bleu": 10.0 + i})
     out = tmp_path / "avg.pt"
     args = [
         "--encoder",
@@ -58,6 +58,7 @@ def test_command_writes_a_checkpoint(tmp_path: Path) -> None:
     assert average.main([*args, "--out", str(out)]) == 0
     averaged, meta = load_checkpoint(out)
     assert meta["step"] == 1 and len(meta["averaged"]) == 2
+    assert meta["dev_bleu"] is None  # the encoder checkpoint's score is not the average's
     assert torch.equal(
         averaged.state_dict()["encoder.embed.weight"], model(1).state_dict()["encoder.embed.weight"]
     )

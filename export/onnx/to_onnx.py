@@ -228,6 +228,8 @@ def export_bundle(
         for side in ("source", "target"):
             shutil.copyfile(tokenizers / f"{side}.model", tmp / f"{side}.model")
         info = {"dev_bleu": meta.get("dev_bleu"), "train_step": meta.get("step"), **(extra or {})}
+        if "averaged" in meta:  # export/train/average.py: which checkpoints, whose encoder
+            info["averaged"] = {"decoder_over": meta["averaged"], "encoder_of": meta["encoder"]}
         bundle_format.write_manifest(
             tmp,
             name=name,

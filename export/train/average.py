@@ -64,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    meta = {**meta, "averaged": [str(path) for path in args.average], "encoder": str(args.encoder)}
+    meta = {
+        **meta,
+        "dev_bleu": None,  # the encoder checkpoint's dev score is not the average's
+        "averaged": [str(path) for path in args.average],
+        "encoder": str(args.encoder),
+    }
     save_checkpoint(args.out, averaged, meta)
     print(f"wrote {args.out}: decoder averaged over {len(models)} checkpoints")
     return 0
