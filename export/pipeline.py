@@ -63,7 +63,8 @@ def served_scores(bundle: Path, pairs: list[tuple[str, str]], beam: int = BEAM) 
 
 
 def describe_defaults(defaults: dict[str, Any]) -> str:
-    """", the model's defaults (length_penalty 1.0, ...)" for a manifest's "decoding", or ""."""
+    """The test figure's note on the model's decoding defaults: ", the model's defaults
+    (length_penalty 1.0, ...)", or "" without any."""
     if not defaults:
         return ""
     return ", the model's defaults (" + ", ".join(f"{k} {v}" for k, v in defaults.items()) + ")"
