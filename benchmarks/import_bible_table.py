@@ -128,16 +128,26 @@ def alignment(engine: Engine, test: grc_en.Split) -> dict[str, float]:
 
 
 def int8_copy(bundle: Path, work: Path) -> Path:
-    """A copy of `bundle` with an int8 decoder (quantized as `s2s-export --int8` does), once."""
+    """A copy of `bundle` with an int8 decoder (quantized as `s2s-export --int8` does), made again
+    when the bundle's decoder is not the copy's."""
     out = work / f"{bundle.name}-int8"
     if (out / "decoder.int8.onnx").exists():
-        return out
+        if same_decoder(bundle, out):
+            return out
+        shutil.rmtree(out)
     shutil.copytree(bundle, out, dirs_exist_ok=True)
     quantize_decoder(out / "decoder.onnx", out / "decoder.int8.onnx")
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["files"]["decoder.int8.onnx"] = sha256_of(out / "decoder.int8.onnx")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return out
+
+
+def same_decoder(bundle: Path, copy: Path) -> bool:
+    def decoder_hash(folder: Path) -> str:
+        return str(json.loads((folder / "manifest.json").read_text())["files"]["decoder.onnx"])
+
+    return decoder_hash(bundle) == decoder_hash(copy)
 
 
 def speed(model: dict[str, Any], lines: list[str], repeats: int, threads: int) -> dict[str, Any]:

@@ -186,3 +186,30 @@ def test_exported_step_looks_up_folded_tables(tmp_path: Path, rnn: str, gates: i
     assert (cfg.tgt_vocab_size, cfg.emb_dim) not in shapes
     _, decoder = export_graphs(model, tmp_path / "unfolded", fold_limit_bytes=0)
     assert (cfg.tgt_vocab_size, cfg.emb_dim) in constant_shapes(decoder)
+
+
+def products_of_computed_weights(path: Path) -> list[str]:
+    """MatMul/Gemm nodes one of whose inputs is computed from constants alone at run time (a
+    sliced or transposed weight): the int8 export cannot quantize those, only initializers."""
+    graph = onnx.load(str(path)).graph
+    constant = {t.name for t in graph.initializer}
+    initializers = set(constant)
+    for node in graph.node:
+        if node.op_type == "Constant" or (node.input and all(i in constant for i in node.input)):
+            constant.update(node.output)
+    return [
+        node.name
+        for node in graph.node
+        if node.op_type in ("MatMul", "Gemm")
+        and any(i in constant and i not in initializers for i in node.input)
+    ]
+
+
+@pytest.mark.parametrize(("rnn", "attention", "style"), [v for v in VARIANTS if v[1] != "concat"])
+def test_every_weight_of_the_step_is_an_initializer(
+    tmp_path: Path, rnn: str, attention: str, style: str
+) -> None:
+    """The folded step multiplies by stored weights only, so --int8 quantizes all of them
+    (concat attention's query half is still sliced at run time)."""
+    _, decoder = export_graphs(tiny_model(rnn, attention, style), tmp_path)
+    assert products_of_computed_weights(decoder) == []

@@ -66,6 +66,14 @@ def test_int8_copy_adds_a_quantized_decoder_and_leaves_the_bundle(
         for b in (copy, tiny.bundle)
     )
     assert ours == exported  # quantized as the exporter's --int8 quantizes
+    # a bundle whose decoder changed gets a new copy, not the old one
+    assert import_bible_table.int8_copy(fp32_only, tmp_path / "work") == copy
+    manifest = json.loads((fp32_only / "manifest.json").read_text())
+    manifest["files"]["decoder.onnx"] = "0" * 64  # what a re-export's new decoder looks like here
+    (fp32_only / "manifest.json").write_text(json.dumps(manifest))
+    stale = (copy / "decoder.int8.onnx").stat().st_mtime_ns
+    import_bible_table.int8_copy(fp32_only, tmp_path / "work")
+    assert (copy / "decoder.int8.onnx").stat().st_mtime_ns != stale
 
 
 def test_the_table_has_a_row_per_system_and_leaves_phases_not_run_empty() -> None:

@@ -146,24 +146,36 @@ class FoldedEmbedding(nn.Module):
     Only the export uses it (export/onnx/to_onnx.py, on a copy of the model); training never does."""
 
     def __init__(
-        self, embedding: Tensor, rnn: nn.RNNBase, scale: float = 1.0, readout: Tensor | None = None
+        self,
+        embedding: Tensor,
+        rnn: nn.RNNBase,
+        scale: float = 1.0,
+        readout: nn.Linear | None = None,
     ) -> None:
-        """embedding (V, E), times scale, is the first E inputs of rnn's bottom layer; readout
-        (V, H): the readout's product of each token, bias included, where there is one."""
+        """embedding (V, E), times scale, is the first E inputs of rnn's bottom layer and, where
+        there is a readout, its last E inputs."""
         super().__init__()
         E = embedding.shape[1]
         with torch.no_grad():
+            emb = embedding * scale  # (V, E)
             w_ih = cast(Tensor, rnn.weight_ih_l0)  # (G*H, I)
-            gates = (embedding * scale) @ w_ih[:, :E].t() + cast(Tensor, rnn.bias_ih_l0)
+            gates = emb @ w_ih[:, :E].t() + cast(Tensor, rnn.bias_ih_l0)  # (V, G*H)
             rest = w_ih[:, E:].t().contiguous() if w_ih.shape[1] > E else None  # (I - E, G*H)
-        self.register_buffer("gates", gates, persistent=False)  # (V, G*H)
-        self.register_buffer("rest", rest, persistent=False)
-        self.register_buffer(
-            "readout", None if readout is None else readout.detach().clone(), persistent=False
-        )
+            # the readout's product of each token, bias included (V, H), and its weights for the
+            # inputs before y_{t-1}, transposed (I - E, H); like `rest`, an initializer of the
+            # graph, so that the int8 export quantizes its product
+            table = None if readout is None else emb @ readout.weight[:, -E:].t() + readout.bias
+            before = None if readout is None else readout.weight[:, :-E].t().contiguous()
+        # parameters, not buffers: the exporter writes them as initializers (buffers become Constant
+        # nodes, whose products quantize_dynamic leaves in fp32)
+        for name, tensor in (("gates", gates), ("rest", rest), ("readout", table),
+                             ("readout_rest", before)):  # fmt: skip
+            value = None if tensor is None else nn.Parameter(tensor, requires_grad=False)
+            self.register_parameter(name, value)
         self.gates: Tensor
         self.rest: Tensor | None
         self.readout: Tensor | None
+        self.readout_rest: Tensor | None
 
     def input_gates(self, tokens: Tensor, rest: Tensor | None) -> Tensor:
         """The bottom layer's input product of [y_{t-1}; rest], bias included: (N, G*H)."""
@@ -175,7 +187,9 @@ class FoldedEmbedding(nn.Module):
 
     @property
     def nbytes(self) -> int:
-        tables = [t for t in (self.gates, self.rest, self.readout) if t is not None]
+        tables = [
+            t for t in (self.gates, self.rest, self.readout, self.readout_rest) if t is not None
+        ]
         return sum(t.numel() * t.element_size() for t in tables)
 
 
@@ -212,13 +226,8 @@ class Seq2Seq(nn.Module):
         """The target embedding through the bottom layer that reads it (RNN1 for cGRU) and the
         readout's y_{t-1} columns (Bahdanau, cGRU, no attention: the readout ends with y_{t-1})."""
         rnn = self.rnn1 if self.cfg.conditional and not self.cfg.input_feeding else self.rnn
-        weight = self.tgt_embed.weight
-        readout = None
-        if hasattr(self, "readout"):
-            with torch.no_grad():
-                columns = self.readout.weight[:, -self.cfg.emb_dim :]  # (H, E)
-                readout = weight @ columns.t() + self.readout.bias  # (V, H)
-        return FoldedEmbedding(weight, rnn, readout=readout)
+        readout = self.readout if hasattr(self, "readout") else None
+        return FoldedEmbedding(self.tgt_embed.weight, rnn, readout=readout)
 
     # --- packed decoder state: [h_1 .. h_L, (c_1 .. c_L), (h~)] per row --------------------------
 
@@ -312,10 +321,10 @@ class Seq2Seq(nn.Module):
         tokens, emb = y
         if emb is not None:
             return torch.tanh(self.readout(torch.cat([s_t, context, emb], -1)))
-        assert self.folded is not None and self.folded.readout is not None
-        columns = self.readout.weight[:, : s_t.shape[-1] + context.shape[-1]]  # (H, H + D)
-        rest = torch.cat([s_t, context], -1) @ columns.t()  # (N, H)
-        return torch.tanh(rest + self.folded.readout[tokens])
+        folded = self.folded
+        assert folded is not None and folded.readout is not None and folded.readout_rest is not None
+        rest = torch.cat([s_t, context], -1) @ folded.readout_rest  # (N, H)
+        return torch.tanh(rest + folded.readout[tokens])
 
     def rnn_step(
         self, y: TokenInput | None, rest: Tensor, rnn_state: Tensor | tuple[Tensor, Tensor]
