@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -98,17 +97,6 @@ def read_split(directory: Path, name: str, limit: int | None = None) -> Split:
         targets=columns["en"][:n],
         gold=[parse_pharaoh(line) for line in columns["pharaoh"][:n]],
     )
-
-
-def strip_punctuation(text: str) -> str:
-    """Punctuation off the ends of every word, words left empty dropped: what the BSB words without
-    their `exclude` rows look like (`God’s` and `mother-in-law` keep theirs)."""
-    words = (w.strip("".join(_punctuation_in(w))) for w in text.split())
-    return " ".join(w for w in words if w)
-
-
-def _punctuation_in(word: str) -> set[str]:
-    return {c for c in word if unicodedata.category(c).startswith("P")}
 
 
 # --- forced alignment --------------------------------------------------------------------------
@@ -276,7 +264,7 @@ def translate(engine: Engine, sources: Sequence[str], beam: int, batch_size: int
 
 
 def translate_row(engine: Engine, test: Split, beam: int) -> Row:
-    hypotheses = [strip_punctuation(h) for h in translate(engine, test.sources, beam, 32)]
+    hypotheses = [bible.strip_punctuation(h) for h in translate(engine, test.sources, beam, 32)]
     return translation_scores(f"Translate, beam {beam}", hypotheses, test.targets)
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import sacrebleu
 
-from benchmarks.grc_en import read_split, strip_punctuation, translate
+from benchmarks.grc_en import read_split, translate
+from export.data.bible import strip_punctuation
 from export.onnx.to_onnx import export_bundle
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine

@@ -29,6 +29,7 @@ import argparse
 import csv
 import json
 import sys
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -227,6 +228,18 @@ def split_pairs(pairs: Sequence[VersePair]) -> tuple[dict[str, list[VersePair]],
             continue
         splits[name].append(p)
     return splits, no_gold_held_out
+
+
+def strip_punctuation(text: str) -> str:
+    """Punctuation off the ends of every word, words left empty dropped: what the BSB words without
+    their `exclude` rows look like (`God’s` and `mother-in-law` keep theirs). The scores compare a
+    model's output with them this way; export/data/sword.py makes other translations' words so."""
+    words = (w.strip("".join(_punctuation_in(w))) for w in text.split())
+    return " ".join(w for w in words if w)
+
+
+def _punctuation_in(word: str) -> set[str]:
+    return {c for c in word if unicodedata.category(c).startswith("P")}
 
 
 def pharaoh(links: Iterable[tuple[int, int]] | None) -> str:

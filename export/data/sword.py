@@ -20,9 +20,10 @@ import re
 import shutil
 import subprocess
 import sys
-import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+
+from export.data.bible import strip_punctuation
 
 # SWORD's English names of books 40-57 (the corpus's books), by the corpus's book number.
 BOOK_NAMES = {
@@ -80,12 +81,7 @@ def words_of(raw: str) -> str:
     """A verse's markup → its words as the corpus writes the BSB's: tags out (a tag separates
     words: the modules write `<w>Christ</w><w>Jesus</w>`), dashes as spaces, punctuation stripped
     from the ends of words, single spaces."""
-    text = DASHES.sub(" ", TAG.sub(" ", raw))
-    words = (
-        w.strip("".join(c for c in w if unicodedata.category(c).startswith("P")))
-        for w in text.split()
-    )
-    return " ".join(w for w in words if w)
+    return strip_punctuation(DASHES.sub(" ", TAG.sub(" ", raw)))
 
 
 def verse_key(verse: str) -> tuple[int, int, int]:
