@@ -44,13 +44,14 @@ os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 import torch
 
 from benchmarks import grc_en, import_speed
+from export.data import bible
 from export.importers import toolkits
 from export.metrics.aer import parse_pharaoh, score_corpus
 from export.onnx.to_onnx import quantize_decoder
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.options import SearchOptions
-from service.model.bundle import sha256_of
+from service.model.bundle import add_files, read_manifest
 
 LINKS = ("argmax", "grow", "head")  # "head": only a bundle with a link head (ours) has it
 PHASES = ("fidelity", "quality", "align", "speed")
@@ -108,7 +109,7 @@ def fidelity(model: dict[str, Any], src: Path, engine: Engine) -> dict[str, Any]
 
 def quality(hypotheses: Sequence[str], test: grc_en.Split) -> dict[str, float]:
     row = grc_en.translation_scores(
-        "", [grc_en.strip_punctuation(h) for h in hypotheses], test.targets
+        "", [bible.strip_punctuation(h) for h in hypotheses], test.targets
     )
     return {"bleu": round(row.bleu or 0.0, 2), "chrf": round(row.chrf or 0.0, 2)}
 
@@ -137,17 +138,13 @@ def int8_copy(bundle: Path, work: Path) -> Path:
         shutil.rmtree(out)
     shutil.copytree(bundle, out, dirs_exist_ok=True)
     quantize_decoder(out / "decoder.onnx", out / "decoder.int8.onnx")
-    manifest = json.loads((out / "manifest.json").read_text())
-    manifest["files"]["decoder.int8.onnx"] = sha256_of(out / "decoder.int8.onnx")
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    add_files(out, ["decoder.int8.onnx"])
     return out
 
 
 def same_decoder(bundle: Path, copy: Path) -> bool:
-    def decoder_hash(folder: Path) -> str:
-        return str(json.loads((folder / "manifest.json").read_text())["files"]["decoder.onnx"])
-
-    return decoder_hash(bundle) == decoder_hash(copy)
+    files = [read_manifest(folder)["files"]["decoder.onnx"] for folder in (bundle, copy)]
+    return files[0] == files[1]
 
 
 def speed(model: dict[str, Any], lines: list[str], repeats: int, threads: int) -> dict[str, Any]:
