@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from export.importers.spm_vocab import restrict_to_vocabulary
 from export.onnx.to_onnx import export_graphs, quantize_decoder
+from export.train.model import FoldedEmbedding, stacked_rnn_step
 from service.model import bundle as bundle_format
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
 from service.model.tokenizer import TokenizerError
@@ -215,6 +216,27 @@ def unpack_state(
         offset += size
     f = state[:, offset : offset + hidden] if feed else None
     return h, c, f
+
+
+def token_rnn_step(
+    rnn: nn.RNNBase,
+    embed: nn.Embedding,
+    folded: FoldedEmbedding | None,
+    tokens: Tensor,
+    feed: Tensor | None,
+    h: Tensor,
+    c: Tensor | None,
+    scale: float = 1.0,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The decoder RNN's step on [y_{t-1} · scale; feed] (y alone without input feeding): top
+    output (N, H), new h and c. On the exporter's copy (folded set) the bottom layer's input gates
+    are looked up in the folded tables instead (export.train.model.FoldedEmbedding)."""
+    if folded is not None:
+        gates = folded.input_gates(tokens, feed)  # (N, G*H)
+        return stacked_rnn_step(rnn, None, h, c, bottom_gates=gates)
+    emb = embed(tokens) * scale  # (N, E)
+    x = torch.cat([emb, feed], dim=-1) if feed is not None else emb
+    return stacked_rnn_step(rnn, x, h, c)
 
 
 def attend(scores: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -40,10 +40,11 @@ from export.importers.common import (
     refuse_unless,
     special_order,
     subword_side,
+    token_rnn_step,
     unpack_state,
     write_bundle,
 )
-from export.train.model import Encoded, FoldedEmbedding, stacked_rnn_step
+from export.train.model import Encoded, FoldedEmbedding
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 
 ATTENTIONS = {"bahdanau": "additive", "luong": "general"}
@@ -133,13 +134,9 @@ class JoeyRnn(nn.Module):
         h, c, feed = unpack_state(
             state, cfg.dec_layers, cfg.dec_hidden, cfg.rnn == "lstm", cfg.input_feeding
         )
-        if self.folded is None:
-            emb = self.tgt_embed(tokens) * self.tgt_scale  # (N, E)
-            x = torch.cat([emb, feed], dim=-1) if feed is not None else emb
-            s_t, h, c = stacked_rnn_step(self.dec_rnn, x, h, c)  # (N, H)
-        else:  # the exporter's copy: y_{t-1}'s input gates looked up
-            gates = self.folded.input_gates(tokens, feed)  # (N, G*H)
-            s_t, h, c = stacked_rnn_step(self.dec_rnn, None, h, c, bottom_gates=gates)
+        s_t, h, c = token_rnn_step(
+            self.dec_rnn, self.tgt_embed, self.folded, tokens, feed, h, c, self.tgt_scale
+        )
         query = s_t.reshape(B, K, -1)  # (B, K, H)
         if cfg.attention == "additive":
             energy = torch.tanh(self.query_layer(query).unsqueeze(2) + keys.unsqueeze(1))

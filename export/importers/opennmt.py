@@ -36,10 +36,11 @@ from export.importers.common import (
     refuse_unless,
     special_order,
     subword_side,
+    token_rnn_step,
     unpack_state,
     write_bundle,
 )
-from export.train.model import Encoded, FoldedEmbedding, stacked_rnn_step
+from export.train.model import Encoded, FoldedEmbedding
 from service.model.architecture import ModelConfig
 
 PAD, BOS, EOS, UNK = "<blank>", "<s>", "</s>", "<unk>"  # onmt.constants.DefaultTokens
@@ -149,13 +150,7 @@ class OnmtRnn(nn.Module):
         h, c, feed = unpack_state(
             state, cfg.dec_layers, cfg.dec_hidden, cfg.rnn == "lstm", cfg.input_feeding
         )
-        if self.folded is None:
-            emb = self.tgt_embed(tokens)  # (N, E)
-            x = torch.cat([emb, feed], dim=-1) if feed is not None else emb
-            s_t, h, c = stacked_rnn_step(self.dec_rnn, x, h, c)  # (N, H)
-        else:  # the exporter's copy: y_{t-1}'s input gates looked up
-            gates = self.folded.input_gates(tokens, feed)  # (N, G*H)
-            s_t, h, c = stacked_rnn_step(self.dec_rnn, None, h, c, bottom_gates=gates)
+        s_t, h, c = token_rnn_step(self.dec_rnn, self.tgt_embed, self.folded, tokens, feed, h, c)
         query = s_t.reshape(B, K, -1)  # (B, K, H)
         if self.onmt_attention == "mlp":
             energy = torch.tanh(
