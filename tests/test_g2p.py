@@ -314,18 +314,22 @@ def test_committed_bundle_alignment_is_one_column_per_letter(g2p_engine: Engine)
 # --- a second training stage -------------------------------------------------------------------
 
 
+STAGE_MODEL = {"emb_dim": 8, "enc_hidden": 8, "dec_hidden": 16, "attn_dim": 8, "dropout": 0.0}
+STAGE_DATA = DataConfig(
+    generate_seed=3, n_train=60, n_dev=6, n_test=6, n_test_long=2, src_vocab=60, tgt_vocab=70
+)
+
+
+def train_first_stage(first: Path) -> None:
+    """A 3-step run of a tiny model in `first`, for the later stages below to start from."""
+    optim = OptimConfig(max_steps=3, eval_every=3, max_tokens=400, threads=1)
+    train(TrainConfig(STAGE_MODEL, STAGE_DATA, optim), first, quiet=True)
+
+
 def test_init_from_continues_from_a_runs_weights_and_tokenizers(tmp_path: Path) -> None:
     """Stage 2 with lr 0 keeps stage 1's weights exactly (so they were loaded), selected by dev WER."""
-    model = {"emb_dim": 8, "enc_hidden": 8, "dec_hidden": 16, "attn_dim": 8, "dropout": 0.0}
-    data = DataConfig(
-        generate_seed=3, n_train=60, n_dev=6, n_test=6, n_test_long=2, src_vocab=60, tgt_vocab=70
-    )
     first = tmp_path / "first"
-    train(
-        TrainConfig(model, data, OptimConfig(max_steps=3, eval_every=3, max_tokens=400, threads=1)),
-        first,
-        quiet=True,
-    )
+    train_first_stage(first)
     second = tmp_path / "second"
     stage2 = OptimConfig(
         lr=0.0,
@@ -336,7 +340,7 @@ def test_init_from_continues_from_a_runs_weights_and_tokenizers(tmp_path: Path) 
         init_from=str(first),
         select_by="wer",
     )
-    summary = train(TrainConfig(model, data, stage2), second, quiet=True)
+    summary = train(TrainConfig(STAGE_MODEL, STAGE_DATA, stage2), second, quiet=True)
     assert "best_dev_wer" in summary
     assert (second / "source.model").read_bytes() == (first / "source.model").read_bytes()
     a, _ = load_checkpoint(first / "best.pt")
@@ -349,13 +353,8 @@ def test_init_from_continues_from_a_runs_weights_and_tokenizers(tmp_path: Path) 
 def test_freeze_encoder_trains_the_decoder_side_only(tmp_path: Path) -> None:
     """A stage with freeze_encoder from a named checkpoint (init_checkpoint) keeps every encoder.*
     weight of that checkpoint and moves the decoder side."""
-    model = {"emb_dim": 8, "enc_hidden": 8, "dec_hidden": 16, "attn_dim": 8, "dropout": 0.0}
-    data = DataConfig(
-        generate_seed=3, n_train=60, n_dev=6, n_test=6, n_test_long=2, src_vocab=60, tgt_vocab=70
-    )
     first = tmp_path / "first"
-    optim = OptimConfig(max_steps=3, eval_every=3, max_tokens=400, threads=1)
-    train(TrainConfig(model, data, optim), first, quiet=True)
+    train_first_stage(first)
     shutil.copyfile(first / "best.pt", first / "start.pt")
     stage2 = OptimConfig(
         lr=0.05,
@@ -367,7 +366,7 @@ def test_freeze_encoder_trains_the_decoder_side_only(tmp_path: Path) -> None:
         init_checkpoint="start.pt",
         freeze_encoder=True,
     )
-    train(TrainConfig(model, data, stage2), tmp_path / "second", quiet=True)
+    train(TrainConfig(STAGE_MODEL, STAGE_DATA, stage2), tmp_path / "second", quiet=True)
     a, _ = load_checkpoint(first / "start.pt")
     b, _ = load_checkpoint(tmp_path / "second" / "last.pt")
     before, after = a.state_dict(), b.state_dict()
