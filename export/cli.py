@@ -15,7 +15,17 @@ from collections.abc import Callable
 
 # Top-level import names of the `train` extra in pyproject.toml.
 TRAIN_MODULES = frozenset(
-    {"torch", "onnx", "onnxscript", "sacrebleu", "matplotlib", "num2words", "babel", "tqdm"}
+    {
+        "torch",
+        "onnx",
+        "onnxscript",
+        "sacrebleu",
+        "matplotlib",
+        "num2words",
+        "babel",
+        "tqdm",
+        "eflomal",
+    }
 )
 INSTALL_HINT = (
     "pip install 'seq2seq-serve[train]' (from a checkout: scripts/install.sh train; "
@@ -48,3 +58,7 @@ def evaluate() -> int:
 
 def export() -> int:
     return _run("export.onnx.to_onnx", "s2s-export")
+
+
+def align_corpus() -> int:
+    return _run("export.align_corpus", "s2s-align-corpus")

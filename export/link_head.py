@@ -123,9 +123,16 @@ def served_dev_aer(bundle: Path, pairs: Sequence[tuple[str, str, list[Link]]]) -
 
 
 def train_link_head(
-    corpus_cfg: CorpusConfig, head_cfg: LinkHeadConfig, bundle: Path, out: Path
+    corpus_cfg: CorpusConfig,
+    head_cfg: LinkHeadConfig,
+    bundle: Path,
+    out: Path,
+    source: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train, export into the bundle, check; returns the figures (also in <out>/link_head.json)."""
+    """Train, export into the bundle, check; returns the figures (also in <out>/link_head.json).
+    `source` says where the corpus's links came from (export/train/teacher.py's links_source:
+    gold files or eflomal with its settings); the manifest's info.link_head records it as
+    "links_source" (gold when not given), which ModelInfo's links_source shows."""
     splits = load_corpus(corpus_cfg)
     if "dev" not in splits:
         raise CorpusError(
@@ -161,6 +168,7 @@ def train_link_head(
         "dev_aer_every_target_word_linked_once": round(aer_at(logits, dev, (0.0, 1.0)), 4),
         "parity_max_abs": worst,
         "minutes": round((time.monotonic() - start) / 60, 1),
+        "links_source": source or {"teacher": "gold"},
         "history": history,
     }
     add_files(

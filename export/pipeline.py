@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from export.onnx.parity import check_parity
 from export.onnx.to_onnx import export_bundle
 from export.train.checkpoint import load_checkpoint
 from export.train.data import encode_pairs
+from export.train.teacher import links_source, resolve_teacher, silver_corpus
 from export.train.train import BundleConfig, TrainConfig, load_config, train, train_parser
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
@@ -134,6 +136,25 @@ def export_and_evaluate(
     return figures
 
 
+def with_links(cfg: TrainConfig, out: Path) -> tuple[TrainConfig, dict[str, Any] | None]:
+    """The config whose [corpus] holds the links the run learns from, and their source for the
+    manifest: gold files as named, or eflomal's silver links (export/train/teacher.py) with
+    [alignment] teacher = "eflomal", or "auto" on a corpus without gold that needs links."""
+    corpus_cfg = cfg.corpus
+    if corpus_cfg is None:
+        return cfg, None
+    needs = cfg.optim.guided_alignment > 0 or cfg.link_head is not None
+    teacher = resolve_teacher(cfg.alignment, corpus_cfg, needs)
+    settings = None
+    if teacher == "eflomal":
+        if cfg.alignment.teacher == "auto":
+            print("links: the corpus names no gold alignments, so eflomal's links are used")
+        corpus_cfg, settings = silver_corpus(corpus_cfg, cfg.alignment, out)
+    elif not any(s.alignments for s in corpus_cfg.splits.values()):
+        print("links: none (no alignment files, and guided alignment and [link_head] are off)")
+    return replace(cfg, corpus=corpus_cfg), links_source(corpus_cfg, teacher, settings)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = train_parser()
     parser.description = __doc__
@@ -159,14 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_train and args.train_only:
         parser.error("--skip-train and --train-only leave nothing to do")
     try:
-        cfg = load_config(args)
+        cfg, source = with_links(load_config(args), args.out)
         if not args.skip_train:
             print(json.dumps(train(cfg, args.out, resume=args.resume), indent=2))
         bundle = None if args.train_only else bundle_dir(cfg, args.out, args.bundle)
         if bundle is not None:
             export_and_evaluate(cfg, args.out, bundle, args.checkpoint)
             if cfg.link_head is not None and cfg.corpus is not None:
-                head = train_link_head(cfg.corpus, cfg.link_head, bundle, args.out / "link_head")
+                head = train_link_head(
+                    cfg.corpus, cfg.link_head, bundle, args.out / "link_head", source
+                )
                 print(f"link head: dev AER {head['served_dev_aer']} (served)")
             print(f"wrote bundle {bundle}")
     except CorpusError as err:

@@ -247,14 +247,17 @@ def pharaoh(links: Iterable[tuple[int, int]] | None) -> str:
     return " ".join(f"{i}-{j}" for i, j in links or ())
 
 
-def write_split(out: Path, name: str, pairs: Sequence[VersePair]) -> None:
-    """`<name>.grc`, `<name>.en`, `<name>.pharaoh` and `<name>.verses`, one verse a line."""
+def write_split(out: Path, name: str, pairs: Sequence[VersePair], links: bool = True) -> None:
+    """`<name>.grc`, `<name>.en`, `<name>.pharaoh` and `<name>.verses`, one verse a line; without
+    `links`, no `<name>.pharaoh` (the text alone, for runs that must not see gold links)."""
     columns = {
         "grc": [" ".join(p.source) for p in pairs],
         "en": [" ".join(p.target) for p in pairs],
         "pharaoh": [pharaoh(p.links) for p in pairs],
         "verses": [p.verse for p in pairs],
     }
+    if not links:
+        del columns["pharaoh"]
     for ext, lines in columns.items():
         with open(out / f"{name}.{ext}", "w", encoding="utf-8", newline="\n") as f:
             f.writelines(line + "\n" for line in lines)
@@ -277,6 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "alignments: {train,dev,test}.{grc,en,pharaoh,verses} (test = John)."
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument(
+        "--no-links",
+        action="store_true",
+        help="write the text only, no .pharaoh files (the same splits; for the silver run, "
+        "configs/grc-en-nt-silver.toml, which must read no gold link)",
+    )
     args = parser.parse_args(argv)
     try:
         pairs, counts = load_pairs()
@@ -286,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     splits, no_gold_held_out = split_pairs(pairs)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in SPLITS:
-        write_split(args.out, name, splits[name])
+        write_split(args.out, name, splits[name], links=not args.no_links)
         print(summary(name, splits[name]))
     print(
         f"dropped: {len(counts.one_sided_verses)} verses with words on one side only "
@@ -295,7 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{counts.excluded_target_words} `exclude` English rows (punctuation); "
         f"books 58-66 reserved, not read"
     )
-    print(f"wrote {args.out}/{{{','.join(SPLITS)}}}.{{grc,en,pharaoh,verses}}")
+    kinds = "grc,en,verses" if args.no_links else "grc,en,pharaoh,verses"
+    print(f"wrote {args.out}/{{{','.join(SPLITS)}}}.{{{kinds}}}")
     return 0
 
 

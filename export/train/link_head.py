@@ -49,6 +49,8 @@ class LinkHeadConfig:
     lr_decay: float = 0.7  # per two epochs, from the fourth
     seed: int = 1
     threads: int = 1
+    # a wall-clock budget (0: none): no epoch starts that would, at the pace so far, end past it
+    max_minutes: float = 0.0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> LinkHeadConfig:
@@ -295,6 +297,12 @@ def fit(
         if epoch >= 3 and epoch % 2 == 1:
             for group in optimizer.param_groups:
                 group["lr"] *= cfg.lr_decay
+        minutes = (time.monotonic() - start) / 60
+        if cfg.max_minutes and minutes * (epoch + 2) / (epoch + 1) > cfg.max_minutes:
+            log.info(
+                "link head: stopped after epoch %d (max_minutes %g)", epoch + 1, cfg.max_minutes
+            )
+            break
     assert best is not None
     net.load_state_dict(best[1])
     net.eval()

@@ -42,6 +42,7 @@ from export.train.greedy import translate_greedy
 from export.train.guided import guided_loss, piece_guide
 from export.train.link_head import LinkHeadConfig
 from export.train.model import Seq2Seq, count_parameters
+from export.train.teacher import AlignmentConfig
 from service.model.architecture import PAD_ID, ModelConfig
 from service.model.tokenizer import Tokenizer
 
@@ -163,11 +164,22 @@ class TrainConfig:
     bundle: BundleConfig | None = None  # [bundle]: export after training (export/pipeline.py)
     # [link_head]: after export, train the bundle's link head on [corpus]'s gold (export/link_head.py)
     link_head: LinkHeadConfig | None = None
+    # [alignment]: where those links come from, gold files or eflomal (export/train/teacher.py)
+    alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
 
     @classmethod
     def load(cls, path: str | Path) -> TrainConfig:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        sections = {"model", "data", "optim", "tokenizer", "corpus", "bundle", "link_head"}
+        sections = {
+            "model",
+            "data",
+            "optim",
+            "tokenizer",
+            "corpus",
+            "bundle",
+            "link_head",
+            "alignment",
+        }
         unknown = sorted(set(raw) - sections)
         if unknown:
             raise ValueError(f"{path}: unknown sections {unknown}")
@@ -196,6 +208,7 @@ class TrainConfig:
             link_head=(
                 LinkHeadConfig.from_dict(dict(raw["link_head"])) if "link_head" in raw else None
             ),
+            alignment=AlignmentConfig.from_dict(dict(raw.get("alignment", {}))),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -156,7 +156,10 @@ def parse_options(
     """The set fields of DecodingOptions over the defaults, checked against the engine's limits."""
     values = default_options(settings, model_defaults)
     for spec in OPTIONS:
-        if o.HasField(spec.name):
+        if spec.kind is tuple:  # a repeated field: empty is unset
+            if getattr(o, spec.name):
+                values[spec.name] = tuple(getattr(o, spec.name))
+        elif o.HasField(spec.name):
             values[spec.name] = spec.kind(getattr(o, spec.name))
     found = problems(values, settings.limits)
     if found:
@@ -360,9 +363,16 @@ def translation_to_pb(t: Translation) -> pb.Translation:
             finished=h.finished,
             confidence=h.confidence,
             low_confidence=h.low_confidence,
+            token_log_probs=h.token_log_probs,
+            replaced_unknowns=h.replaced_unknowns,
         )
         if h.alignment is not None:
             hyp.alignment.CopyFrom(alignment_to_pb(h.alignment))
+        if h.alternative is not None:
+            a = h.alternative
+            hyp.alternative.CopyFrom(
+                pb.Alternative(word=a.word, probability=a.probability, position=a.position)
+            )
     return out
 
 
@@ -381,6 +391,10 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
             max_length=limits.max_length,
             max_message_bytes=settings.server.max_message_bytes,
             max_request_id_chars=MAX_REQUEST_ID_CHARS,
+            max_prefix_tokens=limits.max_prefix_tokens,
+            max_ngram_size=limits.max_ngram_size,
+            max_alternatives=limits.max_alternatives,
+            max_suppress=limits.max_suppress,
         ),
         defaults=pb.DecodingOptions(
             **default_options(settings, engine.decoding_defaults),
@@ -394,7 +408,16 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
         segmentation=engine.bundle.segmentation is not None,
         description=model_description(engine.bundle.info),
         default_link_mode=default_link_mode(engine),  # type: ignore[arg-type]
+        links_source=links_source(engine.bundle.info) if engine.link_head is not None else "",
     )
+
+
+def links_source(info: dict[str, Any]) -> str:
+    """The teacher of the link head's links, from the manifest's info.link_head.links_source
+    (export/train/teacher.py); "gold" for heads trained before it was recorded (all on gold)."""
+    source = info.get("link_head", {}).get("links_source", {})
+    teacher = source.get("teacher") if isinstance(source, dict) else None
+    return teacher if isinstance(teacher, str) and teacher else "gold"
 
 
 def model_description(info: dict[str, Any]) -> str:
@@ -421,6 +444,16 @@ class ClientHypothesis:
     alignment: ClientAlignment | None  # None unless asked for (and the model has attention)
     confidence: float = 0.0  # geometric-mean token probability in [0, 1] (the server's)
     low_confidence: bool = False  # below the server's threshold (ModelInfo.confidence_threshold)
+    token_log_probs: tuple[float, ...] = ()  # log P of each token (the end of sentence not listed)
+    alternative: ClientAlternative | None = None  # with return_alternatives
+    replaced_unknowns: tuple[int, ...] = ()  # tokens replaced by a source word (replace_unknowns)
+
+
+@dataclass(frozen=True)
+class ClientAlternative:
+    word: str  # the word the hypothesis puts first after the prefix
+    probability: float  # its probability there
+    position: int  # the token index where it starts
 
 
 @dataclass(frozen=True)
@@ -434,7 +467,7 @@ class ClientTranslation:
         return self.hypotheses[0]
 
 
-def decoding_options_to_pb(alignment: str = "none", **options: float | None) -> pb.DecodingOptions:
+def decoding_options_to_pb(alignment: str = "none", **options: Any) -> pb.DecodingOptions:
     """DecodingOptions with only the given options set (unset or None = the server's default).
 
     The keyword arguments are service/decode/options.py's option names (beam_size, n_best, max_length,
@@ -442,13 +475,19 @@ def decoding_options_to_pb(alignment: str = "none", **options: float | None) -> 
     """
     if alignment not in ALIGNMENT_MODES:
         raise ValueError(f"alignment must be one of {tuple(ALIGNMENT_MODES)}, got {alignment!r}")
-    names = {spec.name for spec in OPTIONS}
-    unknown = sorted(set(options) - names)
+    kinds = {spec.name: spec.kind for spec in OPTIONS}
+    unknown = sorted(set(options) - set(kinds))
     if unknown:
-        raise TypeError(f"unknown decoding options {unknown}: the options are {sorted(names)}")
+        raise TypeError(f"unknown decoding options {unknown}: the options are {sorted(kinds)}")
     message = pb.DecodingOptions(alignment=ALIGNMENT_MODES[alignment])
     for name, value in options.items():
-        if value is not None:
+        if value is None:
+            continue
+        if kinds[name] is tuple:  # a repeated field (target_prefix, suppress)
+            if isinstance(value, str):
+                raise TypeError(f"{name} takes a list of strings, got a string")
+            getattr(message, name).extend(value)
+        else:
             setattr(message, name, value)
     return message
 
@@ -480,6 +519,13 @@ def hypothesis_from_pb(message: pb.Hypothesis) -> ClientHypothesis:
         alignment=alignment,
         confidence=message.confidence,
         low_confidence=message.low_confidence,
+        token_log_probs=tuple(message.token_log_probs),
+        alternative=ClientAlternative(
+            message.alternative.word, message.alternative.probability, message.alternative.position
+        )
+        if message.HasField("alternative")
+        else None,
+        replaced_unknowns=tuple(message.replaced_unknowns),
     )
 
 

@@ -1,0 +1,224 @@
+"""Silver links: where a corpus has no gold word alignments, eflomal's links take their place.
+
+The config's `[alignment]` table says where the links of guided alignment and of the link head
+come from:
+
+    [alignment]
+    teacher = "eflomal"   # "gold": the [corpus] alignment files; "auto" (the default): gold where
+                          # [corpus] names alignment files, else eflomal when the run needs links
+                          # (optim.guided_alignment > 0 or a [link_head] table)
+
+With eflomal (the PyPI package, Östling and Tiedemann 2016) every pair of every split the run reads
+is aligned at once, in both directions, over lower-cased, accent-stripped words, and the two
+directions are symmetrized with grow-diag-final-and (export/metrics/symmetrize.py). No gold file is
+opened: each split is read as text only (its `alignments` left out), written to
+`<out>/data/<split>.{src,tgt}` with its links beside it in `<split>.eflomal.pharaoh`, and the run
+then reads those as its corpus, so guided alignment and the link head do not know which links they
+got. The test split keeps no links (its silver links are not gold to score against). The links are
+kept, with the settings and a hash of the text in `<out>/data/eflomal.json`: a rerun over the same
+text and settings (--resume, --skip-train) reuses them instead of sampling new ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from export.data.parallel import CorpusConfig, SplitSpec, load_split
+from export.metrics.aer import parse_pharaoh
+from export.metrics.symmetrize import grow_diag_final_and
+
+Link = tuple[int, int]
+TEACHERS = ("auto", "gold", "eflomal")
+SETTINGS_FILE = "eflomal.json"
+
+
+@dataclass(frozen=True)
+class AlignmentConfig:
+    """The `[alignment]` table: the links' source and eflomal's settings (its own defaults)."""
+
+    teacher: str = "auto"
+    model: int = 3  # eflomal's model: 1 IBM1, 2 + HMM, 3 + fertility
+    n_samplers: int = 3
+    null_prior: float = 0.2
+    threads: int = 1  # OMP_NUM_THREADS of the eflomal binary
+
+    def __post_init__(self) -> None:
+        if self.teacher not in TEACHERS:
+            raise ValueError(f"[alignment] teacher must be one of {TEACHERS}, got {self.teacher!r}")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> AlignmentConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"[alignment] has unknown keys {unknown} (known: {sorted(known)})")
+        return cls(**raw)
+
+    def eflomal_settings(self) -> dict[str, Any]:
+        """What the manifest records as the links' source."""
+        from importlib.metadata import version
+
+        return {
+            "teacher": "eflomal",
+            "eflomal_version": version("eflomal"),
+            "model": self.model,
+            "n_samplers": self.n_samplers,
+            "null_prior": self.null_prior,
+            "directions": "both, symmetrized with grow-diag-final-and",
+            "words": "lower-cased, accents stripped",
+        }
+
+
+def resolve_teacher(cfg: AlignmentConfig, corpus: CorpusConfig, needs_links: bool) -> str:
+    """ "gold" or "eflomal": "auto" is gold when a split names alignment files, else eflomal when
+    the run needs links, else gold (no links at all)."""
+    if cfg.teacher != "auto":
+        return cfg.teacher
+    has_gold = any(s.alignments is not None for s in corpus.splits.values())
+    return "eflomal" if needs_links and not has_gold else "gold"
+
+
+def fold(text: str) -> str:
+    """The form eflomal compares words in: lower-cased, combining accents dropped."""
+    decomposed = unicodedata.normalize("NFD", text.lower())
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
+
+
+def eflomal_directions(
+    sources: Sequence[str], targets: Sequence[str], cfg: AlignmentConfig | None = None
+) -> tuple[list[set[Link]], list[set[Link]]]:
+    """eflomal's forward and reverse links (both as (source, target)) of every pair, folded."""
+    from eflomal import Aligner
+
+    cfg = cfg or AlignmentConfig()
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(cfg.threads)
+    try:
+        with tempfile.TemporaryDirectory(prefix="eflomal-") as tmp:
+            fwd, rev = Path(tmp) / "fwd", Path(tmp) / "rev"
+            aligner = Aligner(model=cfg.model, n_samplers=cfg.n_samplers, null_prior=cfg.null_prior)
+            aligner.align(
+                [fold(s) for s in sources],
+                [fold(t) for t in targets],
+                links_filename_fwd=str(fwd),
+                links_filename_rev=str(rev),
+                quiet=True,
+            )
+            forward = [parse_pharaoh(x) for x in fwd.read_text(encoding="utf-8").splitlines()]
+            reverse = [parse_pharaoh(x) for x in rev.read_text(encoding="utf-8").splitlines()]
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+    if len(forward) != len(sources) or len(reverse) != len(sources):
+        raise RuntimeError(
+            f"eflomal wrote {len(forward)} and {len(reverse)} lines for {len(sources)} pairs"
+        )
+    return forward, reverse
+
+
+def eflomal_gdfa(
+    sources: Sequence[str], targets: Sequence[str], cfg: AlignmentConfig | None = None
+) -> list[set[Link]]:
+    """eflomal both ways, symmetrized with grow-diag-final-and."""
+    forward, reverse = eflomal_directions(sources, targets, cfg)
+    return [grow_diag_final_and(f, r) for f, r in zip(forward, reverse, strict=True)]
+
+
+def pharaoh_line(links: set[Link] | list[Link]) -> str:
+    return " ".join(f"{s}-{t}" for s, t in sorted(links))
+
+
+def _digest(pairs: Sequence[tuple[str, str]], settings: dict[str, Any]) -> str:
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for s, t in pairs:
+        h.update(f"{s}\t{t}\n".encode())
+    return h.hexdigest()
+
+
+def silver_corpus(
+    corpus: CorpusConfig, cfg: AlignmentConfig, out: Path, say: Callable[[str], Any] = print
+) -> tuple[CorpusConfig, dict[str, Any]]:
+    """The corpus with eflomal's links in place of gold: every split read as text only, all pairs
+    aligned at once, written under out/data (see the module's docstring). Returns the corpus
+    config that names those files and the links' source (settings, pairs, seconds)."""
+    text = {
+        name: load_split(replace(spec, alignments=None)) for name, spec in corpus.splits.items()
+    }
+    for name, spec in corpus.splits.items():
+        if spec.alignments is not None:
+            say(f"teacher eflomal: {spec.alignments} ([corpus.{name}]'s gold links) is not read")
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    order = list(text)
+    pairs = [p for name in order for p in text[name].pairs]
+    settings = asdict(cfg) | {"teacher": "eflomal"}
+    settings.pop("threads")
+    digest = _digest(pairs, settings)
+    record_path = data / SETTINGS_FILE
+    record: dict[str, Any] = {}
+    if record_path.is_file():
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    paths = {n: data / f"{n}.eflomal.pharaoh" for n in order}
+    if record.get("sha256") == digest and all(p.is_file() for p in paths.values()):
+        say(f"teacher eflomal: reusing the links in {data} (same text and settings)")
+    else:
+        say(f"teacher eflomal: aligning {len(pairs)} pairs, both directions (1 thread)...")
+        start = time.monotonic()
+        links = eflomal_gdfa([s for s, _ in pairs], [t for _, t in pairs], cfg)
+        seconds = round(time.monotonic() - start, 1)
+        at = 0
+        for name in order:
+            n = len(text[name].pairs)
+            lines = [pharaoh_line(x) + "\n" for x in links[at : at + n]]
+            at += n
+            paths[name].write_text("".join(lines), encoding="utf-8")
+            _write_text(data, name, text[name].pairs)
+        record = {
+            **cfg.eflomal_settings(),
+            "sha256": digest,
+            "pairs": len(pairs),
+            "seconds": seconds,
+        }
+        record_path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        say(f"teacher eflomal: {len(pairs)} pairs aligned in {seconds} s; links in {data}")
+    splits = {
+        name: SplitSpec(
+            name=name,
+            source=data / f"{name}.src",
+            target=data / f"{name}.tgt",
+            alignments=paths[name] if name != "test" else None,
+        )
+        for name in order
+    }
+    source = {k: v for k, v in record.items() if k != "sha256"}
+    return CorpusConfig(splits=splits), source
+
+
+def _write_text(data: Path, name: str, pairs: Sequence[tuple[str, str]]) -> None:
+    for suffix, side in (("src", 0), ("tgt", 1)):
+        (data / f"{name}.{suffix}").write_text(
+            "".join(p[side] + "\n" for p in pairs), encoding="utf-8"
+        )
+
+
+def links_source(
+    cfg: CorpusConfig, teacher: str, settings: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The manifest's record of where the links came from."""
+    if teacher == "eflomal":
+        return dict(settings or {})
+    train = cfg.splits["train"].alignments
+    return {"teacher": "gold", "file": str(train) if train else None}

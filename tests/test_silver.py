@@ -1,0 +1,124 @@
+"""Silver links (export/train/teacher.py): eflomal's links where a corpus has no gold.
+
+A toy corpus whose config names a gold alignment file trains through s2s-train with
+[alignment] teacher = "eflomal": the gold file is never opened (every file the corpus reader reads
+is recorded), eflomal's links are written beside the run's data and guide the attention, the link
+head learns from them, and the manifest and ModelInfo say the links are eflomal's. The served head
+is scored against the gold it never saw.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from export import pipeline
+from export.data import parallel
+from export.data.parallel import CorpusConfig, SplitSpec
+from export.metrics.aer import parse_pharaoh, score_corpus
+from export.train.teacher import AlignmentConfig, eflomal_gdfa, fold, resolve_teacher
+from service.decode.aligner import align
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.forced import AlignOptions
+from service.serve.protocol import links_source
+from tests.test_parallel_corpus import toy_config
+
+CPU = RuntimeConfig(providers=("CPUExecutionProvider",))
+
+
+def test_fold_lowercases_and_strips_accents() -> None:
+    assert fold("Ἐν ἀρχῇ ἦν ὁ Λόγος") == "εν αρχη ην ο λογος"
+
+
+def test_auto_teacher_is_gold_where_there_is_gold_else_eflomal_when_links_are_needed() -> None:
+    gold = CorpusConfig({"train": SplitSpec("train", Path("a"), Path("b"), Path("c"))})
+    text = CorpusConfig({"train": SplitSpec("train", Path("a"), Path("b"))})
+    auto = AlignmentConfig()
+    assert resolve_teacher(auto, gold, needs_links=True) == "gold"
+    assert resolve_teacher(auto, text, needs_links=True) == "eflomal"
+    assert resolve_teacher(auto, text, needs_links=False) == "gold"
+    assert resolve_teacher(AlignmentConfig(teacher="eflomal"), gold, True) == "eflomal"
+    with pytest.raises(ValueError, match="teacher must be one of"):
+        AlignmentConfig(teacher="giza")
+    with pytest.raises(ValueError, match="unknown keys"):
+        AlignmentConfig.from_dict({"techer": "eflomal"})
+
+
+def test_eflomal_finds_a_word_for_word_language() -> None:
+    """On a one-to-one toy language eflomal's symmetrized links are nearly all right."""
+    sources = ["a b c", "b c", "c a", "a c b", "b a"] * 40
+    targets = ["x y z", "y z", "z x", "x z y", "y x"] * 40
+    links = eflomal_gdfa(sources, targets)
+    assert len(links) == len(sources)
+    gold = [{(i, i) for i in range(len(s.split()))} for s in sources]
+    assert score_corpus(links, gold).aer < 0.1
+
+
+@pytest.fixture(scope="module")
+def silver_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[Path]]:
+    """The toy corpus (its config names all.pharaoh, the gold) through s2s-train with eflomal as
+    the teacher; returns the run, the gold file and every file the corpus reader read."""
+    folder = tmp_path_factory.mktemp("silver")
+    config = toy_config(folder, steps=120)
+    config.write_text(
+        config.read_text()
+        + '\n[alignment]\nteacher = "eflomal"\n\n[link_head]\nepochs = 6\nhidden = 32\n'
+    )
+    read: list[Path] = []
+    original = parallel.read_lines
+    with pytest.MonkeyPatch.context() as mp:
+
+        def spy(path: Path) -> list[str]:
+            read.append(Path(path))
+            return original(path)
+
+        mp.setattr(parallel, "read_lines", spy)
+        assert pipeline.main(["--config", str(config), "--out", str(folder / "run")]) == 0
+    return folder / "run", folder / "all.pharaoh", read
+
+
+@pytest.mark.slow
+def test_silver_run_reads_no_gold_link(silver_run: tuple[Path, Path, list[Path]]) -> None:
+    run, gold, read = silver_run
+    assert read, "the spy saw the corpus being read"
+    assert gold.resolve() not in {p.resolve() for p in read}
+    assert all(not p.name.endswith(".pharaoh") or ".eflomal." in p.name for p in read)
+    # what guided the attention and trained the head: eflomal's links, written beside the data
+    for split in ("train", "dev"):
+        silver = (run / "data" / f"{split}.eflomal.pharaoh").read_text().splitlines()
+        sidecar = [json.loads(x)["words"] for x in (run / "data" / f"{split}.gold.jsonl").open()]
+        assert [sorted(map(list, parse_pharaoh(x))) for x in silver] == sidecar
+    # the test split keeps no links: silver is not gold to score against
+    assert all(not json.loads(x)["words"] for x in (run / "data" / "test.gold.jsonl").open())
+    record = json.loads((run / "data" / "eflomal.json").read_text())
+    assert record["teacher"] == "eflomal" and record["pairs"] == 440
+
+
+@pytest.mark.slow
+def test_silver_head_is_served_and_says_where_its_links_came_from(
+    silver_run: tuple[Path, Path, list[Path]],
+) -> None:
+    run, gold_file, _ = silver_run
+    manifest = json.loads((run / "bundle" / "manifest.json").read_text())
+    source = manifest["info"]["link_head"]["links_source"]
+    assert source["teacher"] == "eflomal" and source["model"] == 3
+    assert "grow-diag-final-and" in source["directions"]
+    engine = Engine.load(run / "bundle", CPU)
+    assert engine.link_head is not None
+    assert links_source(engine.bundle.info) == "eflomal"  # what ModelInfo.links_source says
+    # the head, trained on silver only, against the gold it never read (test lines 421-440)
+    lines = [(run / "data" / "test.src").read_text().splitlines()]
+    targets = (run / "data" / "test.tgt").read_text().splitlines()
+    pairs = list(zip(lines[0], targets, strict=True))
+    gold = [parse_pharaoh(x) for x in gold_file.read_text().splitlines()[420:440]]
+    head = align(engine, pairs, AlignOptions(links="head"))
+    aer = score_corpus([parse_pharaoh(r.pharaoh) for r in head], gold).aer
+    assert aer < 0.2
+
+
+def test_gold_heads_say_gold() -> None:
+    assert links_source({"link_head": {"dev_aer": 0.2}}) == "gold"
+    assert links_source({"link_head": {"links_source": {"teacher": "gold"}}}) == "gold"
