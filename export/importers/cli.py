@@ -1,8 +1,9 @@
-"""s2s-import: turn an OpenNMT-py or Joey NMT RNN checkpoint into a bundle the server loads.
+"""s2s-import: turn an OpenNMT-py, Joey NMT or Marian RNN model into a bundle the server loads.
 
     s2s-import opennmt-py --checkpoint model_step_N.pt --out models/mine [--name N --version V --int8]
         [--src-subword-model spm.model --tgt-subword-model spm.model]   (where the checkpoint's moved)
     s2s-import joeynmt --config config.yaml --checkpoint best.ckpt --out models/mine [...]
+    s2s-import marian --model model.npz --vocabs src.spm tgt.spm --out models/mine [...]
 
 A checkpoint the importer cannot rebuild exactly (an option it does not support, a configuration
 that does not match the weights, a vocabulary of the wrong size, a file that is not a checkpoint)
@@ -28,6 +29,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     onmt = sub.add_parser("opennmt-py", help="an OpenNMT-py 3.x RNN checkpoint (.pt)")
     joey = sub.add_parser("joeynmt", help="a Joey NMT 2.x recurrent model (config + .ckpt)")
     joey.add_argument("--config", required=True, type=Path, help="the training config.yaml")
+    marian = sub.add_parser("marian", help="a Marian s2s model.npz and its two vocabularies")
+    marian.add_argument(
+        "--model", required=True, type=Path, help="model.npz (its special:model.yml)"
+    )
+    marian.add_argument(
+        "--vocabs",
+        required=True,
+        nargs=2,
+        type=Path,
+        metavar=("SRC", "TGT"),
+        help="the vocabularies as Marian takes them: SentencePiece .spm files or .yml word lists",
+    )
     for side in ("src", "tgt"):
         onmt.add_argument(
             f"--{side}-subword-model",
@@ -37,6 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     for p in (onmt, joey):
         p.add_argument("--checkpoint", required=True, type=Path)
+    for p in (onmt, joey, marian):
         p.add_argument("--out", required=True, type=Path, help="bundle directory to write")
         p.add_argument("--name", default="imported")
         p.add_argument("--version", default="0.1.0")
@@ -68,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
                 args.int8,
                 args.src_subword_model,
                 args.tgt_subword_model,
+            )
+        elif args.toolkit == "marian":
+            from export.importers import marian
+
+            out = marian.import_model(
+                args.model, tuple(args.vocabs), args.out, args.name, args.version, args.int8
             )
         else:
             from export.importers import joeynmt

@@ -1,0 +1,151 @@
+"""Train, decode and score with Marian itself (pymarian 1.12.42, the `marian` extra), for the tests
+and benchmarks of the Marian importer.
+
+    python -m export.importers.marian_toolkit --out runs/marian-demo    # a tiny s2s model, seconds
+
+Every Marian command runs in a child process (`_pymarian.main([...])`, the `marian` binary's
+subcommands) with OMP_NUM_THREADS=1, so that one test's Marian state never leaks into another and
+`--cpu-threads` alone sets its threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from export.importers.toolkits import make_subword_task
+
+# The s2s shapes the tests train: Marian's defaults apart from size and time.
+TINY = ["--dim-emb", "32", "--dim-rnn", "32", "--mini-batch", "32", "--learn-rate", "0.003"]
+MAIN = "import sys, _pymarian; _pymarian.main(sys.argv[1:])"
+
+
+def run_marian(args: list[str], log: Path, threads: int = 1) -> None:
+    """`marian ARGS` in a child process; its log to `log`; a failure raises with the log's tail."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    with log.open("w") as out:
+        done = subprocess.run(
+            [sys.executable, "-c", MAIN, *args], stdout=out, stderr=subprocess.STDOUT, env=env
+        )
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"marian {args[0]} failed ({done.returncode}):\n{tail}")
+
+
+def train(
+    sources: tuple[Path, Path],
+    out: Path,
+    vocabs: tuple[str, str],
+    options: list[str],
+    after: str,
+    threads: int = 1,
+) -> Path:
+    """`marian train --type s2s` on sources into out/model.npz (Marian makes the vocabularies named
+    by vocabs under out when they do not exist: .spm trains SentencePiece, .yml counts words)."""
+    out.mkdir(parents=True, exist_ok=True)
+    args = ["train", "--type", "s2s", "--model", str(out / "model.npz"),
+            "--train-sets", str(sources[0]), str(sources[1]),
+            "--vocabs", str(out / vocabs[0]), str(out / vocabs[1]),
+            "--after", after, "--cpu-threads", str(threads), "--seed", "1111",
+            "--disp-freq", "100u", "--quiet-translation", *options]  # fmt: skip
+    run_marian(args, out / "train.log", threads)
+    return out / "model.npz"
+
+
+@dataclass(frozen=True)
+class NBest:
+    """One line of Marian's n-best output: sentence index, text, score (normalized as asked)."""
+
+    index: int
+    text: str
+    score: float
+    alignment: str = ""
+
+
+def decode(
+    model: Path,
+    vocabs: tuple[Path, Path],
+    source: Path,
+    out: Path,
+    beam: int,
+    threads: int = 1,
+    mini_batch: int = 1,
+    n_best: bool = False,
+    alignment: str = "",
+    extra: tuple[str, ...] = (),
+) -> Path:
+    """marian-decoder's output for source (one line per sentence, or its n-best list) in out.
+    mini_batch 1 by default: Marian's --max-length-factor counts the widest source of a batch, so
+    one sentence a batch gives every sentence its own limit (3 x its tokens with `</s>`)."""
+    args = ["decode", "-m", str(model), "-v", str(vocabs[0]), str(vocabs[1]),
+            "-i", str(source), "-o", str(out), "-b", str(beam), "--cpu-threads", str(threads),
+            "--mini-batch", str(mini_batch), "--maxi-batch", "100", "--quiet", *extra]  # fmt: skip
+    if n_best:
+        args.append("--n-best")
+    if alignment:
+        args += ["--alignment", alignment]
+    run_marian(args, out.with_suffix(out.suffix + ".log"), threads)
+    return out
+
+
+def read_nbest(path: Path) -> list[list[NBest]]:
+    """Marian's `i ||| text ||| F0= s ||| score [||| alignment]` lines, grouped by sentence."""
+    groups: dict[int, list[NBest]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        fields = line.split(" ||| ")  # the text as Marian wrote it (a trailing space is kept)
+        index = int(fields[0])
+        align = fields[4].strip() if len(fields) > 4 else ""
+        groups.setdefault(index, []).append(
+            NBest(index=index, text=fields[1], score=float(fields[3]), alignment=align)
+        )
+    return [groups[i] for i in sorted(groups)]
+
+
+def score(
+    model: Path, vocabs: tuple[Path, Path], pair: tuple[Path, Path], out: Path
+) -> list[float]:
+    """marian-scorer's log P(target | source) (summed, `</s>` included) of each pair."""
+    args = ["score", "-m", str(model), "-v", str(vocabs[0]), str(vocabs[1]),
+            "-t", str(pair[0]), str(pair[1]), "--cpu-threads", "1", "--quiet"]  # fmt: skip
+    log = out.with_suffix(".log")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with out.open("w") as stdout, log.open("w") as stderr:
+        done = subprocess.run([sys.executable, "-c", MAIN, *args], stdout=stdout, stderr=stderr,
+                              env=env)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"marian score failed: {log.read_text()[-2000:]}")
+    return [float(x) for x in out.read_text().split()]
+
+
+def train_demo(out: Path, vocab_kind: str = "spm", options: tuple[str, ...] = ()) -> Path:
+    """A tiny s2s model on the generated subword task (syllable words reversed, upper-cased):
+    Marian's own vocabularies (.spm: SentencePiece of 40 pieces a side; .yml: words)."""
+    task = make_subword_task(out / "task", n_train=2000, n_test=60)
+    vocabs = (f"src.{vocab_kind}", f"tgt.{vocab_kind}")
+    sizes = ["--dim-vocabs", "40", "40"] if vocab_kind == "spm" else []
+    return train(
+        (task / "train.src", task / "train.tgt"),
+        out / "marian",
+        vocabs,
+        [*TINY, *sizes, *options],
+        after="2e",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--vocab", choices=("spm", "yml"), default="spm")
+    args = parser.parse_args(argv)
+    model = train_demo(args.out, args.vocab)
+    print(f"task: {args.out / 'task'}   model: {model}   vocabs: {model.parent}/src.{args.vocab} "
+          f"{model.parent}/tgt.{args.vocab}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
