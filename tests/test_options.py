@@ -35,17 +35,53 @@ OTHER: dict[str, Any] = {
     "max_length": 40,
     "length_penalty": 0.5,
     "coverage_penalty": 0.25,
+    "stopping": "patience",
+    "patience": 1.5,
+    "no_repeat_ngram_size": 3,
+    "repetition_penalty": 1.25,
+    "min_length": 2,
+    "target_prefix": ("un",),
+    "return_alternatives": 2,
+    "sampling_topk": 5,
+    "sampling_topp": 0.5,
+    "sampling_temperature": 0.75,
+    "seed": 7,
+    "replace_unknowns": True,
+    "suppress": ("deux", "trois"),
 }
+
+
+def assert_values(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Option values equal, floats as float32 carries them."""
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        if isinstance(value, float):
+            assert got[name] == pytest.approx(value), name
+        else:
+            assert got[name] == value, name
+
+
+def cli_args(flag: str, value: Any) -> list[str]:
+    """An option's value as command-line arguments: a bool's bare flag, a list's flag repeated."""
+    if isinstance(value, bool):
+        return [flag] if value else [flag.replace("--", "--no-", 1)]
+    if isinstance(value, tuple):
+        return [f"{flag}={v}" for v in value]
+    return [f"{flag}={value}"]
 
 
 def test_every_option_is_a_decoding_options_field_of_its_type() -> None:
     fields = pb.DecodingOptions.DESCRIPTOR.fields_by_name
     assert {spec.name for spec in OPTIONS} == set(fields) - {"alignment"}
     for spec in OPTIONS:
-        assert (fields[spec.name].cpp_type == fields[spec.name].CPPTYPE_FLOAT) == (
-            spec.kind is float
-        ), spec.name
-        assert fields[spec.name].has_presence, f"{spec.name} must be optional on the wire"
+        field = fields[spec.name]
+        assert (field.cpp_type == field.CPPTYPE_FLOAT) == (spec.kind is float), spec.name
+        assert (field.cpp_type == field.CPPTYPE_BOOL) == (spec.kind is bool), spec.name
+        assert (field.cpp_type == field.CPPTYPE_STRING) == (spec.kind in (str, tuple)), spec.name
+        if spec.kind is tuple:  # repeated: empty is unset
+            assert field.is_repeated, spec.name
+        else:
+            assert field.has_presence, f"{spec.name} must be optional on the wire"
     assert set(OTHER) == {spec.name for spec in OPTIONS}
 
 
@@ -54,7 +90,10 @@ def test_defaults_are_valid_and_each_default_lies_in_its_range() -> None:
     assert defaults.problems(EngineLimits()) == []
     for spec in OPTIONS:
         assert getattr(defaults, spec.name) == spec.default
-        assert spec.low <= spec.default <= spec.high, spec.name
+        if spec.kind in (int, float):
+            assert spec.low <= spec.default <= spec.high, spec.name
+        elif spec.kind is str:
+            assert spec.default in spec.choices, spec.name
 
 
 def test_the_limits_cap_the_ranges() -> None:
@@ -73,7 +112,7 @@ def test_server_parsing_takes_every_set_field_and_defaults_the_rest() -> None:
     for spec in OPTIONS:
         options = parse_options(pb.DecodingOptions(**{spec.name: OTHER[spec.name]}), settings)
         expected = {**default_options(settings), spec.name: OTHER[spec.name]}
-        assert options.values() == pytest.approx(expected), spec.name
+        assert_values(options.values(), expected)
     assert parse_options(pb.DecodingOptions(**OTHER), settings).values() == OTHER
 
 
@@ -100,9 +139,18 @@ def test_server_and_engine_report_the_same_problems(tiny: TinyModel) -> None:
 
 
 def test_server_defaults_come_from_flags_and_the_environment() -> None:
-    flags = [f"--default-{spec.name.replace('_', '-')}={OTHER[spec.name]}" for spec in OPTIONS]
+    def server_arg(spec: Any) -> list[str]:
+        value = OTHER[spec.name]
+        flag = f"--default-{spec.name.replace('_', '-')}"
+        return [f"{flag}={','.join(value)}"] if isinstance(value, tuple) else cli_args(flag, value)
+
+    flags = [arg for spec in OPTIONS for arg in server_arg(spec)]
     assert load_settings(flags, {}).decoding.values() == OTHER
-    environ = {f"S2S_DEFAULT_{spec.name.upper()}": str(OTHER[spec.name]) for spec in OPTIONS}
+
+    def env_value(value: Any) -> str:
+        return ",".join(value) if isinstance(value, tuple) else str(value)
+
+    environ = {f"S2S_DEFAULT_{spec.name.upper()}": env_value(OTHER[spec.name]) for spec in OPTIONS}
     assert load_settings([], environ).decoding.values() == OTHER
     with pytest.raises(ValueError, match=r"n_best \(6\) must be between 1 and beam_size \(5\)"):
         load_settings(["--default-n-best", "6"], {})
@@ -122,22 +170,27 @@ def test_former_environment_names_still_work() -> None:
 def test_client_keyword_arguments_are_the_options() -> None:
     message = decoding_options_to_pb("word", **OTHER)
     for spec in OPTIONS:
-        assert getattr(message, spec.name) == pytest.approx(OTHER[spec.name]), spec.name
+        got = getattr(message, spec.name)
+        assert (tuple(got) if spec.kind is tuple else got) == pytest.approx(OTHER[spec.name])
     assert message.alignment == pb.ALIGNMENT_MODE_WORD
     unset = decoding_options_to_pb(beam_size=None)
-    assert not any(unset.HasField(spec.name) for spec in OPTIONS)
+    assert not any(
+        unset.HasField(spec.name) for spec in OPTIONS if spec.kind is not tuple
+    ) and not any(getattr(unset, spec.name) for spec in OPTIONS if spec.kind is tuple)
+    with pytest.raises(TypeError, match="suppress takes a list of strings"):
+        decoding_options_to_pb(suppress="deux")
     with pytest.raises(TypeError, match=r"unknown decoding options \['beam'\]"):
         decoding_options_to_pb(beam=3)
 
 
 def test_both_clis_have_a_flag_per_option() -> None:
-    flags = [f"{spec.flags[0]}={OTHER[spec.name]}" for spec in OPTIONS]
+    flags = [arg for spec in OPTIONS for arg in cli_args(spec.flags[0], OTHER[spec.name])]
     args = client.parse_args([*flags, "text"])
-    assert {spec.name: getattr(args, spec.name) for spec in OPTIONS} == OTHER
+    assert options_from_args(args) == OTHER
     unset = client.parse_args(["text"])
     assert all(getattr(unset, spec.name) is None for spec in OPTIONS)  # the server's defaults
     args = translate.parse_args(flags)
-    assert {spec.name: getattr(args, spec.name) for spec in OPTIONS} == OTHER
+    assert options_from_args(args) == OTHER
     unset = translate.parse_args([])  # the model's defaults (its manifest's "decoding"), else ours
     assert all(getattr(unset, spec.name) is None for spec in OPTIONS)
     assert translate.parse_args(["--max-len-a", "0.5"]).max_length_a == 0.5  # the former flag
@@ -177,7 +230,8 @@ def test_a_models_decoding_defaults_sit_between_the_servers_and_the_request(
     [
         ({"lenght_penalty": 1.0}, "unknown options \\['lenght_penalty'\\]"),
         ({"beam_size": 0}, "beam_size must be >= 1, got 0"),
-        ({"beam_size": "five"}, "must map option names to numbers"),
+        ({"beam_size": "five"}, "beam_size must be an integer, got 'five'"),
+        ({"beam_size": {"five": 5}}, "must map option names to numbers"),
     ],
 )
 def test_bad_decoding_defaults_are_refused_at_load(

@@ -127,17 +127,22 @@ class TranslatorClient:
         request_id: str = "",
         model: str = "",
         version: str = "",
-        **options: float | None,
+        **options: Any,
     ) -> list[ClientTranslation]:
         """One translation per text, in order.
 
         options are the decoding options by name (service/decode/options.py: beam_size, n_best,
-        max_length, max_length_a, max_length_b, length_penalty, coverage_penalty); unset or None
-        ones take the server's defaults. alignment is "none", "subword" or "word"; timeout
+        max_length, ..., no_repeat_ngram_size, target_prefix (a list: one per text, or one string
+        for every text), return_alternatives, sampling_topk, seed, suppress (a list), ...); unset
+        or None ones take the server's defaults. alignment is "none", "subword" or "word"; timeout
         (seconds) defaults to the client's. Raises grpc.RpcError (e.g. INVALID_ARGUMENT,
         RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, NOT_FOUND for a model not served), TypeError for
         an unknown option name. model (and version) pick a served model; empty: the default.
         """
+        prefix = options.get("target_prefix")
+        if isinstance(prefix, str) or (prefix is not None and len(prefix) == 1 < len(texts)):
+            single = prefix if isinstance(prefix, str) else prefix[0]
+            options["target_prefix"] = [single] * len(texts)  # the same start for every text
         request = pb.TranslateRequest(
             texts=list(texts),
             options=decoding_options_to_pb(alignment, **options),

@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from service.cli.heatmap import save_heatmap_png
@@ -174,10 +175,15 @@ def main(argv: list[str] | None = None) -> int:
             texts = [chunk[i] for i in batch]
             started = time.perf_counter()
             got: list[Translation | None]
+            batch_options = options
+            if options.target_prefix:  # the first --target-prefix starts every line's translation
+                batch_options = replace(
+                    options, target_prefix=options.target_prefix[:1] * len(texts)
+                )
             try:
-                got = list(engine.translate(texts, options, mode))
+                got = list(engine.translate(texts, batch_options, mode))
             except InvalidInput:
-                got = translate_one_by_one(engine, texts, options, mode)
+                got = translate_one_by_one(engine, texts, batch_options, mode)
                 status = 1
             decode_s += time.perf_counter() - started
             results.update(zip(batch, got, strict=True))
@@ -212,9 +218,9 @@ def translate_one_by_one(
 ) -> list[Translation | None]:
     """Fallback when a batch holds a bad line: report each bad line on stderr, translate the rest."""
     out: list[Translation | None] = []
-    for line in lines:
+    for i, line in enumerate(lines):
         try:
-            out.append(engine.translate([line], options, mode)[0])
+            out.append(engine.translate([line], options.for_text(i), mode)[0])
         except InvalidInput as err:
             print(f"error: {err}: {line[:60]!r}", file=sys.stderr)
             out.append(None)

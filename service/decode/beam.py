@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Hashable, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Protocol
+from dataclasses import dataclass, field, fields, replace
+from typing import Protocol, cast
 
 import numpy as np
 
+from service.decode import controls as ctl
+from service.decode.controls import NO_CONTROLS, Controls
 from service.decode.options import SearchOptions
 
 COVERAGE_FLOOR = 1e-6  # coverage is clipped to [COVERAGE_FLOOR, 1] before the log: no log 0
@@ -62,6 +64,17 @@ class Decoder(Protocol):
         ...
 
 
+class RowsDecoder(Decoder, Protocol):
+    """A decoder that can also return every token's log-prob, for the decoding controls."""
+
+    def step_rows(
+        self, tokens: np.ndarray, reorder: np.ndarray, k: int
+    ) -> tuple[StepOutput, np.ndarray]:
+        """`step`'s top-k output and the whole log-softmax (N, V) of the same call, in
+        vocabulary order."""
+        ...
+
+
 def length_penalty(steps: int, alpha: float) -> float:
     """GNMT's lp = ((5 + steps) / 6)^alpha; 1 when alpha is 0."""
     return ((5.0 + steps) / 6.0) ** alpha
@@ -80,8 +93,10 @@ class Hypothesis:
     """One finished translation.
 
     tokens: the target ids, without EOS.
-    score: the normalized score used for ranking (log_prob / lp + cp).
+    score: the normalized score used for ranking (log_prob / lp + cp; the controls' scores where
+        they change the model's, as a repetition penalty does).
     log_prob: the sum of the token log-probs, EOS included when the hypothesis ended with it.
+    token_log_probs: (len(tokens),) each token's log-prob under the model.
     attention: (len(tokens), src_len) float32, this hypothesis's own attention row per returned
         token over the sentence's real source positions; None unless asked for.
     finished_by_eos: False when the hypothesis was cut at the maximum length.
@@ -92,6 +107,7 @@ class Hypothesis:
     log_prob: float
     attention: np.ndarray | None
     finished_by_eos: bool
+    token_log_probs: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -100,8 +116,12 @@ class _Beams:
 
     tokens: np.ndarray  # (N,) int64 last token of each hypothesis, fed to the next step
     parents: np.ndarray  # (N,) int64 decoder state-buffer row each hypothesis continues
-    scores: np.ndarray  # (N,) float64 cumulative log-prob; -inf marks a dead slot
+    scores: np.ndarray  # (N,) float64 cumulative score ranked by; -inf marks a dead slot
     coverage: np.ndarray  # (N, S) float32 attention summed over the steps so far
+    raw: np.ndarray  # (N,) float64 cumulative log-prob under the model (= scores without controls)
+    seqs: (
+        np.ndarray
+    )  # (N, L) int64 tokens so far, right-aligned (a sentence's last `steps` columns)
 
     @classmethod
     def empty(cls) -> _Beams:
@@ -110,18 +130,22 @@ class _Beams:
             parents=np.zeros(0, np.int64),  # (0,)
             scores=np.zeros(0, np.float64),  # (0,)
             coverage=np.zeros((0, 0), np.float32),  # (0, 0)
+            raw=np.zeros(0, np.float64),  # (0,)
+            seqs=np.zeros((0, 0), np.int64),  # (0, 0)
         )
 
     @classmethod
-    def start(cls, K: int, bos_id: int, state_row: int, S: int) -> _Beams:
-        """K slots of a joining sentence: slot 0 live at score 0, every other slot dead."""
+    def start(cls, K: int, bos_id: int, state_row: int, S: int, live: int = 1) -> _Beams:
+        """K slots of a joining sentence: the first `live` slots at score 0, the others dead."""
         scores = np.full(K, -np.inf)  # (K,)
-        scores[0] = 0.0
+        scores[:live] = 0.0
         return cls(
             tokens=np.full(K, bos_id, np.int64),  # (K,)
             parents=np.full(K, state_row, np.int64),  # (K,)
             scores=scores,
             coverage=np.zeros((K, S), np.float32),  # (K, S)
+            raw=scores.copy(),
+            seqs=np.zeros((K, 0), np.int64),  # (K, 0)
         )
 
     def __len__(self) -> int:
@@ -137,12 +161,23 @@ class _Beams:
         if len(parts) == 1:
             return parts[0]
         S = max(p.coverage.shape[1] for p in parts)
+        L = max(p.seqs.shape[1] for p in parts)
         return cls(
             tokens=np.concatenate([p.tokens for p in parts]),
             parents=np.concatenate([p.parents for p in parts]),
             scores=np.concatenate([p.scores for p in parts]),
             coverage=np.concatenate([_fit_columns(p.coverage, S) for p in parts]),
+            raw=np.concatenate([p.raw for p in parts]),
+            seqs=np.concatenate([_left_pad(p.seqs, L) for p in parts]),
         )
+
+
+def _left_pad(seqs: np.ndarray, L: int) -> np.ndarray:
+    """seqs (N, L') right-aligned, padded on the left with -1 or cut on the left to (N, L)."""
+    N, L_old = seqs.shape
+    if L_old >= L:
+        return seqs[:, L_old - L :]
+    return np.concatenate([np.full((N, L - L_old), -1, np.int64), seqs], axis=1)  # (N, L)
 
 
 def _fit_columns(matrix: np.ndarray, S: int) -> np.ndarray:
@@ -160,6 +195,7 @@ class _StepRecord:
     parents: np.ndarray  # (K,) int64 slot of the previous beam each new slot continues
     tokens: np.ndarray  # (K,) int64 token each new slot appended
     attention: np.ndarray | None  # (K, src_len) float32 this step's attention of each previous slot
+    log_probs: np.ndarray  # (K,) float32 the model's log-prob of each new slot's token
 
 
 class _History:
@@ -184,13 +220,15 @@ class _History:
     def append(self, record: _StepRecord) -> None:
         self._records.append(record)
 
-    def backtrace(self, slot: int, steps: int) -> tuple[list[int], np.ndarray | None]:
-        """Tokens and attention rows (steps, src_len) of the hypothesis in `slot` after `steps` steps.
+    def backtrace(self, slot: int, steps: int) -> tuple[list[int], np.ndarray | None, np.ndarray]:
+        """Tokens, attention rows (steps, src_len) and token log-probs (steps,) of the hypothesis
+        in `slot` after `steps` steps.
 
         Step t's record holds the new slots' parents and tokens, and the attention of the previous
         beam's slots: the row that produced a slot's token is the one of its parent.
         """
         tokens = [0] * steps
+        log_probs = np.zeros(steps, np.float32)  # (steps,)
         attention = None
         if self.keep_attention:
             attention = np.zeros((steps, self.src_len), np.float32)  # (steps, src_len)
@@ -198,10 +236,11 @@ class _History:
             record = self._records[t]
             parent = int(record.parents[slot])
             tokens[t] = int(record.tokens[slot])
+            log_probs[t] = record.log_probs[slot]
             if attention is not None and record.attention is not None:
                 attention[t] = record.attention[parent]
             slot = parent
-        return tokens, attention
+        return tokens, attention, log_probs
 
 
 @dataclass(frozen=True)
@@ -217,45 +256,82 @@ class _Finished:
 
 @dataclass
 class _Sentence:
-    """One sentence of the running batch: its options, history and best finished hypotheses."""
+    """One sentence of the running batch: its options, controls, history and best finished
+    hypotheses."""
 
     id: Hashable
     options: SearchOptions
     max_len: int
     history: _History
-    finished: list[_Finished] = field(default_factory=list)  # best first, at most n_best
+    controls: Controls = NO_CONTROLS
+    rng: np.random.Generator | None = None  # sampling: the sentence's own stream
+    finished: list[_Finished] = field(default_factory=list)  # best first, at most `keep`
+    ended: int = 0  # hypotheses finished so far, kept or not (the patience rule counts them)
+    top_ended: bool = False  # a step's best-ranked candidate was EOS (the "first" rule)
 
     @property
     def steps(self) -> int:
         return len(self.history)
 
+    @property
+    def width(self) -> int:
+        """The slots the sentence uses: its beam, or its samples."""
+        return self.options.n_best if self.controls.sampling else self.options.beam_size
+
+    @property
+    def keep(self) -> int:
+        """The finished hypotheses it returns: its n-best, or every alternative."""
+        return self.options.beam_size if self.controls.alternatives else self.options.n_best
+
     def finish(
-        self, slots: np.ndarray, log_probs: np.ndarray, coverage: np.ndarray, by_eos: bool
+        self,
+        slots: np.ndarray,
+        scores: np.ndarray,
+        log_probs: np.ndarray,
+        coverage: np.ndarray,
+        by_eos: bool,
     ) -> None:
-        """Score the hypotheses in slots (M,) with their log_probs (M,) and coverage (M, src_len)."""
+        """Score the hypotheses in slots (M,) with their cumulative scores (M,), model log-probs
+        (M,) and coverage (M, src_len)."""
         prefix_steps = self.steps - 1 if by_eos else self.steps
         opts = self.options
         lp = length_penalty(self.steps, opts.length_penalty)
         new = [
             _Finished(
-                score=float(log_prob) / lp + coverage_penalty(cov, opts.coverage_penalty),
+                score=float(score) / lp + coverage_penalty(cov, opts.coverage_penalty),
                 log_prob=float(log_prob),
                 slot=int(slot),
                 prefix_steps=prefix_steps,
                 by_eos=by_eos,
             )
-            for slot, log_prob, cov in zip(slots, log_probs, coverage, strict=True)
+            for slot, score, log_prob, cov in zip(slots, scores, log_probs, coverage, strict=True)
         ]
+        self.ended += len(new)
         ranked = sorted(self.finished + new, key=lambda f: -f.score)
-        self.finished = ranked[: opts.n_best]
+        self.finished = ranked[: self.keep]
+
+    def done(self, best_live: float) -> bool:
+        """Whether the search of this sentence stops now (before its maximum length), by its
+        stopping rule: "exact" (nothing live can win), "first" (its best-ranked candidate ended
+        at some step) or "patience" (beam_size x patience hypotheses ended)."""
+        if best_live == -math.inf:
+            return True
+        if self.controls.independent or len(self.finished) < self.keep:
+            return False
+        rule = self.options.stopping
+        if rule == "first":
+            return self.top_ended
+        if rule == "patience":
+            return self.ended >= math.ceil(self.options.beam_size * self.options.patience)
+        return self.cannot_improve(best_live)
 
     def cannot_improve(self, best_live: float) -> bool:
         """True when n_best hypotheses are finished and no live one can beat the worst of them.
 
-        Log-probs only fall and lp grows with length (α >= 0), cp <= 0, so a live hypothesis
+        Scores only fall and lp grows with length (α >= 0), cp <= 0, so a live hypothesis
         never scores above best_live / lp(max_len).
         """
-        if len(self.finished) < self.options.n_best:
+        if len(self.finished) < self.keep:
             return False
         bound = best_live / length_penalty(self.max_len, self.options.length_penalty)
         return bound <= self.finished[-1].score
@@ -265,13 +341,14 @@ class _Sentence:
         return [self._hypothesis(f) for f in self.finished]
 
     def _hypothesis(self, f: _Finished) -> Hypothesis:
-        tokens, attention = self.history.backtrace(f.slot, f.prefix_steps)
+        tokens, attention, log_probs = self.history.backtrace(f.slot, f.prefix_steps)
         return Hypothesis(
             tokens=tokens,
             score=f.score,
             log_prob=f.log_prob,
             attention=attention,
             finished_by_eos=f.by_eos,
+            token_log_probs=log_probs,
         )
 
 
@@ -279,18 +356,27 @@ class _Sentence:
 class _Candidates:
     """Each sentence's K*k candidates, best first."""
 
-    scores: np.ndarray  # (B, K*k) float64 cumulative log-prob
+    scores: np.ndarray  # (B, K*k) float64 cumulative score
+    raw: np.ndarray  # (B, K*k) float64 cumulative log-prob under the model
+    step_raw: np.ndarray  # (B, K*k) float32 the model's log-prob of the candidate's token
     tokens: np.ndarray  # (B, K*k) int64
     slots: np.ndarray  # (B, K*k) int64 slot (0..K-1) of the hypothesis each candidate extends
 
 
-def _rank_candidates(beam_scores: np.ndarray, out: StepOutput, B: int, K: int) -> _Candidates:
-    """Every slot's top-k extensions, grouped per sentence and sorted by cumulative log-prob."""
+def _rank_candidates(
+    beams: _Beams, out: StepOutput, step_raw: np.ndarray, B: int, K: int
+) -> _Candidates:
+    """Every slot's top-k extensions, grouped per sentence and sorted by cumulative score.
+    step_raw (N, k): the model's log-prob of each candidate token (out.log_probs without
+    controls)."""
     _, k = out.log_probs.shape  # (N, k)
-    scores = (beam_scores[:, None] + out.log_probs).reshape(B, K * k)  # (B, K*k) float64
+    scores = (beams.scores[:, None] + out.log_probs).reshape(B, K * k)  # (B, K*k) float64
     order = np.argsort(-scores, axis=1, kind="stable")  # (B, K*k) best first
+    step_raw = np.take_along_axis(step_raw.reshape(B, K * k), order, axis=1)  # (B, K*k)
     return _Candidates(
         scores=np.take_along_axis(scores, order, axis=1),
+        raw=np.take_along_axis(beams.raw.reshape(B, K), order // k, axis=1) + step_raw,
+        step_raw=step_raw,
         tokens=np.take_along_axis(out.token_ids.reshape(B, K * k), order, axis=1),
         slots=order // k,
     )
@@ -311,6 +397,8 @@ class _NextBeam:
     slots: np.ndarray  # (B, K) int64 slot of the previous beam each new slot continues
     tokens: np.ndarray  # (B, K) int64
     scores: np.ndarray  # (B, K) float64, -inf for dead slots
+    raw: np.ndarray  # (B, K) float64 cumulative model log-prob, -inf for dead slots
+    step_raw: np.ndarray  # (B, K) float32 the model's log-prob of each slot's new token
 
 
 def _continuations(
@@ -328,12 +416,16 @@ def _continuations(
         non_eos_rank = np.cumsum(~is_eos, axis=1) - 1  # (B, M)
         wanted = ~is_eos & (non_eos_rank < widths[:, None])  # (B, M)
     picks = np.argsort(~wanted, axis=1, kind="stable")[:, :K]  # (B, K) wanted first, best first
-    live = np.take_along_axis(wanted, picks, axis=1)  # (B, K)
+    live = np.take_along_axis(wanted, picks, axis=1) & np.isfinite(
+        np.take_along_axis(cands.scores, picks, axis=1)
+    )  # (B, K)
     scores = np.take_along_axis(cands.scores, picks, axis=1)  # (B, K)
     return _NextBeam(
         slots=np.take_along_axis(cands.slots, picks, axis=1),
         tokens=np.take_along_axis(cands.tokens, picks, axis=1),
         scores=np.where(live, scores, -np.inf),
+        raw=np.where(live, np.take_along_axis(cands.raw, picks, axis=1), -np.inf),
+        step_raw=np.take_along_axis(cands.step_raw, picks, axis=1),
     )
 
 
@@ -359,6 +451,9 @@ class BeamSearch:
     Order of calls: `add` joining sentences (their initial decoder states already appended to the
     state buffer at `state_row`), then `step`; finished sentences are returned by `step` and
     dropped from the batch (and from the decoder through `keep_sentences`) before it returns.
+    Sentences with active controls (service/decode/controls.py) need a `RowsDecoder`: while one is
+    in the batch, each step reads every token's log-prob and their candidates come from it; the
+    others' still come from the step's own top-k, so an answer does not depend on its neighbours.
     """
 
     def __init__(
@@ -405,7 +500,12 @@ class BeamSearch:
         return not self._sentences
 
     def add(
-        self, sentence_id: Hashable, src_len: int, options: SearchOptions, state_row: int
+        self,
+        sentence_id: Hashable,
+        src_len: int,
+        options: SearchOptions,
+        state_row: int,
+        controls: Controls = NO_CONTROLS,
     ) -> None:
         """A sentence joins at the end of the batch; its initial state is decoder buffer row state_row.
 
@@ -421,16 +521,22 @@ class BeamSearch:
             raise ValueError(f"state_row must be >= 0, got {state_row}")
         if sentence_id in self._ids:
             raise ValueError(f"sentence {sentence_id!r} is already decoding")
+        if controls.active and not hasattr(self._decoder, "step_rows"):
+            raise ValueError("decoding controls need a decoder with step_rows")
         self._ids.add(sentence_id)
-        self._sentences.append(
-            _Sentence(
-                id=sentence_id,
-                options=options,
-                max_len=options.max_len(src_len),
-                history=_History(src_len, keep_attention=options.return_attention),
-            )
+        # a prefix is always decoded whole (cut only by max_length)
+        max_len = min(options.max_length, max(options.max_len(src_len), len(controls.prefix) + 1))
+        sentence = _Sentence(
+            id=sentence_id,
+            options=options,
+            max_len=max_len,
+            history=_History(src_len, keep_attention=options.return_attention),
+            controls=controls,
+            rng=np.random.default_rng(controls.seed or None) if controls.sampling else None,
         )
-        self._joining.append(_Beams.start(self._beam_size, self._bos_id, state_row, src_len))
+        self._sentences.append(sentence)
+        live = sentence.width if controls.sampling else 1
+        self._joining.append(_Beams.start(self._beam_size, self._bos_id, state_row, src_len, live))
 
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         """Advance every sentence by one token; return the sentences done now with their n-best lists."""
@@ -439,14 +545,13 @@ class BeamSearch:
         self._merge_joining()
         B, K = len(self._sentences), self._beam_size
         # one decoder call for every slot of every sentence
-        out = self._decoder.step(self._beams.tokens, self._beams.parents, self._candidates)
-        _check_step_output(out, B * K, self._candidates)
+        out, step_raw = self._decoder_step()
         N, S = out.attention.shape
         # coverage of each current slot including this step's attention
         coverage = _fit_columns(self._beams.coverage, S) + out.attention  # (N, S)
         # rank each sentence's candidates; EOS ones in the top `width` finish, the rest continue
-        widths = np.array([s.options.beam_size for s in self._sentences], np.int64)  # (B,)
-        cands = _rank_candidates(self._beams.scores, out, B, K)
+        widths = np.array([s.width for s in self._sentences], np.int64)  # (B,)
+        cands = _rank_candidates(self._beams, out, step_raw, B, K)
         ends = _eos_choices(cands, widths, self._eos_id)  # (B, K*k)
         nxt = _continuations(cands, widths, self._eos_id, K, self._narrow_on_eos)
         rows = nxt.slots + K * np.arange(B)[:, None]  # (B, K) rows of this step's output
@@ -455,10 +560,41 @@ class BeamSearch:
             parents=rows.reshape(N),
             scores=nxt.scores.reshape(N),
             coverage=coverage[rows.reshape(N)],
+            raw=nxt.raw.reshape(N),
+            seqs=np.concatenate(
+                [self._beams.seqs[rows.reshape(N)], nxt.tokens.reshape(N, 1)], axis=1
+            ),  # (N, L + 1)
         )
         self._record(nxt, out.attention.reshape(B, K, S))
         self._finish_eos(cands, ends, coverage)
         return self._retire(self._settle())
+
+    def _decoder_step(self) -> tuple[StepOutput, np.ndarray]:
+        """The decoder's top-k for every slot, and the model's log-prob of each candidate (N, k):
+        controlled sentences' rows replaced by their candidates from the whole distribution."""
+        beams, k = self._beams, self._candidates
+        if not any(s.controls.active for s in self._sentences):
+            out = self._decoder.step(beams.tokens, beams.parents, k)
+            _check_step_output(out, len(beams), k)
+            return out, out.log_probs
+        decoder = cast(RowsDecoder, self._decoder)
+        out, full = decoder.step_rows(beams.tokens, beams.parents, k)
+        _check_step_output(out, len(beams), k)
+        log_probs, token_ids = out.log_probs.copy(), out.token_ids.copy()  # (N, k) each
+        step_raw = log_probs.copy()  # (N, k)
+        K, L = self._beam_size, beams.seqs.shape[1]
+        for b, sentence in enumerate(self._sentences):
+            c = sentence.controls
+            if not c.active:
+                continue
+            rows, t = slice(b * K, (b + 1) * K), sentence.steps
+            seqs = beams.seqs[rows, L - t :]  # (K, t)
+            processed = ctl.process(full[rows], seqs, t, c, self._eos_id)  # (K, V)
+            values, ids = ctl.candidates(processed, t, c, out.log_probs.shape[1], sentence.rng)
+            log_probs[rows], token_ids[rows] = values, ids
+            model = np.take_along_axis(full[rows], ids, axis=1)  # (K, k)
+            step_raw[rows] = np.where(np.isfinite(values), model, -np.inf)
+        return StepOutput(log_probs, token_ids, out.attention), step_raw
 
     def _record(self, nxt: _NextBeam, attention: np.ndarray) -> None:
         """Append this step to every sentence's history; attention (B, K, S) only where asked for."""
@@ -466,22 +602,28 @@ class BeamSearch:
             rows = None
             if sentence.history.keep_attention:
                 rows = attention[b, :, : sentence.history.src_len].copy()  # (K, src_len)
-            sentence.history.append(_StepRecord(nxt.slots[b], nxt.tokens[b], rows))
+            record = _StepRecord(nxt.slots[b], nxt.tokens[b], rows, nxt.step_raw[b].copy())
+            sentence.history.append(record)
 
     def _finish_eos(self, cands: _Candidates, ends: np.ndarray, coverage: np.ndarray) -> None:
         """Finish the candidates ends (B, K*k) marks, with the coverage (N, S) of their slots."""
         K = self._beam_size
+        top_eos = ends[:, 0]  # (B,) the best-ranked candidate ended
         for b in np.flatnonzero(ends.any(axis=1)).tolist():
             sentence = self._sentences[b]
+            sentence.top_ended = sentence.top_ended or bool(top_eos[b])
             slots = cands.slots[b, ends[b]]  # (M,)
             eos_coverage = coverage[b * K + slots, : sentence.history.src_len]  # (M, src_len)
-            sentence.finish(slots, cands.scores[b, ends[b]], eos_coverage, by_eos=True)
+            sentence.finish(
+                slots, cands.scores[b, ends[b]], cands.raw[b, ends[b]], eos_coverage, by_eos=True
+            )
 
     def _settle(self) -> np.ndarray:
         """(B,) bool: the sentences done after this step. At its max length a sentence's live slots
-        finish as they are; otherwise it is done when nothing is live or nothing live can win."""
+        finish as they are; otherwise its stopping rule says (`_Sentence.done`)."""
         B, K = len(self._sentences), self._beam_size
         scores = self._beams.scores.reshape(B, K)  # (B, K)
+        raw = self._beams.raw.reshape(B, K)  # (B, K)
         best_live = scores.max(axis=1).tolist()  # (B,)
         done = np.zeros(B, bool)  # (B,)
         for b, sentence in enumerate(self._sentences):
@@ -489,10 +631,10 @@ class BeamSearch:
                 src_len = sentence.history.src_len
                 live = np.flatnonzero(np.isfinite(scores[b]))  # (L,)
                 live_coverage = self._beams.coverage[b * K + live, :src_len]  # (L, src_len)
-                sentence.finish(live, scores[b, live], live_coverage, by_eos=False)
+                sentence.finish(live, scores[b, live], raw[b, live], live_coverage, by_eos=False)
                 done[b] = True
             else:
-                done[b] = best_live[b] == -math.inf or sentence.cannot_improve(best_live[b])
+                done[b] = sentence.done(best_live[b])
         return done
 
     def _retire(self, done: np.ndarray) -> list[tuple[Hashable, list[Hypothesis]]]:
@@ -527,6 +669,10 @@ class BeamSearch:
         self._ids.difference_update(self._sentences[b].id for b in np.flatnonzero(done))
         self._sentences = [self._sentences[b] for b in keep]
         self._decoder.keep_sentences(keep)
+        # the token columns the remaining sentences still use
+        longest = max((s.steps for s in self._sentences), default=0)
+        if self._beams.seqs.shape[1] > longest:
+            self._beams = replace(self._beams, seqs=_left_pad(self._beams.seqs, longest))
 
 
 def compaction_order(done: np.ndarray) -> np.ndarray:

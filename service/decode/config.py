@@ -88,6 +88,12 @@ class EngineLimits:
     max_source_tokens: int = setting(256, "the most subword tokens of one source text")
     max_length: int = setting(512, "the most target tokens a request may ask for (max_length)")
     max_beam_size: int = setting(16, "the largest beam a request may ask for")
+    max_prefix_tokens: int = setting(
+        128, "the most target tokens of one text's target_prefix (after tokenization)"
+    )
+    max_ngram_size: int = setting(16, "the largest no_repeat_ngram_size a request may ask for")
+    max_alternatives: int = setting(16, "the most alternatives (return_alternatives) per text")
+    max_suppress: int = setting(256, "the most suppress entries of one request")
     min_confidence: float = setting(
         -1.0,
         "mark hypotheses whose confidence is below this in [0, 1] (low_confidence) and count them; "
@@ -95,7 +101,18 @@ class EngineLimits:
     )
 
     def __post_init__(self) -> None:
-        if min(self.max_source_tokens, self.max_length, self.max_beam_size) < 1:
+        if (
+            min(
+                self.max_source_tokens,
+                self.max_length,
+                self.max_beam_size,
+                self.max_prefix_tokens,
+                self.max_ngram_size,
+                self.max_alternatives,
+                self.max_suppress,
+            )
+            < 1
+        ):
             raise ValueError("engine limits must be >= 1")
         if not (self.min_confidence == -1 or 0 <= self.min_confidence <= 1):
             raise ValueError("min_confidence must be in [0, 1] (or -1: the bundle's threshold)")

@@ -20,6 +20,7 @@ from service.decode import alignment as align
 from service.decode.alignment import Alignment
 from service.decode.beam import BeamSearch, Hypothesis, SearchOptions
 from service.decode.config import EngineLimits, RuntimeConfig
+from service.decode.controls import Controls
 from service.decode.errors import InvalidInput
 from service.decode.link_head import load_link_head
 from service.decode.options import OPTIONS
@@ -51,6 +52,20 @@ class TranslationHypothesis:
     confidence: float = 0.0
     low_confidence: bool = False  # confidence below the threshold in use (Engine.min_confidence)
     segment_confidences: tuple[float, ...] = ()  # a segmented input's, each segment's own
+    token_log_probs: tuple[float, ...] = ()  # log P of each token (EOS not listed)
+    alternative: Alternative | None = (
+        None  # with return_alternatives: its first word after the prefix
+    )
+    replaced_unknowns: tuple[int, ...] = ()  # token indices of unknowns replaced by a source word
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """The word a hypothesis puts first after the prefix, and its probability there."""
+
+    word: str
+    probability: float
+    position: int  # the token index where the word starts
 
 
 @dataclass(frozen=True)
@@ -228,18 +243,69 @@ class Engine:
             i += n
         return out
 
-    def check_options(self, options: SearchOptions, alignment: str) -> None:
+    def check_options(
+        self, options: SearchOptions, alignment: str, texts: int | None = None
+    ) -> None:
         """Options within this engine's limits (service/decode/options.py's ranges) and an alignment the
-        model can give; InvalidInput says what to change."""
+        model can give; InvalidInput says what to change. texts: how many texts the options are for
+        (target_prefix gives one prefix per text, or none)."""
         problems = options.problems(self.limits)
         if problems:
             raise InvalidInput("; ".join(problems))
+        if texts is not None and options.target_prefix and len(options.target_prefix) != texts:
+            raise InvalidInput(
+                f"target_prefix has {len(options.target_prefix)} entries for {texts} texts: give "
+                'one per text ("" for a text without one), or none'
+            )
+        if options.replace_unknowns and not self.supports_alignment:
+            raise InvalidInput(
+                f"model {self.bundle.name} has no attention: replace_unknowns needs it"
+            )
+        for i in range(max(1, len(options.target_prefix))):
+            try:
+                self.controls(options.for_text(i))
+            except InvalidInput as err:
+                where = f"target_prefix[{i}]: " if options.target_prefix else ""
+                raise InvalidInput(f"{where}{err}") from err
         if alignment not in ALIGNMENT_MODES:
             raise InvalidInput(f"alignment must be one of {ALIGNMENT_MODES}, got {alignment!r}")
         if alignment != "none" and not self.supports_alignment:
             raise InvalidInput(
                 f"model {self.bundle.name} has no attention (architecture 'none'): ask for alignment 'none'"
             )
+
+    def controls(self, options: SearchOptions) -> Controls:
+        """One text's decoding controls as token ids: its target prefix and the suppressed
+        sequences tokenized as the model's target side. InvalidInput for a prefix over the limit
+        or a suppress entry with nothing to tokenize."""
+        prefix: list[int] = []
+        if options.target_prefix and options.target_prefix[0].strip():
+            prefix = self.tgt_tok.encode(options.target_prefix[0])
+            if len(prefix) > self.limits.max_prefix_tokens:
+                raise InvalidInput(
+                    f"target_prefix is {len(prefix)} target tokens long, over the limit of "
+                    f"{self.limits.max_prefix_tokens}"
+                )
+            if prefix and prefix[-1] == self.cfg.eos_id:  # a word tokenizer that appends EOS
+                prefix = prefix[:-1]
+        suppress = []
+        for i, text in enumerate(options.suppress):
+            ids = [t for t in self.tgt_tok.encode(text) if t != self.cfg.eos_id]
+            if not ids:
+                raise InvalidInput(f"suppress[{i}] ({text!r}) has no target tokens")
+            suppress.append(tuple(ids))
+        return Controls(
+            prefix=tuple(prefix),
+            suppress=tuple(suppress),
+            min_length=options.min_length,
+            no_repeat_ngram_size=options.no_repeat_ngram_size,
+            repetition_penalty=options.repetition_penalty,
+            alternatives=options.return_alternatives,
+            sampling_topk=options.sampling_topk,
+            sampling_topp=options.sampling_topp,
+            sampling_temperature=options.sampling_temperature,
+            seed=options.seed,
+        )
 
     # --- decoding -----------------------------------------------------------------------------
 
@@ -256,7 +322,7 @@ class Engine:
         options = options or SearchOptions(beam_size=5)
         if not texts:
             raise InvalidInput("no texts to translate")
-        self.check_options(options, alignment)
+        self.check_options(options, alignment, len(texts))
         return self.decode_prepared([self.prepare(t) for t in texts], options, alignment)
 
     def decode_prepared(
@@ -264,7 +330,9 @@ class Engine:
     ) -> list[Translation]:
         """A static batch of sentences already tokenized and checked; results in input order."""
         batch: RunningBatch[int] = self.new_batch(options.beam_size)
-        batch.add([DecodeRequest(i, p, options, alignment) for i, p in enumerate(prepared)])
+        batch.add(
+            [DecodeRequest(i, p, options.for_text(i), alignment) for i, p in enumerate(prepared)]
+        )
         results: dict[int, Translation] = {}
         while len(batch):
             results.update(batch.step())
@@ -287,11 +355,51 @@ class Engine:
         )
 
     def to_translation(self, request: DecodeRequest[Any], hyps: list[Hypothesis]) -> Translation:
+        hypotheses = [self.to_hypothesis(request, h) for h in hyps]
+        if request.options.return_alternatives:
+            hypotheses = self.alternatives(request, hypotheses)
         return Translation(
             source=request.sentence.text,
             source_tokens=request.sentence.pieces,
-            hypotheses=[self.to_hypothesis(request, h) for h in hyps],
+            hypotheses=hypotheses,
         )
+
+    def alternatives(
+        self, request: DecodeRequest[Any], hyps: list[TranslationHypothesis]
+    ) -> list[TranslationHypothesis]:
+        """The hypotheses of return_alternatives → one per distinct first word after the prefix,
+        by that word's probability (summed over the hypotheses that spell it), the best
+        continuation of each kept, return_alternatives of them."""
+        start = len(self.controls(request.options).prefix)
+        best: dict[str, TranslationHypothesis] = {}
+        mass: dict[str, float] = {}
+        for hyp in hyps:
+            found = self.first_word(hyp, start)
+            if found is None:
+                continue
+            word, log_prob = found
+            mass[word] = mass.get(word, 0.0) + math.exp(log_prob)
+            if word not in best or hyp.score > best[word].score:
+                best[word] = hyp
+        ranked = sorted(best, key=lambda w: -mass[w])[: request.options.return_alternatives]
+        return [
+            replace(best[w], alternative=Alternative(w, min(1.0, mass[w]), start)) for w in ranked
+        ]
+
+    def first_word(self, hyp: TranslationHypothesis, start: int) -> tuple[str, float] | None:
+        """The word that starts at token `start` of hyp, and its pieces' summed log-prob (None
+        when the hypothesis ends there)."""
+        ids = hyp.token_ids
+        if start >= len(ids):
+            return None
+        end = start + 1
+        if not self.word_level:  # a word's later pieces carry no "▁"
+            pieces = self.tgt_tok.pieces(ids)
+            marks = align.word_index(pieces)  # (P,)
+            while end < len(ids) and marks[end] == marks[start]:
+                end += 1
+        word = self.tgt_tok.decode(ids[start:end]).strip()
+        return word, float(sum(hyp.token_log_probs[start:end]))
 
     def alignment_mode(self, request: DecodeRequest[Any]) -> AlignmentMode:
         return "subword" if self.word_level and request.alignment == "word" else request.alignment
@@ -305,8 +413,14 @@ class Engine:
         confidence = segment.geometric_mean_probability(
             float(hyp.log_prob), len(hyp.tokens), hyp.finished_by_eos
         )
+        text, replaced = self.tgt_tok.decode(hyp.tokens), tuple[int, ...]()
+        if request.options.replace_unknowns and hyp.attention is not None:
+            text, replaced = self.replace_unknowns(request.sentence, hyp)
+        if request.alignment == "none":
+            hyp = replace(hyp, attention=None)  # kept only for replace_unknowns
+        token_log_probs = () if hyp.token_log_probs is None else tuple(hyp.token_log_probs.tolist())
         return TranslationHypothesis(
-            text=self.tgt_tok.decode(hyp.tokens),
+            text=text,
             tokens=pieces,
             token_ids=list(hyp.tokens),
             score=float(hyp.score),
@@ -322,7 +436,31 @@ class Engine:
             finished=hyp.finished_by_eos,
             confidence=confidence,
             low_confidence=confidence < self.min_confidence,
+            token_log_probs=token_log_probs,
+            replaced_unknowns=replaced,
         )
+
+    def replace_unknowns(self, sentence: Prepared, hyp: Hypothesis) -> tuple[str, tuple[int, ...]]:
+        """The hypothesis's text with each unknown target token replaced by the source word its
+        attention row weighs most (Luong et al., 2015; OpenNMT-py's -replace_unk), and the indices
+        of the tokens replaced. Source words are the client's whitespace words where the pieces
+        group into as many, else the pieces themselves."""
+        unknown = [i for i, t in enumerate(hyp.tokens) if t == self.cfg.unk_id]
+        if not unknown or hyp.attention is None:
+            return self.tgt_tok.decode(hyp.tokens), ()
+        words = sentence.text.split()
+        marks = align.word_index(sentence.pieces)  # (S,) each source piece's word
+        by_word = len(words) == int(marks.max()) + 1 if len(marks) else False
+        surfaces = self.tgt_tok.surfaces(hyp.tokens)
+        for i in unknown:
+            j = int(np.argmax(hyp.attention[i]))
+            word = (
+                words[int(marks[j])]
+                if by_word
+                else sentence.pieces[j].replace(align.WORD_START, "")
+            )
+            surfaces[i] = (" " if i > 0 else "") + word
+        return "".join(surfaces).strip(), tuple(unknown)
 
     def join_translation(
         self, request: DecodeRequest[Any], parts: list[list[Hypothesis]]
@@ -363,10 +501,13 @@ class Engine:
         """One hypothesis per segment (raw subword alignments) → the input's hypothesis."""
         first = parts[0]
         text, tokens, ids = first.text, list(first.tokens), list(first.token_ids)
+        token_log_probs = list(first.token_log_probs)
         for separator, part in zip(sentence.separators, parts[1:], strict=True):
             text += separator.target_text + part.text
             tokens += separator.target_pieces + part.tokens
             ids += separator.target_ids + part.token_ids
+            # a separator's tokens are written, not decoded: probability 1
+            token_log_probs += [0.0] * len(separator.target_ids) + list(part.token_log_probs)
         alignment = None
         matrices = [p.alignment.matrix for p in parts if p.alignment is not None]
         if mode != "none" and len(matrices) == len(parts):
@@ -396,6 +537,7 @@ class Engine:
             confidence=confidence,
             low_confidence=confidence < self.min_confidence,
             segment_confidences=tuple(p.confidence for p in parts),
+            token_log_probs=tuple(token_log_probs),
         )
 
 
@@ -409,11 +551,20 @@ def check_decoding_defaults(bundle: Bundle) -> dict[str, Any]:
             f"{bundle.path / MANIFEST}: 'decoding' names unknown options {unknown} "
             f"(known: {sorted(known)})"
         )
-    values = {name: known[name].kind(v) for name, v in bundle.decoding.items()}
+    values = {name: _default_value(known[name].kind, v) for name, v in bundle.decoding.items()}
     found = option_problems({**SearchOptions().values(), **values})
     if found:
         raise BundleError(f"{bundle.path / MANIFEST}: 'decoding': " + "; ".join(found))
     return values
+
+
+def _default_value(kind: type, value: Any) -> Any:
+    """A manifest default as its option's type (a list of strings for a repeated option)."""
+    if kind is tuple:
+        return tuple(value) if isinstance(value, list) else value
+    if kind in (int, float) and isinstance(value, int | float) and not isinstance(value, bool):
+        return kind(value)
+    return value  # a value of another type: the option's check names it
 
 
 def check_loaded_bundle(
@@ -516,19 +667,31 @@ class RunningBatch(Generic[KeyT]):
                 raise ValueError(
                     f"{len(request.sentence.parts)} segments but {len(rows)} encoded rows"
                 )
+        controls = [
+            self.engine.controls(r.options) for r in requests
+        ]  # InvalidInput before any join
         row = self.decoder.add_sentences([e for rows in encoded for e in rows])
-        for request in requests:
+        for request, control in zip(requests, controls, strict=True):
             options = request.options
-            want_attention = request.alignment != "none"
+            want_attention = request.alignment != "none" or options.replace_unknowns
             if options.return_attention != want_attention:
                 options = replace(options, return_attention=want_attention)
             parts = request.sentence.segments
             if not parts:
-                self.search.add(request.key, len(request.sentence.ids), options, state_row=row)
+                self.search.add(
+                    request.key, len(request.sentence.ids), options, row, controls=control
+                )
                 row += 1
-            else:
+            else:  # a prefix, and alternatives after it, belong to the first segment
+                later = replace(control, prefix=(), alternatives=0)
                 for k, part in enumerate(parts):
-                    self.search.add((request.key, k), len(part.ids), options, state_row=row)
+                    self.search.add(
+                        (request.key, k),
+                        len(part.ids),
+                        options,
+                        row,
+                        controls=later if k else control,
+                    )
                     row += 1
                 self.segments[request.key] = [None] * len(parts)
             self.requests[request.key] = request

@@ -32,19 +32,29 @@ class Limits(Protocol):
     @property
     def max_length(self) -> int: ...
 
+    @property
+    def max_ngram_size(self) -> int: ...
+
+    @property
+    def max_alternatives(self) -> int: ...
+
+    @property
+    def max_suppress(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class OptionSpec:
     """One decoding option; its name (filled in from the SearchOptions field) is also its
     DecodingOptions field.
 
-    The value must lie in [low, high]; `limit` names the engine limit that caps it further (when
-    the limits are known), `symmetric` makes the range [-limit, limit], and `at_most` names
-    another option it must not exceed.
+    kind is int, float, bool, str (one of `choices`) or tuple (of strings: a repeated field).
+    A number must lie in [low, high]; `limit` names the engine limit that caps it further (when
+    the limits are known; for a tuple it caps the count), `symmetric` makes the range
+    [-limit, limit], and `at_most` names another option it must not exceed.
     """
 
-    kind: type  # int or float
-    default: int | float
+    kind: type
+    default: Any
     help: str
     flags: tuple[str, ...]  # the CLIs' flags, the first one canonical
     low: float = -math.inf
@@ -52,7 +62,12 @@ class OptionSpec:
     limit: str = ""
     symmetric: bool = False
     at_most: str = ""
+    choices: tuple[str, ...] = ()
     name: str = ""
+
+
+STOPPING_RULES: tuple[str, ...] = ("exact", "first", "patience")
+MAX_OPTION_TEXT_CHARS = 1000  # the longest target_prefix or suppress entry
 
 
 def option(spec: OptionSpec) -> Any:
@@ -94,6 +109,62 @@ class SearchOptions:
     coverage_penalty: float = option(
         OptionSpec(float, 0.0, "GNMT beta, >= 0", ("--coverage-penalty",), low=0.0, high=100.0)
     )
+    stopping: str = option(
+        OptionSpec(str, "exact", "when a sentence's beam search stops: exact (no live hypothesis "
+                   "can still win), first (its best-ranked candidate ended: OpenNMT-py, Joey NMT) "
+                   "or patience (beam_size x patience hypotheses ended: CTranslate2)",
+                   ("--stopping",), choices=STOPPING_RULES)
+    )  # fmt: skip
+    patience: float = option(
+        OptionSpec(float, 1.0, "stopping=patience: stop once beam_size x patience hypotheses "
+                   "ended", ("--patience",), low=0.01, high=100.0)
+    )  # fmt: skip
+    no_repeat_ngram_size: int = option(
+        OptionSpec(int, 0, "no n-gram of target tokens twice in a hypothesis (0 = off)",
+                   ("--no-repeat-ngram-size",), low=0, limit="max_ngram_size")
+    )  # fmt: skip
+    repetition_penalty: float = option(
+        OptionSpec(float, 1.0, "CTRL/CTranslate2 penalty on tokens already generated (> 1 "
+                   "penalizes, 1 = off)", ("--repetition-penalty",), low=0.01, high=100.0)
+    )  # fmt: skip
+    min_length: int = option(
+        OptionSpec(int, 0, "end of sentence forbidden before this many target tokens",
+                   ("--min-length",), low=0, limit="max_length")
+    )  # fmt: skip
+    target_prefix: tuple[str, ...] = option(
+        OptionSpec(tuple, (), "the start of each text's translation, which the hypotheses "
+                   "continue: one per text (or none)", ("--target-prefix",))
+    )  # fmt: skip
+    return_alternatives: int = option(
+        OptionSpec(int, 0, "the k best next words after the prefix, each with its best "
+                   "continuation, as the hypotheses (0 = off; <= beam size)",
+                   ("--return-alternatives",), low=0, limit="max_alternatives",
+                   at_most="beam_size")
+    )  # fmt: skip
+    sampling_topk: int = option(
+        OptionSpec(int, 1, "sample the next token among the k most likely (1 = no sampling: "
+                   "beam search; 0 = the whole vocabulary)", ("--sampling-topk",), low=0)
+    )  # fmt: skip
+    sampling_topp: float = option(
+        OptionSpec(float, 1.0, "sampling: among the fewest tokens whose probability reaches p",
+                   ("--sampling-topp",), low=0.0, high=1.0)
+    )  # fmt: skip
+    sampling_temperature: float = option(
+        OptionSpec(float, 1.0, "sampling: divide the log-probabilities by this (0 = the most "
+                   "likely token)", ("--sampling-temperature",), low=0.0, high=100.0)
+    )  # fmt: skip
+    seed: int = option(
+        OptionSpec(int, 0, "sampling: the random seed (0 = a random one); the same seed gives "
+                   "the same answer alone or batched", ("--seed",), low=0, high=2**63 - 1)
+    )  # fmt: skip
+    replace_unknowns: bool = option(
+        OptionSpec(bool, False, "replace each unknown target token by the source word it "
+                   "attends to most", ("--replace-unknowns",))
+    )  # fmt: skip
+    suppress: tuple[str, ...] = option(
+        OptionSpec(tuple, (), "words or token sequences never emitted (each tokenized as the "
+                   "model's target side)", ("--suppress",), limit="max_suppress")
+    )  # fmt: skip
     return_attention: bool = False  # not a request option: set by the engine
 
     def __post_init__(self) -> None:
@@ -115,6 +186,17 @@ class SearchOptions:
     def max_len(self, src_len: int) -> int:
         """The most decoder steps for a source of src_len tokens."""
         return max(1, min(self.max_length, int(self.max_length_a * src_len + self.max_length_b)))
+
+    @property
+    def sampling(self) -> bool:
+        """Tokens are drawn at random rather than searched for."""
+        return self.sampling_topk != 1
+
+    def for_text(self, index: int) -> SearchOptions:
+        """The options of the index-th text of a request: its own target prefix only."""
+        if not self.target_prefix:
+            return self
+        return replace(self, target_prefix=(self.target_prefix[index],))
 
 
 def _specs() -> tuple[OptionSpec, ...]:
@@ -148,6 +230,16 @@ def problem(
     spec: OptionSpec, value: Any, values: Mapping[str, Any], limits: Limits | None
 ) -> str | None:
     """What is wrong with one option's value (None when nothing is)."""
+    if spec.kind is bool:
+        return (
+            None if isinstance(value, bool) else f"{spec.name} must be true or false, got {value!r}"
+        )
+    if spec.kind is str:
+        if value not in spec.choices:
+            return f"{spec.name} must be one of {', '.join(spec.choices)}, got {value!r}"
+        return None
+    if spec.kind is tuple:
+        return _texts_problem(spec, value, limits)
     low, high = spec.low, spec.high
     if spec.limit and limits is not None:
         high = min(high, getattr(limits, spec.limit))
@@ -173,6 +265,25 @@ def problem(
     return None
 
 
+def _texts_problem(spec: OptionSpec, value: Any, limits: Limits | None) -> str | None:
+    """What is wrong with a repeated text option (target_prefix, suppress)."""
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        return f"{spec.name} must be a list of strings, got {value!r}"
+    if spec.limit and limits is not None and len(value) > getattr(limits, spec.limit):
+        return (
+            f"{spec.name} has {len(value)} entries, over the limit of {getattr(limits, spec.limit)}"
+        )
+    for i, text in enumerate(value):
+        if len(text) > MAX_OPTION_TEXT_CHARS:
+            return (
+                f"{spec.name}[{i}] has {len(text)} characters, over the limit of "
+                f"{MAX_OPTION_TEXT_CHARS}"
+            )
+        if spec.name == "suppress" and not text.strip():
+            return f"{spec.name}[{i}] is empty: name a word or token sequence to suppress"
+    return None
+
+
 def problems(values: Mapping[str, Any], limits: Limits | None = None) -> list[str]:
     """Every reason the option values are invalid, in declaration order; ranges are capped by the
     engine's limits when given."""
@@ -193,19 +304,29 @@ def add_option_flags(
     for spec in OPTIONS:
         default = None if defaults is None else getattr(defaults, spec.name)
         shown = unset if defaults is None else "%(default)s"
-        group.add_argument(
-            *spec.flags,
-            dest=spec.name,
-            type=spec.kind,
-            default=default,
-            help=f"{spec.help} (default: {shown})",
-        )
+        text = f"{spec.help} (default: {shown})"
+        if spec.kind is bool:
+            group.add_argument(
+                *spec.flags, dest=spec.name, action=argparse.BooleanOptionalAction,
+                default=default, help=text,
+            )  # fmt: skip
+        elif spec.kind is tuple:
+            group.add_argument(
+                *spec.flags, dest=spec.name, action="append", default=None,
+                help=text + "; repeat the flag for more",
+            )  # fmt: skip
+        else:
+            group.add_argument(
+                *spec.flags, dest=spec.name, type=spec.kind, default=default,
+                choices=spec.choices or None, help=text,
+            )  # fmt: skip
 
 
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The options given on the command line (None values left out)."""
-    return {
+    given = {
         spec.name: getattr(args, spec.name)
         for spec in OPTIONS
         if getattr(args, spec.name) is not None
     }
+    return {name: tuple(v) if isinstance(v, list) else v for name, v in given.items()}

@@ -439,8 +439,23 @@ class HostBuffer:
         return self.flat[:size].reshape(shape)
 
 
+@dataclass
+class SessionBinding:
+    """One session's IOBinding, and what is bound to it: the encoder rows and the host outputs are
+    rebound only when they change (a join, a leave, a new hypothesis count), not at each step."""
+
+    session: ort.InferenceSession
+    binding: ort.IOBinding
+    bound_rows: tuple[int, ...] | None = None
+    bound_outputs: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, session: ort.InferenceSession) -> SessionBinding:
+        return cls(session, session.io_binding())
+
+
 class OnnxDecoder:
-    """The decoder side of one running batch; implements `service.decode.beam.Decoder`.
+    """The decoder side of one running batch; implements `service.decode.beam.RowsDecoder`.
 
     Holds the batch's encoder tensors (one row per sentence) and the state buffer (one row per
     hypothesis produced by the last step, then the initial states of sentences added since), both on
@@ -460,11 +475,11 @@ class OnnxDecoder:
         self.log_probs = HostBuffer(np.float32)
         self.token_ids = HostBuffer(np.int64)
         self.attention = HostBuffer(np.float32)
-        # One binding for every step: the encoder rows and the host outputs are rebound only when
-        # they change (a join, a leave, a new hypothesis count), not at each step.
-        self.binding = self.session.io_binding()
-        self.bound_rows: tuple[int, ...] | None = None
-        self.bound_outputs: tuple[int, ...] | None = None
+        self.full_log_probs = HostBuffer(np.float32)
+        # One binding for every step (`SessionBinding`); a second one, on the graph with its
+        # log-softmax exposed, for the steps that need every token's log-prob (`step_rows`)
+        self.main = SessionBinding.of(self.session)
+        self._rows: SessionBinding | None = None
 
     @property
     def state_rows(self) -> int:
@@ -488,30 +503,62 @@ class OnnxDecoder:
         if len(keep) == 0:  # the batch is empty: its state rows are of no use to anyone
             self.state = None
 
-    def _bind_inputs(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> None:
+    def _bind_inputs(
+        self, bound: SessionBinding, tokens: np.ndarray, reorder: np.ndarray, k: int
+    ) -> None:
         """Bind one step's inputs: tokens, reorder and k from the host, the state and the running
         batch's encoder rows on the device (rebound only when the rows changed)."""
         assert self.rows.count and self.state is not None, "step() on an empty batch"
-        device, binding = self.device, self.binding
+        device, binding = self.device, bound.binding
         device.bind_host_input(binding, "tokens", tokens.astype(np.int64, copy=False), "tokens")
         device.bind_host_input(binding, "reorder", reorder.astype(np.int64, copy=False), "tokens")
         device.bind_host_input(binding, "k", np.array(k, dtype=np.int64), "tokens")
         binding.bind_ortvalue_input("state", self.state)
         rows_key = self.rows.binding_key()
-        if rows_key != self.bound_rows:
+        if rows_key != bound.bound_rows:
             self.rows.bind(binding)
-            self.bound_rows = rows_key
+            bound.bound_rows = rows_key
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
         """One decoder call for every hypothesis: tokens (N,), reorder (N,) → top-k (N, k), attention (N, S)."""
-        self._bind_inputs(tokens, reorder, k)
-        session, device, binding = self.session, self.device, self.binding
+        out, _ = self._run_topk(self.main, tokens, reorder, k, full=False)
+        return out
+
+    def step_rows(
+        self, tokens: np.ndarray, reorder: np.ndarray, k: int
+    ) -> tuple[StepOutput, np.ndarray]:
+        """`step`'s output and, from the same call, every token's log-prob (N, V) in vocabulary
+        order (the decoding controls' input). On a graph that cannot expose its log-softmax, the
+        TopK over every token, scattered back to vocabulary order."""
+        if self._rows is None:
+            session = self.model.forced_session()
+            self._rows = SessionBinding.of(session) if session is not None else self.main
+        if self._rows is self.main:
+            V = self.model.bundle.architecture.tgt_vocab_size
+            out = self.step(tokens, reorder, V)
+            full = np.empty_like(out.log_probs)  # (N, V)
+            np.put_along_axis(full, out.token_ids, out.log_probs, axis=1)
+            top = StepOutput(out.log_probs[:, :k], out.token_ids[:, :k], out.attention)
+            return top, full
+        out, full_rows = self._run_topk(self._rows, tokens, reorder, k, full=True)
+        assert full_rows is not None
+        return out, full_rows
+
+    def _run_topk(
+        self, bound: SessionBinding, tokens: np.ndarray, reorder: np.ndarray, k: int, full: bool
+    ) -> tuple[StepOutput, np.ndarray | None]:
+        """One call of `bound`'s session: top-k (N, k), attention (N, S), and with `full` its
+        FULL_LOG_PROBS (N, V)."""
+        self._bind_inputs(bound, tokens, reorder, k)
+        device, binding = self.device, bound.binding
         N, S = len(tokens), self.rows.source_len
         # rebound at every step: a binding left from the last run would be written in place
         binding.bind_output("new_state", device.type, device.id)  # stays on the device
         log_probs = self.log_probs.view((N, k))  # (N, k)
         token_ids = self.token_ids.view((N, k))  # (N, k)
         attention = self.attention.view((N, S))  # (N, S)
+        V = self.model.bundle.architecture.tgt_vocab_size if full else 0
+        rows = self.full_log_probs.view((N, V)) if full else None  # (N, V)
         outputs_key = (
             N,
             k,
@@ -519,19 +566,23 @@ class OnnxDecoder:
             self.log_probs.generation,
             self.token_ids.generation,
             self.attention.generation,
+            self.full_log_probs.generation if full else -1,
         )
-        if outputs_key != self.bound_outputs:
+        if outputs_key != bound.bound_outputs:
             device.bind_host_output(binding, "log_probs", log_probs)
             device.bind_host_output(binding, "token_ids", token_ids)
             device.bind_host_output(binding, "attention", attention)
-            self.bound_outputs = outputs_key
-        session.run_with_iobinding(binding)
+            if rows is not None:
+                device.bind_host_output(binding, FULL_LOG_PROBS, rows)
+            bound.bound_outputs = outputs_key
+        bound.session.run_with_iobinding(binding)
         self.state = device.output(binding, 0)  # new_state was bound first
-        return StepOutput(
+        out = StepOutput(
             log_probs=device.fetched(log_probs, "topk"),
             token_ids=device.fetched(token_ids, "topk"),
             attention=device.fetched(attention, "attention"),
         )
+        return out, None if rows is None else device.fetched(rows, "topk")
 
     def step_full(self, tokens: np.ndarray, reorder: np.ndarray) -> StepOutput:
         """One decoder call for teacher forcing: log_probs (N, V) is every token's log-prob in
@@ -542,17 +593,18 @@ class OnnxDecoder:
             full = np.empty_like(out.log_probs)  # (N, V)
             np.put_along_axis(full, out.token_ids, out.log_probs, axis=1)
             return StepOutput(full, np.broadcast_to(np.arange(V), full.shape), out.attention)
-        self._bind_inputs(tokens, reorder, 1)
-        session, device, binding = self.session, self.device, self.binding
+        bound = self.main
+        self._bind_inputs(bound, tokens, reorder, 1)
+        session, device, binding = self.session, self.device, bound.binding
         N, S = len(tokens), self.rows.source_len
         binding.bind_output("new_state", device.type, device.id)  # stays on the device
         log_probs = self.log_probs.view((N, V))  # (N, V)
         attention = self.attention.view((N, S))  # (N, S)
         outputs_key = (N, V, S, self.log_probs.generation, -1, self.attention.generation)
-        if outputs_key != self.bound_outputs:
+        if outputs_key != bound.bound_outputs:
             device.bind_host_output(binding, FULL_LOG_PROBS, log_probs)
             device.bind_host_output(binding, "attention", attention)
-            self.bound_outputs = outputs_key
+            bound.bound_outputs = outputs_key
         session.run_with_iobinding(binding)
         self.state = device.output(binding, 0)  # new_state was bound first
         return StepOutput(

@@ -96,7 +96,7 @@ class Bundle:
     # The manifest's "decoding": the model's own defaults for decoding options (name → value, the
     # DecodingOptions names), chosen on its dev split; a request's own values override them, and
     # they override the server's --default-* (checked by the engine: service/decode/engine.py).
-    decoding: dict[str, int | float] = field(default_factory=dict)
+    decoding: dict[str, Any] = field(default_factory=dict)
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -272,10 +272,12 @@ def load_bundle(path: str | Path) -> Bundle:
             )
     decoding = manifest.get("decoding", {})
     if not isinstance(decoding, dict) or not all(
-        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
-        for k, v in decoding.items()
+        isinstance(k, str) and _is_option_value(v) for k, v in decoding.items()
     ):
-        raise BundleError(f"{directory / MANIFEST}: 'decoding' must map option names to numbers")
+        raise BundleError(
+            f"{directory / MANIFEST}: 'decoding' must map option names to numbers, booleans, "
+            "strings or lists of strings"
+        )
     return Bundle(
         path=directory,
         name=str(manifest["name"]),
@@ -319,3 +321,10 @@ def parse_link_head(section: object, where: Path) -> tuple[float, float]:
             raise BundleError(f"{where}: link_head.{key} must be a number in [0, 1], got {value!r}")
         values.append(float(value))
     return values[0], values[1]
+
+
+def _is_option_value(value: object) -> bool:
+    """What a decoding option's default can be in a manifest (its type is checked at load)."""
+    if isinstance(value, list):
+        return all(isinstance(v, str) for v in value)
+    return isinstance(value, int | float | str | bool)

@@ -109,7 +109,7 @@ class TranslatorCore:
         parsed = parse_request(request, self.settings, engine.decoding_defaults)
         trace.set(texts=len(parsed.texts), input_chars=sum(len(t) for t in parsed.texts))
         trace.texts("input.texts", parsed.texts)
-        engine.check_options(parsed.options, parsed.alignment)
+        engine.check_options(parsed.options, parsed.alignment, len(parsed.texts))
         prepared = []
         for i, text in enumerate(parsed.texts):
             try:

@@ -405,7 +405,8 @@ class Worker:
 def sentence_request(key: SentenceKey) -> DecodeRequest[SentenceKey]:
     """The engine's request for one queued sentence of a job."""
     job = key.job
-    return DecodeRequest(key, job.sentences[key.index], job.options, job.alignment)
+    options = job.options.for_text(key.index)  # its own target prefix
+    return DecodeRequest(key, job.sentences[key.index], options, job.alignment)
 
 
 def forced_request(key: SentenceKey) -> ForcedRequest[SentenceKey]:
