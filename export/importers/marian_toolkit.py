@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from export.importers.toolkits import make_subword_task
 
 # The s2s shapes the tests train: Marian's defaults apart from size and time.
@@ -56,6 +58,11 @@ def train(
     return out / "model.npz"
 
 
+def soft_alignment(field: str) -> np.ndarray:
+    """`--alignment soft`: one row per target token (`</s>` included) of source weights, (T, S)."""
+    return np.array([[float(x) for x in row.split(",")] for row in field.split()], np.float64)
+
+
 @dataclass(frozen=True)
 class NBest:
     """One line of Marian's n-best output: sentence index, text, score (normalized as asked)."""
@@ -93,14 +100,14 @@ def decode(
 
 
 def read_nbest(path: Path) -> list[list[NBest]]:
-    """Marian's `i ||| text ||| F0= s ||| score [||| alignment]` lines, grouped by sentence."""
+    """Marian's `i ||| text ||| [alignment |||] F0= s ||| score` lines, grouped by sentence."""
     groups: dict[int, list[NBest]] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         fields = line.split(" ||| ")  # the text as Marian wrote it (a trailing space is kept)
         index = int(fields[0])
-        align = fields[4].strip() if len(fields) > 4 else ""
+        align = fields[2].strip() if len(fields) > 4 else ""  # i ||| text ||| align ||| F0= ||| s
         groups.setdefault(index, []).append(
-            NBest(index=index, text=fields[1], score=float(fields[3]), alignment=align)
+            NBest(index=index, text=fields[1], score=float(fields[-1]), alignment=align)
         )
     return [groups[i] for i in sorted(groups)]
 

@@ -1,0 +1,198 @@
+"""s2s-import marian against Marian itself: pymarian trains tiny s2s models on a generated task
+(seconds), we import them, and their decodes, n-best scores and soft alignments must equal
+marian-decoder's. Skipped where pymarian (the `marian` extra) is not installed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("onnx")
+pytest.importorskip("pymarian")
+
+from export.importers import cli, marian
+from export.importers import marian_toolkit as mt
+from export.importers.marian_search import MarianRules, MarianSearch
+from service.decode.beam import SearchOptions
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
+
+SCORE_TOLERANCE = 1e-4
+
+
+class Trained:
+    """A tiny Marian model, its vocabularies, its bundle and Marian's own n-best lists."""
+
+    def __init__(self, root: Path, vocab_kind: str, options: tuple[str, ...]) -> None:
+        self.model = mt.train_demo(root, vocab_kind, options)
+        self.vocabs = (
+            self.model.parent / f"src.{vocab_kind}",
+            self.model.parent / f"tgt.{vocab_kind}",
+        )
+        self.source = root / "task" / "test.src"
+        self.lines = self.source.read_text(encoding="utf-8").splitlines()
+        self.bundle = marian.import_model(
+            self.model, self.vocabs, root / "bundle", "tiny-marian", "1.0.0", int8=True
+        )
+        self.nbest = {
+            beam: mt.read_nbest(
+                mt.decode(
+                    self.model,
+                    self.vocabs,
+                    self.source,
+                    root / f"marian.b{beam}.nbest",
+                    beam,
+                    n_best=True,
+                    alignment="soft",
+                )
+            )
+            for beam in (1, 5)
+        }
+
+
+@pytest.fixture(scope="session")
+def s2s(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """Marian's default s2s (bi-GRU, cGRU, MLP attention, deep output) with SentencePiece."""
+    return Trained(tmp_path_factory.mktemp("marian-s2s"), "spm", ())
+
+
+@pytest.fixture(scope="session")
+def lstm(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """The second shape: LSTM cells in the encoder and both decoder cells, .yml word vocabularies,
+    and the output layer tied to the target embedding."""
+    options = ("--enc-cell", "lstm", "--dec-cell", "lstm", "--tied-embeddings")
+    return Trained(tmp_path_factory.mktemp("marian-lstm"), "yml", options)
+
+
+def mismatches(trained: Trained, beam: int) -> list[str]:
+    """Sentences whose n-best list (texts, order, scores, soft alignments) under Marian's search
+    rule over our graphs differs from marian-decoder's."""
+    search = MarianSearch(trained.bundle)
+    bad = []
+    for line, theirs in zip(trained.lines, trained.nbest[beam], strict=True):
+        ours = search.translate(line, MarianRules(beam_size=beam))
+        same = [h.text for h in ours] == [h.text for h in theirs] and all(
+            abs(a.score - b.score) < SCORE_TOLERANCE
+            and np.abs(a.attention - mt.soft_alignment(b.alignment)).max() < 1e-5
+            for a, b in zip(ours, theirs, strict=True)
+        )
+        if not same:
+            bad.append(
+                f"{line!r}: ours {[h.text for h in ours]} Marian's {[h.text for h in theirs]}"
+            )
+    return bad
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_s2s_nbest_equals_marian(s2s: Trained, beam: int) -> None:
+    assert len(s2s.lines) == 60
+    assert mismatches(s2s, beam) == []
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_lstm_tied_yml_nbest_equals_marian(lstm: Trained, beam: int) -> None:
+    assert mismatches(lstm, beam) == []
+
+
+def test_served_greedy_equals_marian(s2s: Trained) -> None:
+    """The engine as served (beam 1, Marian's length limit 3 x source tokens with `</s>`): every
+    output and score is marian-decoder's, and the attention matrix is its soft alignment."""
+    engine = Engine.load(s2s.bundle, RuntimeConfig(intra_op_threads=1))
+    options = SearchOptions(beam_size=1, n_best=1, max_length_a=3.0, max_length_b=0)
+    ours = engine.translate(s2s.lines, options, alignment="subword")
+    for translation, theirs in zip(ours, s2s.nbest[1], strict=True):
+        best = translation.hypotheses[0]
+        assert best.text == theirs[0].text
+        assert abs(best.score - theirs[0].score) < SCORE_TOLERANCE
+        assert best.alignment is not None
+        weights = np.asarray(best.alignment.matrix)  # (T_y, T_x)
+        marian_rows = mt.soft_alignment(theirs[0].alignment)
+        assert weights.shape[1] == marian_rows.shape[1]  # source pieces with `</s>`
+        assert np.abs(weights - marian_rows[: weights.shape[0]]).max() < 1e-5
+
+
+def test_served_beam5_best_equals_marian(s2s: Trained) -> None:
+    """At beam 5 the served rule (the beam narrows only in the step a hypothesis finishes) differs
+    from Marian's (it narrows for good) when a sentence runs to the length limit; on the others
+    the best translation and its score are Marian's."""
+    engine = Engine.load(s2s.bundle, RuntimeConfig(intra_op_threads=1))
+    options = SearchOptions(beam_size=5, n_best=1, max_length_a=3.0, max_length_b=0)
+    ours = engine.translate(s2s.lines, options, alignment="none")
+    compared = 0
+    for translation, theirs in zip(ours, s2s.nbest[5], strict=True):
+        best = translation.hypotheses[0]
+        if not best.finished:
+            continue
+        compared += 1
+        assert best.text == theirs[0].text
+        assert abs(best.score - theirs[0].score) < SCORE_TOLERANCE
+    assert compared >= 50
+
+
+def test_int8_bundle_decodes(s2s: Trained) -> None:
+    search = MarianSearch(s2s.bundle, int8=True)
+    outputs = [search.translate(line, MarianRules(beam_size=5))[0].text for line in s2s.lines]
+    marian_best = [theirs[0].text for theirs in s2s.nbest[5]]
+    agree = sum(a == b for a, b in zip(outputs, marian_best, strict=True))
+    assert agree >= len(outputs) // 2  # int8 weights: close to, not equal to, Marian's fp32
+
+
+def rewritten(trained: Trained, tmp_path: Path, **changes: object) -> Path:
+    """A copy of the model whose special:model.yml has `changes` (option names with - as _)."""
+    import yaml
+
+    with np.load(trained.model) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    text = bytes(arrays["special:model.yml"].astype(np.int8).tobytes()).decode()
+    options = yaml.safe_load(text.rstrip("\x00"))
+    for name, value in changes.items():
+        options[name.replace("_", "-")] = value
+    arrays["special:model.yml"] = np.frombuffer(yaml.safe_dump(options).encode() + b"\x00", np.int8)
+    path = tmp_path / "model.npz"
+    np.savez(path, **arrays)  # type: ignore[arg-type]
+    return path
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"type": "transformer"}, "--type 'transformer'"),
+        ({"enc_type": "alternating"}, "--enc-type 'alternating'"),
+        ({"enc_depth": 2}, "--enc-depth 2"),
+        ({"dec_depth": 2}, "--dec-depth 2"),
+        ({"dec_cell_base_depth": 3}, "--dec-cell-base-depth 3"),
+        ({"dec_cell": "mgru"}, "--dec-cell 'mgru'"),
+        ({"skip": True}, "--skip True"),
+        ({"layer_normalization": True}, "--layer-normalization True"),
+        ({"right_left": True}, "--right-left True"),
+        ({"original_type": "nematus"}, "--type 'nematus'"),
+    ],
+)
+def test_refusals_name_the_option(
+    s2s: Trained,
+    tmp_path: Path,
+    changes: dict[str, object],
+    named: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model = rewritten(s2s, tmp_path, **changes)
+    out = tmp_path / "bundle"
+    argv = ["marian", "--model", str(model), "--vocabs", *map(str, s2s.vocabs), "--out", str(out)]
+    assert cli.main(argv) == 2
+    assert named in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_refuses_vocabularies_of_the_wrong_size(
+    s2s: Trained, lstm: Trained, tmp_path: Path
+) -> None:
+    with pytest.raises(marian.ImportRefused, match="vocabulary size mismatch"):
+        marian.import_model(s2s.model, lstm.vocabs, tmp_path / "bundle", "x", "1")
+    with pytest.raises(marian.ImportRefused, match=r"not a Marian model\.npz"):
+        bad = tmp_path / "bad.npz"
+        bad.write_text("not a model")
+        marian.import_model(bad, s2s.vocabs, tmp_path / "bundle", "x", "1")
+    assert not (tmp_path / "bundle").exists()
