@@ -32,10 +32,19 @@ from typing import Any
 
 import numpy as np
 
-from export.data.parallel import CorpusConfig, CorpusError, ParallelSplit, load_corpus
+from export.data.parallel import (
+    CorpusConfig,
+    CorpusError,
+    ParallelSplit,
+    SplitSpec,
+    load_corpus,
+    read_lines,
+)
+from export.metrics.aer import parse_pharaoh as parse_links
 from export.metrics.aer import score_corpus
 from export.onnx.link_head import export_link_head, parity_error
 from export.train.link_head import Example, LinkHeadConfig, fit, jackknife_features, predict
+from export.train.teacher import directional_paths
 from service.decode import links as link_modes
 from service.decode.aligner import align, prepare_pair
 from service.decode.alignment import mean_pool
@@ -66,6 +75,34 @@ def load_engine(bundle: Path, threads: int) -> Engine:
 def gold_pairs(split: ParallelSplit) -> list[tuple[str, str, list[Link]]]:
     """The split's pairs that have gold links."""
     return [(s, t, list(g)) for (s, t), g in zip(split.pairs, split.gold, strict=True) if g]
+
+
+def agreement_pairs(
+    spec: SplitSpec, split: ParallelSplit
+) -> tuple[list[tuple[str, str, list[Link]]], list[list[Link]]]:
+    """The split's pairs labelled by agreement of eflomal's two directions (the files beside its
+    symmetrized links, export/train/teacher.py): the links both propose, and per pair the cells
+    only one (or only the symmetrization) proposes, left out of the loss. Pairs with no agreed
+    link are left out."""
+    if spec.alignments is None:
+        raise CorpusError("[link_head] labels = 'agreement' needs eflomal's links ([alignment])")
+    fwd_path, rev_path = directional_paths(spec.alignments)
+    if not fwd_path.is_file() or not rev_path.is_file():
+        raise CorpusError(
+            f"[link_head] labels = 'agreement' needs {fwd_path} and {rev_path}: eflomal's two "
+            "directions, written by [alignment] teacher = 'eflomal'"
+        )
+    forward = [parse_links(x) for x in read_lines(fwd_path)]
+    reverse = [parse_links(x) for x in read_lines(rev_path)]
+    if not len(forward) == len(reverse) == len(split.pairs):
+        raise CorpusError(f"{fwd_path} and {rev_path} do not pair with {spec.source} line by line")
+    pairs, unlabeled = [], []
+    for (s, t), links, f, r in zip(split.pairs, split.gold, forward, reverse, strict=True):
+        agreed = f & r
+        if agreed:
+            pairs.append((s, t, sorted(agreed)))
+            unlabeled.append(sorted((f | r | set(links or [])) - agreed))
+    return pairs, unlabeled
 
 
 def make_examples(engine: Engine, pairs: Sequence[tuple[str, str, list[Link]]]) -> list[Example]:
@@ -143,7 +180,13 @@ def train_link_head(
         raise CorpusError("the link head needs gold links in both the train and the dev split")
     start = time.monotonic()
     engine = load_engine(bundle, head_cfg.threads)
+    unlabeled: list[list[Link]] = []
+    if head_cfg.labels == "agreement":
+        train_pairs, unlabeled = agreement_pairs(corpus_cfg.splits["train"], splits["train"])
     train, dev = make_examples(engine, train_pairs), make_examples(engine, dev_pairs)
+    if head_cfg.labels == "agreement":
+        for e, cells in zip(train, unlabeled, strict=True):
+            e.unlabeled = cells
     jackknife_features(train, head_cfg.seed)
     lexicon = Lexicon.from_links((e.src_words, e.tgt_words, e.gold) for e in train)
     for e in dev:
@@ -169,6 +212,7 @@ def train_link_head(
         "parity_max_abs": worst,
         "minutes": round((time.monotonic() - start) / 60, 1),
         "links_source": source or {"teacher": "gold"},
+        "labels": head_cfg.labels,
         "history": history,
     }
     add_files(

@@ -12,17 +12,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from export import pipeline
 from export.data import parallel
 from export.data.parallel import CorpusConfig, SplitSpec
+from export.link_head import agreement_pairs
 from export.metrics.aer import parse_pharaoh, score_corpus
+from export.train.link_head import Example, make_batch
 from export.train.teacher import AlignmentConfig, eflomal_gdfa, fold, resolve_teacher
 from service.decode.aligner import align
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.forced import AlignOptions
+from service.decode.lexicon import NUM_FEATURES
 from service.serve.protocol import links_source
 from tests.test_parallel_corpus import toy_config
 
@@ -122,3 +126,35 @@ def test_silver_head_is_served_and_says_where_its_links_came_from(
 def test_gold_heads_say_gold() -> None:
     assert links_source({"link_head": {"dev_aer": 0.2}}) == "gold"
     assert links_source({"link_head": {"links_source": {"teacher": "gold"}}}) == "gold"
+
+
+def test_agreement_labels_keep_what_both_directions_propose(tmp_path: Path) -> None:
+    """Positives: links both eflomal directions give; left out of the loss: the rest of what
+    either direction or the symmetrization proposes; everything else stays a negative."""
+    (tmp_path / "train.src").write_text("a b c\nd e\n")
+    (tmp_path / "train.tgt").write_text("x y z\nu v\n")
+    (tmp_path / "train.eflomal.pharaoh").write_text("0-0 1-1 2-1\n0-1\n")
+    (tmp_path / "train.eflomal-fwd.pharaoh").write_text("0-0 1-1\n0-1\n")
+    (tmp_path / "train.eflomal-rev.pharaoh").write_text("0-0 2-2\n1-0\n")
+    spec = SplitSpec(
+        "train", tmp_path / "train.src", tmp_path / "train.tgt", tmp_path / "train.eflomal.pharaoh"
+    )
+    pairs, unlabeled = agreement_pairs(spec, parallel.load_split(spec))
+    assert pairs == [("a b c", "x y z", [(0, 0)])]  # the second pair agrees on nothing: left out
+    assert unlabeled == [[(1, 1), (2, 1), (2, 2)]]
+    example = Example(
+        states=np.zeros((3, 4), np.float32),
+        src_ids=np.arange(3),
+        src_word_of=np.arange(3),
+        tgt_ids=np.arange(3),
+        tgt_word_of=np.arange(3),
+        features=np.zeros((3, 3, NUM_FEATURES), np.float32),
+        gold=pairs[0][2],
+        src_words=["a", "b", "c"],
+        tgt_words=["x", "y", "z"],
+        unlabeled=unlabeled[0],
+    )
+    batch = make_batch([example])  # valid: (B, T_w, S_w), cell [t, s]
+    assert batch.gold[0, 0, 0] == 1 and int(batch.gold.sum()) == 1
+    assert not batch.valid[0, 1, 1] and not batch.valid[0, 1, 2] and not batch.valid[0, 2, 2]
+    assert int(batch.valid.sum()) == 9 - 3

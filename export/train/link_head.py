@@ -19,7 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,16 @@ class LinkHeadConfig:
     threads: int = 1
     # a wall-clock budget (0: none): no epoch starts that would, at the pace so far, end past it
     max_minutes: float = 0.0
+    # the training labels: "links" (every link a positive, every other cell a negative) or, for
+    # eflomal's silver links, "agreement": the links both directions agree on are positives, the
+    # cells neither proposes negatives, the rest left out of the loss (export/link_head.py)
+    labels: str = "links"
+
+    def __post_init__(self) -> None:
+        if self.labels not in ("links", "agreement"):
+            raise ValueError(
+                f"[link_head] labels must be 'links' or 'agreement', got {self.labels!r}"
+            )
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> LinkHeadConfig:
@@ -74,6 +84,7 @@ class Example:
     gold: list[Link]
     src_words: list[str]
     tgt_words: list[str]
+    unlabeled: list[Link] = field(default_factory=list)  # cells left out of the loss
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -168,7 +179,7 @@ class Batch:
     src_lengths: Tensor  # (B,)
     tgt_lengths: Tensor  # (B,)
     gold: Tensor  # (B, T_w, S_w) 1 on gold links
-    valid: Tensor  # (B, T_w, S_w) bool, inside both sentences
+    valid: Tensor  # (B, T_w, S_w) bool, inside both sentences and labelled
 
 
 def make_batch(examples: Sequence[Example]) -> Batch:
@@ -183,6 +194,7 @@ def make_batch(examples: Sequence[Example]) -> Batch:
     src_pool, tgt_pool = np.zeros((B, S, Ps), np.float32), np.zeros((B, T, Pt), np.float32)
     features = np.zeros((B, T, S, NUM_FEATURES), np.float32)
     gold = np.zeros((B, T, S), np.float32)
+    unlabeled = np.zeros((B, T, S), bool)
     for b, e in enumerate(examples):
         t, s = e.shape
         states[b, :s] = e.states
@@ -192,10 +204,14 @@ def make_batch(examples: Sequence[Example]) -> Batch:
         features[b, :t, :s] = e.features
         for si, ti in e.gold:
             gold[b, ti, si] = 1.0
+        for si, ti in e.unlabeled:
+            unlabeled[b, ti, si] = True
     src_len = torch.tensor([e.shape[1] for e in examples])
     tgt_len = torch.tensor([e.shape[0] for e in examples])
-    valid = (torch.arange(T)[None, :, None] < tgt_len[:, None, None]) & (
-        torch.arange(S)[None, None, :] < src_len[:, None, None]
+    valid = (
+        (torch.arange(T)[None, :, None] < tgt_len[:, None, None])
+        & (torch.arange(S)[None, None, :] < src_len[:, None, None])
+        & ~torch.from_numpy(unlabeled)
     )
     arrays = (states, src_ids, src_pool, tgt_ids, tgt_pool, features)
     return Batch(

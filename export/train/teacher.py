@@ -12,7 +12,8 @@ With eflomal (the PyPI package, Östling and Tiedemann 2016) every pair of every
 is aligned at once, in both directions, over lower-cased, accent-stripped words, and the two
 directions are symmetrized with grow-diag-final-and (export/metrics/symmetrize.py). No gold file is
 opened: each split is read as text only (its `alignments` left out), written to
-`<out>/data/<split>.{src,tgt}` with its links beside it in `<split>.eflomal.pharaoh`, and the run
+`<out>/data/<split>.{src,tgt}` with its links beside it in `<split>.eflomal.pharaoh` (and each
+direction's in `<split>.eflomal-fwd.pharaoh`, `-rev.pharaoh`), and the run
 then reads those as its corpus, so guided alignment and the link head do not know which links they
 got. The test split keeps no links (its silver links are not gold to score against). The links are
 kept, with the settings and a hash of the text in `<out>/data/eflomal.json`: a rerun over the same
@@ -172,19 +173,25 @@ def silver_corpus(
     if record_path.is_file():
         record = json.loads(record_path.read_text(encoding="utf-8"))
     paths = {n: data / f"{n}.eflomal.pharaoh" for n in order}
-    if record.get("sha256") == digest and all(p.is_file() for p in paths.values()):
+    every = [q for p in paths.values() for q in (p, *directional_paths(p))]
+    if record.get("sha256") == digest and all(p.is_file() for p in every):
         say(f"teacher eflomal: reusing the links in {data} (same text and settings)")
     else:
         say(f"teacher eflomal: aligning {len(pairs)} pairs, both directions (1 thread)...")
         start = time.monotonic()
-        links = eflomal_gdfa([s for s, _ in pairs], [t for _, t in pairs], cfg)
+        forward, reverse = eflomal_directions([s for s, _ in pairs], [t for _, t in pairs], cfg)
+        links = [grow_diag_final_and(f, r) for f, r in zip(forward, reverse, strict=True)]
         seconds = round(time.monotonic() - start, 1)
         at = 0
         for name in order:
             n = len(text[name].pairs)
-            lines = [pharaoh_line(x) + "\n" for x in links[at : at + n]]
+            for path, each in zip(
+                (paths[name], *directional_paths(paths[name])),
+                (links, forward, reverse),
+                strict=True,
+            ):
+                path.write_text("".join(pharaoh_line(x) + "\n" for x in each[at : at + n]))
             at += n
-            paths[name].write_text("".join(lines), encoding="utf-8")
             _write_text(data, name, text[name].pairs)
         record = {
             **cfg.eflomal_settings(),
@@ -205,6 +212,15 @@ def silver_corpus(
     }
     source = {k: v for k, v in record.items() if k != "sha256"}
     return CorpusConfig(splits=splits), source
+
+
+def directional_paths(links: Path) -> tuple[Path, Path]:
+    """The forward and reverse links written beside a symmetrized file: train.eflomal.pharaoh →
+    train.eflomal-fwd.pharaoh, train.eflomal-rev.pharaoh (both source-target)."""
+    stem = links.name.removesuffix(".eflomal.pharaoh")
+    return links.with_name(f"{stem}.eflomal-fwd.pharaoh"), links.with_name(
+        f"{stem}.eflomal-rev.pharaoh"
+    )
 
 
 def _write_text(data: Path, name: str, pairs: Sequence[tuple[str, str]]) -> None:
