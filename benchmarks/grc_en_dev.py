@@ -18,6 +18,7 @@ import json
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import sacrebleu
 
@@ -26,21 +27,50 @@ from export.data.bible import strip_punctuation
 from export.onnx.to_onnx import export_bundle
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
+from service.decode.options import OPTIONS
 
 
-def parse_setting(text: str) -> dict[str, float]:
-    """'1.0,0.05' → {"length_penalty": 1.0, "coverage_penalty": 0.05}."""
+def parse_setting(text: str) -> dict[str, Any]:
+    """'1.0,0.05' → {"length_penalty": 1.0, "coverage_penalty": 0.05}; or any decoding options
+    as 'name=value;name=value' (e.g. 'length_penalty=1;stopping=patience;patience=2';
+    a list option's entries separated by '|')."""
+    if "=" in text:
+        specs = {spec.name: spec for spec in OPTIONS}
+        setting: dict[str, Any] = {}
+        for item in text.split(";"):
+            name, _, raw = item.partition("=")
+            spec = specs.get(name.strip())
+            if spec is None:
+                raise argparse.ArgumentTypeError(f"unknown decoding option {name!r}")
+            setting[spec.name] = parse_option_value(spec.kind, raw.strip())
+        return setting
     try:
         length, coverage = (float(v) for v in text.split(","))
     except ValueError as err:
         raise argparse.ArgumentTypeError(
-            f"--decoding takes LENGTH_PENALTY,COVERAGE_PENALTY, e.g. 1.0,0.05; got {text!r}"
+            f"--decoding takes LENGTH_PENALTY,COVERAGE_PENALTY, e.g. 1.0,0.05, or "
+            f"name=value;name=value; got {text!r}"
         ) from err
     return {"length_penalty": length, "coverage_penalty": coverage}
 
 
+def parse_option_value(kind: type, raw: str) -> Any:
+    if kind is tuple:
+        return tuple(v for v in raw.split("|") if v)
+    if kind is bool:
+        return raw.lower() in ("1", "true", "yes", "on")
+    return kind(raw)
+
+
+def repeats_a_trigram(text: str) -> bool:
+    """Whether some word trigram occurs twice in text (what a user sees as a repeating answer)."""
+    words = text.split()
+    grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+    return len(set(grams)) < len(grams)
+
+
 def score_settings(
-    bundle: Path, data: Path, settings: list[dict[str, float]], beam: int, threads: int
+    bundle: Path, data: Path, settings: list[dict[str, Any]], beam: int, threads: int
 ) -> list[dict[str, object]]:
     """One row per setting (the bundle's own defaults when settings is empty)."""
     dev = read_split(data, "dev")
@@ -61,6 +91,7 @@ def score_settings(
                 "bleu": round(float(sacrebleu.corpus_bleu(hyps, [dev.targets]).score), 2),
                 "chrf": round(float(sacrebleu.corpus_chrf(hyps, [dev.targets]).score), 2),
                 "length_ratio": round(words, 3),
+                "repeating": sum(repeats_a_trigram(h) for h in hyps),
             }
         )
     return rows
