@@ -11,7 +11,9 @@ command -v chromedriver >/dev/null 2>&1 || packages+=(chromium-driver)
 if [ ${#packages[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null || true
 fi
-bash scripts/install.sh dev,train,import,benchmark
+# marian: pymarian 1.12.42 (a 604 MB wheel, from pip's cache after the first run) trains and
+# decodes the tiny Marian models tests/test_import_marian.py checks the importer against (~25 s)
+bash scripts/install.sh dev,train,import,benchmark,marian
 . .venv/bin/activate
 ruff check .
 ruff format --check .

@@ -11,6 +11,7 @@ subcommands) with OMP_NUM_THREADS=1, so that one test's Marian state never leaks
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -56,6 +57,16 @@ def train(
             "--disp-freq", "100u", "--quiet-translation", *options]  # fmt: skip
     run_marian(args, out / "train.log", threads)
     return out / "model.npz"
+
+
+def score_tolerance(printed: float, tolerance: float = 1e-4) -> float:
+    """How far our score may be from one marian-decoder printed: `tolerance`, or half a unit of its
+    last printed digit where that is coarser (it prints 6 significant digits: -119.934 for a score
+    of -119.93426, so scores below -100 are known to 5e-4 only)."""
+    if printed == 0:
+        return tolerance
+    last_digit = 10.0 ** (math.floor(math.log10(abs(printed))) - 5)
+    return max(tolerance, last_digit / 2 * 1.0001)
 
 
 def soft_alignment(field: str) -> np.ndarray:
