@@ -3,7 +3,8 @@
 - eflomal 2.0.0 (Östling and Tiedemann 2016), unsupervised, as it is normally run: on all the text
   at once (books 40-57 here: train, dev and test), lowercased, Greek accents stripped, both
   directions, symmetrized with grow-diag-final-and (export/metrics/symmetrize.py: eflomal 2.0.0
-  writes the two directions but has no symmetrizer of its own).
+  writes the two directions but has no symmetrizer of its own); the same functions as the silver
+  runs' teacher (export/train/teacher.py), imported from there.
 - A translation memory: the English of the most similar Greek verse of the training books, by
   tf-idf cosine over lowercased, accent-stripped words (smoothed idf ln((1+N)/(1+df)) + 1 and
   l2-normalized raw counts, as scikit-learn's TfidfVectorizer computes them).
@@ -12,63 +13,18 @@
 from __future__ import annotations
 
 import math
-import tempfile
 import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 
-from eflomal import Aligner
+from export.train.teacher import eflomal_directions, eflomal_gdfa, fold
 
-from export.metrics.aer import Link, parse_pharaoh
-from export.metrics.symmetrize import grow_diag_final_and
+__all__ = ["TranslationMemory", "eflomal_directions", "eflomal_gdfa", "fold", "strip_accents"]
 
 
 def strip_accents(text: str) -> str:
     """Unicode NFD with the combining marks dropped: `Ἐν ἀρχῇ` → `Εν αρχη`."""
     return "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
-
-
-def fold(text: str) -> str:
-    """The form both baselines compare words in: lowercased, accents stripped."""
-    return strip_accents(text.lower())
-
-
-# --- eflomal -----------------------------------------------------------------------------------
-
-
-def eflomal_directions(
-    sources: Sequence[str], targets: Sequence[str]
-) -> tuple[list[set[Link]], list[set[Link]]]:
-    """eflomal's forward and reverse links (both source-target) for every pair, folded first."""
-    if len(sources) != len(targets):
-        raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
-    with tempfile.TemporaryDirectory(prefix="eflomal-") as tmp:
-        fwd, rev = Path(tmp) / "fwd", Path(tmp) / "rev"
-        Aligner().align(
-            [fold(s) for s in sources],
-            [fold(t) for t in targets],
-            links_filename_fwd=str(fwd),
-            links_filename_rev=str(rev),
-            quiet=True,
-        )
-        forward = [parse_pharaoh(line) for line in _lines(fwd)]
-        reverse = [parse_pharaoh(line) for line in _lines(rev)]
-    if len(forward) != len(sources) or len(reverse) != len(sources):
-        raise RuntimeError(
-            f"eflomal wrote {len(forward)} and {len(reverse)} lines for {len(sources)} pairs"
-        )
-    return forward, reverse
-
-
-def eflomal_gdfa(sources: Sequence[str], targets: Sequence[str]) -> list[set[Link]]:
-    """eflomal both ways, symmetrized with grow-diag-final-and."""
-    forward, reverse = eflomal_directions(sources, targets)
-    return [grow_diag_final_and(f, r) for f, r in zip(forward, reverse, strict=True)]
-
-
-def _lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
 
 
 # --- translation memory ------------------------------------------------------------------------
