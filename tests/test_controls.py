@@ -89,30 +89,41 @@ def ngrams(tokens: Sequence[int], n: int) -> list[tuple[int, ...]]:
 # --- the processors alone --------------------------------------------------------------------------
 
 
-def test_top_k_breaks_ties_to_the_lower_id_like_onnx_runtimes_topk() -> None:
-    rows = np.array([[-1.0, -0.5, -0.5, -2.0, -0.5]], np.float32)
-    values, ids = ctl.top_k(rows, 4)
-    assert ids.tolist() == [[1, 2, 4, 0]]
-    assert values.tolist() == [[-0.5, -0.5, -0.5, -1.0]]
-
-
 def test_repetition_penalty_scales_seen_tokens_and_renormalizes() -> None:
-    rows = np.log(np.array([[0.5, 0.25, 0.25]], np.float32))
-    out = ctl.penalize_repetitions(rows, np.array([[1]]), 2.0)
-    expected = np.array([np.log(0.5), 2 * np.log(0.25), np.log(0.25)])
-    expected -= np.logaddexp.reduce(expected)
-    np.testing.assert_allclose(out[0], expected, rtol=1e-6)
-    assert np.exp(out).sum() == pytest.approx(1.0)
+    """From the top of a row and the seen tokens' own log-probs, what the whole row gives."""
+    probs = np.array([0.5, 0.2, 0.15, 0.1, 0.05])
+    rows = np.log(probs).astype(np.float32)[None]  # (1, 5)
+    seen = (np.array([0, 0]), np.array([1, 4]))
+    whole = np.log(probs)
+    whole[[1, 4]] *= 2.0
+    whole -= np.logaddexp.reduce(whole)
+    top_ids = np.array([[0, 1, 2]])
+    got = ctl.penalize(rows[:, :3], top_ids, seen, rows[0, [1, 4]], 2.0)
+    np.testing.assert_allclose(got[0], whole[:3], rtol=1e-6)
+
+
+def pairs_of(pairs: tuple[np.ndarray, np.ndarray]) -> list[tuple[int, int]]:
+    return sorted(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
 
 
 def test_ngram_blocking_blocks_the_token_that_would_repeat_an_ngram() -> None:
-    rows = np.zeros((1, 8), np.float32)
-    seqs = np.array([[3, 4, 5, 3]])  # (3, 4) was seen: after 3, token 4 is blocked
-    out = ctl.block_repeated_ngrams(rows, seqs, 2)
-    assert np.flatnonzero(np.isinf(out[0])).tolist() == [4]
-    out = ctl.block_repeated_ngrams(rows, seqs, 1)  # every seen token
-    assert np.flatnonzero(np.isinf(out[0])).tolist() == [3, 4, 5]
-    assert not np.isinf(ctl.block_repeated_ngrams(rows, seqs, 3)).any()  # (5, 3) never followed
+    seqs = np.array([[3, 4, 5, 3], [5, 6, 5, 6]])  # row 0: (3, 4) seen, after 3 token 4 is blocked
+    assert pairs_of(ctl.repeated_ngram_ends(seqs, 2)) == [(0, 4), (1, 5)]
+    assert pairs_of(ctl.repeated_ngram_ends(seqs, 3)) == [(1, 5)]  # (6, 5) seen, then (5, 6)
+    assert sorted(set(pairs_of(ctl.repeated_ngram_ends(seqs, 1)))) == [
+        (0, 3), (0, 4), (0, 5), (1, 5), (1, 6)
+    ]  # fmt: skip
+
+
+def test_blocked_tokens_and_the_candidates_left() -> None:
+    controls = Controls(no_repeat_ngram_size=2, suppress=((7,), (5, 6)), min_length=9)
+    seqs = np.array([[3, 4, 5, 3], [5, 5, 5, 5]])
+    blocked = ctl.blocked_tokens(seqs, 4, controls, EOS)
+    assert pairs_of(blocked) == [(0, EOS), (0, 4), (0, 7), (1, EOS), (1, 5), (1, 6), (1, 7)]
+    values = np.log(np.full((2, V), 1 / V, np.float32))
+    ids = np.tile(np.arange(V), (2, 1))
+    masked = ctl.mask(values, ids, blocked)
+    assert np.isinf(masked).sum(axis=1).tolist() == [3, 4]
 
 
 def test_sampling_distribution_keeps_its_support() -> None:

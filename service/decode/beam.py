@@ -477,6 +477,7 @@ class BeamSearch:
         self._candidates = beam_size + 1 if vocab_size is None else min(beam_size + 1, vocab_size)
         self._bos_id = bos_id
         self._eos_id = eos_id
+        self._vocab_size = vocab_size
         self._narrow_on_eos = narrow_on_eos
         self._beams = _Beams.empty()
         self._joining: list[_Beams] = []  # slots of sentences added since the last step
@@ -570,31 +571,74 @@ class BeamSearch:
         return self._retire(self._settle())
 
     def _decoder_step(self) -> tuple[StepOutput, np.ndarray]:
-        """The decoder's top-k for every slot, and the model's log-prob of each candidate (N, k):
-        controlled sentences' rows replaced by their candidates from the whole distribution."""
+        """The decoder's top-k for every slot, and the model's log-prob of each candidate (N, k).
+        Controlled sentences' rows hold their candidates instead (service/decode/controls.py):
+        the step returns as many more candidates as a slot's controls may drop or lower, and every
+        token's log-prob only where a control must read it."""
         beams, k = self._beams, self._candidates
-        if not any(s.controls.active for s in self._sentences):
+        groups = self._control_groups()
+        if not groups:
             out = self._decoder.step(beams.tokens, beams.parents, k)
             _check_step_output(out, len(beams), k)
             return out, out.log_probs
-        decoder = cast(RowsDecoder, self._decoder)
-        out, full = decoder.step_rows(beams.tokens, beams.parents, k)
+        k = k + max(at.extra for _, at, _ in groups)
+        if self._vocab_size is not None:
+            k = min(k, self._vocab_size)
+        full = None
+        if any(at.needs_full_rows for _, at, _ in groups):
+            out, full = cast(RowsDecoder, self._decoder).step_rows(beams.tokens, beams.parents, k)
+        else:
+            out = self._decoder.step(beams.tokens, beams.parents, k)
         _check_step_output(out, len(beams), k)
+        k = out.log_probs.shape[1]
         log_probs, token_ids = out.log_probs.copy(), out.token_ids.copy()  # (N, k) each
         step_raw = log_probs.copy()  # (N, k)
-        K, L = self._beam_size, beams.seqs.shape[1]
-        for b, sentence in enumerate(self._sentences):
-            c = sentence.controls
-            if not c.active:
-                continue
-            rows, t = slice(b * K, (b + 1) * K), sentence.steps
-            seqs = beams.seqs[rows, L - t :]  # (K, t)
-            processed = ctl.process(full[rows], seqs, t, c, self._eos_id)  # (K, V)
-            values, ids = ctl.candidates(processed, t, c, out.log_probs.shape[1], sentence.rng)
+        for rows, at, rng in groups:
+            given = ctl.SlotRows(
+                out.log_probs[rows], out.token_ids[rows], None if full is None else full[rows]
+            )
+            if rng is not None and at.step >= len(at.controls.prefix):
+                assert given.full is not None
+                values, ids = ctl.sampled_candidates(given.full, at, k, rng)
+            else:
+                values, ids = ctl.candidates(given, at, k)
             log_probs[rows], token_ids[rows] = values, ids
-            model = np.take_along_axis(full[rows], ids, axis=1)  # (K, k)
+            model = self._model_log_probs(given, ids)  # (R, k)
             step_raw[rows] = np.where(np.isfinite(values), model, -np.inf)
         return StepOutput(log_probs, token_ids, out.attention), step_raw
+
+    def _control_groups(
+        self,
+    ) -> list[tuple[np.ndarray, ctl.SlotControls, np.random.Generator | None]]:
+        """The controlled sentences' slots, grouped by step and controls (a batch that joined
+        together is one group), each group's rows (R,), its SlotControls, and a sampling
+        sentence's generator (a sampling sentence is a group of its own: it draws from its own).
+        Groups with nothing to change at this step are left out."""
+        K, L = self._beam_size, self._beams.seqs.shape[1]
+        members: dict[tuple[Hashable, ...], list[int]] = {}
+        for b, sentence in enumerate(self._sentences):
+            c = sentence.controls
+            if c.active:
+                key = (sentence.steps, c, b if c.sampling else -1)
+                members.setdefault(key, []).append(b)
+        groups = []
+        for (steps, controls, _), bs in members.items():
+            rows = (np.asarray(bs)[:, None] * K + np.arange(K)).reshape(-1)  # (R,)
+            seqs = self._beams.seqs[rows, L - steps :]  # (R, steps)
+            at = ctl.SlotControls.at(controls, seqs, steps, self._eos_id)
+            if not at.idle:
+                groups.append((rows, at, self._sentences[bs[0]].rng if controls.sampling else None))
+        return groups
+
+    @staticmethod
+    def _model_log_probs(rows: ctl.SlotRows, ids: np.ndarray) -> np.ndarray:
+        """The model's log-prob of each candidate ids (K, k): from the whole rows where read, else
+        from the step's top k (a candidate is always one of them there)."""
+        if rows.full is not None:
+            return np.take_along_axis(rows.full, ids, axis=1)
+        same = ids[:, :, None] == rows.ids[:, None, :]  # (K, k, m)
+        values = np.take_along_axis(rows.values, same.argmax(axis=2), axis=1)  # (K, k)
+        return np.where(same.any(axis=2), values, -np.inf).astype(np.float32)
 
     def _record(self, nxt: _NextBeam, attention: np.ndarray) -> None:
         """Append this step to every sentence's history; attention (B, K, S) only where asked for."""

@@ -72,117 +72,141 @@ class Controls:
 NO_CONTROLS = Controls()
 
 
-# --- the processors: (K, V) rows in, (K, V) rows out ---------------------------------------------
+# --- what a control removes or changes: (slot, token) pairs -----------------------------------------
+# Over R slots at once (the slots of every sentence at the same step under the same controls: in a
+# batch that joined together, one group), as pairs `rows` (P,), `tokens` (P,): no loop per slot.
 
 
-def penalize_repetitions(rows: np.ndarray, seqs: np.ndarray, penalty: float) -> np.ndarray:
-    """CTranslate2's repetition penalty (Keskar et al., 2019): a token already in the hypothesis
-    has its score multiplied by the penalty where negative, divided where positive. The exported
-    step ends in its log-softmax, so every score is a (negative) log-probability: it is multiplied,
-    and the row renormalized."""
-    K, t = seqs.shape
-    if penalty == 1.0 or t == 0:
-        return rows
-    out = rows.copy()  # (K, V)
-    for j in range(K):
-        seen = np.unique(seqs[j])  # (u,)
-        scores = out[j, seen]
-        out[j, seen] = np.where(scores < 0, scores * penalty, scores / penalty)
-    finite = np.where(np.isfinite(out), out, -np.inf)
-    norm = np.logaddexp.reduce(finite.astype(np.float64), axis=1, keepdims=True)  # (K, 1)
-    return (out - norm).astype(np.float32)
+Pairs = tuple[np.ndarray, np.ndarray]  # rows (P,) int64, tokens (P,) int64
 
 
-def block_repeated_ngrams(rows: np.ndarray, seqs: np.ndarray, n: int) -> np.ndarray:
-    """No n-gram of target tokens twice in a hypothesis (fairseq's and CTranslate2's
-    no_repeat_ngram_size): a token that would complete an n-gram already present is blocked."""
-    K, t = seqs.shape
+def _no_pairs() -> Pairs:
+    return np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+
+def repeated_ngram_ends(seqs: np.ndarray, n: int) -> Pairs:
+    """The tokens that would complete an n-gram already in a slot's tokens seqs (R, t): fairseq's
+    and CTranslate2's no_repeat_ngram_size (no n-gram of target tokens twice in a hypothesis)."""
+    R, t = seqs.shape
     if n <= 0 or t < n:  # no n-gram complete yet to repeat
-        return rows
-    out = rows
-    for j in range(K):
-        seq = seqs[j]  # (t,)
-        if n == 1:
-            blocked = seq
-        else:
-            context = seq[t - (n - 1) :]  # (n-1,) the hypothesis's last n-1 tokens
-            windows = np.lib.stride_tricks.sliding_window_view(seq[: t - 1], n - 1)  # (t-n+1, n-1)
-            starts = np.flatnonzero((windows == context).all(axis=1))
-            blocked = seq[starts + n - 1]
-        if len(blocked):
-            if out is rows:
-                out = rows.copy()
-            out[j, blocked] = NEG_INF
-    return out
+        return _no_pairs()
+    if n == 1:
+        return np.repeat(np.arange(R), t), seqs.reshape(-1)
+    context = seqs[:, t - (n - 1) :]  # (R, n-1) each slot's last n-1 tokens
+    windows = np.lib.stride_tricks.sliding_window_view(seqs[:, : t - 1], n - 1, axis=1)
+    rows, starts = np.nonzero((windows == context[:, None, :]).all(axis=2))  # (P,) each
+    return rows, seqs[rows, starts + n - 1]
 
 
-def suppress_sequences(
-    rows: np.ndarray, seqs: np.ndarray, sequences: tuple[tuple[int, ...], ...]
-) -> np.ndarray:
-    """Block each sequence's last token wherever the hypothesis ends with the sequence's others
-    (a one-token sequence: always)."""
-    if not sequences:
-        return rows
-    out = rows.copy()
+def suppressed_ends(seqs: np.ndarray, sequences: tuple[tuple[int, ...], ...]) -> Pairs:
+    """The last token of each suppressed sequence whose other tokens end a slot's seqs (R, t) (a
+    one-token sequence: every slot)."""
     t = seqs.shape[1]
-    for sequence in sequences:
-        *head, last = sequence
-        if not head:
-            out[:, last] = NEG_INF
-            continue
+    rows, tokens = [], []
+    for *head, last in sequences:
         if len(head) > t:
             continue
-        ends = (seqs[:, t - len(head) :] == np.asarray(head)).all(axis=1)  # (K,)
-        out[ends, last] = NEG_INF
-    return out
+        hit = (seqs[:, t - len(head) :] == np.asarray(head, np.int64)).all(axis=1)  # (R,)
+        where = np.flatnonzero(hit)
+        rows.append(where)
+        tokens.append(np.full(len(where), last, np.int64))
+    if not rows:
+        return _no_pairs()
+    return np.concatenate(rows), np.concatenate(tokens)
 
 
-def force_prefix(rows: np.ndarray, step: int, prefix: tuple[int, ...]) -> np.ndarray:
-    """Within the prefix, only the prefix's token, at the model's own log-prob."""
-    if step >= len(prefix):
-        return rows
-    token = prefix[step]
-    out = np.full_like(rows, NEG_INF)
-    out[:, token] = rows[:, token]
-    return out
+def blocked_tokens(seqs: np.ndarray, step: int, controls: Controls, eos_id: int) -> Pairs:
+    """The (slot, token) pairs that may not come next for seqs (R, step): repeated n-grams' ends,
+    suppressed sequences' ends, and the end of sentence before min_length (or as an alternative,
+    which is a next word)."""
+    R = len(seqs)
+    parts = [repeated_ngram_ends(seqs, controls.no_repeat_ngram_size)]
+    if controls.suppress:
+        parts.append(suppressed_ends(seqs, controls.suppress))
+    if step < controls.min_length or (controls.alternatives > 0 and step == len(controls.prefix)):
+        parts.append((np.arange(R), np.full(R, eos_id, np.int64)))
+    return _unique_pairs(parts)
 
 
-def process(
-    raw: np.ndarray, seqs: np.ndarray, step: int, controls: Controls, eos_id: int
+def seen_tokens(seqs: np.ndarray, controls: Controls) -> Pairs:
+    """The (slot, token) pairs the repetition penalty applies to, each once (none when off)."""
+    R, t = seqs.shape
+    if controls.repetition_penalty == 1.0 or t == 0:
+        return _no_pairs()
+    return _unique_pairs([(np.repeat(np.arange(R), t), seqs.reshape(-1))])
+
+
+def _unique_pairs(parts: list[Pairs]) -> Pairs:
+    rows = np.concatenate([r for r, _ in parts]).astype(np.int64)
+    tokens = np.concatenate([t for _, t in parts]).astype(np.int64)
+    if len(rows) == 0:
+        return rows, tokens
+    key = np.unique(rows * (int(tokens.max()) + 1) + tokens)
+    return key // (int(tokens.max()) + 1), key % (int(tokens.max()) + 1)
+
+
+def _hits(ids: np.ndarray, pairs: Pairs) -> np.ndarray:
+    """(R, m) bool: where a slot's candidate ids (R, m) is one of its pairs' tokens."""
+    rows, tokens = pairs
+    hit = np.zeros(ids.shape, bool)  # (R, m)
+    if len(rows):
+        np.logical_or.at(hit, rows, ids[rows] == tokens[:, None])
+    return hit
+
+
+def mask(values: np.ndarray, ids: np.ndarray, blocked: Pairs) -> np.ndarray:
+    """values (R, m) of the tokens ids (R, m), -inf where a slot's token is blocked."""
+    return np.where(_hits(ids, blocked), NEG_INF, values)
+
+
+def penalize(
+    values: np.ndarray, ids: np.ndarray, seen: Pairs, seen_log_probs: np.ndarray, penalty: float
 ) -> np.ndarray:
-    """One sentence's raw log-prob rows (K, V) → the scores its search ranks (K, V)."""
-    rows = penalize_repetitions(raw, seqs, controls.repetition_penalty)
-    rows = block_repeated_ngrams(rows, seqs, controls.no_repeat_ngram_size)
-    rows = suppress_sequences(rows, seqs, controls.suppress)
-    if step < controls.min_length or (controls.alternatives and step == len(controls.prefix)):
-        rows = rows.copy() if rows is raw else rows
-        rows[:, eos_id] = NEG_INF  # alternatives are next words: not the end of the sentence
-    return force_prefix(rows, step, controls.prefix)
+    """CTranslate2's repetition penalty (Keskar et al., 2019) on values (R, m) of the tokens ids
+    (R, m): a token already in the hypothesis has its score multiplied by the penalty where
+    negative, divided where positive. The exported step ends in its log-softmax, so every score is
+    a (negative) log-probability: it is multiplied, and the row renormalized. The row's new sum
+    follows from the seen tokens' own log-probs seen_log_probs (P,), so only they are read:
+    Σ p' = 1 + Σ_seen (p^penalty - p)."""
+    rows, _ = seen
+    if penalty == 1.0 or len(rows) == 0:
+        return values
+    out = values.astype(np.float64)  # (R, m)
+    hit = _hits(ids, seen)
+    out[hit] = np.where(out[hit] < 0, out[hit] * penalty, out[hit] / penalty)
+    logp = seen_log_probs.astype(np.float64)  # (P,)
+    changed = np.where(logp < 0, logp * penalty, logp / penalty)
+    gained = np.bincount(rows, weights=np.exp(changed) - np.exp(logp), minlength=len(values))
+    out -= np.log1p(gained)[:, None]
+    return out.astype(np.float32)
+
+
+def reorder(values: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's candidates best first again (stable: equal values keep their order)."""
+    order = np.argsort(-values, axis=1, kind="stable")  # (R, m)
+    return np.take_along_axis(values, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+
+def extra_candidates(R: int, blocked: Pairs, seen: Pairs) -> int:
+    """How many more candidates per slot than the search's K + 1 the step must return so that,
+    after the blocked tokens are dropped and the seen ones lowered, K + 1 remain that are surely
+    the best: at most this many of a slot's top tokens can be blocked or lowered."""
+    counts = np.bincount(blocked[0], minlength=R) + np.bincount(seen[0], minlength=R)
+    return int(counts.max()) if R else 0
 
 
 # --- choosing the candidates ---------------------------------------------------------------------
 
 
-def top_k(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k best of each row, best first, ties to the lower token id (as ONNX Runtime's TopK):
-    values (K, k), token ids (K, k) int64."""
-    K, V = rows.shape
-    k = min(k, V)
-    part = np.argpartition(-rows, k - 1, axis=1)[:, :k] if k < V else np.tile(np.arange(V), (K, 1))
-    part = np.sort(part, axis=1)  # (K, k) by id, so a stable sort by value breaks ties by id
-    values = np.take_along_axis(rows, part, axis=1)  # (K, k)
-    order = np.argsort(-values, axis=1, kind="stable")  # (K, k)
-    ids = np.take_along_axis(part, order, axis=1).astype(np.int64)
-    return np.take_along_axis(values, order, axis=1), ids
-
-
-def one_candidate(rows: np.ndarray, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def one_candidate(
+    rows: np.ndarray, tokens: np.ndarray, k: int, column: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Each slot's chosen token as its only candidate: values (K, k) (-inf after the first),
-    ids (K, k)."""
+    ids (K, k). rows: (K, V) by token id, or with `column` (K, m) whose given column is it."""
     K = len(tokens)
     values = np.full((K, k), NEG_INF, np.float32)  # (K, k)
     ids = np.zeros((K, k), np.int64)  # (K, k)
-    values[:, 0] = rows[np.arange(K), tokens]
+    values[:, 0] = rows[:, column] if column is not None else rows[np.arange(K), tokens]
     ids[:, 0] = tokens
     return values, ids
 
@@ -227,20 +251,87 @@ def sample(rows: np.ndarray, controls: Controls, rng: np.random.Generator) -> np
     return np.minimum(picks, rows.shape[1] - 1).astype(np.int64)
 
 
-def candidates(
-    rows: np.ndarray,
-    step: int,
-    controls: Controls,
-    k: int,
-    rng: np.random.Generator | None,
+@dataclass(frozen=True)
+class SlotRows:
+    """What the step gave one sentence's K slots: the top k (values (K, k), ids (K, k), best
+    first) and, when read, every token's log-prob (K, V)."""
+
+    values: np.ndarray
+    ids: np.ndarray
+    full: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class SlotControls:
+    """The slots of sentences at one step under the same controls: their tokens so far, and the
+    (slot, token) pairs those block or lower."""
+
+    controls: Controls
+    step: int
+    slots: int
+    blocked: Pairs
+    seen: Pairs
+
+    @classmethod
+    def at(cls, controls: Controls, seqs: np.ndarray, step: int, eos_id: int) -> SlotControls:
+        """seqs (R, step): each slot's tokens so far."""
+        R = len(seqs)
+        if step < len(controls.prefix):  # forced: nothing else applies
+            return cls(controls, step, R, _no_pairs(), _no_pairs())
+        blocked = blocked_tokens(seqs, step, controls, eos_id)
+        return cls(controls, step, R, blocked, seen_tokens(seqs, controls))
+
+    @property
+    def extra(self) -> int:
+        return extra_candidates(self.slots, self.blocked, self.seen)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to change at this step: the step's own top k are the candidates."""
+        c = self.controls
+        return not (
+            self.step < len(c.prefix)
+            or c.sampling
+            or c.greedy_slots(self.step)
+            or len(self.blocked[0])
+            or len(self.seen[0])
+        )
+
+    @property
+    def needs_full_rows(self) -> bool:
+        """Whether this step reads every token's log-prob: a forced prefix token's (it may lie
+        outside the top k), a sample's whole distribution, the seen tokens' under a repetition
+        penalty."""
+        c = self.controls
+        return self.step < len(c.prefix) or c.sampling or len(self.seen[0]) > 0
+
+
+def candidates(rows: SlotRows, at: SlotControls, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The slots' candidates (R, k) values and ids: the forced prefix token, or the step's top k
+    with the blocked tokens dropped and the seen ones penalized (beam search), of which only the
+    best when alternatives continue each slot on its own. Sampling: `sampled_candidates`."""
+    controls = at.controls
+    if at.step < len(controls.prefix):  # the prefix's token, at the model's own log-prob
+        assert rows.full is not None
+        tokens = np.full(len(rows.ids), controls.prefix[at.step], np.int64)  # (R,)
+        return one_candidate(rows.full, tokens, k)
+    seen_log_probs = np.zeros(0, np.float32)
+    if rows.full is not None and len(at.seen[0]):
+        seen_log_probs = rows.full[at.seen]
+    values = penalize(rows.values, rows.ids, at.seen, seen_log_probs, controls.repetition_penalty)
+    values, ids = reorder(mask(values, rows.ids, at.blocked), rows.ids)
+    if controls.greedy_slots(at.step):
+        return one_candidate(values, ids[:, 0], k, column=0)
+    return values[:, :k], ids[:, :k]
+
+
+def sampled_candidates(
+    full: np.ndarray, at: SlotControls, k: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One sentence's candidates (K, k) values and ids from its processed rows: the top k (beam
-    search), or one per slot (a sample, or a slot's own best token when alternatives continue)."""
-    if step < len(controls.prefix):
-        return top_k(rows, k)  # only the forced token is finite
-    if controls.sampling:
-        assert rng is not None
-        return one_candidate(rows, sample(rows, controls, rng), k)
-    if controls.greedy_slots(step):
-        return one_candidate(rows, np.argmax(rows, axis=1).astype(np.int64), k)
-    return top_k(rows, k)
+    """One sentence's slots' samples as their only candidates: drawn from its whole rows (R, V),
+    blocked tokens dropped and seen ones penalized first."""
+    vocab = np.broadcast_to(np.arange(full.shape[1]), full.shape)  # (R, V)
+    seen_log_probs = full[at.seen] if len(at.seen[0]) else np.zeros(0, np.float32)
+    scores = penalize(full, vocab, at.seen, seen_log_probs, at.controls.repetition_penalty)
+    scores = mask(scores, vocab, at.blocked)  # (R, V)
+    return one_candidate(scores, sample(scores, at.controls, rng), k)
