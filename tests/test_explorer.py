@@ -554,3 +554,60 @@ def test_out_of_domain_text_is_flagged_unmistakably(repository: ServerThread, br
         if low:
             assert warnings[0].is_displayed()
             assert "Low confidence" in warnings[0].text and info["description"] in warnings[0].text
+
+
+def test_a_typed_start_is_continued_with_the_next_words_and_kept_in_the_url(
+    ui: ServerThread,
+    browser: Any,
+    texts: list[str],  # noqa: F811
+) -> None:
+    line, prefix = texts[0], "un"
+    open_page(
+        browser, page_url(ui, texts=line, beam="4", nbest="2", alignment="word", prefix=prefix)
+    )
+    wait_ready(browser)
+    assert browser.find_element(By.ID, "prefix").get_attribute("value") == prefix
+    # the completion: the API's answer for the same start, heatmap rows over prefix and completion
+    expected = ui.stub.Translate(
+        pb.TranslateRequest(
+            texts=[line],
+            options=pb.DecodingOptions(
+                beam_size=4, n_best=2, alignment=pb.ALIGNMENT_MODE_WORD, target_prefix=[prefix]
+            ),
+        ),
+        timeout=WAIT_S,
+    )
+    for hi, hyp in enumerate(expected.translations[0].hypotheses):
+        c = card(browser, 0, hi)
+        assert c.find_element(By.CSS_SELECTOR, ".hyp-text").text == hyp.text
+        assert hyp.text.startswith(prefix)
+        cells = c.find_elements(By.CSS_SELECTOR, "svg.heatmap rect.cell")
+        assert weights_of(cells) == pytest.approx(list(hyp.alignment.weights), abs=TOL)
+    # the next words: the API's alternatives, with their probabilities
+    alternatives = ui.stub.Translate(
+        pb.TranslateRequest(
+            texts=[line],
+            options=pb.DecodingOptions(
+                beam_size=5, n_best=1, return_alternatives=5, target_prefix=[prefix]
+            ),
+        ),
+        timeout=WAIT_S,
+    )
+    items = browser.find_elements(By.CSS_SELECTOR, 'ol.alternatives[data-text="0"] li.alternative')
+    want = alternatives.translations[0].hypotheses
+    assert [i.get_attribute("data-word") for i in items] == [h.alternative.word for h in want]
+    assert [float(i.get_attribute("data-probability")) for i in items] == pytest.approx(
+        [h.alternative.probability for h in want], abs=1e-6
+    )
+    # taking a word extends the start and translates again
+    word = want[0].alternative.word
+    items[0].find_element(By.CSS_SELECTOR, "button.take-word").click()
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: d.find_element(By.ID, "prefix").get_attribute("value") != prefix
+    )
+    wait_ready(browser)
+    extended = browser.find_element(By.ID, "prefix").get_attribute("value")
+    assert extended.startswith(prefix) and extended.endswith(word)
+    state = urllib.parse.parse_qs(urllib.parse.urlparse(browser.current_url).fragment)
+    assert state["prefix"] == [extended]
+    assert card(browser, 0, 0).find_element(By.CSS_SELECTOR, ".hyp-text").text.startswith(extended)

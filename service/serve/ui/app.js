@@ -147,6 +147,7 @@ function readHash() {
   if (p.has("texts")) $("texts").value = p.get("texts");
   if (p.has("beam")) $("beam").value = p.get("beam");
   if (p.has("nbest")) $("nbest").value = p.get("nbest");
+  $("prefix").value = p.get("prefix") || "";
   if (p.has("alignment") && ALIGNMENT[p.get("alignment")]) $("alignment").value = p.get("alignment");
   // A link without model= (or naming a model not served) means the server's default model.
   const named = p.get("model");
@@ -158,6 +159,7 @@ function writeHash() {
     texts: $("texts").value, beam: $("beam").value, nbest: $("nbest").value,
     alignment: $("alignment").value, model: $("model").value,
   });
+  if ($("prefix").value) p.set("prefix", $("prefix").value);
   history.replaceState(null, "", `#${p.toString()}`);
 }
 
@@ -172,6 +174,8 @@ function buildRequest() {
       alignment: ALIGNMENT[$("alignment").value],
     },
   };
+  const prefix = $("prefix").value;
+  if (prefix.trim() !== "") request.options.target_prefix = texts.map(() => prefix);
   if (state.listed) {
     const m = state.models.find((x) => x.name === $("model").value);
     if (m) request.model = { name: m.name, version: m.version };
@@ -189,10 +193,11 @@ async function translate() {
   const started = performance.now();
   try {
     const response = await api("Translate", request);
+    const alternatives = request.options.target_prefix ? await api("Translate", alternativesRequest(request)) : null;
     state.request = request;
     state.response = response;
     state.shownModel = response.model || $("model").value;
-    render(request, response);
+    render(request, response, alternatives);
     $("download-json").disabled = false;
     const ms = Math.round(performance.now() - started);
     setStatus(`${response.translations.length} text(s) translated in ${ms} ms · model ${response.model} ${response.model_version} · request ${response.request_id}`);
@@ -212,13 +217,53 @@ function confidence(h) {
   return Number(h.confidence || 0);
 }
 
-function render(request, response) {
+// The next words after the typed start: the same texts and start, return_alternatives (the k best
+// words, each with its best continuation), no matrices.
+const ALTERNATIVES = 5;
+function alternativesRequest(request) {
+  const info = state.infos[$("model").value] || {};
+  const maxBeam = (info.limits && info.limits.max_beam_size) || 16;
+  const maxAlternatives = (info.limits && info.limits.max_alternatives) || ALTERNATIVES;
+  const k = Math.min(ALTERNATIVES, maxAlternatives, maxBeam);
+  const beam = Math.min(maxBeam, Math.max(request.options.beam_size, k));
+  return { ...request, options: { ...request.options, beam_size: beam, n_best: 1, return_alternatives: k, alignment: ALIGNMENT.none } };
+}
+
+function alternativesList(t, ti) {
+  const list = el("ol", "alternatives");
+  list.dataset.text = ti;
+  const prefix = $("prefix").value;
+  (t.hypotheses || []).forEach((h) => {
+    const a = h.alternative || {};
+    const item = el("li", "alternative");
+    item.dataset.word = a.word || "";
+    item.dataset.probability = Number(a.probability || 0);
+    const take = el("button", "take-word", a.word || "");
+    take.type = "button";
+    take.title = "continue the translation with this word";
+    take.addEventListener("click", () => {
+      // the start extended to the end of this word, as this continuation writes it
+      const at = h.text.indexOf(a.word, Math.max(0, prefix.trimEnd().length));
+      $("prefix").value = at >= 0 ? h.text.slice(0, at + a.word.length) : `${prefix} ${a.word}`;
+      translate();
+    });
+    item.append(take, el("span", "probability", `${(100 * Number(a.probability || 0)).toFixed(1)}%`), el("span", "continuation", h.text));
+    list.append(item);
+  });
+  return list;
+}
+
+function render(request, response, alternatives) {
   const results = $("results");
   results.replaceChildren();
   response.translations.forEach((t, ti) => {
     const section = el("section", "text");
     section.dataset.text = ti;
     section.append(el("h2", "", `${ti + 1}. ${request.texts[ti]}`));
+    if (alternatives) {
+      section.append(el("p", "muted", "Next words after the start, with their probabilities and best continuations:"));
+      section.append(alternativesList(alternatives.translations[ti], ti));
+    }
     const hyps = el("div", "hyps");
     (t.hypotheses || []).forEach((h, hi) => hyps.append(hypothesisCard(h, ti, hi)));
     section.append(hyps);
