@@ -449,16 +449,17 @@ class Engine:
         if not unknown or hyp.attention is None:
             return self.tgt_tok.decode(hyp.tokens), ()
         words = sentence.text.split()
-        marks = align.word_index(sentence.pieces)  # (S,) each source piece's word
-        by_word = len(words) == int(marks.max()) + 1 if len(marks) else False
+        if is_word_level(self.src_tok):  # a piece per word (then the toolkit's source EOS, if any)
+            marks = np.arange(len(sentence.pieces))  # (S,)
+        else:
+            marks = align.word_index(sentence.pieces)  # (S,) each source piece's word
+            if len(marks) and int(marks.max()) + 1 != len(words):  # not the client's words
+                words = []
         surfaces = self.tgt_tok.surfaces(hyp.tokens)
         for i in unknown:
             j = int(np.argmax(hyp.attention[i]))
-            word = (
-                words[int(marks[j])]
-                if by_word
-                else sentence.pieces[j].replace(align.WORD_START, "")
-            )
+            w = int(marks[j])
+            word = words[w] if w < len(words) else sentence.pieces[j].replace(align.WORD_START, "")
             surfaces[i] = (" " if i > 0 else "") + word
         return "".join(surfaces).strip(), tuple(unknown)
 
