@@ -490,16 +490,26 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False, resume: bool = False
         p.last_eval = p.step
         dev = splits["dev"]
         hyps = translate_greedy(model, [src_tok.encode(s) for s, _ in dev], tgt_tok, device)
-        bleu = float(sacrebleu.corpus_bleu(hyps, [[t for _, t in dev]]).score)
+        references = [[t for _, t in dev]]
+        bleu = float(sacrebleu.corpus_bleu(hyps, references).score)
         # WER over distinct sources: a hypothesis is right when it equals any target of its source
         wer = word_error_rate(dev, hyps)
         minutes = (time.monotonic() - started) / 60
+        # the figures that mean something for the task: WER where whole answers are right or
+        # wrong (selecting by it: G2P), chrF beside BLEU for translation
+        figures = (
+            {"dev_bleu": round(bleu, 2), "dev_wer": round(wer, 2)}
+            if by_wer
+            else {
+                "dev_bleu": round(bleu, 2),
+                "dev_chrf": round(float(sacrebleu.corpus_chrf(hyps, references).score), 2),
+            }
+        )
         entry = {
             "step": p.step,
             "epoch": p.epoch,
             "train_loss": round(p.loss_sum / max(p.loss_steps, 1), 4),
-            "dev_bleu": round(bleu, 2),
-            "dev_wer": round(wer, 2),
+            **figures,
             "lr": opt.param_groups[0]["lr"],
             "minutes": round(minutes, 2),
             "minutes_left": round(minutes_left(o, p.step, minutes, steps_per_epoch), 1),
