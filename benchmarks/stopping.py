@@ -118,7 +118,7 @@ def control_costs(
     engine: Engine, sources: Sequence[str], beam: int, rounds: int
 ) -> list[dict[str, Any]]:
     defaults = SearchOptions(**{**engine.decoding_defaults, "beam_size": beam, "n_best": 1})
-    on = {
+    on: dict[str, dict[str, Any]] = {
         "no_repeat_ngram_size=3": {"no_repeat_ngram_size": 3},
         "repetition_penalty=1.2": {"repetition_penalty": 1.2},
         "min_length=3": {"min_length": 3},

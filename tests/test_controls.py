@@ -75,7 +75,8 @@ def opts(**kw: object) -> SearchOptions:
 
 
 def log_prob_of(dist: Dist, src_len: int, tokens: Sequence[int]) -> list[float]:
-    out, prefix = [], (BOS,)
+    out: list[float] = []
+    prefix: tuple[int, ...] = (BOS,)
     for tok in tokens:
         out.append(float(dist(src_len, prefix)[0][tok]))
         prefix = (*prefix, tok)
@@ -319,7 +320,7 @@ def test_the_first_rule_stops_once_the_best_ranked_candidate_ended() -> None:
     decoder = RowsFakeDecoder(dist, V, [6])
     search = BeamSearch(decoder, 4, BOS, EOS, vocab_size=V)
     search.add(0, 6, opts(stopping="first", length_penalty=1.0), 0)
-    steps, done = 0, []
+    steps, done = 0, list[tuple[Hashable, list[Hypothesis]]]()
     while not done:
         done = search.step()
         steps += 1

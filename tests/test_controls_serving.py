@@ -39,8 +39,9 @@ CONTROLS: list[dict[str, Any]] = [
 
 
 def as_options(values: dict[str, Any]) -> SearchOptions:
-    base = {"beam_size": 3, **values}
-    return SearchOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in base.items()})
+    base: dict[str, Any] = {"beam_size": 3, **values}
+    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in base.items()}
+    return SearchOptions(**given)
 
 
 def texts_of(response: pb.TranslateResponse) -> list[list[str]]:

@@ -4,6 +4,8 @@ it, alternatives as words, unknown-word replacement, and the errors a person can
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -64,7 +66,7 @@ def test_sentences_without_controls_decode_the_same_beside_controlled_ones(
             for i, s in enumerate(sources)
         ]
     )
-    results = {}
+    results: dict[int, Any] = {}
     while len(batch):
         results.update(batch.step())
     for i, translation in enumerate(alone):

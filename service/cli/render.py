@@ -37,7 +37,30 @@ def translation_to_json(t: Any) -> dict[str, Any]:
                 "confidence": round(float(h.confidence), DECIMALS),
                 "low_confidence": bool(h.low_confidence),
                 "alignment": alignment_to_json(h.alignment),
+                "token_log_probs": [round(float(x), DECIMALS) for x in h.token_log_probs],
+                **alternative_to_json(h),
             }
             for h in t.hypotheses
         ],
     }
+
+
+def alternative_to_json(h: Any) -> dict[str, Any]:
+    """A hypothesis's return_alternatives word and replace_unknowns tokens, where it has them."""
+    out: dict[str, Any] = {}
+    if h.alternative is not None:
+        a = h.alternative
+        out["alternative"] = {
+            "word": a.word,
+            "probability": round(float(a.probability), DECIMALS),
+            "position": a.position,
+        }
+    if h.replaced_unknowns:
+        out["replaced_unknowns"] = list(h.replaced_unknowns)
+    return out
+
+
+def alternative_column(h: Any) -> str:
+    """The text CLIs' column for an alternative: its word and probability, then a tab."""
+    a = h.alternative
+    return "" if a is None else f"{a.word}\t{a.probability:.4f}\t"

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from service.cli.heatmap import save_heatmap_png
-from service.cli.render import translation_to_json
+from service.cli.render import alternative_column, translation_to_json
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import AlignmentMode, Engine, InvalidInput, Translation
 from service.decode.options import SearchOptions, add_option_flags, options_from_args
@@ -117,7 +117,8 @@ def format_line(t: Translation, args: argparse.Namespace) -> str:
         return json.dumps(translation_to_json(t), ensure_ascii=False)
     lines = []
     for h in t.hypotheses:
-        text = h.text if args.n_best == 1 else f"{h.score:.4f}\t{h.text}"
+        text = h.text if len(t.hypotheses) == 1 else f"{h.score:.4f}\t{h.text}"
+        text = alternative_column(h) + text
         if args.confidence:
             text = f"{confidence_column(h.confidence, h.low_confidence)}\t{text}"
         if args.align and h.alignment:

@@ -615,7 +615,7 @@ class BeamSearch:
         sentence's generator (a sampling sentence is a group of its own: it draws from its own).
         Groups with nothing to change at this step are left out."""
         K, L = self._beam_size, self._beams.seqs.shape[1]
-        members: dict[tuple[Hashable, ...], list[int]] = {}
+        members: dict[tuple[int, ctl.Controls, int], list[int]] = {}
         for b, sentence in enumerate(self._sentences):
             c = sentence.controls
             if c.active:
