@@ -95,13 +95,17 @@ def fidelity(model_dir: Path, test: Path, threads: int) -> dict[str, Any]:
             marian_toolkit.decode(model_dir / "model.npz", vocabs, test, out, beam, threads,
                                   n_best=True, alignment="soft")  # fmt: skip
         theirs = marian_toolkit.read_nbest(out)
-        nbest_same, strict_same, worst_score, worst_attention = 0, 0, 0.0, 0.0
+        nbest_same, strict_same, texts_same = 0, 0, 0
+        worst_score, worst_relative, worst_attention = 0.0, 0.0, 0.0
         for line, their in zip(lines, theirs, strict=True):
             ours = search.translate(line, MarianRules(beam_size=beam))
             texts = [h.text for h in ours] == [h.text for h in their]
             if texts:
+                texts_same += 1
                 pairs = list(zip(ours, their, strict=True))
                 score = max(abs(a.score - b.score) for a, b in pairs)
+                relative = max(abs(a.score - b.score) / max(abs(b.score), 1e-9) for a, b in pairs)
+                worst_relative = max(worst_relative, relative)
                 attention = max(
                     float(np.abs(a.attention - marian_toolkit.soft_alignment(b.alignment)).max())
                     for a, b in pairs
@@ -120,9 +124,11 @@ def fidelity(model_dir: Path, test: Path, threads: int) -> dict[str, Any]:
         found[f"beam{beam}"] = {
             # texts and order equal, scores within 1e-4 (or Marian's printed precision, coarser
             # below -100: marian_toolkit.score_tolerance); strictly within 1e-4
+            "marian_rule_nbest_texts_identical": f"{texts_same}/{len(lines)}",
             "marian_rule_nbest_identical": f"{nbest_same}/{len(lines)}",
             "marian_rule_nbest_identical_strict_1e-4": f"{strict_same}/{len(lines)}",
             "max_score_difference": worst_score,
+            "max_relative_score_difference": worst_relative,
             "max_attention_difference": worst_attention,
             "served_best_identical": f"{best_same}/{len(lines)}",
             "marian_best": [t[0].text for t in theirs],
