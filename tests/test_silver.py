@@ -27,6 +27,7 @@ from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.forced import AlignOptions
 from service.decode.lexicon import NUM_FEATURES
+from service.model.bundle import load_bundle
 from service.serve.protocol import links_source
 from tests.test_parallel_corpus import toy_config
 
@@ -158,3 +159,11 @@ def test_agreement_labels_keep_what_both_directions_propose(tmp_path: Path) -> N
     assert batch.gold[0, 0, 0] == 1 and int(batch.gold.sum()) == 1
     assert not batch.valid[0, 1, 1] and not batch.valid[0, 1, 2] and not batch.valid[0, 2, 2]
     assert int(batch.valid.sum()) == 9 - 3
+
+
+def test_the_shipped_silver_bundle_names_eflomal_and_the_gold_one_gold() -> None:
+    root = Path(__file__).resolve().parents[1] / "models"
+    silver = load_bundle(root / "grc-en-nt-silver")
+    assert silver.has_link_head and links_source(silver.info) == "eflomal"
+    assert silver.info["link_head"]["links_source"]["eflomal_version"] == "2.0.0"
+    assert links_source(load_bundle(root / "grc-en-nt").info) == "gold"

@@ -129,7 +129,7 @@ class SplitReport:
 
     def line(self) -> str:
         return (
-            f"{self.name}: {self.pairs} pairs ({self.guided} with gold links, {self.unguided} "
+            f"{self.name}: {self.pairs} pairs ({self.guided} with links, {self.unguided} "
             f"without); {self.blank_skipped} lines blank on both sides skipped"
         )
 

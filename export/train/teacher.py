@@ -50,6 +50,9 @@ class AlignmentConfig:
     model: int = 3  # eflomal's model: 1 IBM1, 2 + HMM, 3 + fertility
     n_samplers: int = 3
     null_prior: float = 0.2
+    # eflomal compares words by their first N letters where N > 0 (inflected languages), else whole
+    source_prefix_len: int = 0
+    target_prefix_len: int = 0
     threads: int = 1  # OMP_NUM_THREADS of the eflomal binary
 
     def __post_init__(self) -> None:
@@ -74,6 +77,8 @@ class AlignmentConfig:
             "model": self.model,
             "n_samplers": self.n_samplers,
             "null_prior": self.null_prior,
+            "source_prefix_len": self.source_prefix_len,
+            "target_prefix_len": self.target_prefix_len,
             "directions": "both, symmetrized with grow-diag-final-and",
             "words": "lower-cased, accents stripped",
         }
@@ -108,7 +113,13 @@ def eflomal_directions(
     try:
         with tempfile.TemporaryDirectory(prefix="eflomal-") as tmp:
             fwd, rev = Path(tmp) / "fwd", Path(tmp) / "rev"
-            aligner = Aligner(model=cfg.model, n_samplers=cfg.n_samplers, null_prior=cfg.null_prior)
+            aligner = Aligner(
+                model=cfg.model,
+                n_samplers=cfg.n_samplers,
+                null_prior=cfg.null_prior,
+                source_prefix_len=cfg.source_prefix_len,
+                target_prefix_len=cfg.target_prefix_len,
+            )
             aligner.align(
                 [fold(s) for s in sources],
                 [fold(t) for t in targets],

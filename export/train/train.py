@@ -348,7 +348,7 @@ def train_guides(
     misfit = sum(g is None and bool(links.words) for g, links in zip(guides, gold, strict=True))
     guided = sum(g is not None and bool(g.any()) for g in guides)
     tqdm.write(
-        f"guided alignment: {guided} of {len(guides)} training pairs guided; {misfit} pairs' gold "
+        f"guided alignment: {guided} of {len(guides)} training pairs guided; {misfit} pairs' "
         "links do not fit their tokenized words and go unguided"
     )
     return guides
