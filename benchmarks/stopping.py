@@ -94,6 +94,8 @@ def stopping_table(
         "penalties, exact": penalties,
         "penalties, first": replace(penalties, stopping="first"),
         "penalties, patience 1": replace(penalties, stopping="patience", patience=1.0),
+        "penalties, patience 1.25": replace(penalties, stopping="patience", patience=1.25),
+        "penalties, patience 1.5": replace(penalties, stopping="patience", patience=1.5),
         "penalties, patience 2": replace(penalties, stopping="patience", patience=2.0),
         "the bundle's defaults": defaults,
     }

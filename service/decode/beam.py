@@ -581,7 +581,7 @@ class BeamSearch:
             out = self._decoder.step(beams.tokens, beams.parents, k)
             _check_step_output(out, len(beams), k)
             return out, out.log_probs
-        k = k + max(at.extra for _, at, _ in groups)
+        k = max(k, *(at.wanted(self._beam_size) for _, at, _ in groups))
         if self._vocab_size is not None:
             k = min(k, self._vocab_size)
         full = None
@@ -593,13 +593,17 @@ class BeamSearch:
         k = out.log_probs.shape[1]
         log_probs, token_ids = out.log_probs.copy(), out.token_ids.copy()  # (N, k) each
         step_raw = log_probs.copy()  # (N, k)
-        for rows, at, rng in groups:
+        K = self._beam_size
+        for rows, at, rngs in groups:
             given = ctl.SlotRows(
                 out.log_probs[rows], out.token_ids[rows], None if full is None else full[rows]
             )
-            if rng is not None and at.step >= len(at.controls.prefix):
-                assert given.full is not None
-                values, ids = ctl.sampled_candidates(given.full, at, k, rng)
+            if at.controls.sampling and at.step >= len(at.controls.prefix):
+                # each sentence's K uniform draws from its own generator: its samples do not
+                # depend on the batch
+                draws = np.concatenate([rng.random(K) for rng in rngs])  # (R,)
+                live = np.isfinite(beams.scores[rows])  # (R,)
+                values, ids = ctl.sampled_candidates(given, at, k, draws, live)
             else:
                 values, ids = ctl.candidates(given, at, k)
             log_probs[rows], token_ids[rows] = values, ids
@@ -609,25 +613,25 @@ class BeamSearch:
 
     def _control_groups(
         self,
-    ) -> list[tuple[np.ndarray, ctl.SlotControls, np.random.Generator | None]]:
+    ) -> list[tuple[np.ndarray, ctl.SlotControls, list[np.random.Generator]]]:
         """The controlled sentences' slots, grouped by step and controls (a batch that joined
-        together is one group), each group's rows (R,), its SlotControls, and a sampling
-        sentence's generator (a sampling sentence is a group of its own: it draws from its own).
-        Groups with nothing to change at this step are left out."""
+        together is one group; sampling sentences whatever their seeds), each group's rows (R,),
+        its SlotControls, and its sampling sentences' generators, in row order (each draws from
+        its own). Groups with nothing to change at this step are left out."""
         K, L = self._beam_size, self._beams.seqs.shape[1]
-        members: dict[tuple[int, ctl.Controls, int], list[int]] = {}
+        members: dict[tuple[int, ctl.Controls], list[int]] = {}
         for b, sentence in enumerate(self._sentences):
             c = sentence.controls
             if c.active:
-                key = (sentence.steps, c, b if c.sampling else -1)
-                members.setdefault(key, []).append(b)
+                members.setdefault((sentence.steps, replace(c, seed=0)), []).append(b)
         groups = []
-        for (steps, controls, _), bs in members.items():
+        for (steps, controls), bs in members.items():
             rows = (np.asarray(bs)[:, None] * K + np.arange(K)).reshape(-1)  # (R,)
             seqs = self._beams.seqs[rows, L - steps :]  # (R, steps)
             at = ctl.SlotControls.at(controls, seqs, steps, self._eos_id)
             if not at.idle:
-                groups.append((rows, at, self._sentences[bs[0]].rng if controls.sampling else None))
+                rngs = [r for r in (self._sentences[b].rng for b in bs) if r is not None]
+                groups.append((rows, at, rngs))
         return groups
 
     @staticmethod

@@ -70,6 +70,7 @@ class Controls:
 
 
 NO_CONTROLS = Controls()
+MAX_TOP_SAMPLING = 64  # top-k sampling up to this k draws from the step's own top k
 
 
 # --- what a control removes or changes: (slot, token) pairs -----------------------------------------
@@ -239,10 +240,9 @@ def sampling_distribution(rows: np.ndarray, controls: Controls) -> np.ndarray:
     return probs
 
 
-def sample(rows: np.ndarray, controls: Controls, rng: np.random.Generator) -> np.ndarray:
-    """One token per row (K,) int64 drawn from `sampling_distribution` (the most likely one at
-    temperature 0); one uniform draw per row from the sentence's own generator."""
-    draws = rng.random(len(rows))  # (K,) drawn for every row, so the stream does not depend on rows
+def sample(rows: np.ndarray, controls: Controls, draws: np.ndarray) -> np.ndarray:
+    """One token per row (R,) int64 drawn from `sampling_distribution` by the row's uniform draw
+    draws (R,) (the most likely one at temperature 0)."""
     if controls.sampling_temperature == 0.0:
         return np.argmax(rows, axis=1).astype(np.int64)
     probs = sampling_distribution(rows, controls)  # (K, V)
@@ -285,6 +285,21 @@ class SlotControls:
     def extra(self) -> int:
         return extra_candidates(self.slots, self.blocked, self.seen)
 
+    def wanted(self, K: int) -> int:
+        """Candidates per slot the step must return: K + 1 and what may be dropped or lowered;
+        for top-k sampling from the step's own top k (`samples_from_top`), k and what may be
+        dropped."""
+        if self.samples_from_top:
+            return self.controls.sampling_topk + self.extra
+        return K + 1 + self.extra
+
+    @property
+    def samples_from_top(self) -> bool:
+        """Top-k sampling (k up to MAX_TOP_SAMPLING) with nothing to read of the other tokens: the
+        step's own top k are the distribution (after the temperature, top-p, renormalized)."""
+        c = self.controls
+        return c.sampling and 0 < c.sampling_topk <= MAX_TOP_SAMPLING and not len(self.seen[0])
+
     @property
     def idle(self) -> bool:
         """Nothing to change at this step: the step's own top k are the candidates."""
@@ -303,7 +318,8 @@ class SlotControls:
         outside the top k), a sample's whole distribution, the seen tokens' under a repetition
         penalty."""
         c = self.controls
-        return self.step < len(c.prefix) or c.sampling or len(self.seen[0]) > 0
+        sampling = c.sampling and not self.samples_from_top
+        return self.step < len(c.prefix) or sampling or len(self.seen[0]) > 0
 
 
 def candidates(rows: SlotRows, at: SlotControls, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -326,12 +342,45 @@ def candidates(rows: SlotRows, at: SlotControls, k: int) -> tuple[np.ndarray, np
 
 
 def sampled_candidates(
-    full: np.ndarray, at: SlotControls, k: int, rng: np.random.Generator
+    rows: SlotRows, at: SlotControls, k: int, draws: np.ndarray, live: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One sentence's slots' samples as their only candidates: drawn from its whole rows (R, V),
-    blocked tokens dropped and seen ones penalized first."""
-    vocab = np.broadcast_to(np.arange(full.shape[1]), full.shape)  # (R, V)
-    seen_log_probs = full[at.seen] if len(at.seen[0]) else np.zeros(0, np.float32)
-    scores = penalize(full, vocab, at.seen, seen_log_probs, at.controls.repetition_penalty)
-    scores = mask(scores, vocab, at.blocked)  # (R, V)
-    return one_candidate(scores, sample(scores, at.controls, rng), k)
+    """The live slots' samples as their only candidates, drawn by their uniform draws (R,) from
+    the step's top k (`samples_from_top`) or from their whole rows, blocked tokens dropped and
+    seen ones penalized first; dead slots (live (R,) False) get none."""
+    values = np.full((len(draws), k), NEG_INF, np.float32)  # (R, k)
+    ids = np.zeros((len(draws), k), np.int64)  # (R, k)
+    pick = np.flatnonzero(live)
+    if not len(pick):
+        return values, ids
+    seen = _pairs_of(at.seen, pick)
+    blocked = _pairs_of(at.blocked, pick)
+    if at.samples_from_top:
+        scores, tokens = reorder(mask(rows.values[pick], rows.ids[pick], blocked), rows.ids[pick])
+        scores, tokens = (
+            scores[:, : at.controls.sampling_topk],
+            tokens[:, : at.controls.sampling_topk],
+        )
+        chosen = sample(scores, at.controls, draws[pick])  # (P,) columns
+        values[pick, 0] = scores[np.arange(len(pick)), chosen]
+        ids[pick, 0] = tokens[np.arange(len(pick)), chosen]
+        return values, ids
+    assert rows.full is not None
+    full = rows.full[pick]  # (P, V)
+    vocab = np.broadcast_to(np.arange(full.shape[1]), full.shape)  # (P, V)
+    seen_log_probs = full[seen] if len(seen[0]) else np.zeros(0, np.float32)
+    scores = penalize(full, vocab, seen, seen_log_probs, at.controls.repetition_penalty)
+    scores = mask(scores, vocab, blocked)  # (P, V)
+    chosen = sample(scores, at.controls, draws[pick])  # (P,) token ids
+    values[pick, 0] = scores[np.arange(len(pick)), chosen]
+    ids[pick, 0] = chosen
+    return values, ids
+
+
+def _pairs_of(pairs: Pairs, pick: np.ndarray) -> Pairs:
+    """The pairs of the slots `pick` (P,), renumbered 0..P-1."""
+    rows, tokens = pairs
+    where = np.full(int(max(rows.max(initial=-1), pick.max(initial=-1))) + 1, -1, np.int64)
+    where[pick] = np.arange(len(pick))
+    new = where[rows] if len(rows) else rows
+    keep = new >= 0
+    return new[keep], tokens[keep]
