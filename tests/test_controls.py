@@ -334,3 +334,62 @@ def test_the_first_rule_stops_once_the_best_ranked_candidate_ended() -> None:
     assert steps <= exact_steps
     (hyp,) = done[0][1]
     assert hyp.finished_by_eos and math.isfinite(hyp.score)
+
+
+# --- Marian's rules ----------------------------------------------------------------------------------
+
+
+def marian_reference(
+    dist: Dist, src_len: int, K: int, normalize: float, word_penalty: float, factor: float
+) -> list[tuple[tuple[int, ...], float]]:
+    """marian-decoder's search (export/importers/marian_search.py's rule) over dist: the top
+    `width` candidates by path score, EOS ones finish and narrow the beam for good, every
+    hypothesis of the last step joins the n-best; ranked by (log P - wp x len) / len^normalize."""
+    max_len = math.ceil(factor * src_len)
+    beam: list[tuple[tuple[int, ...], float]] = [((), 0.0)]
+    width, final = K, []
+    for t in range(max_len):
+        cands = []
+        for tokens, score in beam:
+            log_probs = dist(src_len, (BOS, *tokens))[0].astype(np.float64)
+            for tok in np.argsort(-log_probs, kind="stable")[: K + 1]:
+                cands.append(((*tokens, int(tok)), score + float(log_probs[tok])))
+        cands = sorted(cands, key=lambda c: -c[1])[:width]  # stable: slot order, then rank
+        last = t + 1 >= max_len
+        for tokens, score in cands:
+            if tokens[-1] == EOS or last:
+                n = len(tokens)
+                final.append((tokens, (score - word_penalty * n) / n**normalize))
+        beam = [c for c in cands if c[0][-1] != EOS]
+        width = len(beam)
+        if not beam or last:
+            break
+    return sorted(final, key=lambda f: -f[1])[:K]
+
+
+@pytest.mark.parametrize(("normalize", "word_penalty"), [(0.0, 0.0), (0.6, 0.0), (1.0, 0.5)])
+def test_the_narrowing_rule_with_marians_scores_is_marians_search(
+    normalize: float, word_penalty: float
+) -> None:
+    for seed in range(6):
+        dist = random_dist(V, seed=40 + seed, eos_bias=0.5)
+        options = opts(
+            beam_size=4,
+            n_best=4,
+            stopping="narrowing",
+            normalize=normalize,
+            word_penalty=word_penalty,
+            max_length_factor=1.5,
+        )
+        decoder = RowsFakeDecoder(dist, V, [5])
+        search = BeamSearch(decoder, 4, BOS, EOS, vocab_size=V, narrow_on_eos=True)
+        search.add(0, 5, options, 0)
+        results: dict[Hashable, list[Hypothesis]] = {}
+        while not search.is_empty:
+            results.update(search.step())
+        want = marian_reference(dist, 5, 4, normalize, word_penalty, 1.5)
+        got = results[0]
+        assert [tuple(h.tokens) + ((EOS,) if h.finished_by_eos else ()) for h in got] == [
+            w[0] for w in want
+        ]
+        np.testing.assert_allclose([h.score for h in got], [w[1] for w in want], rtol=1e-6)

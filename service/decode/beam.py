@@ -275,8 +275,13 @@ class _Sentence:
 
     @property
     def width(self) -> int:
-        """The slots the sentence uses: its beam, or its samples."""
-        return self.options.n_best if self.controls.sampling else self.options.beam_size
+        """The slots the sentence uses: its beam (narrowed by the hypotheses ended, under the
+        "narrowing" rule), or its samples."""
+        if self.controls.sampling:
+            return self.options.n_best
+        if self.options.stopping == "narrowing":
+            return max(0, self.options.beam_size - self.ended)
+        return self.options.beam_size
 
     @property
     def keep(self) -> int:
@@ -295,10 +300,12 @@ class _Sentence:
         (M,) and coverage (M, src_len)."""
         prefix_steps = self.steps - 1 if by_eos else self.steps
         opts = self.options
-        lp = length_penalty(self.steps, opts.length_penalty)
+        # GNMT's lp, times Marian's length^normalize; Marian's word penalty per token
+        lp = length_penalty(self.steps, opts.length_penalty) * self.steps**opts.normalize
+        spent = opts.word_penalty * self.steps
         new = [
             _Finished(
-                score=float(score) / lp + coverage_penalty(cov, opts.coverage_penalty),
+                score=(float(score) - spent) / lp + coverage_penalty(cov, opts.coverage_penalty),
                 log_prob=float(log_prob),
                 slot=int(slot),
                 prefix_steps=prefix_steps,
@@ -323,6 +330,8 @@ class _Sentence:
             return self.top_ended
         if rule == "patience":
             return self.ended >= math.ceil(self.options.beam_size * self.options.patience)
+        if rule == "narrowing":
+            return self.width == 0
         return self.cannot_improve(best_live)
 
     def cannot_improve(self, best_live: float) -> bool:
@@ -331,10 +340,14 @@ class _Sentence:
         Scores only fall and lp grows with length (α >= 0), cp <= 0, so a live hypothesis
         never scores above best_live / lp(max_len).
         """
-        if len(self.finished) < self.keep:
+        opts = self.options
+        if len(self.finished) < self.keep or opts.word_penalty < 0:  # a reward: no bound
             return False
-        bound = best_live / length_penalty(self.max_len, self.options.length_penalty)
-        return bound <= self.finished[-1].score
+        # the score can only fall: the word penalty of at least one more step, over the largest
+        # length normalization reachable
+        spent = best_live - opts.word_penalty * (self.steps + 1)
+        lp = length_penalty(self.max_len, opts.length_penalty) * self.max_len**opts.normalize
+        return spent / lp <= self.finished[-1].score
 
     def n_best(self) -> list[Hypothesis]:
         """The finished hypotheses, best first, back-traced."""

@@ -66,7 +66,7 @@ class OptionSpec:
     name: str = ""
 
 
-STOPPING_RULES: tuple[str, ...] = ("exact", "first", "patience")
+STOPPING_RULES: tuple[str, ...] = ("exact", "first", "patience", "narrowing")
 MAX_OPTION_TEXT_CHARS = 1000  # the longest target_prefix or suppress entry
 
 
@@ -111,9 +111,23 @@ class SearchOptions:
     )
     stopping: str = option(
         OptionSpec(str, "exact", "when a sentence's beam search stops: exact (no live hypothesis "
-                   "can still win), first (its best-ranked candidate ended: OpenNMT-py, Joey NMT) "
-                   "or patience (beam_size x patience hypotheses ended: CTranslate2)",
-                   ("--stopping",), choices=STOPPING_RULES)
+                   "can still win), first (its best-ranked candidate ended: OpenNMT-py, Joey NMT), "
+                   "patience (beam_size x patience hypotheses ended: CTranslate2) or narrowing "
+                   "(the beam narrows by each hypothesis that ends, done when beam_size have: "
+                   "Marian)", ("--stopping",), choices=STOPPING_RULES)
+    )  # fmt: skip
+    normalize: float = option(
+        OptionSpec(float, 0.0, "Marian's length normalization: scores divided by length^normalize "
+                   "(the end of sentence counted)", ("--normalize",), low=0.0, high=10.0)
+    )  # fmt: skip
+    word_penalty: float = option(
+        OptionSpec(float, 0.0, "Marian's word penalty: subtracted from a score once per token "
+                   "(the end of sentence counted)", ("--word-penalty",), low=-100.0, high=100.0)
+    )  # fmt: skip
+    max_length_factor: float = option(
+        OptionSpec(float, 0.0, "Marian's maximum length: ceil(factor x source tokens) target "
+                   "tokens (capped by max_length); 0 = max_length_a/b decide",
+                   ("--max-length-factor",), low=0.0, high=100.0)
     )  # fmt: skip
     patience: float = option(
         OptionSpec(float, 1.0, "stopping=patience: stop once beam_size x patience hypotheses "
@@ -184,7 +198,10 @@ class SearchOptions:
         return {spec.name: getattr(self, spec.name) for spec in OPTIONS}
 
     def max_len(self, src_len: int) -> int:
-        """The most decoder steps for a source of src_len tokens."""
+        """The most decoder steps for a source of src_len tokens: min(max_length, a * src_len + b),
+        or with max_length_factor, Marian's ceil(factor * src_len)."""
+        if self.max_length_factor > 0:
+            return max(1, min(self.max_length, math.ceil(self.max_length_factor * src_len)))
         return max(1, min(self.max_length, int(self.max_length_a * src_len + self.max_length_b)))
 
     @property
