@@ -103,7 +103,7 @@ def test_http_json_takes_the_controls(
         port_of(http), "/v1/Translate", {"texts": texts[:1], "options": {"stopping": "x"}}
     )
     assert refused.status == 400
-    assert "stopping must be one of exact, first, patience" in refused.body["message"]
+    assert "stopping must be one of exact, first, patience, narrowing" in refused.body["message"]
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,10 @@ def test_http_json_takes_the_controls(
         ),
         ({"target_prefix": ["un", "deux"]}, "target_prefix has 2 entries for 1 texts"),
         ({"suppress": [" "]}, "suppress[0] is empty"),
-        ({"stopping": "later"}, "stopping must be one of exact, first, patience, got 'later'"),
+        (
+            {"stopping": "later"},
+            "stopping must be one of exact, first, patience, narrowing, got 'later'",
+        ),
     ],
 )
 def test_bad_controls_are_invalid_argument_naming_the_field(

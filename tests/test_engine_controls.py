@@ -127,5 +127,7 @@ def test_bad_controls_are_refused_naming_the_field(engine: Engine, tiny: TinyMod
         engine.translate(two[:1], SearchOptions(target_prefix=("un deux " * 20,)), "none")
     with pytest.raises(ValueError, match=r"return_alternatives \(6\) must be between 0 and beam"):
         SearchOptions(beam_size=5, return_alternatives=6)
-    with pytest.raises(ValueError, match="stopping must be one of exact, first, patience"):
+    with pytest.raises(
+        ValueError, match="stopping must be one of exact, first, patience, narrowing"
+    ):
         SearchOptions(stopping="soon")
