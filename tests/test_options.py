@@ -51,6 +51,7 @@ OTHER: dict[str, Any] = {
     "seed": 7,
     "replace_unknowns": True,
     "suppress": ("deux", "trois"),
+    "use_memory": False,
 }
 
 

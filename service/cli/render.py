@@ -38,6 +38,7 @@ def translation_to_json(t: Any) -> dict[str, Any]:
                 "low_confidence": bool(h.low_confidence),
                 "alignment": alignment_to_json(h.alignment),
                 "token_log_probs": [round(float(x), DECIMALS) for x in h.token_log_probs],
+                "origin": h.origin,
                 **alternative_to_json(h),
             }
             for h in t.hypotheses

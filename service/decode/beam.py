@@ -80,6 +80,13 @@ def length_penalty(steps: int, alpha: float) -> float:
     return ((5.0 + steps) / 6.0) ** alpha
 
 
+def normalized_score(score: float, steps: int, options: SearchOptions) -> float:
+    """A finished hypothesis's score before the coverage penalty: GNMT's lp and Marian's
+    length^normalize and word penalty over `steps` decoder steps (the end of sentence counted)."""
+    lp = length_penalty(steps, options.length_penalty) * steps**options.normalize
+    return (score - options.word_penalty * steps) / lp
+
+
 def coverage_penalty(coverage: np.ndarray, beta: float) -> float:
     """GNMT's cp = beta * sum_i log(min(coverage_i, 1)), coverage (src_len,) clipped at COVERAGE_FLOOR."""
     if beta == 0.0:
@@ -300,12 +307,10 @@ class _Sentence:
         (M,) and coverage (M, src_len)."""
         prefix_steps = self.steps - 1 if by_eos else self.steps
         opts = self.options
-        # GNMT's lp, times Marian's length^normalize; Marian's word penalty per token
-        lp = length_penalty(self.steps, opts.length_penalty) * self.steps**opts.normalize
-        spent = opts.word_penalty * self.steps
         new = [
             _Finished(
-                score=(float(score) - spent) / lp + coverage_penalty(cov, opts.coverage_penalty),
+                score=normalized_score(float(score), self.steps, opts)
+                + coverage_penalty(cov, opts.coverage_penalty),
                 log_prob=float(log_prob),
                 slot=int(slot),
                 prefix_steps=prefix_steps,

@@ -27,6 +27,7 @@ from service.decode.options import OPTIONS
 from service.decode.options import problems as option_problems
 from service.decode.runtime import EncodedSentence, OnnxDecoder, OnnxModel
 from service.model import graph_contract as contract
+from service.model import memory as mem
 from service.model import segment
 from service.model.bundle import MANIFEST, Bundle, BundleError, load_bundle
 from service.model.embedded import resolve_bundle
@@ -57,6 +58,7 @@ class TranslationHypothesis:
         None  # with return_alternatives: its first word after the prefix
     )
     replaced_unknowns: tuple[int, ...] = ()  # token indices of unknowns replaced by a source word
+    origin: str = "model"  # "memory": the model's memory gave it (service/decode/recall.py)
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,41 @@ class Engine:
         self.decoding_defaults = check_decoding_defaults(bundle)
         # Align's supervised word aligner, where the bundle ships one (service/decode/link_head.py)
         self.link_head = load_link_head(bundle)
+        # The memory consulted before the model (service/model/memory.py): the bundle's, under the
+        # server's file for this model (`user_memory`, set and reloaded by the server)
+        self.bundle_memory = (
+            self.read_memory(bundle.file(bundle.memory)) if bundle.memory else mem.EMPTY
+        )
+        self.user_memory = mem.EMPTY
+        self.user_memory_signature: tuple[str, int, int] | None = None  # the file it was read from
+
+    @property
+    def memory(self) -> mem.Memory:
+        """The entries in force: the server's file over the bundle's."""
+        return self.user_memory.over(self.bundle_memory)
+
+    def read_memory(self, path: Path) -> mem.Memory:
+        """A memory file for this model: sources normalized by its input rule and within its
+        source token limit (MemoryFileError naming the file and line otherwise)."""
+
+        def check(source: str) -> None:
+            n = len(self.src_tok.encode(source))
+            if n > self.limits.max_source_tokens:
+                raise ValueError(
+                    f"the source is {n} tokens long, over the limit of {self.limits.max_source_tokens}"
+                )
+
+        return mem.read_memory(path, self.normalize, check)
+
+    def recall(self, text: str) -> tuple[str, ...]:
+        """The memory's targets for a text (matched after the input rule), () for none."""
+        entries = self.memory
+        if not len(entries):
+            return ()
+        try:
+            return entries.lookup(self.normalize(text).strip())
+        except InvalidInput:
+            return ()  # refused by the input rule: Translate says why
 
     @classmethod
     def load(
@@ -402,7 +439,11 @@ class Engine:
         return word, float(sum(hyp.token_log_probs[start:end]))
 
     def alignment_mode(self, request: DecodeRequest[Any]) -> AlignmentMode:
-        return "subword" if self.word_level and request.alignment == "word" else request.alignment
+        return self.alignment_mode_for(request.alignment)
+
+    def alignment_mode_for(self, alignment: AlignmentMode) -> AlignmentMode:
+        """The matrix an alignment mode gives on this model (word level: its tokens are words)."""
+        return "subword" if self.word_level and alignment == "word" else alignment
 
     def to_hypothesis(
         self, request: DecodeRequest[Any], hyp: Hypothesis, mode: AlignmentMode | None = None

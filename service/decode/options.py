@@ -179,6 +179,10 @@ class SearchOptions:
         OptionSpec(tuple, (), "words or token sequences never emitted (each tokenized as the "
                    "model's target side)", ("--suppress",), limit="max_suppress")
     )  # fmt: skip
+    use_memory: bool = option(
+        OptionSpec(bool, True, "answer a text the model's memory knows from the memory "
+                   "(docs/memory.md)", ("--use-memory",))
+    )  # fmt: skip
     return_attention: bool = False  # not a request option: set by the engine
 
     def __post_init__(self) -> None:

@@ -22,7 +22,14 @@ MANIFEST = "manifest.json"
 REQUIRED_FILES = ("encoder.onnx", "decoder.onnx", "source.model", "target.model")
 # decoder.int8.onnx: the int8 decoder (--int8); link_head.onnx and link_lexicon.json: the link head,
 # a supervised word aligner for Align (service/decode/link_head.py, added by export/link_head.py).
-OPTIONAL_FILES = ("decoder.int8.onnx", "link_head.onnx", "link_lexicon.json")
+# memory.tsv(.gz): the model's memory, consulted before it (service/model/memory.py).
+OPTIONAL_FILES = (
+    "decoder.int8.onnx",
+    "link_head.onnx",
+    "link_lexicon.json",
+    "memory.tsv",
+    "memory.tsv.gz",
+)
 LINK_HEAD_FILES = ("link_head.onnx", "link_lexicon.json")
 # The manifest's "tokenizer" section says how text becomes ids; absent means SentencePiece (every
 # bundle our trainer writes). "word": whitespace-split words looked up in vocabulary files, the
@@ -97,6 +104,9 @@ class Bundle:
     # DecodingOptions names), chosen on its dev split; a request's own values override them, and
     # they override the server's --default-* (checked by the engine: service/decode/engine.py).
     decoding: dict[str, Any] = field(default_factory=dict)
+    # The manifest's "memory": a listed (hashed) file of known source → target entries, consulted
+    # before the model (service/model/memory.py); None: no memory.
+    memory: str | None = None
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -270,6 +280,11 @@ def load_bundle(path: str | Path) -> Bundle:
             raise BundleError(
                 f"{directory / MANIFEST}: has a 'link_head' but does not list {missing}"
             )
+    memory = manifest.get("memory")
+    if memory is not None and (not isinstance(memory, str) or memory not in manifest["files"]):
+        raise BundleError(
+            f"{directory / MANIFEST}: 'memory' must name a file the manifest lists, got {memory!r}"
+        )
     decoding = manifest.get("decoding", {})
     if not isinstance(decoding, dict) or not all(
         isinstance(k, str) and _is_option_value(v) for k, v in decoding.items()
@@ -291,6 +306,7 @@ def load_bundle(path: str | Path) -> Bundle:
         confidence_threshold=threshold,
         link_head_thresholds=head_thresholds,
         decoding=dict(decoding),
+        memory=memory,
     )
 
 

@@ -59,6 +59,11 @@ class ServerConfig:
     default_model: str = setting(
         "", "the model of requests that name none (default: the only one, or models/default's)"
     )
+    memory_dir: str = setting(
+        "",
+        "a folder of memory files, DIR/<model name>.tsv: source<TAB>target entries answered before "
+        "the model, over the bundle's own (docs/memory.md); re-read on reload",
+    )
     version_policy: str = setting(
         "latest", "which versions of each model to serve", ("latest", "all")
     )

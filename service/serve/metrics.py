@@ -182,6 +182,13 @@ class Metrics:
             "(--min-confidence or the bundle's).",
             registry=r,
         )
+        self.memory = Counter(
+            "s2s_memory_lookups",
+            "Texts looked up in a model's memory before decoding (docs/memory.md), by result: "
+            "hit (answered from the memory) or miss.",
+            ["model", "result"],
+            registry=r,
+        )
         self.model_info = Gauge(
             "s2s_model_info",
             "The served model; always 1.",
@@ -313,6 +320,13 @@ class Metrics:
         """Count `tokens` generated target tokens over `sentences` finished sentences."""
         self.generated_tokens.inc(tokens)
         self.translated_sentences.inc(sentences)
+
+    def memory_lookups(self, model: str, hits: int, misses: int) -> None:
+        """Count a request's memory lookups (s2s_memory_lookups_total{model, result})."""
+        if hits:
+            self.memory.labels(model=model, result="hit").inc(hits)
+        if misses:
+            self.memory.labels(model=model, result="miss").inc(misses)
 
     def add_low_confidence(self, translations: int) -> None:
         """Count answered translations marked low_confidence (their best hypothesis)."""

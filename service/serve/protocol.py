@@ -365,6 +365,7 @@ def translation_to_pb(t: Translation) -> pb.Translation:
             low_confidence=h.low_confidence,
             token_log_probs=h.token_log_probs,
             replaced_unknowns=h.replaced_unknowns,
+            origin=pb.ORIGIN_MEMORY if h.origin == "memory" else pb.ORIGIN_MODEL,
         )
         if h.alignment is not None:
             hyp.alignment.CopyFrom(alignment_to_pb(h.alignment))
@@ -447,6 +448,7 @@ class ClientHypothesis:
     token_log_probs: tuple[float, ...] = ()  # log P of each token (the end of sentence not listed)
     alternative: ClientAlternative | None = None  # with return_alternatives
     replaced_unknowns: tuple[int, ...] = ()  # tokens replaced by a source word (replace_unknowns)
+    origin: str = "model"  # "memory": the model's memory answered it
 
 
 @dataclass(frozen=True)
@@ -526,6 +528,7 @@ def hypothesis_from_pb(message: pb.Hypothesis) -> ClientHypothesis:
         if message.HasField("alternative")
         else None,
         replaced_unknowns=tuple(message.replaced_unknowns),
+        origin="memory" if message.origin == pb.ORIGIN_MEMORY else "model",
     )
 
 

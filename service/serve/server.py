@@ -38,6 +38,7 @@ from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.decode.engine import Engine
 from service.decode.errors import ModelNotFound, NotReady
 from service.model.embedded import resolve_bundle, resolve_repository
+from service.serve import memory_files
 from service.serve.config import Settings, VersionPolicy, load_settings
 from service.serve.http_api import HttpFace
 from service.serve.logs import configure_logging
@@ -294,6 +295,10 @@ class Running:
         """Reload the repository off the event loop (loads and warm-ups are slow), then health."""
         loop = asyncio.get_running_loop()
         report = await loop.run_in_executor(None, self.repository.reload)
+        engines = [m.engine for m in self.repository.loaded()]
+        await loop.run_in_executor(
+            None, memory_files.refresh, engines, self.settings.server.memory_dir
+        )
         self.metrics.reloaded()
         await self.set_model_health()
         log.info(
@@ -369,6 +374,7 @@ def build_repository(settings: Settings, metrics: Metrics) -> Repository:
 
     def load(path: Path) -> Engine:
         engine = Engine.load(path, settings.runtime, settings.limits)
+        memory_files.attach(engine, s.memory_dir)  # a file that does not parse refuses it
         if s.warmup:
             warm_up(engine)
         return engine

@@ -19,9 +19,12 @@ from typing import Any
 import grpc
 
 from proto.translation.v1 import translation_pb2 as pb
+from service.decode import recall
 from service.decode.aligner import PreparedPair, check_aligner, prepare_pair
-from service.decode.engine import Engine, Translation
+from service.decode.engine import AlignmentMode, Engine, Prepared, Translation
 from service.decode.errors import InvalidInput, NotReady
+from service.decode.forced import AlignedPair
+from service.decode.options import SearchOptions
 from service.serve.config import Settings
 from service.serve.metrics import Metrics
 from service.serve.protocol import (
@@ -127,10 +130,8 @@ class TranslatorCore:
         trace.set(
             input_tokens=sum(len(p.ids) for p in prepared), beam_size=parsed.options.beam_size
         )
-        results: list[Translation] = await self.run_job(
-            lambda done: Job(
-                request_id, prepared, parsed.options, parsed.alignment, done, deadline, model
-            )
+        results = await self.translate_with_memory(
+            model, parsed.texts, prepared, parsed.options, parsed.alignment, request_id, deadline
         )
         self.metrics.add_low_confidence(
             sum(1 for t in results if t.hypotheses and t.hypotheses[0].low_confidence)
@@ -221,6 +222,62 @@ class TranslatorCore:
                 f"matrices), over the server's message limit of {limit}: send fewer or shorter "
                 "pairs, or ask for alignment NONE (links and scores only)"
             )
+
+    async def translate_with_memory(
+        self,
+        model: ModelVersion,
+        texts: list[str],
+        prepared: list[Prepared],
+        options: SearchOptions,
+        alignment: AlignmentMode,
+        request_id: str,
+        deadline: float | None,
+    ) -> list[Translation]:
+        """The texts the model's memory knows answered from it (their forced pass queued as an
+        Align job: service/decode/recall.py), the others, and an n_best the memory cannot fill,
+        decoded; both jobs in the same decode loop at once."""
+        engine = model.engine
+        found = recall.lookups(engine, texts, options)
+        if len(engine.memory) and options.use_memory:
+            hits = sum(1 for targets in found if targets)
+            self.metrics.memory_lookups(model.name, hits, len(texts) - hits)
+        keep = max(options.n_best, 1)
+        need_model = [i for i, targets in enumerate(found) if len(targets[:keep]) < keep]
+        hit = [i for i, targets in enumerate(found) if targets]
+        pairs = {i: recall.memory_pairs(engine, texts[i], found[i][:keep]) for i in hit}
+        flat = [p for i in hit for p in pairs[i]]
+
+        async def decoded() -> list[Translation]:
+            if not need_model:
+                return []
+            sentences = [prepared[i] for i in need_model]
+            return await self.run_job(
+                lambda done: Job(request_id, sentences, options, alignment, done, deadline, model)
+            )
+
+        async def aligned() -> list[AlignedPair]:
+            if not flat:
+                return []
+            return await self.run_job(
+                lambda done: Job.align(request_id, flat, recall.FORCED, done, deadline, model)
+            )
+
+        from_model, from_memory = await asyncio.gather(decoded(), aligned())
+        by_text = dict(zip(need_model, from_model, strict=True))
+        results, at = [], 0
+        for i, text in enumerate(texts):
+            remembered = []
+            for pair, target in zip(pairs.get(i, []), found[i][:keep], strict=True):
+                remembered.append(
+                    recall.memory_hypothesis(
+                        engine, from_memory[at], pair, options, alignment, target
+                    )
+                )
+                at += 1
+            results.append(
+                recall.answer(text, prepared[i].pieces, remembered, by_text.get(i), options.n_best)
+            )
+        return results
 
     async def run_job(self, make_job: Callable[[OnDone], Job]) -> list[Any]:
         """Submit the job `make_job` builds around its completion callback and wait for its

@@ -1,0 +1,58 @@
+"""The server's own memory files (--memory-dir): one per model, `DIR/<model name>.tsv` (or
+`.tsv.gz`), its entries over the bundle's (docs/memory.md). Read when a model version loads (a file
+that does not parse refuses the version, as a damaged bundle does) and again on every reload
+(SIGHUP, the poller) when it changed; a changed file that does not parse leaves the entries in force
+and is logged."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from service.decode.engine import Engine
+from service.model import memory as mem
+
+log = logging.getLogger("s2s.server")
+
+
+def memory_file(directory: str, name: str) -> Path | None:
+    """The model's file in the memory directory, if there is one."""
+    if not directory:
+        return None
+    for suffix in (".tsv", ".tsv.gz"):
+        path = Path(directory) / f"{name}{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def signature(path: Path | None) -> tuple[str, int, int] | None:
+    if path is None:
+        return None
+    stat = path.stat()
+    return (str(path), stat.st_mtime_ns, stat.st_size)
+
+
+def attach(engine: Engine, directory: str) -> None:
+    """Read the model's file into engine.user_memory (MemoryFileError naming file and line)."""
+    path = memory_file(directory, engine.bundle.name)
+    engine.user_memory = mem.EMPTY if path is None else engine.read_memory(path)
+    engine.user_memory_signature = signature(path)
+
+
+def refresh(engines: list[Engine], directory: str) -> None:
+    """Re-read each engine's file where it changed; a file that does not parse is logged and the
+    entries in force kept."""
+    for engine in engines:
+        path = memory_file(directory, engine.bundle.name)
+        if signature(path) == engine.user_memory_signature:
+            continue
+        try:
+            attach(engine, directory)
+        except mem.MemoryFileError as err:
+            log.error("memory file refused, the entries in force are kept: %s", err)
+            continue
+        log.info(
+            "memory reloaded",
+            extra={"model": engine.bundle.name, "entries": len(engine.user_memory)},
+        )

@@ -1,0 +1,197 @@
+"""A model's memory (service/model/memory.py, service/decode/recall.py, the server's --memory-dir):
+exact matches after the input rule, variants as the n-best, precedence, the forced pass behind a
+hit, reloads, and refusals naming the file and line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from proto.translation.v1 import translation_pb2 as pb
+from service.decode import recall
+from service.decode.aligner import align
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.options import SearchOptions
+from service.model.bundle import BundleError, add_files
+from service.model.memory import MemoryFileError, read_memory, write_memory
+from tests.conftest import TinyModel
+from tests.test_server import ServerThread, base_args
+
+CPU = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1)
+
+
+def accept(_: str) -> None:
+    return None
+
+
+def test_a_file_reads_with_variants_in_order_and_comments_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "m.tsv"
+    path.write_text("# names\nNguyen\tN W IH1 N\n\nread\tR IY1 D\nread\tR EH1 D\n", "utf-8")
+    memory = read_memory(path, str.lower, accept)
+    assert memory.lookup("nguyen") == ("N W IH1 N",)
+    assert memory.lookup("read") == ("R IY1 D", "R EH1 D")
+    assert memory.lookup("Nguyen") == ()  # keys are normalized: look up what the rule gives
+    gz = tmp_path / "m.tsv.gz"
+    write_memory(gz, [("a", "b")])
+    assert gzip.decompress(gz.read_bytes()) == b"a\tb\n"
+    assert read_memory(gz, str.lower, accept).lookup("a") == ("b",)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"ok\tfine\nno tab here\n", ":2: no tab between source and target"),
+        (b"ok\tfine\n\tempty source\n", ":2: the source is empty"),
+        (b"word\t \n", ":1: the target is empty"),
+        (b"ok\tfine\nbad\t\xff\xfe\n", ":2: not UTF-8"),
+    ],
+)
+def test_a_bad_file_is_refused_naming_the_file_and_line(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    path = tmp_path / "m.tsv"
+    path.write_bytes(content)
+    with pytest.raises(MemoryFileError, match=str(path).replace(".", r"\.") + message):
+        read_memory(path, str.lower, accept)
+
+
+def test_a_source_the_input_rule_or_the_limits_refuse_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "m.tsv"
+    path.write_text("fine\tok\ntoo long\tno\n", "utf-8")
+
+    def check(source: str) -> None:
+        if len(source) > 5:
+            raise ValueError("over the limit")
+
+    with pytest.raises(MemoryFileError, match=r"m\.tsv:2: over the limit"):
+        read_memory(path, str.lower, check)
+
+
+def test_the_servers_entries_override_the_bundles(tmp_path: Path) -> None:
+    bundle, user = tmp_path / "b.tsv", tmp_path / "u.tsv"
+    bundle.write_text("a\t1\nb\t2\nb\t3\n", "utf-8")
+    user.write_text("b\t4\n", "utf-8")
+    merged = read_memory(user, str, accept).over(read_memory(bundle, str, accept))
+    assert merged.lookup("a") == ("1",) and merged.lookup("b") == ("4",)
+
+
+# --- the engine ---------------------------------------------------------------------------------
+
+
+def bundle_with_memory(tiny: TinyModel, tmp_path: Path, entries: list[tuple[str, str]]) -> Path:
+    copy = tmp_path / "bundle"
+    shutil.copytree(tiny.bundle, copy)
+    write_memory(copy / "memory.tsv", entries)
+    add_files(copy, ["memory.tsv"], sections={"memory": "memory.tsv"})
+    return copy
+
+
+@pytest.fixture(scope="module")
+def remembered(tiny: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> tuple[Engine, str]:
+    source = tiny.sources[0]
+    path = bundle_with_memory(
+        tiny,
+        tmp_path_factory.mktemp("memory"),
+        [(f"  {source}  ", "un deux trois"), (source, "quatre cinq")],
+    )
+    return Engine.load(path, CPU), source
+
+
+def test_a_hit_is_answered_from_the_memory_with_the_models_forced_pass(
+    remembered: tuple[Engine, str],
+) -> None:
+    engine, source = remembered
+    options = SearchOptions(beam_size=3, n_best=1)
+    (t,) = recall.translate(engine, [source], options, "subword")
+    (h,) = t.hypotheses
+    assert (h.text, h.origin, h.finished) == ("un deux trois", "memory", True)
+    (pair,) = align(engine, [(source, "un deux trois")])
+    assert h.log_prob == pytest.approx(pair.log_prob, abs=1e-5)
+    np.testing.assert_allclose(h.token_log_probs, pair.token_log_probs, atol=1e-5)
+    assert h.confidence == pytest.approx(pair.confidence, abs=1e-6)
+    assert h.alignment is not None and pair.subword is not None
+    np.testing.assert_allclose(h.alignment.matrix, pair.subword.matrix, atol=1e-6)
+
+
+def test_variants_are_the_n_best_and_the_model_fills_the_rest(
+    remembered: tuple[Engine, str],
+) -> None:
+    engine, source = remembered
+    (t,) = recall.translate(engine, [source], SearchOptions(beam_size=4, n_best=4), "none")
+    assert [h.text for h in t.hypotheses[:2]] == ["un deux trois", "quatre cinq"]
+    assert [h.origin for h in t.hypotheses] == ["memory", "memory", "model", "model"]
+    assert len({h.text for h in t.hypotheses}) == 4
+
+
+def test_a_request_can_turn_the_memory_off(remembered: tuple[Engine, str]) -> None:
+    engine, source = remembered
+    options = SearchOptions(beam_size=3, use_memory=False)
+    (off,) = recall.translate(engine, [source], options, "none")
+    assert off.hypotheses[0].origin == "model"
+    assert (
+        off.hypotheses[0].text == engine.translate([source], options, "none")[0].hypotheses[0].text
+    )
+
+
+def test_a_bundle_memory_that_does_not_parse_refuses_the_bundle(
+    tiny: TinyModel, tmp_path: Path
+) -> None:
+    path = bundle_with_memory(tiny, tmp_path, [("a", "b")])
+    (path / "memory.tsv").write_text("no tab\n", "utf-8")
+    add_files(path, ["memory.tsv"])
+    with pytest.raises(BundleError, match=r"memory\.tsv:1: no tab"):
+        Engine.load(path, CPU)
+
+
+# --- the server ----------------------------------------------------------------------------------
+
+
+def test_the_servers_file_is_answered_reloaded_and_counted(tiny: TinyModel, tmp_path: Path) -> None:
+    memory_dir = tmp_path / "memories"
+    memory_dir.mkdir()
+    name = json.loads((tiny.bundle / "manifest.json").read_text())["name"]
+    source = tiny.sources[1]
+    (memory_dir / f"{name}.tsv").write_text(f"{source}\tsix sept\n", "utf-8")
+    srv = ServerThread.start(
+        [*base_args(tiny.bundle), "--no-warmup", "--memory-dir", str(memory_dir)]
+    )
+    try:
+
+        def ask(**options: Any) -> pb.Hypothesis:
+            request = pb.TranslateRequest(texts=[source], options=pb.DecodingOptions(**options))
+            return srv.stub.Translate(request, timeout=30).translations[0].hypotheses[0]
+
+        hit = ask(alignment=pb.ALIGNMENT_MODE_SUBWORD)
+        assert (hit.text, hit.origin) == ("six sept", pb.ORIGIN_MEMORY)
+        assert hit.alignment.rows == 2 and hit.alignment.cols > 0
+        assert ask(use_memory=False).origin == pb.ORIGIN_MODEL
+        # a user adds an entry and reloads: the server answers it
+        (memory_dir / f"{name}.tsv").write_text(f"{source}\thuit\n", "utf-8")
+        srv.submit(srv.r.reload()).result(30)
+        assert ask().text == "huit"
+        # a file that does not parse on reload: the entries in force keep serving
+        (memory_dir / f"{name}.tsv").write_text("no tab\n", "utf-8")
+        srv.submit(srv.r.reload()).result(30)
+        assert ask().text == "huit"
+        samples = srv.r.metrics.registry.get_sample_value
+        assert samples("s2s_memory_lookups_total", {"model": name, "result": "hit"}) == 3
+        assert samples("s2s_memory_lookups_total", {"model": name, "result": "miss"}) is None
+    finally:
+        srv.close()
+
+
+def test_a_servers_file_that_does_not_parse_refuses_the_model(
+    tiny: TinyModel, tmp_path: Path
+) -> None:
+    """As a damaged bundle: a server of that one bundle does not start, and says why."""
+    name = json.loads((tiny.bundle / "manifest.json").read_text())["name"]
+    (tmp_path / f"{name}.tsv").write_text("x\ty\nbroken\n", "utf-8")
+    with pytest.raises(MemoryFileError, match=rf"{name}\.tsv:2: no tab"):
+        ServerThread.start([*base_args(tiny.bundle), "--no-warmup", "--memory-dir", str(tmp_path)])
