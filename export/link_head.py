@@ -44,7 +44,7 @@ from export.metrics.aer import parse_pharaoh as parse_links
 from export.metrics.aer import score_corpus
 from export.onnx.link_head import export_link_head, parity_error
 from export.train.link_head import Example, LinkHeadConfig, fit, jackknife_features, predict
-from export.train.teacher import directional_paths
+from export.train.teacher import directional_paths, recorded_source
 from service.decode import links as link_modes
 from service.decode.aligner import align, prepare_pair
 from service.decode.alignment import mean_pool
@@ -169,7 +169,8 @@ def train_link_head(
     """Train, export into the bundle, check; returns the figures (also in <out>/link_head.json).
     `source` says where the corpus's links came from (export/train/teacher.py's links_source:
     gold files or eflomal with its settings); the manifest's info.link_head records it as
-    "links_source" (gold when not given), which ModelInfo's links_source shows."""
+    "links_source" (when not given: the teacher's record beside the train split's alignment file,
+    else gold), which ModelInfo's links_source shows."""
     splits = load_corpus(corpus_cfg)
     if "dev" not in splits:
         raise CorpusError(
@@ -211,7 +212,7 @@ def train_link_head(
         "dev_aer_every_target_word_linked_once": round(aer_at(logits, dev, (0.0, 1.0)), 4),
         "parity_max_abs": worst,
         "minutes": round((time.monotonic() - start) / 60, 1),
-        "links_source": source or {"teacher": "gold"},
+        "links_source": source or recorded_source(corpus_cfg.splits["train"].alignments),
         "labels": head_cfg.labels,
         "history": history,
     }

@@ -21,7 +21,13 @@ from export.data.parallel import CorpusConfig, SplitSpec
 from export.link_head import agreement_pairs
 from export.metrics.aer import parse_pharaoh, score_corpus
 from export.train.link_head import Example, make_batch
-from export.train.teacher import AlignmentConfig, eflomal_gdfa, fold, resolve_teacher
+from export.train.teacher import (
+    AlignmentConfig,
+    eflomal_gdfa,
+    fold,
+    recorded_source,
+    resolve_teacher,
+)
 from service.decode.aligner import align
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
@@ -167,3 +173,13 @@ def test_the_shipped_silver_bundle_names_eflomal_and_the_gold_one_gold() -> None
     assert silver.has_link_head and links_source(silver.info) == "eflomal"
     assert silver.info["link_head"]["links_source"]["eflomal_version"] == "2.0.0"
     assert links_source(load_bundle(root / "grc-en-nt").info) == "gold"
+
+
+def test_a_head_trained_apart_reads_the_teachers_record_beside_its_links(tmp_path: Path) -> None:
+    """python -m export.link_head over a silver run's files records eflomal, not gold."""
+    links = tmp_path / "train.eflomal.pharaoh"
+    links.write_text("0-0\n")
+    (tmp_path / "eflomal.json").write_text('{"teacher": "eflomal", "sha256": "x", "model": 3}')
+    assert recorded_source(links) == {"teacher": "eflomal", "model": 3}
+    assert recorded_source(tmp_path / "train.pharaoh")["teacher"] == "gold"
+    assert recorded_source(None)["teacher"] == "gold"

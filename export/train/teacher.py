@@ -247,5 +247,15 @@ def links_source(
     """The manifest's record of where the links came from."""
     if teacher == "eflomal":
         return dict(settings or {})
-    train = cfg.splits["train"].alignments
-    return {"teacher": "gold", "file": str(train) if train else None}
+    return recorded_source(cfg.splits["train"].alignments)
+
+
+def recorded_source(alignments: Path | None) -> dict[str, Any]:
+    """Where an alignment file's links came from: the record the teacher wrote beside it (a
+    `<split>.eflomal.pharaoh` with SETTINGS_FILE), else gold."""
+    if alignments is not None and alignments.name.endswith(".eflomal.pharaoh"):
+        record_path = alignments.with_name(SETTINGS_FILE)
+        if record_path.is_file():
+            record = json.loads(record_path.read_text(encoding="utf-8"))
+            return {k: v for k, v in record.items() if k != "sha256"}
+    return {"teacher": "gold", "file": str(alignments) if alignments else None}
