@@ -285,6 +285,11 @@ function hypothesisCard(h, ti, hi) {
     : "geometric-mean token probability: exp(log_prob / tokens)";
   head.append(conf);
   head.append(el("span", h.finished ? "badge finished" : "badge unfinished", h.finished ? "finished" : "not finished (cut at max length)"));
+  if (h.origin === "ORIGIN_MEMORY") {
+    const origin = el("span", "badge origin memory", "from memory");
+    origin.title = "the model's memory answered this text; its scores and heatmap are the model's for this target";
+    head.append(origin);
+  }
   card.append(head);
   if (h.low_confidence) {
     card.classList.add("low-confidence");

@@ -1,0 +1,88 @@
+"""Common English words through the G2P model, with and without its memory (docs/memory.md).
+
+A fixed list of 200 frequent English words (function words, everyday nouns, verbs and adjectives),
+each counted right when the answer equals one of CMUdict's pronunciations (stress included). The
+same engine answers each word twice: with the bundle's memory (CMUdict's training words) and with
+`use_memory = false` (the model alone); words of the model's held-out splits are marked, since the
+memory does not hold them.
+
+    python -m benchmarks.g2p_common [--bundle models/g2p] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from export.data import g2p
+from service.decode import recall
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.options import SearchOptions
+
+_WORD_LIST = """
+the of and to in is you that it he was for on are as with his they at be this have from or one
+had by word but not what all were we when your can said there use an each which she do how their
+if will up other about out many then them these so some her would make like him into time has look
+two more write go see number no way could people my than first water been call who oil its now find
+long down day did get come made may part over new sound take only little work know place year live
+me back give most very after thing our just name good sentence man think say great where help
+through much before line right too mean old any same tell boy follow came want show also around
+form three small set put end does another well large must big even such because turn here why ask
+went men read need land different home us move try kind hand picture again change off play spell
+air away animal house point page letter mother answer found study still learn should america world
+"""
+WORDS = _WORD_LIST.split()
+
+
+def correct(answer: str, references: Sequence[str]) -> bool:
+    return answer in references
+
+
+def run(bundle: Path, threads: int) -> dict[str, Any]:
+    engine = Engine.load(
+        bundle, RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=threads)
+    )
+    pronunciations = g2p.load_cmudict()
+    split = g2p.split_words(pronunciations, seed=1)
+    held_out = set(split.dev) | set(split.test)
+    words = [w for w in WORDS if w in pronunciations]
+    refs = {w: [" ".join(p) for p in pronunciations[w]] for w in words}
+    rows: dict[str, Any] = {"bundle": str(bundle), "words": len(words)}
+    for name, use_memory in (("model alone", False), ("memory, then model", True)):
+        options = SearchOptions(beam_size=5, use_memory=use_memory)
+        answers = [t.hypotheses[0] for t in recall.translate(engine, words, options, "none")]
+        right = [correct(a.text, refs[w]) for a, w in zip(answers, words, strict=True)]
+        wrong = [
+            (w, a.text, refs[w]) for a, w, r in zip(answers, words, right, strict=True) if not r
+        ]
+        rows[name] = {
+            "right": sum(right),
+            "accuracy": round(100 * sum(right) / len(words), 1),
+            "from_memory": sum(a.origin == "memory" for a in answers),
+            "wrong": wrong,
+        }
+    rows["held_out_words"] = sorted(w for w in words if w in held_out)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--bundle", type=Path, default=Path("models/g2p"))
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    report = run(args.bundle, args.threads)
+    print(json.dumps(report, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
