@@ -3,7 +3,9 @@
     python -m export.link_head --config configs/grc-en-nt-align.toml --bundle models/grc-en-nt
 
 The config's [corpus] train split must have gold alignments (Pharaoh, over whitespace words); its
-dev split, with gold too, chooses the epoch (lowest AER). `[link_head]` (optional) sets the
+dev split, with gold too, chooses the epoch (lowest AER). With `[alignment] teacher = "eflomal"`
+(or a corpus without alignment files) the links are eflomal's over [corpus]'s text instead
+(export/train/teacher.py, written under <out>/silver; no gold file opened). `[link_head]` (optional) sets the
 sizes and schedule (export/train/link_head.py's LinkHeadConfig). The translation model is not
 changed: its encoder graph gives the states the head reads. Writes link_head.onnx and
 link_lexicon.json into the bundle, re-hashes its manifest, checks the graph against the module,
@@ -44,7 +46,13 @@ from export.metrics.aer import parse_pharaoh as parse_links
 from export.metrics.aer import score_corpus
 from export.onnx.link_head import export_link_head, parity_error
 from export.train.link_head import Example, LinkHeadConfig, fit, jackknife_features, predict
-from export.train.teacher import directional_paths, recorded_source
+from export.train.teacher import (
+    AlignmentConfig,
+    directional_paths,
+    recorded_source,
+    resolve_teacher,
+    silver_corpus,
+)
 from service.decode import links as link_modes
 from service.decode.aligner import align, prepare_pair
 from service.decode.alignment import mean_pool
@@ -272,6 +280,13 @@ def read_config(path: Path) -> tuple[CorpusConfig, LinkHeadConfig]:
     return corpus_cfg, LinkHeadConfig.from_dict(dict(raw.get("link_head", {})))
 
 
+def read_alignment(path: Path) -> AlignmentConfig:
+    """The config's [alignment] table: with teacher = "eflomal" the head learns eflomal's links
+    over [corpus]'s text (export/train/teacher.py), written under <out>/silver."""
+    raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    return AlignmentConfig.from_dict(dict(raw.get("alignment", {})))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -294,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("runs") / f"{args.bundle.name}-link-head"
     try:
         corpus_cfg, head_cfg = read_config(args.config)
+        source = None
+        teacher = read_alignment(args.config)
+        if resolve_teacher(teacher, corpus_cfg, needs_links=True) == "eflomal":
+            corpus_cfg, source = silver_corpus(corpus_cfg, teacher, out / "silver")
         if args.from_bundle:
             splits = load_corpus(corpus_cfg)
             if "dev" not in splits:
@@ -302,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             figures = carry_link_head(args.from_bundle, args.bundle, gold_pairs(splits["dev"]), out)
         else:
-            figures = train_link_head(corpus_cfg, head_cfg, args.bundle, out)
+            figures = train_link_head(corpus_cfg, head_cfg, args.bundle, out, source)
     except (CorpusError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
