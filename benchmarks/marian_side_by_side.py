@@ -10,7 +10,8 @@ by `--train`, or by hand); it is imported once into bundle/ (with the int8 decod
 - fidelity: marian-decoder on John at beam 1 and 5 (n-best, `--alignment soft`, one sentence a
   mini-batch so that each has its own length limit) against (a) marian-decoder's search rule over our
   graphs (export/importers/marian_search.py): n-best texts, scores within 1e-4, soft alignments; and
-  (b) the engine as served (beam 1 and 5, max length 3 x source tokens with `</s>`): best outputs.
+  (b) the engine as served with the bundle's defaults (Marian's rules: stopping "narrowing",
+  max_length_factor 3): best outputs and n-best texts.
 - quality: BLEU/chrF of Marian's and the served beam-5 outputs (benchmarks/grc_en.py's scoring).
 - speed: sentences/s on the first --speed-verses verses of John, beam 5, batches of 32, interleaved
   rounds and medians (benchmarks/import_speed.py's time_systems): ours fp32 and int8 (the engine,
@@ -24,6 +25,7 @@ import argparse
 import json
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +51,9 @@ MARIAN_GEMMS = {"marian_fp32": "float32", "marian_packed8": "packed8"}
 
 
 def served_options(beam: int) -> SearchOptions:
-    """marian-decoder's defaults as the engine's options: no normalization or word penalty, at most
-    3 x the source's tokens with `</s>` (--max-length-factor 3)."""
-    return SearchOptions(
-        beam_size=beam, n_best=1, max_length_a=3.0, max_length_b=0, max_length=1024
-    )
+    """marian-decoder's rules as served options, the bundle's defaults (marian.DECODING): the beam
+    narrows for good, at most ceil(3 x the source's tokens with `</s>`), no normalization."""
+    return SearchOptions(beam_size=beam, n_best=1, max_length=1024, **marian.DECODING)
 
 
 def load_engine(bundle: Path, threads: int, int8: bool = False) -> Engine:
@@ -64,6 +64,16 @@ def load_engine(bundle: Path, threads: int, int8: bool = False) -> Engine:
         int8_decoder=int8,
     )
     return Engine.load(bundle, runtime, EngineLimits(max_source_tokens=1024, max_length=1024))
+
+
+def served_nbest(engine: Engine, lines: Sequence[str], beam: int) -> list[list[str]]:
+    """Every hypothesis of the served n-best list (n = beam), in order."""
+    options = replace(served_options(beam), n_best=beam)
+    out: list[list[str]] = []
+    for i in range(0, len(lines), BATCH):
+        batch = engine.translate(list(lines[i : i + BATCH]), options, "none")
+        out += [[h.text for h in t.hypotheses] for t in batch]
+    return out
 
 
 def served(engine: Engine, lines: Sequence[str], beam: int) -> list[str]:
@@ -121,7 +131,11 @@ def fidelity(model_dir: Path, test: Path, threads: int) -> dict[str, Any]:
                 strict_same += score <= 1e-4
         served_best = served(engine, lines, beam)
         best_same = sum(a == b[0].text for a, b in zip(served_best, theirs, strict=True))
+        nbest = served_nbest(engine, lines, beam)
+        nbest_served = sum(a == [h.text for h in b] for a, b in zip(nbest, theirs, strict=True))
         found[f"beam{beam}"] = {
+            # the served n-best list (n = beam) with Marian's texts in Marian's order
+            "served_nbest_texts_identical": f"{nbest_served}/{len(lines)}",
             # texts and order equal, scores within 1e-4 (or Marian's printed precision, coarser
             # below -100: marian_toolkit.score_tolerance); strictly within 1e-4
             "marian_rule_nbest_texts_identical": f"{texts_same}/{len(lines)}",

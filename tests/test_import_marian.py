@@ -97,39 +97,28 @@ def test_lstm_tied_yml_nbest_equals_marian(lstm: Trained, beam: int) -> None:
     assert mismatches(lstm, beam) == []
 
 
-def test_served_greedy_equals_marian(s2s: Trained) -> None:
-    """The engine as served (beam 1, Marian's length limit 3 x source tokens with `</s>`): every
-    output and score is marian-decoder's, and the attention matrix is its soft alignment."""
-    engine = Engine.load(s2s.bundle, RuntimeConfig(intra_op_threads=1))
-    options = SearchOptions(beam_size=1, n_best=1, max_length_a=3.0, max_length_b=0)
-    ours = engine.translate(s2s.lines, options, alignment="subword")
-    for translation, theirs in zip(ours, s2s.nbest[1], strict=True):
-        best = translation.hypotheses[0]
-        assert best.text == theirs[0].text
-        assert abs(best.score - theirs[0].score) <= mt.score_tolerance(theirs[0].score)
-        assert best.alignment is not None
-        weights = np.asarray(best.alignment.matrix)  # (T_y, T_x)
-        marian_rows = mt.soft_alignment(theirs[0].alignment)
-        assert weights.shape[1] == marian_rows.shape[1]  # source pieces with `</s>`
-        assert np.abs(weights - marian_rows[: weights.shape[0]]).max() < 1e-5
+def served_options(engine: Engine, beam: int) -> SearchOptions:
+    """marian-decoder's rules as served options: the bundle's defaults (its length rule, the beam
+    narrowing for good) and the n-best list of the whole beam."""
+    return SearchOptions(beam_size=beam, n_best=beam, **engine.decoding_defaults)
 
 
-def test_served_beam5_best_equals_marian(s2s: Trained) -> None:
-    """At beam 5 the served rule (the beam narrows only in the step a hypothesis finishes) differs
-    from Marian's (it narrows for good) when a sentence runs to the length limit; on the others
-    the best translation and its score are Marian's."""
+@pytest.mark.parametrize("beam", [1, 5])
+def test_served_nbest_equals_marian(s2s: Trained, beam: int) -> None:
+    """The engine as served, with the bundle's defaults: every n-best list is marian-decoder's
+    (texts, order, scores), and each hypothesis's attention matrix is its soft alignment."""
     engine = Engine.load(s2s.bundle, RuntimeConfig(intra_op_threads=1))
-    options = SearchOptions(beam_size=5, n_best=1, max_length_a=3.0, max_length_b=0)
-    ours = engine.translate(s2s.lines, options, alignment="none")
-    compared = 0
-    for translation, theirs in zip(ours, s2s.nbest[5], strict=True):
-        best = translation.hypotheses[0]
-        if not best.finished:
-            continue
-        compared += 1
-        assert best.text == theirs[0].text
-        assert abs(best.score - theirs[0].score) <= mt.score_tolerance(theirs[0].score)
-    assert compared >= 50
+    assert engine.decoding_defaults == marian.DECODING
+    ours = engine.translate(s2s.lines, served_options(engine, beam), alignment="subword")
+    for translation, theirs in zip(ours, s2s.nbest[beam], strict=True):
+        assert [h.text for h in translation.hypotheses] == [h.text for h in theirs]
+        for hyp, their in zip(translation.hypotheses, theirs, strict=True):
+            assert abs(hyp.score - their.score) <= mt.score_tolerance(their.score)
+            assert hyp.alignment is not None
+            weights = np.asarray(hyp.alignment.matrix)  # (T_y, T_x)
+            marian_rows = mt.soft_alignment(their.alignment)
+            assert weights.shape[1] == marian_rows.shape[1]  # source pieces with `</s>`
+            assert np.abs(weights - marian_rows[: weights.shape[0]]).max() < 1e-5
 
 
 def test_int8_bundle_decodes(s2s: Trained) -> None:

@@ -112,10 +112,12 @@ def write_bundle(
     int8: bool,
     info: dict[str, Any],
     files: dict[str, bytes] | None = None,
+    decoding: dict[str, Any] | None = None,
 ) -> Path:
     """Graphs, vocabularies, the tokenizer's `files` (bundle name → content) and manifest,
     written to a temporary directory, verified by loading (tokenizers included), then moved to
-    `out`: a failure at any point leaves no bundle behind."""
+    `out`: a failure at any point leaves no bundle behind. decoding: the manifest's decoding
+    defaults (option name → value), the toolkit's own where they differ from the server's."""
     parent = out.parent if out.parent.exists() else None
     with tempfile.TemporaryDirectory(dir=parent) as tmp_name:
         tmp = Path(tmp_name)
@@ -133,6 +135,7 @@ def write_bundle(
             architecture=cfg.to_dict(),
             info=info,
             tokenizer=tokenizer,
+            decoding=decoding,
         )
         try:
             load_tokenizers(bundle_format.load_bundle(tmp))

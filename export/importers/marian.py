@@ -60,6 +60,17 @@ PAD_TOKEN, BOS_TOKEN = "<marian:pad>", "<marian:bos>"
 # top beam_size (Marian's beam narrows by its finished hypotheses too), and service/model/subword.py's
 # "opennmt-py" joins pieces with SentencePiece's DecodePieces, as Marian's spm vocabulary does.
 SERVING_TOOLKIT = "opennmt-py"
+# marian-decoder's rules as the bundle's decoding defaults (service/decode/options.py): its beam
+# narrows for good (stopping "narrowing"), at most ceil(3 x the source's tokens with `</s>`) target
+# tokens (--max-length-factor 3), no normalization or word penalty (--normalize 0, --word-penalty
+# 0), no GNMT length penalty. Requests may override any of them.
+DECODING: dict[str, Any] = {
+    "stopping": "narrowing",
+    "max_length_factor": 3.0,
+    "normalize": 0.0,
+    "word_penalty": 0.0,
+    "length_penalty": 0.0,
+}
 
 # Options that change the computation, with the values this importer rebuilds exactly (Marian's
 # defaults for s2s unless noted). Each is read from special:model.yml; others are refused by name.
@@ -545,4 +556,5 @@ def import_model(
         int8,
         info,
         files,
+        decoding=DECODING,
     )
