@@ -145,6 +145,40 @@ def control_costs(
     ]
 
 
+def markdown(report: dict[str, Any]) -> str:
+    """The report's tables as docs/decoding.md shows them."""
+    head = (
+        f"{report['split']}, {report['verses']} verses, beam {report['beam']}, batch "
+        f"{report['batch']}, {report['threads']} thread(s); {report['bundle']}"
+    )
+    lines = []
+    if "stopping" in report:
+        lines += [
+            f"Stopping rules ({head}; medians of interleaved rounds):",
+            "",
+            "| setting | seconds | × no penalties | answers ≠ exact | BLEU | chrF |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in report["stopping"]:
+            differ = "" if r["differ_from_exact"] is None else str(r["differ_from_exact"])
+            lines.append(
+                f"| {r['setting']} | {r['seconds']:.2f} | {r['ratio_to_no_penalties']:.3f} "
+                f"| {differ} | {r['bleu']:.2f} | {r['chrf']:.2f} |"
+            )
+        lines.append("")
+    if "costs" in report:
+        lines += [
+            f"Each control on against off, the bundle's defaults otherwise ({head}, the first "
+            "verses):",
+            "",
+            "| option | seconds | × off |",
+            "|---|---:|---:|",
+        ]
+        for r in report["costs"]:
+            lines.append(f"| {r['option']} | {r['seconds']:.2f} | {r['ratio_to_off']:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -159,7 +193,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--parts", default="stopping,costs")
     p.add_argument("--json", type=Path)
+    p.add_argument("--markdown", type=Path, help="print the tables of a saved --json report")
     args = p.parse_args(argv)
+    if args.markdown is not None:
+        print(markdown(json.loads(args.markdown.read_text())))
+        return 0
     ensure_data(args.data)
     split = read_split(args.data, args.split, args.limit)
     engine = Engine.load(

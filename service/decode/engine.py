@@ -148,13 +148,19 @@ class Engine:
         self.bundle_memory = (
             self.read_memory(bundle.file(bundle.memory)) if bundle.memory else mem.EMPTY
         )
-        self.user_memory = mem.EMPTY
+        self._user_memory = mem.EMPTY
+        self.memory = self.bundle_memory  # the entries in force: the server's over the bundle's
         self.user_memory_signature: tuple[str, int, int] | None = None  # the file it was read from
 
     @property
-    def memory(self) -> mem.Memory:
-        """The entries in force: the server's file over the bundle's."""
-        return self.user_memory.over(self.bundle_memory)
+    def user_memory(self) -> mem.Memory:
+        """The server's entries for this model (--memory-dir), over the bundle's."""
+        return self._user_memory
+
+    @user_memory.setter
+    def user_memory(self, memory: mem.Memory) -> None:
+        self._user_memory = memory
+        self.memory = memory.over(self.bundle_memory)  # one assignment: lookups see old or new
 
     def read_memory(self, path: Path) -> mem.Memory:
         """A memory file for this model: sources normalized by its input rule and within its
