@@ -185,3 +185,30 @@ def test_refuses_vocabularies_of_the_wrong_size(
         bad.write_text("not a model")
         marian.import_model(bad, s2s.vocabs, tmp_path / "bundle", "x", "1")
     assert not (tmp_path / "bundle").exists()
+
+
+def test_server_answers_as_marian(s2s: Trained) -> None:
+    """Through the gRPC server, a request naming only the beam and the n-best size gets the
+    bundle's defaults (Marian's rules) and marian-decoder's n-best lists."""
+    from proto.translation.v1 import translation_pb2 as pb
+    from tests.test_server import ServerThread, base_args, matrix
+
+    texts = s2s.lines[:12]
+    options = pb.DecodingOptions(beam_size=5, n_best=5, alignment=pb.ALIGNMENT_MODE_SUBWORD)
+    server = ServerThread.start(base_args(s2s.bundle))
+    try:
+        response = server.stub.Translate(pb.TranslateRequest(texts=texts, options=options))
+    finally:
+        server.close()
+    compared = 0
+    for translation, theirs in zip(response.translations, s2s.nbest[5][:12], strict=True):
+        assert [h.text for h in translation.hypotheses] == [h.text for h in theirs]
+        for hyp, their in zip(translation.hypotheses, theirs, strict=True):
+            assert abs(hyp.score - their.score) <= mt.score_tolerance(their.score)
+            # Marian's rows: one per target piece, and one for `</s>` where the hypothesis ended
+            marian_rows = mt.soft_alignment(their.alignment)
+            ours = matrix(hyp.alignment)  # (target pieces, source pieces with `</s>`)
+            assert ours.shape[0] in (marian_rows.shape[0] - 1, marian_rows.shape[0])
+            assert np.abs(ours - marian_rows[: ours.shape[0]]).max() < 1e-5
+            compared += 1
+    assert compared == 60
