@@ -21,7 +21,7 @@ from service.decode.engine import Engine
 from service.decode.options import SearchOptions
 from service.model.bundle import BundleError, add_files
 from service.model.memory import MemoryFileError, read_memory, write_memory
-from tests.conftest import TinyModel
+from tests.conftest import DEFAULT_BUNDLE, TinyModel
 from tests.test_server import ServerThread, base_args
 
 CPU = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1)
@@ -195,3 +195,26 @@ def test_a_servers_file_that_does_not_parse_refuses_the_model(
     (tmp_path / f"{name}.tsv").write_text("x\ty\nbroken\n", "utf-8")
     with pytest.raises(MemoryFileError, match=rf"{name}\.tsv:2: no tab"):
         ServerThread.start([*base_args(tiny.bundle), "--no-warmup", "--memory-dir", str(tmp_path)])
+
+
+def test_a_segmented_input_consults_the_memory_segment_by_segment(tmp_path: Path) -> None:
+    """The numbers model cuts "A and B" into segments: a memory of one segment answers it, the
+    model the other, joined as the engine joins segments (one alignment over the whole input)."""
+    bundle = tmp_path / "numbers"
+    shutil.copytree(DEFAULT_BUNDLE, bundle)
+    write_memory(bundle / "memory.tsv", [("ninety-seven", "quatre-vingt-dix-sept (mémoire)")])
+    add_files(bundle, ["memory.tsv"], sections={"memory": "memory.tsv"})
+    engine = Engine.load(bundle, CPU)
+    text = "ninety-seven and twelve"
+    assert len(engine.prepare(text).segments) == 2
+    (t,) = recall.translate(engine, [text], SearchOptions(beam_size=3), "subword")
+    (plain,) = engine.translate([text], SearchOptions(beam_size=3), "subword")
+    h = t.hypotheses[0]
+    assert h.text.startswith("quatre-vingt-dix-sept (mémoire) et ")
+    assert h.text.endswith(plain.hypotheses[0].text.split(" et ")[-1])
+    assert h.origin == "mixed"
+    assert h.alignment is not None
+    assert h.alignment.matrix.shape == (len(h.tokens), len(t.source_tokens))
+    assert len(h.token_log_probs) == len(h.token_ids)
+    whole = recall.translate(engine, ["ninety-seven"], SearchOptions(beam_size=3), "none")[0]
+    assert whole.hypotheses[0].origin == "memory"

@@ -384,8 +384,8 @@ def format_hypothesis(
     h: ClientHypothesis, show_score: bool, show_alignment: bool, show_confidence: bool = False
 ) -> str:
     first = alternative_column(h) + (f"{h.score:.4f}\t{h.text}" if show_score else h.text)
-    if h.origin == "memory":
-        first += "\t(memory)"
+    if h.origin != "model":
+        first += f"\t({h.origin})"
     if show_confidence:
         first = f"{h.confidence:.4f}{'?' if h.low_confidence else ''}\t{first}"
     lines = [first]

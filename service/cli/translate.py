@@ -119,7 +119,7 @@ def format_line(t: Translation, args: argparse.Namespace) -> str:
     lines = []
     for h in t.hypotheses:
         text = h.text if len(t.hypotheses) == 1 else f"{h.score:.4f}\t{h.text}"
-        text = alternative_column(h) + text + ("\t(memory)" if h.origin == "memory" else "")
+        text = alternative_column(h) + text + ("" if h.origin == "model" else f"\t({h.origin})")
         if args.confidence:
             text = f"{confidence_column(h.confidence, h.low_confidence)}\t{text}"
         if args.align and h.alignment:

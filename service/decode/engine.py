@@ -58,7 +58,9 @@ class TranslationHypothesis:
         None  # with return_alternatives: its first word after the prefix
     )
     replaced_unknowns: tuple[int, ...] = ()  # token indices of unknowns replaced by a source word
-    origin: str = "model"  # "memory": the model's memory gave it (service/decode/recall.py)
+    # "memory": the model's memory gave it (service/decode/recall.py); "mixed": a segmented input
+    # some of whose segments the memory gave
+    origin: str = "model"
 
 
 @dataclass(frozen=True)

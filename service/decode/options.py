@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
@@ -212,6 +212,12 @@ class SearchOptions:
     def sampling(self) -> bool:
         """Tokens are drawn at random rather than searched for."""
         return self.sampling_topk != 1
+
+    def for_texts(self, indices: Sequence[int]) -> SearchOptions:
+        """The options of some of a request's texts, in that order: their own target prefixes."""
+        if not self.target_prefix:
+            return self
+        return replace(self, target_prefix=tuple(self.target_prefix[i] for i in indices))
 
     def for_text(self, index: int) -> SearchOptions:
         """The options of the index-th text of a request: its own target prefix only."""

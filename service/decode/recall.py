@@ -10,11 +10,18 @@ beyond the memory's targets is filled by the model's own hypotheses (those not a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from service.decode.aligner import PreparedPair, align_prepared, prepare_pair
 from service.decode.alignment import Alignment
 from service.decode.beam import normalized_score
-from service.decode.engine import AlignmentMode, Engine, Translation, TranslationHypothesis
+from service.decode.engine import (
+    AlignmentMode,
+    Engine,
+    Prepared,
+    Translation,
+    TranslationHypothesis,
+)
 from service.decode.forced import AlignedPair, AlignOptions
 from service.decode.options import SearchOptions
 
@@ -24,9 +31,18 @@ FORCED = AlignOptions(links="argmax", matrices="both")  # the pass behind a memo
 def lookups(engine: Engine, texts: Sequence[str], options: SearchOptions) -> list[tuple[str, ...]]:
     """Each text's targets in the model's memory (() for none, or when the request turns the
     memory off or constrains the answer with a prefix or alternatives)."""
-    if not options.use_memory or options.target_prefix or options.return_alternatives:
+    if not consulted(engine, options):
         return [() for _ in texts]
     return [engine.recall(text) for text in texts]
+
+
+def consulted(engine: Engine, options: SearchOptions) -> bool:
+    return bool(
+        len(engine.memory)
+        and options.use_memory
+        and not options.target_prefix
+        and not options.return_alternatives
+    )
 
 
 def memory_pairs(engine: Engine, text: str, targets: Sequence[str]) -> list[PreparedPair]:
@@ -67,11 +83,137 @@ def answer(
     decoded: Translation | None,
     n_best: int,
 ) -> Translation:
-    """The memory's hypotheses first, then the model's (those not already given), n_best in all."""
+    """The memory's hypotheses first, then the model's (those not already given), n_best in all;
+    the model's answer as it is where the memory has nothing."""
+    if not remembered and decoded is not None:
+        return decoded
     given = {h.text for h in remembered}
     model = [h for h in (decoded.hypotheses if decoded else []) if h.text not in given]
     hypotheses = (remembered + model)[: max(n_best, 1)] if remembered else model[:n_best]
     return Translation(source=source, source_tokens=source_tokens, hypotheses=hypotheses)
+
+
+# --- a request's plan: what the model decodes, what the memory answers ----------------------------
+
+
+@dataclass(frozen=True)
+class Forced:
+    """One memory target to score: text `text`'s segment `segment` (-1: the whole text)."""
+
+    text: int
+    segment: int
+    target: str
+    pair: PreparedPair
+
+
+@dataclass
+class Plan:
+    """What a request needs: texts the model decodes whole, segments it decodes alone (a segmented
+    input some of whose segments the memory knows: each segment is looked up), and memory targets
+    the forced pass scores."""
+
+    whole: list[int] = field(default_factory=list)
+    segments: list[tuple[int, int]] = field(default_factory=list)  # (text, segment)
+    forced: list[Forced] = field(default_factory=list)
+    segmented: set[int] = field(default_factory=set)  # texts answered segment by segment
+
+    def segment_sentences(self, prepared: Sequence[Prepared]) -> list[Prepared]:
+        return [prepared[t].segments[k] for t, k in self.segments]
+
+
+def plan(
+    engine: Engine, texts: Sequence[str], prepared: Sequence[Prepared], options: SearchOptions
+) -> Plan:
+    keep = max(options.n_best, 1)
+    out = Plan()
+    use = consulted(engine, options)
+    for i, text in enumerate(texts):
+        targets = engine.recall(text)[:keep] if use else ()
+        out.forced += [
+            Forced(i, -1, t, p)
+            for t, p in zip(targets, memory_pairs(engine, text, targets), strict=True)
+        ]
+        if len(targets) < keep:
+            parts = prepared[i].segments
+            found = [engine.recall(seg.text)[:keep] for seg in parts] if use and parts else []
+            if not targets and any(found):
+                out.segmented.add(i)
+                for k, (seg, seg_targets) in enumerate(zip(parts, found, strict=True)):
+                    if len(seg_targets) < keep:
+                        out.segments.append((i, k))
+                    pairs = memory_pairs(engine, seg.text, seg_targets)
+                    out.forced += [
+                        Forced(i, k, t, p) for t, p in zip(seg_targets, pairs, strict=True)
+                    ]
+            else:
+                out.whole.append(i)
+    return out
+
+
+def raw(alignment: AlignmentMode) -> AlignmentMode:
+    """The alignment segments are decoded with: raw subword matrices, joined afterwards."""
+    return "none" if alignment == "none" else "subword"
+
+
+def assemble(
+    engine: Engine,
+    the_plan: Plan,
+    texts: Sequence[str],
+    prepared: Sequence[Prepared],
+    whole: Sequence[Translation],
+    segments: Sequence[Translation],
+    aligned: Sequence[AlignedPair],
+    options: SearchOptions,
+    alignment: AlignmentMode,
+) -> list[Translation]:
+    """The request's translations from the model's and the memory's results, in text order."""
+    by_text = dict(zip(the_plan.whole, whole, strict=True))
+    by_segment = dict(zip(the_plan.segments, segments, strict=True))
+    remembered: dict[tuple[int, int], list[TranslationHypothesis]] = {}
+    for f, a in zip(the_plan.forced, aligned, strict=True):
+        mode = raw(alignment) if f.segment >= 0 else alignment
+        hyp = memory_hypothesis(engine, a, f.pair, options, mode, f.target)
+        remembered.setdefault((f.text, f.segment), []).append(hyp)
+    out = []
+    for i, text in enumerate(texts):
+        sentence = prepared[i]
+        if i not in the_plan.segmented:
+            out.append(
+                answer(
+                    text,
+                    sentence.pieces,
+                    remembered.get((i, -1), []),
+                    by_text.get(i),
+                    options.n_best,
+                )
+            )
+            continue
+        parts = [
+            answer(seg.text, seg.pieces, remembered.get((i, k), []), by_segment.get((i, k)), options.n_best).hypotheses
+            for k, seg in enumerate(sentence.segments)
+        ]  # fmt: skip
+        out.append(join_segments(engine, sentence, parts, alignment, options.n_best))
+    return out
+
+
+def join_segments(
+    engine: Engine,
+    sentence: Prepared,
+    parts: list[list[TranslationHypothesis]],
+    alignment: AlignmentMode,
+    n_best: int,
+) -> Translation:
+    """Each segment's hypotheses (raw subword matrices) joined into the input's, as the engine
+    joins a segmented input; origin "mixed" where the memory gave some segments only."""
+    mode = engine.alignment_mode_for(alignment)
+    count = min(max(len(p) for p in parts), max(n_best, 1))
+    hypotheses = []
+    for i in range(count):
+        chosen = [p[min(i, len(p) - 1)] for p in parts]
+        origins = {h.origin for h in chosen}
+        joined = engine.join_hypotheses(chosen, sentence, mode)
+        hypotheses.append(replace(joined, origin=origins.pop() if len(origins) == 1 else "mixed"))
+    return Translation(source=sentence.text, source_tokens=sentence.pieces, hypotheses=hypotheses)
 
 
 def translate(
@@ -79,25 +221,17 @@ def translate(
 ) -> list[Translation]:
     """`Engine.translate` with the memory consulted first (s2s-translate; the server does the same
     through its worker: service/serve/translator.py)."""
-    found = lookups(engine, texts, options)
-    keep = max(options.n_best, 1)
-    need_model = [i for i, targets in enumerate(found) if len(targets[:keep]) < keep]
-    decoded: dict[int, Translation] = {}
-    if need_model:
-        # (a memory is not consulted under a prefix: then every text is here, with its own)
-        got = engine.translate([texts[i] for i in need_model], options, alignment)
-        decoded = dict(zip(need_model, got, strict=True))
-    out = []
-    for i, text in enumerate(texts):
-        targets = found[i][:keep]
-        remembered: list[TranslationHypothesis] = []
-        if targets:
-            pairs = memory_pairs(engine, text, targets)
-            aligned = align_prepared(engine, pairs, FORCED)
-            remembered = [
-                memory_hypothesis(engine, a, p, options, alignment, t)
-                for a, p, t in zip(aligned, pairs, targets, strict=True)
-            ]
-        source_tokens = decoded[i].source_tokens if i in decoded else engine.prepare(text).pieces
-        out.append(answer(text, source_tokens, remembered, decoded.get(i), options.n_best))
-    return out
+    if not texts or not consulted(engine, options):
+        return engine.translate(texts, options, alignment)  # (and its own refusals)
+    engine.check_options(options, alignment, len(texts))
+    prepared = [engine.prepare(t) for t in texts]
+    todo = plan(engine, texts, prepared, options)
+    whole: list[Translation] = []
+    if todo.whole:  # (a memory is not consulted under a prefix: then every text is here)
+        sentences = [prepared[i] for i in todo.whole]
+        whole = engine.decode_prepared(sentences, options.for_texts(todo.whole), alignment)
+    segments: list[Translation] = []
+    if todo.segments:
+        segments = engine.decode_prepared(todo.segment_sentences(prepared), options, raw(alignment))
+    aligned = align_prepared(engine, [f.pair for f in todo.forced], FORCED) if todo.forced else []
+    return assemble(engine, todo, texts, prepared, whole, segments, aligned, options, alignment)

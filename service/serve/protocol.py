@@ -352,6 +352,9 @@ def aligned_pair_to_pb(a: AlignedPair) -> pb.PairAlignment:
     return out
 
 
+ORIGINS = {"model": pb.ORIGIN_MODEL, "memory": pb.ORIGIN_MEMORY, "mixed": pb.ORIGIN_MIXED}
+
+
 def translation_to_pb(t: Translation) -> pb.Translation:
     out = pb.Translation(source_tokens=t.source_tokens)
     for h in t.hypotheses:
@@ -365,7 +368,7 @@ def translation_to_pb(t: Translation) -> pb.Translation:
             low_confidence=h.low_confidence,
             token_log_probs=h.token_log_probs,
             replaced_unknowns=h.replaced_unknowns,
-            origin=pb.ORIGIN_MEMORY if h.origin == "memory" else pb.ORIGIN_MODEL,
+            origin=ORIGINS[h.origin],
         )
         if h.alignment is not None:
             hyp.alignment.CopyFrom(alignment_to_pb(h.alignment))
@@ -528,7 +531,7 @@ def hypothesis_from_pb(message: pb.Hypothesis) -> ClientHypothesis:
         if message.HasField("alternative")
         else None,
         replaced_unknowns=tuple(message.replaced_unknowns),
-        origin="memory" if message.origin == pb.ORIGIN_MEMORY else "model",
+        origin={v: k for k, v in ORIGINS.items()}.get(message.origin, "model"),
     )
 
 

@@ -237,47 +237,35 @@ class TranslatorCore:
         Align job: service/decode/recall.py), the others, and an n_best the memory cannot fill,
         decoded; both jobs in the same decode loop at once."""
         engine = model.engine
-        found = recall.lookups(engine, texts, options)
-        if len(engine.memory) and options.use_memory:
-            hits = sum(1 for targets in found if targets)
+        todo = recall.plan(engine, texts, prepared, options)
+        if recall.consulted(engine, options):
+            hits = len(texts) - len(todo.whole)
             self.metrics.memory_lookups(model.name, hits, len(texts) - hits)
-        keep = max(options.n_best, 1)
-        need_model = [i for i, targets in enumerate(found) if len(targets[:keep]) < keep]
-        hit = [i for i, targets in enumerate(found) if targets]
-        pairs = {i: recall.memory_pairs(engine, texts[i], found[i][:keep]) for i in hit}
-        flat = [p for i in hit for p in pairs[i]]
 
-        async def decoded() -> list[Translation]:
-            if not need_model:
-                return []
-            sentences = [prepared[i] for i in need_model]
-            return await self.run_job(
-                lambda done: Job(request_id, sentences, options, alignment, done, deadline, model)
-            )
-
-        async def aligned() -> list[AlignedPair]:
-            if not flat:
+        async def decode(
+            sentences: list[Prepared], o: SearchOptions, a: AlignmentMode
+        ) -> list[Translation]:
+            if not sentences:
                 return []
             return await self.run_job(
-                lambda done: Job.align(request_id, flat, recall.FORCED, done, deadline, model)
+                lambda done: Job(request_id, sentences, o, a, done, deadline, model)
             )
 
-        from_model, from_memory = await asyncio.gather(decoded(), aligned())
-        by_text = dict(zip(need_model, from_model, strict=True))
-        results, at = [], 0
-        for i, text in enumerate(texts):
-            remembered = []
-            for pair, target in zip(pairs.get(i, []), found[i][:keep], strict=True):
-                remembered.append(
-                    recall.memory_hypothesis(
-                        engine, from_memory[at], pair, options, alignment, target
-                    )
-                )
-                at += 1
-            results.append(
-                recall.answer(text, prepared[i].pieces, remembered, by_text.get(i), options.n_best)
+        async def force(pairs: list[PreparedPair]) -> list[AlignedPair]:
+            if not pairs:
+                return []
+            return await self.run_job(
+                lambda done: Job.align(request_id, pairs, recall.FORCED, done, deadline, model)
             )
-        return results
+
+        whole, segments, aligned = await asyncio.gather(
+            decode([prepared[i] for i in todo.whole], options.for_texts(todo.whole), alignment),
+            decode(todo.segment_sentences(prepared), options, recall.raw(alignment)),
+            force([f.pair for f in todo.forced]),
+        )
+        return recall.assemble(
+            engine, todo, texts, prepared, whole, segments, aligned, options, alignment
+        )
 
     async def run_job(self, make_job: Callable[[OnDone], Job]) -> list[Any]:
         """Submit the job `make_job` builds around its completion callback and wait for its

@@ -285,9 +285,12 @@ function hypothesisCard(h, ti, hi) {
     : "geometric-mean token probability: exp(log_prob / tokens)";
   head.append(conf);
   head.append(el("span", h.finished ? "badge finished" : "badge unfinished", h.finished ? "finished" : "not finished (cut at max length)"));
-  if (h.origin === "ORIGIN_MEMORY") {
-    const origin = el("span", "badge origin memory", "from memory");
-    origin.title = "the model's memory answered this text; its scores and heatmap are the model's for this target";
+  if (h.origin === "ORIGIN_MEMORY" || h.origin === "ORIGIN_MIXED") {
+    const whole = h.origin === "ORIGIN_MEMORY";
+    const origin = el("span", "badge origin memory", whole ? "from memory" : "partly from memory");
+    origin.title = whole
+      ? "the model's memory answered this text; its scores and heatmap are the model's for this target"
+      : "the model's memory answered some segments of this input, the model the others";
     head.append(origin);
   }
   card.append(head);
