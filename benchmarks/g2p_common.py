@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from export.data import g2p
+from export.metrics.g2p_metrics import g2p_scores
 from service.decode import recall
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
@@ -69,6 +70,28 @@ def run(bundle: Path, threads: int) -> dict[str, Any]:
     return rows
 
 
+def held_out(bundle: Path, threads: int, limit: int | None) -> dict[str, Any]:
+    """WER/PER of the test split (words in no training split), with and without the memory: the
+    same, since none of those words is in it."""
+    engine = Engine.load(
+        bundle, RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=threads)
+    )
+    split = g2p.split_words(g2p.load_cmudict(), seed=1)
+    words = split.test[:limit]
+    refs = {w: [" ".join(p) for p in split.pronunciations[w]] for w in words}
+    in_memory = sum(1 for w in words if engine.recall(w))
+    out: dict[str, Any] = {"test_words": len(words), "test_words_in_memory": in_memory}
+    for name, use_memory in (("model alone", False), ("memory, then model", True)):
+        options = SearchOptions(beam_size=5, use_memory=use_memory)
+        answers: dict[str, str] = {}
+        for start in range(0, len(words), 64):
+            chunk = words[start : start + 64]
+            for w, t in zip(chunk, recall.translate(engine, chunk, options, "none"), strict=True):
+                answers[w] = t.hypotheses[0].text
+        out[name] = g2p_scores(refs, answers)["overall"]
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -76,8 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--bundle", type=Path, default=Path("models/g2p"))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path)
+    p.add_argument("--held-out", action="store_true", help="also the test split's WER/PER")
+    p.add_argument("--limit", type=int, help="with --held-out: the first N test words")
     args = p.parse_args(argv)
     report = run(args.bundle, args.threads)
+    if args.held_out:
+        report["held_out"] = held_out(args.bundle, args.threads, args.limit)
     print(json.dumps(report, indent=1))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
