@@ -218,3 +218,28 @@ def test_a_segmented_input_consults_the_memory_segment_by_segment(tmp_path: Path
     assert len(h.token_log_probs) == len(h.token_ids)
     whole = recall.translate(engine, ["ninety-seven"], SearchOptions(beam_size=3), "none")[0]
     assert whole.hypotheses[0].origin == "memory"
+
+
+def test_the_g2p_memory_matches_after_the_input_rule_and_s2s_translate_reads_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The G2P model lower-cases its word: KNIGHT finds CMUdict's knight; a user's file over the
+    bundle's memory answers a name with origin memory, in s2s-translate's JSON."""
+    import io
+
+    from service.cli import translate as cli
+    from tests.conftest import REPO
+
+    engine = Engine.load(REPO / "models" / "g2p", CPU)
+    (t,) = recall.translate(engine, ["  KNIGHT "], SearchOptions(beam_size=2, n_best=2), "none")
+    assert (t.hypotheses[0].text, t.hypotheses[0].origin) == ("N AY1 T", "memory")
+    assert t.hypotheses[1].origin == "model"
+    mine = tmp_path / "names.tsv"
+    mine.write_text("Nguyen\tN W IH1 N\n", "utf-8")
+    monkeypatch.setattr("sys.stdin", io.StringIO("NGUYEN\n"))
+    assert (
+        cli.main(["--bundle", str(REPO / "models" / "g2p"), "--memory", str(mine), "--json"]) == 0
+    )
+    answer = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert answer["hypotheses"][0]["text"] == "N W IH1 N"
+    assert answer["hypotheses"][0]["origin"] == "memory"

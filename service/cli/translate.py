@@ -48,6 +48,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add_option_flags(p, None, unset="the model's, else the built-in one")
     p.add_argument(
+        "--memory",
+        type=Path,
+        help="a memory file (source<TAB>target) over the bundle's own memory (docs/memory.md)",
+    )
+    p.add_argument(
         "--batch-size",
         type=int,
         default=32,
@@ -155,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             int8_decoder=args.int8,
         )
         engine = Engine.load(args.bundle, runtime, EngineLimits(min_confidence=args.min_confidence))
+        if args.memory is not None:
+            engine.user_memory = engine.read_memory(args.memory)
         options = SearchOptions(**{**engine.decoding_defaults, **options_from_args(args)})
         args.n_best = options.n_best  # the value in effect (the output's columns follow it)
     except (BundleError, ValueError) as err:
