@@ -213,7 +213,7 @@ def train(work: Path, data: Path, name: str, after: str) -> None:
 def format_table(results: dict[str, Any], threads: Sequence[int]) -> str:
     head = ["model", "BLEU Marian", "BLEU ours", "chrF Marian", "chrF ours",
             "beam 1 n-best (Marian's rule)", "beam 5 n-best (Marian's rule)",
-            "beam 1 served", "beam 5 served"]  # fmt: skip
+            "beam 1 served", "beam 5 served", "beam 1 served n-best", "beam 5 served n-best"]  # fmt: skip
     for t in threads:
         head += [f"{t}t ours fp32", f"{t}t ours int8", f"{t}t Marian fp32",
                  f"{t}t Marian packed8", f"{t}t ours/Marian fp32 (int8)"]  # fmt: skip
@@ -226,6 +226,7 @@ def format_table(results: dict[str, Any], threads: Sequence[int]) -> str:
         ]
         cells += [f.get(f"beam{b}", {}).get("marian_rule_nbest_identical", "") for b in (1, BEAM)]
         cells += [f.get(f"beam{b}", {}).get("served_best_identical", "") for b in (1, BEAM)]
+        cells += [f.get(f"beam{b}", {}).get("served_nbest_texts_identical", "") for b in (1, BEAM)]
         for t in threads:
             s = r.get(f"speed_{t}t", {})
             cells += [str(s.get(k, "")) for k in ("ours_fp32_sent_per_s", "ours_int8_sent_per_s",

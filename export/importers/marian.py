@@ -19,9 +19,10 @@ row is Marian's zero start) and never emits them. Every other option that change
 is refused with its name and value.
 
 The encoder projects its states once per sentence through every product the context enters (the
-attention's keys, cell2's input gates, the deep output's W2), so that a step attends over the
+attention's W_c h_j + b, cell2's input gates, the deep output's W2), so that a step attends over the
 projected rows instead of multiplying each hypothesis's context by them: the same sums in another
-order. The contract's `values` stay the encoder states; `keys` carry the projections side by side.
+order. The contract's `values` carry the attention's mapped states (as wide as the encoder's
+states), `keys` the projections of the context side by side.
 """
 
 from __future__ import annotations
@@ -261,10 +262,13 @@ class MarianS2S(nn.Module):
         h = start.unsqueeze(0)  # (1, B, H)
         c = h if self.cfg.rnn == "lstm" else None
         w_ih2 = cast(Tensor, self.cell2.weight_ih_l0)  # (G*H, D)
-        keys = torch.cat(
-            [self.w_ctx(values), values @ w_ih2.t(), self.w_readout_ctx(values)], dim=-1
-        )  # (B, S, D + G*H + E): attention keys, cell2's input gates, the deep output's W2 c
-        return Encoded(values=values, keys=keys, mask=mask, state=pack_state(h, c, None))
+        mapped = self.w_ctx(values)  # (B, S, D): the attention's W_c h_j + b
+        projected = torch.cat(
+            [values @ w_ih2.t(), self.w_readout_ctx(values)], dim=-1
+        )  # (B, S, G*H + E): cell2's input gates and the deep output's W2 of each h_j
+        # values carry the attention's mapped states (as wide as the encoder's), keys the
+        # projections: a step reads each whole, with no slice copied per step
+        return Encoded(values=mapped, keys=projected, mask=mask, state=pack_state(h, c, None))
 
     def decode_step(
         self, tokens: Tensor, state: Tensor, keys: Tensor, values: Tensor, mask: Tensor
@@ -291,9 +295,9 @@ class MarianS2S(nn.Module):
         s_mid, c_mid = self.cell(self.cell1, gi1, h[0], None if c is None else c[0])  # (N, H)
         # attention with s': v·tanh(W_c h_j + b + W_comb s'), over each sentence's K queries
         query = self.w_comb(s_mid).reshape(B, K, D)  # (B, K, D)
-        energy = torch.tanh(query.unsqueeze(2) + keys[:, :, :D].unsqueeze(1))  # (B, K, S, D)
+        energy = torch.tanh(query.unsqueeze(2) + values.unsqueeze(1))  # (B, K, S, D)
         scores = self.v(energy).squeeze(-1)  # (B, K, S)
-        projected, weights = attend(scores, keys[:, :, D:], mask)  # (B, K, G*H + E), (B, K, S)
+        projected, weights = attend(scores, keys, mask)  # (B, K, G*H + E), (B, K, S)
         projected = projected.reshape(N, -1)  # (N, G*H + E)
         # cell2 on the context c_t (its input product is Σ α (W h_j))
         gi2 = projected[:, :GH] + cast(Tensor, self.cell2.bias_ih_l0)  # (N, G*H)
@@ -311,9 +315,7 @@ class MarianS2S(nn.Module):
         new_state = pack_state(
             s_t.unsqueeze(0), None if c_t is None else c_t.unsqueeze(0), None
         )  # (N, state_dim)
-        # (S read off values: the contract's graph takes values even where the step needs only
-        # the projections in keys)
-        return logits, new_state, weights.reshape(N, values.shape[1])
+        return logits, new_state, weights.reshape(N, -1)
 
     @staticmethod
     def cell(
