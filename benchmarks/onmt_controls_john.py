@@ -24,7 +24,6 @@ from typing import Any
 from benchmarks.grc_en import ensure_data, read_split
 from export.importers import cli, toolkits
 from service.decode.engine import Engine
-from service.decode.options import SearchOptions
 
 MODEL = {  # a bi-GRU with mlp attention, word vocabularies that leave words unknown
     "encoder_type": "brnn",
@@ -62,23 +61,6 @@ def unk_or_same(ours: str, theirs: str) -> bool:
     return len(a) == len(b) and all(x == y or y == "<unk>" for x, y in zip(a, b, strict=True))
 
 
-def ours(
-    engine: Engine, sources: list[str], beam: int, prefixes: list[str] | None, **controls: Any
-) -> list[str]:
-    out: list[str] = []
-    for i in range(0, len(sources), 32):
-        chunk = sources[i : i + 32]
-        options = SearchOptions(
-            beam_size=beam,
-            max_length_a=0.0,
-            max_length_b=100,
-            target_prefix=tuple(prefixes[i : i + 32]) if prefixes else (),
-            **controls,
-        )
-        out += [t.hypotheses[0].text for t in engine.translate(chunk, options, alignment="none")]
-    return out
-
-
 def run(data: Path, work: Path, steps: int) -> dict[str, Any]:
     ensure_data(data)
     task = work / "task"
@@ -109,7 +91,7 @@ def run(data: Path, work: Path, steps: int) -> dict[str, Any]:
             theirs = toolkits.read_lines(
                 toolkits.translate_onmt(ckpt, task / "test.src", out, beam, batch, extra)
             )
-            mine = ours(engine, sources, beam, given, **controls)
+            mine = toolkits.translate_lines(engine, sources, beam, given, **controls)
             same = sum(a == b for a, b in zip(mine, theirs, strict=True))
             row = {"case": name, "beam": beam, "identical": same, "verses": len(sources)}
             if name == "replace_unk":

@@ -96,13 +96,7 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def decode(bundle: Path, sources: list[str], beam: int) -> list[str]:
-    engine = Engine.load(bundle)
-    options = SearchOptions(beam_size=beam, max_length_a=0.0, max_length_b=100)
-    out: list[str] = []
-    for i in range(0, len(sources), 32):
-        batch = engine.translate(sources[i : i + 32], options, alignment="none")
-        out += [t.hypotheses[0].text for t in batch]
-    return out
+    return toolkits.translate_lines(Engine.load(bundle), sources, beam)
 
 
 def agreement(ours: list[str], theirs: list[str]) -> float:
@@ -585,27 +579,6 @@ ONMT_CONTROLS: list[tuple[list[str], dict[str, Any]]] = [
 ]
 
 
-def decode_with(
-    engine: Engine,
-    sources: list[str],
-    beam: int,
-    prefixes: list[str] | None = None,
-    **controls: Any,
-) -> list[str]:
-    out: list[str] = []
-    for i in range(0, len(sources), 32):
-        chunk = sources[i : i + 32]
-        options = SearchOptions(
-            beam_size=beam,
-            max_length_a=0.0,
-            max_length_b=100,
-            target_prefix=tuple(prefixes[i : i + 32]) if prefixes else (),
-            **controls,
-        )
-        out += [t.hypotheses[0].text for t in engine.translate(chunk, options, alignment="none")]
-    return out
-
-
 @pytest.mark.timeout(1800)  # trains a model and decodes 100 sentences ten times with each toolkit
 def test_opennmt_decoding_controls_match_onmt_translate(task: Path, tmp_path: Path) -> None:
     """-block_ngram_repeat, -min_length, -replace_unk and the target prefix (-tgt_file_prefix), at
@@ -634,7 +607,7 @@ def test_opennmt_decoding_controls_match_onmt_translate(task: Path, tmp_path: Pa
                 toolkits.translate_onmt(ckpt, src, out, beam, batch_size=batch, extra=flags)
             )
             given = prefixes if "-tgt_file_prefix" in flags else None
-            ours = decode_with(engine, sources, beam, given, **controls)
+            ours = toolkits.translate_lines(engine, sources, beam, given, **controls)
             if beam > 1 and "-replace_unk" in flags:
                 # OpenNMT-py's beam search (beam > 1) gives the first token an attention row that
                 # is not the one that produced it, so it may replace a first-token unknown by
@@ -644,7 +617,7 @@ def test_opennmt_decoding_controls_match_onmt_translate(task: Path, tmp_path: Pa
                 continue
             assert agreement(ours, theirs) == 1.0, (beam, flags, agreement(ours, theirs))
     # the controls changed answers: the comparisons above are not of the plain decode only
-    plain = decode_with(engine, sources, 5)
-    assert decode_with(engine, sources, 5, no_repeat_ngram_size=2) != plain
+    plain = toolkits.translate_lines(engine, sources, 5)
+    assert toolkits.translate_lines(engine, sources, 5, no_repeat_ngram_size=2) != plain
     assert any("<unk>" in line for line in plain)
-    assert decode_with(engine, sources, 5, replace_unknowns=True) != plain
+    assert toolkits.translate_lines(engine, sources, 5, replace_unknowns=True) != plain

@@ -25,6 +25,9 @@ import sentencepiece as spm
 import yaml
 from subword_nmt.learn_bpe import learn_bpe as subword_learn_bpe
 
+from service.decode.engine import Engine
+from service.decode.options import SearchOptions
+
 WORDS = [f"w{i}" for i in range(40)]
 REPO = (
     Path(__file__).resolve().parents[2]
@@ -120,6 +123,30 @@ def _run(cmd: list[str], log: Path, stdin: Path | None = None, stdout: Path | No
     if done.returncode != 0:
         tail = log.read_text(errors="replace")[-2000:]
         raise RuntimeError(f"{' '.join(cmd[:3])} failed ({done.returncode}):\n{tail}")
+
+
+def translate_lines(
+    engine: Engine,
+    sources: list[str],
+    beam: int,
+    prefixes: list[str] | None = None,
+    **controls: Any,
+) -> list[str]:
+    """Our best translation of each source, 32 a batch, under the settings the toolkits' own
+    translate commands run with here (no length cut but 100 tokens; `translate_onmt`), with each
+    source's target prefix and any decoding controls: what their outputs are compared with."""
+    out: list[str] = []
+    for i in range(0, len(sources), 32):
+        options = SearchOptions(
+            beam_size=beam,
+            max_length_a=0.0,
+            max_length_b=100,
+            target_prefix=tuple(prefixes[i : i + 32]) if prefixes else (),
+            **controls,
+        )
+        got = engine.translate(sources[i : i + 32], options, alignment="none")
+        out += [t.hypotheses[0].text for t in got]
+    return out
 
 
 def train_onmt(task: Path, out: Path, options: dict[str, Any], steps: int = 300) -> Path:

@@ -142,8 +142,9 @@ def _unique_pairs(parts: list[Pairs]) -> Pairs:
     tokens = np.concatenate([t for _, t in parts]).astype(np.int64)
     if len(rows) == 0:
         return rows, tokens
-    key = np.unique(rows * (int(tokens.max()) + 1) + tokens)
-    return key // (int(tokens.max()) + 1), key % (int(tokens.max()) + 1)
+    base = int(tokens.max()) + 1
+    key = np.unique(rows * base + tokens)  # sorted by slot, then token
+    return key // base, key % base
 
 
 def _hits(ids: np.ndarray, pairs: Pairs) -> np.ndarray:

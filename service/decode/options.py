@@ -208,11 +208,6 @@ class SearchOptions:
             return max(1, min(self.max_length, math.ceil(self.max_length_factor * src_len)))
         return max(1, min(self.max_length, int(self.max_length_a * src_len + self.max_length_b)))
 
-    @property
-    def sampling(self) -> bool:
-        """Tokens are drawn at random rather than searched for."""
-        return self.sampling_topk != 1
-
     def for_texts(self, indices: Sequence[int]) -> SearchOptions:
         """The options of some of a request's texts, in that order: their own target prefixes."""
         if not self.target_prefix:

@@ -28,14 +28,6 @@ from service.decode.options import SearchOptions
 FORCED = AlignOptions(links="argmax", matrices="both")  # the pass behind a memory's answer
 
 
-def lookups(engine: Engine, texts: Sequence[str], options: SearchOptions) -> list[tuple[str, ...]]:
-    """Each text's targets in the model's memory (() for none, or when the request turns the
-    memory off or constrains the answer with a prefix or alternatives)."""
-    if not consulted(engine, options):
-        return [() for _ in texts]
-    return [engine.recall(text) for text in texts]
-
-
 def consulted(engine: Engine, options: SearchOptions) -> bool:
     return bool(
         len(engine.memory)
