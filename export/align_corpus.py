@@ -2,11 +2,14 @@
 
     s2s-align-corpus --source corpus.grc --target corpus.en --out corpus.links [--minutes 60]
                      [--bundle models/my-aligner] [--work corpus.links.work] [--config my.toml]
+                     [--links head|teacher]
 
 1. checks the corpus as s2s-train does (export/data/parallel.py: the file and line of different
    line counts, a sentence facing an empty line, text that is not UTF-8) and refuses one of fewer
    than MIN_PAIRS pairs;
-2. eflomal's links over every pair, both directions, grow-diag-final-and (export/train/teacher.py);
+2. eflomal's links over every pair, both directions, grow-diag-final-and, 5 runs voting, each
+   target word left unaligned joined to its nearest aligned neighbour's source words
+   (export/train/teacher.py);
 3. a translation model whose attention those links guide, within its share of --minutes
    (export/train/train.py; every 20th pair, at most 500, held out to choose the checkpoint);
 4. the ONNX bundle and its link head, trained on the same silver links (export/link_head.py);
@@ -14,12 +17,17 @@
    Pharaoh line per input line (0-based source-target over whitespace words; an empty line for a
    line empty on both sides) into --out.
 
+--links teacher writes the teacher's links of stage 2 instead (eflomal as the recipe runs it: on
+the Greek New Testament closer to the gold than the head trained on them, docs/align.md), in a few
+minutes: no model is trained unless --bundle asks for one.
+
 Everything lives in --work (default: OUT.work): run the same command again after an interruption
 and it goes on from the last finished stage (the translation model from its last checkpoint, the
 alignment from the last pair written). --bundle keeps the bundle for `s2s-align` and `s2s-serve`.
---config takes a TOML with [model], [data], [optim] and [link_head] tables instead of the default
-recipe (DEFAULT_RECIPE, the one of configs/grc-en-nt-silver.toml); the command fills in [corpus],
-[alignment], [bundle] and the time limits.
+--config takes a TOML whose [model], [data], [optim], [link_head] and [alignment] tables replace
+the default recipe's (DEFAULT_RECIPE, the one of configs/grc-en-nt-silver.toml; a table left out
+keeps the recipe's); the command fills in [corpus], the teacher (eflomal), [bundle] and the time
+limits.
 """
 
 from __future__ import annotations
@@ -77,7 +85,17 @@ DEFAULT_RECIPE: dict[str, Any] = {
         "guided_alignment": 1.0,
     },
     "link_head": {"epochs": 6, "threads": 1},
+    # the teacher of configs/grc-en-nt-silver.toml (export/train/teacher.py): words compared by
+    # their first letters, 5 eflomal runs voting, unaligned target words joined to a neighbour's
+    "alignment": {
+        "source_prefix_len": 5,
+        "target_prefix_len": 4,
+        "runs": 5,
+        "min_votes": 2,
+        "attach_unaligned": "right",
+    },
 }
+TABLES = ("model", "data", "optim", "link_head", "alignment")
 
 
 class Stage:
@@ -108,10 +126,15 @@ def read_corpus(source: Path, target: Path) -> tuple[list[tuple[str, str]], list
     return split.pairs, kept
 
 
+def dev_indices(n: int) -> set[int]:
+    """The pairs held out as dev: every DEV_EVERY-th, at most DEV_MAX."""
+    return set(list(range(DEV_EVERY - 1, n, DEV_EVERY))[:DEV_MAX])
+
+
 def write_splits(pairs: list[tuple[str, str]], folder: Path) -> CorpusConfig:
     """train and dev files under folder (dev: every DEV_EVERY-th pair, at most DEV_MAX)."""
     folder.mkdir(parents=True, exist_ok=True)
-    dev_ids = set(list(range(DEV_EVERY - 1, len(pairs), DEV_EVERY))[:DEV_MAX])
+    dev_ids = dev_indices(len(pairs))
     parts = {
         "train": [p for i, p in enumerate(pairs) if i not in dev_ids],
         "dev": [pairs[i] for i in sorted(dev_ids)],
@@ -129,10 +152,11 @@ def recipe(config: Path | None) -> dict[str, Any]:
     if config is None:
         return json.loads(json.dumps(DEFAULT_RECIPE))
     raw = tomllib.loads(config.read_text(encoding="utf-8"))
-    unknown = sorted(set(raw) - {"model", "data", "optim", "link_head"})
+    unknown = sorted(set(raw) - set(TABLES))
     if unknown:
-        raise ValueError(f"{config}: unknown tables {unknown} (model, data, optim, link_head)")
-    return {k: dict(raw.get(k, {})) for k in ("model", "data", "optim", "link_head")}
+        raise ValueError(f"{config}: unknown tables {unknown} ({', '.join(TABLES)})")
+    default = recipe(None)
+    return {k: dict(raw[k]) if k in raw else default[k] for k in TABLES}
 
 
 def make_config(
@@ -148,7 +172,7 @@ def make_config(
         corpus=corpus,
         bundle=BundleConfig(name=name, version="1.0.0", credits="links by eflomal (silver)"),
         link_head=head,
-        alignment=AlignmentConfig(teacher="eflomal"),
+        alignment=AlignmentConfig.from_dict({**raw["alignment"], "teacher": "eflomal"}),
     )
 
 
@@ -196,6 +220,25 @@ def align_all(
     partial.replace(out)
 
 
+def write_teacher_links(data: Path, kept: list[bool], out: Path) -> None:
+    """One Pharaoh line per input line into out, the teacher's links (the train and dev splits'
+    files under data, put back in the corpus's order as write_splits took them apart)."""
+    train = read_lines(data / "train.eflomal.pharaoh")
+    dev = read_lines(data / "dev.eflomal.pharaoh")
+    n = len(train) + len(dev)
+    dev_ids = dev_indices(n)
+    if len(dev_ids) != len(dev):
+        raise RuntimeError(f"{data} holds {len(dev)} dev lines, the corpus split {len(dev_ids)}")
+    train_lines, dev_lines = iter(train), iter(dev)
+    links = [next(dev_lines) if i in dev_ids else next(train_lines) for i in range(n)]
+    pair_links = iter(links)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(
+        "".join((next(pair_links) if k else "") + "\n" for k in kept), encoding="utf-8"
+    )
+    partial.replace(out)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The five stages of the module's docstring; returns what they measured."""
     stage = Stage(args.minutes)
@@ -217,8 +260,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     corpus = write_splits(pairs, work / "corpus")
     cfg = make_config(recipe(args.config), corpus, float(state["minutes"]), args.name)
     run_dir = work / "run"
-    stage.say(2, "eflomal's links, both directions, grow-diag-final-and")
+    stage.say(
+        2, f"eflomal's links, both directions, grow-diag-final-and, {cfg.alignment.runs} runs"
+    )
     cfg, source = with_links(cfg, run_dir)
+    if args.links == "teacher" and args.bundle is None:
+        stage.say(3, f"writing the teacher's links of {len(pairs)} pairs into {args.out}")
+        write_teacher_links(run_dir / "data", kept, args.out)
+        return {
+            "pairs": len(pairs),
+            "out": str(args.out),
+            "links": "teacher",
+            "links_source": source,
+            "minutes": round(stage.minutes - stage.left(), 1),
+        }
     if not (run_dir / "summary.json").is_file():
         stage.say(3, f"training the translation model (at most {cfg.optim.max_minutes:.0f} min)")
         train(cfg, run_dir, resume=(run_dir / "last.pt").is_file())
@@ -229,8 +284,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         export_and_evaluate(cfg, run_dir, bundle)
         assert cfg.link_head is not None and cfg.corpus is not None
         train_link_head(cfg.corpus, cfg.link_head, bundle, run_dir / "link_head", source)
-    stage.say(5, f"aligning {len(pairs)} pairs into {args.out}")
-    align_all(bundle, pairs, kept, args.out)
+    if args.links == "teacher":
+        stage.say(5, f"writing the teacher's links of {len(pairs)} pairs into {args.out}")
+        write_teacher_links(run_dir / "data", kept, args.out)
+    else:
+        stage.say(5, f"aligning {len(pairs)} pairs into {args.out}")
+        align_all(bundle, pairs, kept, args.out)
     if args.bundle is not None:
         if args.bundle.exists():
             shutil.rmtree(args.bundle)
@@ -240,6 +299,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "pairs": len(pairs),
         "out": str(args.out),
+        "links": args.links,
         "silver_dev_aer_of_the_head": figures["dev_aer"],
         "links_source": source,
         "minutes": round(stage.minutes - stage.left(), 1),
@@ -255,8 +315,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="Pharaoh links, one line per pair")
     p.add_argument("--minutes", type=float, default=60.0, help="time budget (default %(default)s)")
     p.add_argument("--bundle", type=Path, help="keep the trained bundle here")
+    p.add_argument(
+        "--links",
+        choices=("head", "teacher"),
+        default="head",
+        help="whose links go into --out: the trained link head's (default), or the teacher's "
+        "(eflomal as the recipe runs it: no model is trained unless --bundle asks for one)",
+    )
     p.add_argument("--work", type=Path, help="working folder (default: OUT.work)")
-    p.add_argument("--config", type=Path, help="a recipe TOML: [model] [data] [optim] [link_head]")
+    p.add_argument(
+        "--config", type=Path, help="a recipe TOML: [model] [data] [optim] [link_head] [alignment]"
+    )
     p.add_argument("--name", default="aligner", help="the bundle's model name")
     args = p.parse_args(argv)
     if args.minutes <= 0:

@@ -13,7 +13,7 @@ from export.metrics.aer import (
     score_corpus,
     score_sentence,
 )
-from export.metrics.symmetrize import grow_diag_final_and, intersect
+from export.metrics.symmetrize import attach_unaligned_targets, grow_diag_final_and, intersect
 
 
 def test_parse_and_format_round_trip() -> None:
@@ -103,3 +103,20 @@ def test_final_and_needs_both_words_unaligned() -> None:
     assert grow_diag_final_and({(0, 0), (2, 3)}, {(0, 0), (2, 4)}) == {(0, 0), (2, 3)}
     # a neighbour of the intersection whose two words are both aligned already does not grow
     assert grow_diag_final_and({(0, 0), (1, 1), (0, 1)}, {(0, 0), (1, 1)}) == {(0, 0), (1, 1)}
+
+
+def test_unaligned_target_words_join_their_nearest_aligned_neighbour() -> None:
+    # "he will come soon" against one Greek verb (0) and an adverb (1): he (0) and will (1) join
+    # come's verb; looking left first, will (1) would join nothing nearer than come (2) either
+    links = {(0, 2), (1, 3)}
+    assert attach_unaligned_targets(links, 4, "right") == {(0, 0), (0, 1), (0, 2), (1, 3)}
+    assert attach_unaligned_targets(links, 4, "left") == {(0, 0), (0, 1), (0, 2), (1, 3)}
+    # at equal distance the first side wins; a word between two links takes all of one side's
+    links = {(0, 0), (1, 2), (2, 2)}
+    assert attach_unaligned_targets(links, 3, "right") == links | {(1, 1), (2, 1)}
+    assert attach_unaligned_targets(links, 3, "left") == links | {(0, 1)}
+    # only the links given are neighbours: words attached in the pass do not attach others
+    assert attach_unaligned_targets({(0, 3)}, 4, "right") == {(0, 0), (0, 1), (0, 2), (0, 3)}
+    assert attach_unaligned_targets(set(), 3, "right") == set()  # nothing to join
+    with pytest.raises(ValueError, match="'right' or 'left'"):
+        attach_unaligned_targets(links, 3, "up")

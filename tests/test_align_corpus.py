@@ -107,6 +107,32 @@ def test_a_second_run_resumes_without_training_again(
     assert not partial.exists()
 
 
+@pytest.mark.slow
+def test_the_teachers_links_need_no_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--links teacher without --bundle: eflomal as the recipe runs it, no training, one line per
+    input line in the corpus's order (the dev pairs held out put back in place)."""
+    src, tgt, gold = write_toy(tmp_path)
+
+    def no_training(*args: object, **kwargs: object) -> None:
+        raise AssertionError("trained a model for the teacher's links")
+
+    monkeypatch.setattr(align_corpus, "train", no_training)
+    monkeypatch.setattr(align_corpus, "train_link_head", no_training)
+    out = tmp_path / "teacher.links"
+    argv = ["--source", str(src), "--target", str(tgt), "--out", str(out), "--links", "teacher"]
+    assert align_corpus.main(argv) == 0
+    lines = out.read_text().split("\n")[:-1]
+    assert len(lines) == len(gold) and all(lines[i] == "" for i in BLANK)
+    data = tmp_path / "teacher.links.work" / "run" / "data"
+    dev = (data / "dev.eflomal.pharaoh").read_text().splitlines()
+    nonblank = [x for i, x in enumerate(lines) if i not in BLANK]
+    # write_splits holds out every 20th pair: the 20th pair's line is dev's first
+    assert nonblank[19] == dev[0] and nonblank[39] == dev[1]
+    predicted = [parse_pharaoh(x) for x in nonblank]
+    truth = [parse_pharaoh(x) for i, x in enumerate(gold) if i not in BLANK]
+    assert score_corpus(predicted, truth).aer < 0.2
+
+
 def write(folder: Path, src: str, tgt: str | bytes) -> list[str]:
     (folder / "s").write_text(src, encoding="utf-8")
     data = tgt if isinstance(tgt, bytes) else tgt.encode()

@@ -27,6 +27,8 @@ from export.train.teacher import (
     fold,
     recorded_source,
     resolve_teacher,
+    silver_links,
+    vote,
 )
 from service.decode.aligner import align
 from service.decode.config import RuntimeConfig
@@ -56,6 +58,46 @@ def test_auto_teacher_is_gold_where_there_is_gold_else_eflomal_when_links_are_ne
         AlignmentConfig(teacher="giza")
     with pytest.raises(ValueError, match="unknown keys"):
         AlignmentConfig.from_dict({"techer": "eflomal"})
+    with pytest.raises(ValueError, match="min_votes <= runs"):
+        AlignmentConfig(runs=2, min_votes=3)
+    with pytest.raises(ValueError, match="attach_unaligned must be one of"):
+        AlignmentConfig(attach_unaligned="both")
+
+
+def test_votes_keep_the_links_enough_runs_hold() -> None:
+    runs = [[{(0, 0), (1, 1)}, {(0, 0)}], [{(0, 0)}, {(1, 0)}], [{(0, 0), (1, 1)}, set()]]
+    assert vote(runs, 1) == [{(0, 0), (1, 1)}, {(0, 0), (1, 0)}]
+    assert vote(runs, 2) == [{(0, 0), (1, 1)}, set()]
+    assert vote(runs, 3) == [{(0, 0)}, set()]
+
+
+def test_silver_links_vote_over_runs_then_attach_what_is_left_unaligned() -> None:
+    """Three eflomal runs on a language where a target word ("the", t) has no source word: the
+    links voted in by 2 of 3 runs, then every target word left over joined to its right
+    neighbour's source word, as the config says; the manifest's record says so too."""
+    sources = ["a b", "b a", "a", "b"] * 40
+    targets = ["t x t y", "t y t x", "t x", "t y"] * 40
+    cfg = AlignmentConfig(teacher="eflomal", runs=3, min_votes=2, attach_unaligned="right")
+    said: list[str] = []
+    links, forward, reverse = silver_links(sources, targets, cfg, said.append)
+    assert said == [
+        "teacher eflomal: run 1 of 3",
+        "teacher eflomal: run 2 of 3",
+        "teacher eflomal: run 3 of 3",
+    ]
+    assert len(links) == len(forward) == len(reverse) == len(sources)
+    gold = [
+        {(i, 2 * i) for i in range(len(s.split()))}
+        | {(i, 2 * i + 1) for i in range(len(s.split()))}
+        for s in sources
+    ]
+    # every target word is linked, and to the source word of the word it precedes
+    assert all(
+        {j for _, j in x} == set(range(len(t.split()))) for x, t in zip(links, targets, strict=True)
+    )
+    assert score_corpus(links, gold).aer < 0.1
+    record = cfg.eflomal_settings()
+    assert (record["runs"], record["min_votes"], record["attach_unaligned"]) == (3, 2, "right")
 
 
 def test_eflomal_finds_a_word_for_word_language() -> None:

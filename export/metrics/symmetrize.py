@@ -74,3 +74,30 @@ def grow_diag_final_and(forward: Iterable[Link], reverse: Iterable[Link]) -> set
 
 def intersect(forward: Iterable[Link], reverse: Iterable[Link]) -> set[Link]:
     return set(forward) & set(reverse)
+
+
+def attach_unaligned_targets(
+    links: Iterable[Link], n_target: int, first: str = "right"
+) -> set[Link]:
+    """Every target word left unaligned joins the source words of the nearest aligned target word,
+    looking `first` ("right" or "left") at equal distance. People link a function word to the
+    content word it belongs to ("he will come" all to one verb, "of God" to one noun), where a
+    statistical aligner leaves it to NULL; in English the content word follows, hence "right"."""
+    if first not in ("right", "left"):
+        raise ValueError(f"first must be 'right' or 'left', got {first!r}")
+    out = set(links)
+    sources_of: dict[int, set[int]] = {}
+    for i, j in out:
+        sources_of.setdefault(j, set()).add(i)
+    step = 1 if first == "right" else -1
+    for j in range(n_target):
+        if j in sources_of:
+            continue
+        for distance in range(1, n_target):
+            nearest = next(
+                (k for k in (j + step * distance, j - step * distance) if k in sources_of), None
+            )
+            if nearest is not None:
+                out |= {(i, j) for i in sources_of[nearest]}
+                break
+    return out

@@ -9,9 +9,13 @@ come from:
                           # (optim.guided_alignment > 0 or a [link_head] table)
 
 With eflomal (the PyPI package, Östling and Tiedemann 2016) every pair of every split the run reads
-is aligned at once, in both directions, over lower-cased, accent-stripped words, and the two
-directions are symmetrized with grow-diag-final-and (export/metrics/symmetrize.py). No gold file is
-opened: each split is read as text only (its `alignments` left out), written to
+is aligned at once, in both directions, over lower-cased, accent-stripped words (compared by their
+first letters with `source_prefix_len`/`target_prefix_len`), and the two directions are symmetrized
+with grow-diag-final-and (export/metrics/symmetrize.py). eflomal samples: with `runs` > 1 it runs
+that many times and a link stays where `min_votes` runs hold it. Then, with `attach_unaligned`, each
+target word still unaligned joins the source words of its nearest aligned neighbour, as people link
+function words ("he will come" to one verb) where an IBM-model aligner leaves them to NULL. No gold
+file is opened: each split is read as text only (its `alignments` left out), written to
 `<out>/data/<split>.{src,tgt}` with its links beside it in `<split>.eflomal.pharaoh` (and each
 direction's in `<split>.eflomal-fwd.pharaoh`, `-rev.pharaoh`), and the run
 then reads those as its corpus, so guided alignment and the link head do not know which links they
@@ -28,6 +32,7 @@ import os
 import tempfile
 import time
 import unicodedata
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -35,10 +40,11 @@ from typing import Any
 
 from export.data.parallel import CorpusConfig, SplitSpec, load_split
 from export.metrics.aer import parse_pharaoh
-from export.metrics.symmetrize import grow_diag_final_and
+from export.metrics.symmetrize import attach_unaligned_targets, grow_diag_final_and
 
 Link = tuple[int, int]
 TEACHERS = ("auto", "gold", "eflomal")
+ATTACH = ("none", "right", "left")
 SETTINGS_FILE = "eflomal.json"
 
 
@@ -54,10 +60,27 @@ class AlignmentConfig:
     source_prefix_len: int = 0
     target_prefix_len: int = 0
     threads: int = 1  # OMP_NUM_THREADS of the eflomal binary
+    # eflomal samples, so runs differ: with runs > 1 a link is kept where at least min_votes of the
+    # runs' symmetrized links (and, for each direction, of its links) hold it
+    runs: int = 1
+    min_votes: int = 1
+    # "right"/"left": a target word left unaligned joins the source words of the nearest aligned
+    # target word, looking that way first (export/metrics/symmetrize.py); "none": left unaligned
+    attach_unaligned: str = "none"
 
     def __post_init__(self) -> None:
         if self.teacher not in TEACHERS:
             raise ValueError(f"[alignment] teacher must be one of {TEACHERS}, got {self.teacher!r}")
+        if self.runs < 1 or not 1 <= self.min_votes <= self.runs:
+            raise ValueError(
+                f"[alignment] needs runs >= 1 and 1 <= min_votes <= runs, got runs = {self.runs}, "
+                f"min_votes = {self.min_votes}"
+            )
+        if self.attach_unaligned not in ATTACH:
+            raise ValueError(
+                f"[alignment] attach_unaligned must be one of {ATTACH}, "
+                f"got {self.attach_unaligned!r}"
+            )
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> AlignmentConfig:
@@ -81,6 +104,9 @@ class AlignmentConfig:
             "target_prefix_len": self.target_prefix_len,
             "directions": "both, symmetrized with grow-diag-final-and",
             "words": "lower-cased, accents stripped",
+            "runs": self.runs,
+            "min_votes": self.min_votes,
+            "attach_unaligned": self.attach_unaligned,
         }
 
 
@@ -149,6 +175,43 @@ def eflomal_gdfa(
     return [grow_diag_final_and(f, r) for f, r in zip(forward, reverse, strict=True)]
 
 
+def vote(runs: Sequence[Sequence[set[Link]]], min_votes: int) -> list[set[Link]]:
+    """Per pair, the links that at least min_votes of the runs hold."""
+    kept = []
+    for per_run in zip(*runs, strict=True):
+        counts = Counter(link for links in per_run for link in links)
+        kept.append({link for link, n in counts.items() if n >= min_votes})
+    return kept
+
+
+def silver_links(
+    sources: Sequence[str],
+    targets: Sequence[str],
+    cfg: AlignmentConfig,
+    say: Callable[[str], Any] = print,
+) -> tuple[list[set[Link]], list[set[Link]], list[set[Link]]]:
+    """The teacher's links of every pair, then its forward and reverse links: cfg.runs eflomal
+    runs, each symmetrized with grow-diag-final-and, kept where min_votes runs agree, and the
+    target words left unaligned attached as cfg.attach_unaligned says."""
+    forwards, reverses, symmetrized = [], [], []
+    for run in range(cfg.runs):
+        if cfg.runs > 1:
+            say(f"teacher eflomal: run {run + 1} of {cfg.runs}")
+        forward, reverse = eflomal_directions(sources, targets, cfg)
+        forwards.append(forward)
+        reverses.append(reverse)
+        symmetrized.append(
+            [grow_diag_final_and(f, r) for f, r in zip(forward, reverse, strict=True)]
+        )
+    links = vote(symmetrized, cfg.min_votes)
+    if cfg.attach_unaligned != "none":
+        links = [
+            attach_unaligned_targets(x, len(t.split()), cfg.attach_unaligned)
+            for x, t in zip(links, targets, strict=True)
+        ]
+    return links, vote(forwards, cfg.min_votes), vote(reverses, cfg.min_votes)
+
+
 def pharaoh_line(links: set[Link] | list[Link]) -> str:
     return " ".join(f"{s}-{t}" for s, t in sorted(links))
 
@@ -190,8 +253,9 @@ def silver_corpus(
     else:
         say(f"teacher eflomal: aligning {len(pairs)} pairs, both directions (1 thread)...")
         start = time.monotonic()
-        forward, reverse = eflomal_directions([s for s, _ in pairs], [t for _, t in pairs], cfg)
-        links = [grow_diag_final_and(f, r) for f, r in zip(forward, reverse, strict=True)]
+        links, forward, reverse = silver_links(
+            [s for s, _ in pairs], [t for _, t in pairs], cfg, say
+        )
         seconds = round(time.monotonic() - start, 1)
         at = 0
         for name in order:
