@@ -17,9 +17,9 @@
    Pharaoh line per input line (0-based source-target over whitespace words; an empty line for a
    line empty on both sides) into --out.
 
---links teacher writes the teacher's links of stage 2 instead (eflomal as the recipe runs it: on
-the Greek New Testament closer to the gold than the head trained on them, docs/align.md), in a few
-minutes: no model is trained unless --bundle asks for one.
+--links teacher writes the teacher's links of stage 2 instead (eflomal as the recipe runs it), in a
+few minutes: no model is trained unless --bundle asks for one (on the Greek New Testament a little
+further from the gold than the head's, docs/align.md).
 
 Everything lives in --work (default: OUT.work): run the same command again after an interruption
 and it goes on from the last finished stage (the translation model from its last checkpoint, the
