@@ -40,16 +40,6 @@ from service.decode.links import Link, parse_pharaoh
 from service.model.bundle import load_bundle
 
 SPLITS = ("train", "dev", "test")
-TEACHER_KEYS = (
-    "model",
-    "n_samplers",
-    "null_prior",
-    "source_prefix_len",
-    "target_prefix_len",
-    "runs",
-    "min_votes",
-    "attach_unaligned",
-)
 
 
 def load(bundle: Path) -> Engine:
@@ -87,9 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     everything = [p for name in SPLITS for p in splits[name][0]]
     sources, targets = [s for s, _ in everything], [t for _, t in everything]
     recorded = load_bundle(args.silver).info["link_head"]["links_source"]
-    teacher = AlignmentConfig.from_dict(
-        {k: v for k, v in recorded.items() if k in TEACHER_KEYS} | {"teacher": "eflomal"}
-    )
+    teacher = AlignmentConfig.from_record(recorded)
     aligners: dict[str, Callable[[], list[set[Link]]]] = {
         "eflomal 2.0.0, grow-diag-final-and (train + dev + John text)": lambda: eflomal_gdfa(
             sources, targets

@@ -230,8 +230,7 @@ def write_teacher_links(data: Path, kept: list[bool], out: Path) -> None:
     if len(dev_ids) != len(dev):
         raise RuntimeError(f"{data} holds {len(dev)} dev lines, the corpus split {len(dev_ids)}")
     train_lines, dev_lines = iter(train), iter(dev)
-    links = [next(dev_lines) if i in dev_ids else next(train_lines) for i in range(n)]
-    pair_links = iter(links)
+    pair_links = (next(dev_lines) if i in dev_ids else next(train_lines) for i in range(n))
     partial = out.with_name(out.name + ".partial")
     partial.write_text(
         "".join((next(pair_links) if k else "") + "\n" for k in kept), encoding="utf-8"
@@ -264,26 +263,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         2, f"eflomal's links, both directions, grow-diag-final-and, {cfg.alignment.runs} runs"
     )
     cfg, source = with_links(cfg, run_dir)
-    if args.links == "teacher" and args.bundle is None:
-        stage.say(3, f"writing the teacher's links of {len(pairs)} pairs into {args.out}")
-        write_teacher_links(run_dir / "data", kept, args.out)
-        return {
-            "pairs": len(pairs),
-            "out": str(args.out),
-            "links": "teacher",
-            "links_source": source,
-            "minutes": round(stage.minutes - stage.left(), 1),
-        }
-    if not (run_dir / "summary.json").is_file():
-        stage.say(3, f"training the translation model (at most {cfg.optim.max_minutes:.0f} min)")
-        train(cfg, run_dir, resume=(run_dir / "last.pt").is_file())
     bundle = run_dir / "bundle"
     head_json = run_dir / "link_head" / "link_head.json"
-    if not head_json.is_file():
-        stage.say(4, "exporting the bundle and training its link head on the silver links")
-        export_and_evaluate(cfg, run_dir, bundle)
-        assert cfg.link_head is not None and cfg.corpus is not None
-        train_link_head(cfg.corpus, cfg.link_head, bundle, run_dir / "link_head", source)
+    if args.links == "head" or args.bundle is not None:
+        if not (run_dir / "summary.json").is_file():
+            minutes = cfg.optim.max_minutes
+            stage.say(3, f"training the translation model (at most {minutes:.0f} min)")
+            train(cfg, run_dir, resume=(run_dir / "last.pt").is_file())
+        if not head_json.is_file():
+            stage.say(4, "exporting the bundle and training its link head on the silver links")
+            export_and_evaluate(cfg, run_dir, bundle)
+            assert cfg.link_head is not None and cfg.corpus is not None
+            train_link_head(cfg.corpus, cfg.link_head, bundle, run_dir / "link_head", source)
     if args.links == "teacher":
         stage.say(5, f"writing the teacher's links of {len(pairs)} pairs into {args.out}")
         write_teacher_links(run_dir / "data", kept, args.out)
@@ -295,12 +286,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(args.bundle)
         shutil.copytree(bundle, args.bundle)
         tqdm.write(f"kept the bundle in {args.bundle}")
-    figures = json.loads(head_json.read_text())
-    return {
-        "pairs": len(pairs),
-        "out": str(args.out),
-        "links": args.links,
-        "silver_dev_aer_of_the_head": figures["dev_aer"],
+    summary: dict[str, Any] = {"pairs": len(pairs), "out": str(args.out), "links": args.links}
+    if head_json.is_file():
+        summary["silver_dev_aer_of_the_head"] = json.loads(head_json.read_text())["dev_aer"]
+    return summary | {
         "links_source": source,
         "minutes": round(stage.minutes - stage.left(), 1),
     }

@@ -90,6 +90,13 @@ class AlignmentConfig:
             raise ValueError(f"[alignment] has unknown keys {unknown} (known: {sorted(known)})")
         return cls(**raw)
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> AlignmentConfig:
+        """The eflomal teacher a links_source record (`eflomal_settings` and what the run added:
+        version, pairs, seconds) describes; the thread count is not recorded."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in record.items() if k in known})
+
     def eflomal_settings(self) -> dict[str, Any]:
         """What the manifest records as the links' source."""
         from importlib.metadata import version
