@@ -43,16 +43,12 @@ def correct(answer: str, references: Sequence[str]) -> bool:
     return answer in references
 
 
-def run(bundle: Path, threads: int) -> dict[str, Any]:
-    engine = Engine.load(
-        bundle, RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=threads)
-    )
-    pronunciations = g2p.load_cmudict()
-    split = g2p.split_words(pronunciations, seed=1)
+def run(engine: Engine, split: g2p.Split) -> dict[str, Any]:
+    pronunciations = split.pronunciations
     held_out = set(split.dev) | set(split.test)
     words = [w for w in WORDS if w in pronunciations]
     refs = {w: [" ".join(p) for p in pronunciations[w]] for w in words}
-    rows: dict[str, Any] = {"bundle": str(bundle), "words": len(words)}
+    rows: dict[str, Any] = {"bundle": str(engine.bundle.path), "words": len(words)}
     for name, use_memory in (("model alone", False), ("memory, then model", True)):
         options = SearchOptions(beam_size=5, use_memory=use_memory)
         answers = [t.hypotheses[0] for t in recall.translate(engine, words, options, "none")]
@@ -70,13 +66,9 @@ def run(bundle: Path, threads: int) -> dict[str, Any]:
     return rows
 
 
-def held_out(bundle: Path, threads: int, limit: int | None) -> dict[str, Any]:
+def held_out(engine: Engine, split: g2p.Split, limit: int | None) -> dict[str, Any]:
     """WER/PER of the test split (words in no training split), with and without the memory: the
     same, since none of those words is in it."""
-    engine = Engine.load(
-        bundle, RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=threads)
-    )
-    split = g2p.split_words(g2p.load_cmudict(), seed=1)
     words = split.test[:limit]
     refs = {w: [" ".join(p) for p in split.pronunciations[w]] for w in words}
     in_memory = sum(1 for w in words if engine.recall(w))
@@ -102,9 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--held-out", action="store_true", help="also the test split's WER/PER")
     p.add_argument("--limit", type=int, help="with --held-out: the first N test words")
     args = p.parse_args(argv)
-    report = run(args.bundle, args.threads)
+    engine = Engine.load(
+        args.bundle,
+        RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=args.threads),
+    )
+    split = g2p.split_words(g2p.load_cmudict(), seed=1)
+    report = run(engine, split)
     if args.held_out:
-        report["held_out"] = held_out(args.bundle, args.threads, args.limit)
+        report["held_out"] = held_out(engine, split, args.limit)
     print(json.dumps(report, indent=1))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
