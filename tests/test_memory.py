@@ -243,3 +243,9 @@ def test_the_g2p_memory_matches_after_the_input_rule_and_s2s_translate_reads_a_f
     answer = json.loads(capsys.readouterr().out.splitlines()[0])
     assert answer["hypotheses"][0]["text"] == "N W IH1 N"
     assert answer["hypotheses"][0]["origin"] == "memory"
+    # the text output marks the memory's answer in a column of its own, the model's not at all
+    monkeypatch.setattr("sys.stdin", io.StringIO("NGUYEN\nzorbiq\n"))
+    assert cli.main(["--bundle", str(REPO / "models" / "g2p"), "--memory", str(mine)]) == 0
+    remembered, decoded = capsys.readouterr().out.splitlines()
+    assert remembered == "N W IH1 N\t(memory)"
+    assert decoded and "\t" not in decoded

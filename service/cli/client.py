@@ -31,7 +31,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli.heatmap import save_heatmap_png
-from service.cli.render import alternative_column, translation_to_json
+from service.cli.render import alternative_column, origin_column, translation_to_json
 from service.decode.alignment import render_text_heatmap
 from service.decode.forced import AlignedPair
 from service.decode.links import LINK_MODES
@@ -384,8 +384,7 @@ def format_hypothesis(
     h: ClientHypothesis, show_score: bool, show_alignment: bool, show_confidence: bool = False
 ) -> str:
     first = alternative_column(h) + (f"{h.score:.4f}\t{h.text}" if show_score else h.text)
-    if h.origin != "model":
-        first += f"\t({h.origin})"
+    first += origin_column(h)
     if show_confidence:
         first = f"{h.confidence:.4f}{'?' if h.low_confidence else ''}\t{first}"
     lines = [first]

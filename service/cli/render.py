@@ -65,3 +65,8 @@ def alternative_column(h: Any) -> str:
     """The text CLIs' column for an alternative: its word and probability, then a tab."""
     a = h.alternative
     return "" if a is None else f"{a.word}\t{a.probability:.4f}\t"
+
+
+def origin_column(h: Any) -> str:
+    """The text CLIs' mark for an answer the memory gave: a tab and its origin; none for the model."""
+    return "" if h.origin == "model" else f"\t({h.origin})"

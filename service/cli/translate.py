@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from service.cli.heatmap import save_heatmap_png
-from service.cli.render import alternative_column, translation_to_json
+from service.cli.render import alternative_column, origin_column, translation_to_json
 from service.decode import recall
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import AlignmentMode, Engine, InvalidInput, Translation
@@ -124,7 +124,7 @@ def format_line(t: Translation, args: argparse.Namespace) -> str:
     lines = []
     for h in t.hypotheses:
         text = h.text if len(t.hypotheses) == 1 else f"{h.score:.4f}\t{h.text}"
-        text = alternative_column(h) + text + ("" if h.origin == "model" else f"\t({h.origin})")
+        text = alternative_column(h) + text + origin_column(h)
         if args.confidence:
             text = f"{confidence_column(h.confidence, h.low_confidence)}\t{text}"
         if args.align and h.alignment:
