@@ -35,7 +35,10 @@ def signature(path: Path | None) -> tuple[str, int, int] | None:
 
 def attach(engine: Engine, directory: str) -> None:
     """Read the model's file into engine.user_memory (MemoryFileError naming file and line)."""
-    path = memory_file(directory, engine.bundle.name)
+    read_into(engine, memory_file(directory, engine.bundle.name))
+
+
+def read_into(engine: Engine, path: Path | None) -> None:
     engine.user_memory = mem.EMPTY if path is None else engine.read_memory(path)
     engine.user_memory_signature = signature(path)
 
@@ -48,7 +51,7 @@ def refresh(engines: list[Engine], directory: str) -> None:
         if signature(path) == engine.user_memory_signature:
             continue
         try:
-            attach(engine, directory)
+            read_into(engine, path)
         except mem.MemoryFileError as err:
             log.error("memory file refused, the entries in force are kept: %s", err)
             continue
