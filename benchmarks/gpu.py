@@ -1,6 +1,6 @@
 """The decode loop against batch size, on every execution provider this onnxruntime has.
 
-    python -m benchmarks.gpu [--batches 1 4 16 64 128] [--models default realistic] [--json PATH]
+    python -m benchmarks.gpu [--batches 1 4 16 64 256] [--models default grc realistic] [--json PATH]
 
 Runs anywhere; meaningful on a GPU (onnxruntime-gpu with the CUDA provider, `pip install --no-deps
 onnxruntime-gpu`). For each model (the default bundle; the realistic configuration, V 8k, E 256,
@@ -15,14 +15,19 @@ always, CUDA when present), at beam 5 and each batch size B (sentences; 5·B hyp
 with the host↔device bytes per step from the model's transfer ledger (encoder calls excluded:
 sentences are encoded before the clock starts, as the server's encode-ahead thread does), and each
 provider's speed-up over the CPU provider, measured side by side in the same run on the same
-machine.
+machine. Each row also gives the share of the step's wall time spent outside ONNX Runtime's
+`run_with_iobinding` (the beam search in Python, binding, row ops), and, where the process was
+started with benchmarks/native/cuda_copy_counter.so preloaded (S2S_COPY_COUNTER names it), the
+host-to-device bytes per step the CUDA runtime itself copied, beside the ledger's.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import json
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,9 +38,10 @@ from typing import Any
 import numpy as np
 
 from benchmarks.configs import REALISTIC
+from benchmarks.sample_texts import bundle_texts
 from service.decode.beam import BeamSearch, SearchOptions
 from service.decode.config import RuntimeConfig
-from service.decode.runtime import CUDA, EncodedSentence, OnnxModel
+from service.decode.runtime import CUDA, EncodedSentence, OnnxDecoder, OnnxModel
 from service.model.bundle import Bundle, load_bundle
 from service.model.tokenizer import Tokenizer
 
@@ -50,6 +56,77 @@ class Figures:
     hyp_steps_per_s: float
     bytes_per_step: float
     bytes_by_reason: dict[str, float]
+    h2d_bytes_per_step: float  # the ledger's host-to-device bytes
+    outside_run_share: float  # of the wall time, the part not inside the decoder's run
+    measured_h2d_bytes_per_step: float | None = None  # the CUDA runtime's copies (the counter)
+    measured_h2d_copies_per_step: float | None = None
+
+
+class TimedRuns:
+    """A decoder session whose `run_with_iobinding` calls are timed; everything else passes through."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.seconds = 0.0
+
+    def run_with_iobinding(self, binding: Any, run_options: Any = None) -> None:
+        started = time.perf_counter()
+        self.session.run_with_iobinding(binding, run_options)
+        self.seconds += time.perf_counter() - started
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
+
+def timed(decoder: OnnxDecoder) -> TimedRuns:
+    runs = TimedRuns(decoder.main.session)
+    decoder.main.session = runs  # type: ignore[assignment]
+    return runs
+
+
+class CopyCounter:
+    """The counters of benchmarks/native/cuda_copy_counter.so, when this process preloaded it."""
+
+    KINDS = 5  # cudaMemcpyKind: host-to-host, host-to-device, device-to-host, device-to-device
+
+    def __init__(self) -> None:
+        path = os.environ.get("S2S_COPY_COUNTER", "")
+        preloaded = path and path in os.environ.get("LD_PRELOAD", "")
+        self.lib = ctypes.CDLL(path) if preloaded else None
+
+    def snapshot(self) -> tuple[int, int] | None:
+        """(host-to-device bytes, host-to-device copies) so far; None without the counter."""
+        if self.lib is None:
+            return None
+        nbytes = (ctypes.c_uint64 * self.KINDS)()
+        calls = (ctypes.c_uint64 * self.KINDS)()
+        self.lib.s2s_copy_counts(nbytes, calls)
+        return int(nbytes[1]), int(calls[1])
+
+
+COUNTER = CopyCounter()
+
+
+def figures(
+    hyp_steps: int, seconds: float, steps: int, moved: Any, run_s: float, copies: Any
+) -> Figures:
+    h2d = sum(n for (d, _), n in moved.bytes.items() if d == "host_to_device")
+    return Figures(
+        hyp_steps_per_s=hyp_steps / seconds,
+        bytes_per_step=moved.total_bytes / steps,
+        bytes_by_reason={r: n / steps for r, n in moved.by_reason().items()},
+        h2d_bytes_per_step=h2d / steps,
+        outside_run_share=max(0.0, 1.0 - run_s / seconds),
+        measured_h2d_bytes_per_step=None if copies is None else copies[0] / steps,
+        measured_h2d_copies_per_step=None if copies is None else copies[1] / steps,
+    )
+
+
+def copies_since(before: tuple[int, int] | None) -> tuple[int, int] | None:
+    after = COUNTER.snapshot()
+    if before is None or after is None:
+        return None
+    return after[0] - before[0], after[1] - before[1]
 
 
 def fixed_length(steps: int) -> SearchOptions:
@@ -59,11 +136,12 @@ def fixed_length(steps: int) -> SearchOptions:
 def static(model: OnnxModel, encoded: list[EncodedSentence], repeats: int) -> Figures:
     """B sentences, TARGET_LEN steps together; the best of `repeats` runs after a warm-up."""
     vocab = model.bundle.architecture.tgt_vocab_size
-    best, moved = float("inf"), None
+    best: Figures | None = None
     for run in range(repeats + 1):
-        before = model.transfers.snapshot()
+        before, copied = model.transfers.snapshot(), COUNTER.snapshot()
         started = time.perf_counter()
         decoder = model.new_decoder()
+        runs = timed(decoder)
         decoder.add_sentences(encoded)
         search = BeamSearch(decoder, BEAM, bos_id=1, eos_id=NEVER, vocab_size=vocab)
         for b, sentence in enumerate(encoded):
@@ -71,16 +149,18 @@ def static(model: OnnxModel, encoded: list[EncodedSentence], repeats: int) -> Fi
         while not search.is_empty:
             search.step()
         seconds = time.perf_counter() - started
-        if run:  # run 0 is the warm-up
-            best = min(best, seconds)
-            moved = model.transfers.snapshot().minus(before)
-    assert moved is not None
-    steps = TARGET_LEN
-    return Figures(
-        hyp_steps_per_s=BEAM * len(encoded) * steps / best,
-        bytes_per_step=moved.total_bytes / steps,
-        bytes_by_reason={r: n / steps for r, n in moved.by_reason().items()},
-    )
+        row = figures(
+            BEAM * len(encoded) * TARGET_LEN,
+            seconds,
+            TARGET_LEN,
+            model.transfers.snapshot().minus(before),
+            runs.seconds,
+            copies_since(copied),
+        )
+        if run and (best is None or row.hyp_steps_per_s > best.hyp_steps_per_s):
+            best = row  # run 0 is the warm-up
+    assert best is not None
+    return best
 
 
 def churn(model: OnnxModel, pool: list[EncodedSentence], B: int, steps: int) -> Figures:
@@ -100,16 +180,19 @@ def churn(model: OnnxModel, pool: list[EncodedSentence], B: int, steps: int) -> 
 
     for _ in range(B):
         join_and_step()
-    before = model.transfers.snapshot()
+    runs = timed(decoder)
+    before, copied = model.transfers.snapshot(), COUNTER.snapshot()
     started = time.perf_counter()
     for _ in range(steps):
         join_and_step()
     seconds = time.perf_counter() - started
-    moved = model.transfers.snapshot().minus(before)
-    return Figures(
-        hyp_steps_per_s=BEAM * B * steps / seconds,
-        bytes_per_step=moved.total_bytes / steps,
-        bytes_by_reason={r: n / steps for r, n in moved.by_reason().items()},
+    return figures(
+        BEAM * B * steps,
+        seconds,
+        steps,
+        model.transfers.snapshot().minus(before),
+        runs.seconds,
+        copies_since(copied),
     )
 
 
@@ -118,6 +201,14 @@ def default_sources(n: int) -> tuple[Bundle, list[list[int]]]:
     tok = Tokenizer.load(bundle.file("source.model"))
     lines = (REPO / "docs" / "eval" / "test.tsv").read_text().splitlines()
     texts = [line.split("\t")[0] for line in lines if line.strip()]
+    return bundle, [tok.encode(texts[i % len(texts)]) for i in range(n)]
+
+
+def grc_sources(n: int) -> tuple[Bundle, list[list[int]]]:
+    """The Greek bundle, on Greek verses of its dev split."""
+    bundle = load_bundle(REPO / "models" / "grc-en-nt")
+    tok = Tokenizer.load(bundle.file("source.model"))
+    texts = bundle_texts(bundle.path)
     return bundle, [tok.encode(texts[i % len(texts)]) for i in range(n)]
 
 
@@ -142,6 +233,7 @@ def realistic_sources(n: int) -> tuple[Bundle, list[list[int]]]:
 
 MODELS: dict[str, Callable[[int], tuple[Bundle, list[list[int]]]]] = {
     "default": default_sources,
+    "grc": grc_sources,
     "realistic": realistic_sources,
 }
 
@@ -153,34 +245,50 @@ def available_providers() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    report: dict[str, Any] = {"providers": {}, "models": {}}
-    providers = available_providers()
+    report: dict[str, Any] = {"providers": {}, "models": {}, "errors": {}}
+    providers = [p for p in available_providers() if p in getattr(args, "providers", PROVIDERS)]
     for name in args.models:
-        bundle, sources = MODELS[name](max(args.batches) + args.steps + max(args.batches))
-        rows: list[dict[str, Any]] = []
-        for provider in providers:
-            # offline decoding with the machine to itself: spinning threads, as benchmarks.decode
-            config = RuntimeConfig(providers=PROVIDERS[provider], spin_wait=True, encoder_threads=0)
-            model = OnnxModel(bundle, config)
-            report["providers"][provider] = model.providers
-            if provider == "cuda" and model.providers[0] != CUDA:
-                print(f"{name}: the CUDA provider did not load; skipped")
-                continue
-            pool = model.encode_sentences(sources)
-            for B in args.batches:
-                rows.append(
-                    {
-                        "provider": provider,
-                        "sentences": B,
-                        "hypotheses": BEAM * B,
-                        "static": static(model, pool[:B], args.repeats).__dict__,
-                        "churn": churn(model, pool, B, args.steps).__dict__,
-                    }
-                )
-                print_row(name, rows[-1])
-        add_speedups(rows)
-        report["models"][name] = rows
+        try:
+            report["models"][name] = model_rows(name, providers, args, report)
+        except Exception as err:
+            report["errors"][name] = f"{type(err).__name__}: {err}"
+            print(f"{name}: failed: {report['errors'][name]}")
     return report
+
+
+def model_rows(
+    name: str, providers: list[str], args: argparse.Namespace, report: dict[str, Any]
+) -> list[dict[str, Any]]:
+    bundle, sources = MODELS[name](max(args.batches) + args.steps + max(args.batches))
+    rows: list[dict[str, Any]] = []
+    for provider in providers:
+        # offline decoding with the machine to itself: spinning threads, as benchmarks.decode
+        config = RuntimeConfig(
+            providers=PROVIDERS[provider],
+            spin_wait=True,
+            encoder_threads=0,
+            intra_op_threads=getattr(args, "threads", 0),
+        )
+        model = OnnxModel(bundle, config)
+        report["providers"][provider] = model.providers
+        if provider == "cuda" and model.providers[0] != CUDA:
+            print(f"{name}: the CUDA provider did not load; skipped")
+            continue
+        pool = model.encode_sentences(sources)
+        for B in args.batches:
+            rows.append(
+                {
+                    "provider": provider,
+                    "sentences": B,
+                    "hypotheses": BEAM * B,
+                    "static": static(model, pool[:B], args.repeats).__dict__,
+                    "churn": churn(model, pool, B, args.steps).__dict__,
+                }
+            )
+            print_row(name, rows[-1])
+    add_speedups(rows)
+
+    return rows
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> None:
@@ -199,32 +307,50 @@ def print_row(model: str, r: dict[str, Any]) -> None:
     print(
         f"{model:9s} {r['provider']:4s} B {r['sentences']:4d} ({r['hypotheses']:4d} hyps): "
         f"static {s['hyp_steps_per_s']:9,.0f} hyp-steps/s {s['bytes_per_step']:10,.0f} B/step | "
-        f"churn {c['hyp_steps_per_s']:9,.0f} hyp-steps/s {c['bytes_per_step']:10,.0f} B/step"
+        f"churn {c['hyp_steps_per_s']:9,.0f} hyp-steps/s {c['bytes_per_step']:10,.0f} B/step | "
+        f"outside run {s['outside_run_share']:.0%}/{c['outside_run_share']:.0%} | "
+        f"H2D ledger {s['h2d_bytes_per_step']:,.0f} measured {measured(s)}"
     )
+
+
+def measured(figures: dict[str, Any]) -> str:
+    value = figures.get("measured_h2d_bytes_per_step")
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def print_tables(report: dict[str, Any]) -> None:
     for name, rows in report["models"].items():
         print(f"\n## {name}\n")
-        print(
-            "| provider | sentences (hyps) | static hyp-steps/s | ×CPU | static bytes/step "
-            "| churn hyp-steps/s | ×CPU | churn bytes/step |"
+        print("\n".join(table(rows)))
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """One model's rows as a Markdown table (also benchmarks/gpu_check.py's)."""
+    lines = [
+        "| provider | sentences (hyps) | static hyp-steps/s | ×CPU | static H2D B/step: ledger "
+        "/ measured | static outside run | churn hyp-steps/s | ×CPU | churn H2D B/step: ledger "
+        "/ measured | churn outside run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        s, c = r["static"], r["churn"]
+        lines.append(
+            f"| {r['provider']} | {r['sentences']} ({r['hypotheses']}) "
+            f"| {s['hyp_steps_per_s']:,.0f} | {s['speedup_over_cpu']:.2f} "
+            f"| {s['h2d_bytes_per_step']:,.0f} / {measured(s)} | {s['outside_run_share']:.0%} "
+            f"| {c['hyp_steps_per_s']:,.0f} | {c['speedup_over_cpu']:.2f} "
+            f"| {c['h2d_bytes_per_step']:,.0f} / {measured(c)} | {c['outside_run_share']:.0%} |"
         )
-        print("|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            s, c = r["static"], r["churn"]
-            print(
-                f"| {r['provider']} | {r['sentences']} ({r['hypotheses']}) "
-                f"| {s['hyp_steps_per_s']:,.0f} | {s['speedup_over_cpu']:.2f} | {s['bytes_per_step']:,.0f} "
-                f"| {c['hyp_steps_per_s']:,.0f} | {c['speedup_over_cpu']:.2f} | {c['bytes_per_step']:,.0f} |"
-            )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 128])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    p.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=list(PROVIDERS))
+    p.add_argument("--threads", type=int, default=0, help="CPU provider threads; 0 = one a core")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--repeats", type=int, default=3, help="static runs timed (best counts)")
     p.add_argument("--steps", type=int, default=60, help="churn steps timed")
@@ -232,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     report = run(args)
     print_tables(report)
-    if "cuda" not in report["providers"]:
+    if "cuda" not in report["providers"] and "cuda" in args.providers:
         print(
             "\nNo CUDA provider in this onnxruntime: CPU figures only (the GPU columns need one)."
         )

@@ -9,20 +9,26 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
-from export.data.corpus import generate_splits
-from export.data.tokenizer import train_tokenizers
-from export.onnx.to_onnx import export_bundle
-from export.train.checkpoint import save_checkpoint
-from export.train.model import Seq2Seq
+from service.decode.providers import cuda_session_loads
 from service.model.architecture import ModelConfig
 from service.model.tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    from export.train.model import Seq2Seq
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE = REPO / "models" / "default"
+# The CUDA provider's tests run where onnxruntime-gpu can make a CUDA session (scripts/gpu_check.sh
+# runs them on a GPU host); here they are skipped, and the same code runs under the CPU provider.
+needs_cuda = pytest.mark.skipif(
+    not cuda_session_loads(),
+    reason="needs the CUDA execution provider (onnxruntime-gpu and an NVIDIA GPU): "
+    "scripts/gpu_check.sh runs these on a GPU host",
+)
 
 
 def start_server_process(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -61,6 +67,16 @@ class TinyModel:
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     """A randomly initialised additive-attention GRU model with real tokenizers, as checkpoint and bundle."""
+    # imported here, not at the top: the tests that need no model (the CUDA ones a GPU host runs
+    # from scripts/gpu_check.sh) must not need torch and the training extras
+    import torch
+
+    from export.data.corpus import generate_splits
+    from export.data.tokenizer import train_tokenizers
+    from export.onnx.to_onnx import export_bundle
+    from export.train.checkpoint import save_checkpoint
+    from export.train.model import Seq2Seq
+
     root = tmp_path_factory.mktemp("tiny")
     pairs = generate_splits(seed=7, n_train=400, n_dev=10, n_test=10, n_test_long=2)["train"]
     src_path, tgt_path = train_tokenizers(pairs, root, src_vocab=120, tgt_vocab=140)

@@ -20,12 +20,20 @@ from service.decode.runtime import (
     provider_options,
 )
 from service.decode.transfers import TransferLedger
+from tests.conftest import needs_cuda
 
 
-@pytest.fixture(scope="module", params=["graph", "host"])
+@pytest.fixture(scope="module", params=["graph", "host", pytest.param("cuda", marks=needs_cuda)])
 def ops(request: pytest.FixtureRequest) -> RowOps | HostRowOps:
     """Both row-op kinds on the CPU: the device graphs a GPU runs, and the numpy writes the CPU
-    provider uses by default; every test below must hold for each."""
+    provider uses by default; and, on a GPU host, the graphs on CUDA. Every test below must hold
+    for each."""
+    if request.param == "cuda":
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        device = Device("cuda", 0, TransferLedger())
+        return make_row_ops(
+            device, providers, provider_options(providers, RuntimeConfig()), "graph"
+        )
     device = Device("cpu", 0, TransferLedger())
     return make_row_ops(device, ["CPUExecutionProvider"], [{}], request.param)
 
@@ -203,7 +211,17 @@ def test_cuda_provider_options_are_set_on_purpose() -> None:
         RuntimeConfig(cuda_arena_extend="kDouble")
 
 
-def test_public_binds_give_the_same_translations_as_the_fast_ones() -> None:
+@pytest.mark.parametrize(
+    "providers",
+    [
+        ("CPUExecutionProvider",),
+        pytest.param(("CUDAExecutionProvider", "CPUExecutionProvider"), marks=needs_cuda),
+    ],
+    ids=["cpu", "cuda"],
+)
+def test_public_binds_give_the_same_translations_as_the_fast_ones(
+    providers: tuple[str, ...],
+) -> None:
     """service/decode/device.py binds through onnxruntime's private C-level objects where a release has
     them (a join or a leave binds six times) and through IOBinding's public calls where it does not:
     both paths must decode the same, joins and leaves included."""
@@ -213,7 +231,8 @@ def test_public_binds_give_the_same_translations_as_the_fast_ones() -> None:
 
     texts = ["ninety-seven", "March 5, 2021, then $3.50", "one", "the 21st of May and 4:05 PM"]
     options = SearchOptions(beam_size=4, n_best=2)
-    engine = Engine.load(DEFAULT_BUNDLE)
+    engine = Engine.load(DEFAULT_BUNDLE, RuntimeConfig(providers=providers))
+    assert engine.model.providers[0] == providers[0]
     assert engine.model.device.fast_binds  # the onnxruntime installed here exposes them
     fast = engine.translate(texts, options, "subword")
     engine.model.device.fast_binds = False

@@ -24,7 +24,7 @@ from service.decode.engine import DecodeRequest, Engine, Prepared
 from service.decode.runtime import EncodedSentence, OnnxModel
 from service.decode.transfers import DIRECTIONS, REASONS, TransferLedger
 from service.serve.metrics import Metrics
-from tests.conftest import DEFAULT_BUNDLE
+from tests.conftest import DEFAULT_BUNDLE, needs_cuda
 
 BEAM = 5
 
@@ -63,10 +63,16 @@ def test_metrics_export_every_series_from_zero_and_sum_the_watched_ledgers() -> 
     assert value("s2s_device_transfers_total", labels) == 2.0
 
 
-@pytest.fixture(scope="module", params=["graph", "host"])
+@pytest.fixture(scope="module", params=["graph", "host", pytest.param("cuda", marks=needs_cuda)])
 def engine(request: pytest.FixtureRequest) -> Engine:
     """The default model with each kind of row ops (service/decode/device.py): the device graphs a GPU
-    runs, and the numpy writes the CPU provider uses by default."""
+    runs, and the numpy writes the CPU provider uses by default; on a GPU host, the CUDA provider
+    itself (its ledger must count the same bytes)."""
+    if request.param == "cuda":
+        config = RuntimeConfig(
+            providers=("CUDAExecutionProvider", "CPUExecutionProvider"), require_provider="cuda"
+        )
+        return Engine.load(DEFAULT_BUNDLE, config)
     config = RuntimeConfig(
         providers=("CPUExecutionProvider",), intra_op_threads=1, row_ops=request.param
     )

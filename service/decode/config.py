@@ -25,6 +25,12 @@ class RuntimeConfig:
         "ONNX Runtime execution providers, comma-separated, in order of preference "
         "(those not installed are skipped)",
     )
+    require_provider: str = setting(
+        "",
+        "refuse to start (and to load a model) unless this provider loads: cuda; empty = fall "
+        "back to the next provider, with a warning",
+        ("", "cuda"),
+    )
     device_id: int = setting(0, "the GPU used by the CUDA provider")
     intra_op_threads: int = setting(
         0, "threads of the decoder-step session; 0 = ONNX Runtime's default (one per core)"
@@ -66,6 +72,14 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if not self.providers:
             raise ValueError("providers must name at least one execution provider")
+        if self.require_provider not in ("", "cuda"):
+            raise ValueError(
+                f"require_provider must be 'cuda' or empty, got {self.require_provider!r}"
+            )
+        if self.require_provider and "CUDAExecutionProvider" not in self.providers:
+            raise ValueError(
+                "require_provider cuda needs CUDAExecutionProvider among the providers"
+            )
         if self.cuda_arena_extend not in CUDA_ARENA_EXTEND:
             raise ValueError(
                 f"cuda_arena_extend must be one of {CUDA_ARENA_EXTEND}, got {self.cuda_arena_extend!r}"

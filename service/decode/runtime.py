@@ -29,26 +29,12 @@ from onnx import helper
 from service.decode.beam import StepOutput
 from service.decode.config import RuntimeConfig
 from service.decode.device import Device, HostRowOps, RowOps, make_row_ops
+from service.decode.providers import CUDA, check_model_providers, resolve_providers
 from service.decode.transfers import TransferLedger
 from service.model.architecture import PAD_ID
 from service.model.bundle import Bundle, BundleError
 
 log = logging.getLogger(__name__)
-
-CUDA = "CUDAExecutionProvider"
-CPU = "CPUExecutionProvider"
-
-
-def resolve_providers(requested: tuple[str, ...]) -> list[str]:
-    """Keep the requested providers this onnxruntime build has, in order; CPU is always the last resort."""
-    available = set(ort.get_available_providers())
-    chosen = [p for p in requested if p in available]
-    dropped = [p for p in requested if p not in available]
-    if dropped:
-        log.info("execution providers not available here, skipped: %s", dropped)
-    if CPU not in chosen:
-        chosen.append(CPU)
-    return chosen
 
 
 def cuda_provider_options(config: RuntimeConfig) -> dict[str, str]:
@@ -80,8 +66,15 @@ def provider_options(providers: Sequence[str], config: RuntimeConfig) -> list[di
     return [cuda_provider_options(config) if p == CUDA else {} for p in providers]
 
 
-def make_session(path: str | bytes, config: RuntimeConfig, threads: int) -> ort.InferenceSession:
+def make_session(
+    path: str | bytes, config: RuntimeConfig, threads: int, profile_prefix: str | None = None
+) -> ort.InferenceSession:
+    """A session on the configured providers; with `profile_prefix`, ONNX Runtime's profiler on
+    (benchmarks/placement.py reads which provider ran each node from it)."""
     options = ort.SessionOptions()
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = config.inter_op_threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -225,6 +218,12 @@ class OnnxModel:
         )
         self.decoder_file = bundle.file(decoder_file)
         self.decoder = make_session(str(self.decoder_file), config, config.intra_op_threads)
+        check_model_providers(
+            bundle.name,
+            config.providers,
+            [self.encoder.get_providers()[0], *self.decoder.get_providers()],
+            config.require_provider,
+        )
         # Align's decoder session (the same graph, its log-softmax exposed), made on first use
         self._forced: ort.InferenceSession | None = None
         self._forced_made = False

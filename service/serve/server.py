@@ -37,6 +37,7 @@ from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.decode.engine import Engine
 from service.decode.errors import ModelNotFound, NotReady
+from service.decode.providers import require_provider
 from service.model.embedded import resolve_bundle, resolve_repository
 from service.serve import memory_files
 from service.serve.config import Settings, VersionPolicy, load_settings
@@ -445,7 +446,10 @@ def start_metrics_endpoint(settings: Settings, metrics: Metrics) -> tuple[Any, i
 async def create_server(
     settings: Settings, engine: Engine | None = None, metrics: Metrics | None = None
 ) -> Running:
-    """Load (unless given) and warm the model, bind the port, start everything; port 0 picks a free one."""
+    """Load (unless given) and warm the model, bind the port, start everything; port 0 picks a free one.
+
+    With --require-provider, a provider that did not load stops it here, before any port is bound."""
+    require_provider(settings.runtime.require_provider, settings.runtime.device_id)
     metrics = metrics or Metrics()
     health_servicer = health.aio.HealthServicer()
     server = grpc.aio.server(

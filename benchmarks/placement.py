@@ -1,0 +1,117 @@
+"""Which execution provider ran each node of a bundle's encoder and decoder-step graphs, read from
+ONNX Runtime's profiler while the engine translates (beam 5, a running batch, IOBinding: the
+serving path itself).
+
+    python -m benchmarks.placement models/default models/grc-en-nt [--provider cuda] [--json PATH]
+
+For each graph: the nodes per provider, the nodes that did not run on the provider asked for (by
+name and operator), and the Memcpy nodes ONNX Runtime inserted (a copy between devices inside the
+graph; zero is the aim for the step). The profiler lists the nodes that ran, after ONNX Runtime's
+graph optimizations (fused nodes appear under their fused names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from benchmarks.sample_texts import bundle_texts
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.options import SearchOptions
+from service.decode.providers import CPU, CUDA
+from service.decode.runtime import make_session
+
+PROVIDERS = {"cpu": (CPU,), "cuda": (CUDA, CPU)}
+
+
+@dataclass
+class GraphPlacement:
+    graph: str
+    provider: str  # the provider asked for
+    nodes: int = 0  # distinct nodes that ran
+    by_provider: dict[str, int] = field(default_factory=dict)
+    elsewhere: list[str] = field(default_factory=list)  # "name (op) on provider"
+    memcpy: list[str] = field(default_factory=list)  # Memcpy nodes ONNX Runtime inserted
+
+    @property
+    def all_on_provider(self) -> bool:
+        return not self.elsewhere and not self.memcpy
+
+
+def read_profile(path: str | Path, graph: str, provider: str) -> GraphPlacement:
+    """The profile's node events → one GraphPlacement (each node counted once, however often it ran)."""
+    events = json.loads(Path(path).read_text())
+    seen: dict[str, tuple[str, str]] = {}
+    for event in events:
+        args = event.get("args", {})
+        if event.get("cat") != "Node" or "provider" not in args:
+            continue
+        name = event["name"].removesuffix("_kernel_time")
+        seen[name] = (args.get("op_name", "?"), args["provider"])
+    placement = GraphPlacement(graph, provider, nodes=len(seen))
+    placement.by_provider = dict(Counter(p for _, p in seen.values()))
+    for name, (op, where) in sorted(seen.items()):
+        if op.startswith("Memcpy"):
+            placement.memcpy.append(f"{name} ({op}) on {where}")
+        elif where != provider:
+            placement.elsewhere.append(f"{name} ({op}) on {where}")
+    return placement
+
+
+def profile_bundle(bundle: str | Path, provider: str, texts: list[str]) -> list[GraphPlacement]:
+    """Translate `texts` with the bundle's encoder and decoder sessions profiled; their placements."""
+    config = RuntimeConfig(providers=PROVIDERS[provider], intra_op_threads=1)
+    engine = Engine.load(bundle, config)
+    model = engine.model
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = str(Path(tmp) / "profile")
+        model.encoder = make_session(
+            str(model.bundle.file("encoder.onnx")), config, config.encoder_threads, prefix
+        )
+        model.decoder = make_session(
+            str(model.decoder_file), config, config.intra_op_threads, prefix
+        )
+        engine.translate(texts, SearchOptions(beam_size=5, n_best=2), "subword")
+        wanted = PROVIDERS[provider][0]
+        return [
+            read_profile(model.encoder.end_profiling(), "encoder", wanted),
+            read_profile(model.decoder.end_profiling(), "decoder_step", wanted),
+        ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("bundles", nargs="+", type=Path)
+    p.add_argument("--provider", choices=list(PROVIDERS), default="cuda")
+    p.add_argument("--texts", type=Path, help="one source text a line (default: a few examples)")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    if args.provider == "cuda" and CUDA not in ort.get_available_providers():
+        print("this onnxruntime has no CUDA provider")
+        return 1
+    report: dict[str, Any] = {}
+    for bundle in args.bundles:
+        texts = args.texts.read_text().splitlines()[:8] if args.texts else bundle_texts(bundle)[:8]
+        report[str(bundle)] = [asdict(g) for g in profile_bundle(bundle, args.provider, texts)]
+        for g in report[str(bundle)]:
+            print(
+                f"{bundle} {g['graph']}: {g['by_provider']} "
+                f"memcpy {g['memcpy']} elsewhere {g['elsewhere']}"
+            )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""The CUDA execution provider, on a GPU host (skipped elsewhere; scripts/gpu_check.sh runs them):
+every embedded bundle's graphs run on CUDA node for node, and the answers served from the GPU are
+the CPU provider's, within the tolerances below.
+
+Tolerances (TF32 off, the default: fp32 matrix products on both devices). cuBLAS and the CPU's
+kernels sum in different orders, so log-probabilities differ in the last bits, and a beam can
+rank two near-equal hypotheses the other way round:
+- a hypothesis found by both has its score and log-prob within SCORE_TOL and every attention
+  weight within ATTENTION_TOL;
+- the best hypotheses differ only where they tie: each is in the other provider's n-best with
+  scores within SCORE_TOL of the other's best.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.placement import profile_bundle
+from benchmarks.sample_texts import bundle_texts
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine, Translation
+from service.decode.options import SearchOptions
+from service.decode.providers import CPU, CUDA, diagnose_cuda, require_provider
+from tests.conftest import REPO, needs_cuda
+
+pytestmark = needs_cuda
+
+SCORE_TOL = 1e-3
+ATTENTION_TOL = 2e-3
+BUNDLES = sorted(p for p in (REPO / "models").iterdir() if (p / "manifest.json").exists())
+OPTIONS = SearchOptions(beam_size=5, n_best=3, use_memory=False)
+
+
+def test_require_provider_passes_and_the_diagnosis_sees_cuda() -> None:
+    require_provider("cuda")
+    found = diagnose_cuda()
+    assert found.build_has_cuda and found.load_error is None
+    assert found.driver_cuda is not None and found.cuda_runtime is not None
+
+
+@pytest.mark.parametrize("bundle", BUNDLES, ids=lambda p: p.name)
+def test_every_node_of_the_encoder_and_the_step_runs_on_cuda(bundle: Path) -> None:
+    for graph in profile_bundle(bundle, "cuda", bundle_texts(bundle)[:6]):
+        assert graph.nodes > 0
+        assert not graph.memcpy, f"{bundle.name} {graph.graph}: Memcpy nodes {graph.memcpy}"
+        assert not graph.elsewhere, f"{bundle.name} {graph.graph}: not on CUDA {graph.elsewhere}"
+
+
+def ties(a: Translation, b: Translation) -> bool:
+    """a's best is in b's n-best, within SCORE_TOL of b's best (and the other way round)."""
+    b_scores = {h.text: h.score for h in b.hypotheses}
+    best_a = a.hypotheses[0]
+    return (
+        best_a.text in b_scores and abs(b_scores[best_a.text] - b.hypotheses[0].score) < SCORE_TOL
+    )
+
+
+@pytest.mark.parametrize("bundle", BUNDLES, ids=lambda p: p.name)
+def test_answers_served_from_cuda_are_the_cpu_providers(bundle: Path) -> None:
+    texts = bundle_texts(bundle)[:48]
+    cpu = Engine.load(bundle, RuntimeConfig(providers=(CPU,))).translate(texts, OPTIONS, "subword")
+    gpu = Engine.load(
+        bundle, RuntimeConfig(providers=(CUDA, CPU), require_provider="cuda")
+    ).translate(texts, OPTIONS, "subword")
+    differing = []
+    for text, c, g in zip(texts, cpu, gpu, strict=True):
+        if c.hypotheses[0].text != g.hypotheses[0].text:
+            assert ties(c, g) and ties(g, c), f"{text!r}: {c.hypotheses[0]} vs {g.hypotheses[0]}"
+            differing.append(text)
+        on_gpu = {h.text: h for h in g.hypotheses}
+        for h in c.hypotheses:
+            other = on_gpu.get(h.text)
+            if other is None:
+                continue
+            assert (
+                abs(h.score - other.score) < SCORE_TOL
+                and abs(h.log_prob - other.log_prob) < SCORE_TOL
+            )
+            assert h.alignment is not None and other.alignment is not None
+            np.testing.assert_allclose(
+                h.alignment.matrix, other.alignment.matrix, atol=ATTENTION_TOL, rtol=0
+            )
+    assert len(differing) <= len(texts) // 10, f"best answers differ on {differing}"
