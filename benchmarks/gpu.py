@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import itertools
 import json
 import os
@@ -129,6 +130,7 @@ def copies_since(before: tuple[int, int] | None) -> tuple[int, int] | None:
     return after[0] - before[0], after[1] - before[1]
 
 
+@functools.cache  # made once per length: SearchOptions checks every option when made
 def fixed_length(steps: int) -> SearchOptions:
     return SearchOptions(beam_size=BEAM, max_length_a=0.0, max_length_b=steps, max_length=steps)
 
@@ -194,6 +196,28 @@ def churn(model: OnnxModel, pool: list[EncodedSentence], B: int, steps: int) -> 
         runs.seconds,
         copies_since(copied),
     )
+
+
+def churn_profile(model: OnnxModel, pool: list[EncodedSentence], B: int, steps: int) -> list[str]:
+    """Where a churn step's time goes: cProfile over `steps` churn steps at B sentences (after the
+    timed runs, not timed itself), the 15 functions of most own time, in microseconds a step."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    churn(model, pool, B, steps)
+    profiler.disable()
+    stats = pstats.Stats(profiler).sort_stats("tottime")
+    rows = []
+    for (path, line, name), (_, calls, own, cumulative, _) in list(stats.stats.items()):  # type: ignore[attr-defined]
+        rows.append((own, calls, cumulative, f"{Path(path).name}:{line}({name})"))
+    rows.sort(reverse=True)
+    per = 1e6 / (2 * steps)  # churn runs B warm-up steps and `steps` timed ones; B == steps here
+    return [
+        f"{own * per:8.0f} us own {cumulative * per:8.0f} us cum {calls / (2 * steps):6.1f} calls  {where}"
+        for own, calls, cumulative, where in rows[:15]
+    ]
 
 
 def default_sources(n: int) -> tuple[Bundle, list[list[int]]]:
@@ -286,6 +310,11 @@ def model_rows(
                 }
             )
             print_row(name, rows[-1])
+        if getattr(args, "profile", False):
+            B = max(args.batches)
+            profile = churn_profile(model, pool, B, B)
+            report.setdefault("profiles", {})[f"{name} {provider} B {B}"] = profile
+            print(f"{name} {provider} B {B}, a churn step:\n" + "\n".join(profile))
     add_speedups(rows)
 
     return rows
@@ -355,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="static runs timed (best counts)")
     p.add_argument("--steps", type=int, default=60, help="churn steps timed")
     p.add_argument("--json", type=Path, help="also write the figures as JSON")
+    p.add_argument(
+        "--profile", action="store_true", help="also profile a churn run at the largest batch"
+    )
     args = p.parse_args(argv)
     report = run(args)
     print_tables(report)

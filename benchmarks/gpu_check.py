@@ -236,7 +236,7 @@ def decode_stage(plan: Plan, out: Path, cuda: bool) -> dict[str, Any]:
     status = run_logged(
         [sys.executable, "-m", "benchmarks.gpu", "--models", *plan.decode_models,
          "--batches", *map(str, plan.batches), "--steps", str(plan.steps), "--repeats", "1",
-         "--json", str(report)], out / "decode.log", plan.timeout_s, env,
+         "--profile", "--json", str(report)], out / "decode.log", plan.timeout_s, env,
     )  # fmt: skip
     if not report.exists():
         raise RuntimeError(f"benchmarks.gpu exited with {status} before its report (decode.log)")
@@ -269,16 +269,31 @@ def verdicts(data: dict[str, Any]) -> list[str]:
     lines = []
     placement = (stages.get("placement") or {}).get("result") or {}
     if placement.get("provider") == "cuda":
-        off = [
-            f"{bundle} {g['graph']}: {', '.join(g['elsewhere'] + g['memcpy'])}"
-            for bundle, graphs in placement["bundles"].items()
-            if isinstance(graphs, list)
-            for g in graphs
-            if g["elsewhere"] or g["memcpy"]
+        graphs = [
+            (bundle, g)
+            for bundle, found in placement["bundles"].items()
+            if isinstance(found, list)
+            for g in found
         ]
+        off = [
+            f"{b} {g['graph']}: {', '.join(g['elsewhere'])}" for b, g in graphs if g["elsewhere"]
+        ]
+        copies = [f"{b} {g['graph']}: {', '.join(g['memcpy'])}" for b, g in graphs if g["memcpy"]]
+        in_step = [c for c in copies if " decoder_step: " in c]
+        shapes = sum(len(g["shape_arithmetic"]) for _, g in graphs)
         lines.append(
-            "- every node on CUDA, no Memcpy node: "
+            "- every computing node on CUDA: "
             + ("**yes**" if not off else "**no**: " + "; ".join(off))
+            + f" ({shapes} shape-arithmetic nodes on the CPU, ONNX Runtime's placement)"
+        )
+        lines.append(
+            "- no Memcpy node inside the step: "
+            + ("**yes**" if not in_step else "**no**: " + "; ".join(in_step))
+            + (
+                f"; in the encoder: {'; '.join(c for c in copies if c not in in_step)}"
+                if len(copies) > len(in_step)
+                else ""
+            )
         )
     decode = (stages.get("decode") or {}).get("result") or {}
     ratios = [
@@ -358,7 +373,8 @@ def markdown(data: dict[str, Any]) -> str:
             for g in graphs if isinstance(graphs, list) else []:
                 lines.append(
                     f"| {bundle} | {g['graph']} | {g['nodes']} | {g['by_provider']} "
-                    f"| {', '.join(g['elsewhere']) or '-'} | {', '.join(g['memcpy']) or '-'} |"
+                    f"| {', '.join(g['elsewhere']) or '-'} | {', '.join(g['memcpy']) or '-'} "
+                    f"| {len(g['shape_arithmetic'])} |"
                 )
     tests = (stages.get("tests") or {}).get("result")
     if tests:
@@ -377,6 +393,15 @@ def markdown(data: dict[str, Any]) -> str:
             lines += [f"### {name}", "", *gpu.table(rows), ""]
         for name, error in decode.get("errors", {}).items():
             lines.append(f"- {name}: failed: {error}")
+        for name, rows in decode.get("profiles", {}).items():
+            lines += [
+                "",
+                f"Where a churn step's time goes ({name}, cProfile):",
+                "",
+                "```",
+                *rows,
+                "```",
+            ]
     result = (stages.get("served") or {}).get("result")
     if result:
         lines += ["", f"## Served ({Path(result['bundle']).name}, beam 5, closed loop)", ""]

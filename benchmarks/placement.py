@@ -8,6 +8,12 @@ For each graph: the nodes per provider, the nodes that did not run on the provid
 name and operator), and the Memcpy nodes ONNX Runtime inserted (a copy between devices inside the
 graph; zero is the aim for the step). The profiler lists the nodes that ran, after ONNX Runtime's
 graph optimizations (fused nodes appear under their fused names).
+
+Nodes off the provider are split in two. Shape arithmetic (a node whose every input comes from Shape
+nodes and constants: the sizes the exporter computes for Reshape and Slice) is placed on the CPU by
+ONNX Runtime on purpose, since shapes live in host memory and the CUDA kernels that take them read
+them there: such a node costs no copy. Any other node off the provider is computation on the wrong
+device, and is listed as such.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ import argparse
 import json
 import tempfile
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import onnx
 import onnxruntime as ort
 
 from benchmarks.sample_texts import bundle_texts
@@ -27,7 +35,7 @@ from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.options import SearchOptions
 from service.decode.providers import CPU, CUDA
-from service.decode.runtime import make_session
+from service.decode.runtime import decoder_graph, make_session
 
 PROVIDERS = {"cpu": (CPU,), "cuda": (CUDA, CPU)}
 
@@ -38,7 +46,8 @@ class GraphPlacement:
     provider: str  # the provider asked for
     nodes: int = 0  # distinct nodes that ran
     by_provider: dict[str, int] = field(default_factory=dict)
-    elsewhere: list[str] = field(default_factory=list)  # "name (op) on provider"
+    elsewhere: list[str] = field(default_factory=list)  # computation: "name (op) on provider"
+    shape_arithmetic: list[str] = field(default_factory=list)  # "name (op)" on the CPU by design
     memcpy: list[str] = field(default_factory=list)  # Memcpy nodes ONNX Runtime inserted
 
     @property
@@ -46,8 +55,28 @@ class GraphPlacement:
         return not self.elsewhere and not self.memcpy
 
 
-def read_profile(path: str | Path, graph: str, provider: str) -> GraphPlacement:
-    """The profile's node events → one GraphPlacement (each node counted once, however often it ran)."""
+def shape_arithmetic(model: onnx.ModelProto) -> set[str]:
+    """Names of the nodes whose every input derives from Shape outputs, constants and initializers."""
+    graph = model.graph
+    derived = {i.name for i in graph.initializer}
+    names: set[str] = set()
+    for node in graph.node:  # topological order, as ONNX requires
+        if node.op_type in ("Shape", "Constant") or (
+            node.input and all(i in derived or i == "" for i in node.input)
+        ):
+            derived.update(node.output)
+            names.add(node.name)
+    return names
+
+
+def read_profile(
+    path: str | Path,
+    graph: str,
+    provider: str,
+    shapes: Collection[str] = (),
+) -> GraphPlacement:
+    """The profile's node events → one GraphPlacement (each node counted once, however often it
+    ran); `shapes`: the graph's shape-arithmetic nodes (`shape_arithmetic`)."""
     events = json.loads(Path(path).read_text())
     seen: dict[str, tuple[str, str]] = {}
     for event in events:
@@ -61,6 +90,8 @@ def read_profile(path: str | Path, graph: str, provider: str) -> GraphPlacement:
     for name, (op, where) in sorted(seen.items()):
         if op.startswith("Memcpy"):
             placement.memcpy.append(f"{name} ({op}) on {where}")
+        elif where != provider and name in shapes:
+            placement.shape_arithmetic.append(f"{name} ({op})")
         elif where != provider:
             placement.elsewhere.append(f"{name} ({op}) on {where}")
     return placement
@@ -76,14 +107,16 @@ def profile_bundle(bundle: str | Path, provider: str, texts: list[str]) -> list[
         model.encoder = make_session(
             str(model.bundle.file("encoder.onnx")), config, config.encoder_threads, prefix
         )
-        model.decoder = make_session(
-            str(model.decoder_file), config, config.intra_op_threads, prefix
-        )
+        graph, _ = decoder_graph(model.decoder_file)
+        assert graph is not None
+        model.decoder = make_session(graph, config, config.intra_op_threads, prefix)
         engine.translate(texts, SearchOptions(beam_size=5, n_best=2), "subword")
         wanted = PROVIDERS[provider][0]
+        encoder_shapes = shape_arithmetic(onnx.load(str(model.bundle.file("encoder.onnx"))))
+        decoder_shapes = shape_arithmetic(onnx.load(str(model.decoder_file)))
         return [
-            read_profile(model.encoder.end_profiling(), "encoder", wanted),
-            read_profile(model.decoder.end_profiling(), "decoder_step", wanted),
+            read_profile(model.encoder.end_profiling(), "encoder", wanted, encoder_shapes),
+            read_profile(model.decoder.end_profiling(), "decoder_step", wanted, decoder_shapes),
         ]
 
 
@@ -106,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         for g in report[str(bundle)]:
             print(
                 f"{bundle} {g['graph']}: {g['by_provider']} "
-                f"memcpy {g['memcpy']} elsewhere {g['elsewhere']}"
+                f"memcpy {g['memcpy']} elsewhere {g['elsewhere']} "
+                f"shape arithmetic {len(g['shape_arithmetic'])}"
             )
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")

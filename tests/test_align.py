@@ -31,7 +31,7 @@ from service.decode.engine import Engine
 from service.decode.errors import InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions
 from service.decode.links import LINK_MODES, extract_links, parse_pharaoh, to_pharaoh
-from service.decode.runtime import expose_full_log_probs
+from service.decode.runtime import decoder_graph
 from service.model.architecture import ModelConfig
 from service.serve.protocol import aligned_pair_from_pb
 from service.serve.scheduler import BatchingConfig, BatchKey, Waiting, decide
@@ -214,7 +214,8 @@ def test_the_topk_fallback_equals_the_exposed_log_softmax(
 
 
 def test_the_int8_decoder_exposes_its_log_softmax(tiny: TinyModel) -> None:
-    assert expose_full_log_probs(tiny.bundle / "decoder.int8.onnx") is not None
+    graph, _ = decoder_graph(tiny.bundle / "decoder.int8.onnx", full_log_probs=True)
+    assert graph is not None
 
 
 def test_unknown_characters_are_flagged_not_refused(engine: Engine) -> None:

@@ -42,11 +42,15 @@ def test_require_provider_passes_and_the_diagnosis_sees_cuda() -> None:
 
 
 @pytest.mark.parametrize("bundle", BUNDLES, ids=lambda p: p.name)
-def test_every_node_of_the_encoder_and_the_step_runs_on_cuda(bundle: Path) -> None:
-    for graph in profile_bundle(bundle, "cuda", bundle_texts(bundle)[:6]):
+def test_every_computing_node_runs_on_cuda_and_the_step_copies_nothing_inside(bundle: Path) -> None:
+    """Shape arithmetic (sizes computed from Shape outputs) is ONNX Runtime's to place on the CPU,
+    where shapes live (benchmarks/placement.py); every other node runs on CUDA, and no Memcpy node
+    sits inside the decoder step."""
+    encoder, step = profile_bundle(bundle, "cuda", bundle_texts(bundle)[:6])
+    for graph in (encoder, step):
         assert graph.nodes > 0
-        assert not graph.memcpy, f"{bundle.name} {graph.graph}: Memcpy nodes {graph.memcpy}"
         assert not graph.elsewhere, f"{bundle.name} {graph.graph}: not on CUDA {graph.elsewhere}"
+    assert not step.memcpy, f"{bundle.name} decoder step: Memcpy nodes {step.memcpy}"
 
 
 def ties(a: Translation, b: Translation) -> bool:

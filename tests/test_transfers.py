@@ -176,6 +176,7 @@ class HostReferenceDecoder:
 
     def __init__(self, model: OnnxModel) -> None:
         self.session = model.decoder
+        self.k_on_host = model.k_on_host  # the session's k: (1,) where TopK reads it directly
         self.values: Any = None  # (B, S, D) once sentences joined
         self.keys: Any = None  # (B, S or 1, Dk)
         self.mask: Any = None  # (B, S) bool
@@ -226,7 +227,7 @@ class HostReferenceDecoder:
             {
                 "tokens": tokens,
                 "reorder": reorder,
-                "k": np.array(k, np.int64),
+                "k": np.array([k] if self.k_on_host else k, np.int64),
                 "state": self.state,
                 "values": np.ascontiguousarray(self.values),
                 "keys": np.ascontiguousarray(self.keys),

@@ -197,35 +197,34 @@ def _fit_columns(matrix: np.ndarray, S: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _StepRecord:
-    """One step of one sentence, for back-tracing."""
+    """One step of the whole running batch, for back-tracing; each sentence's history holds it with
+    the sentence's row (one record a step for the batch, not three arrays a sentence)."""
 
-    parents: np.ndarray  # (K,) int64 slot of the previous beam each new slot continues
-    tokens: np.ndarray  # (K,) int64 token each new slot appended
-    attention: np.ndarray | None  # (K, src_len) float32 this step's attention of each previous slot
-    log_probs: np.ndarray  # (K,) float32 the model's log-prob of each new slot's token
+    parents: np.ndarray  # (B, K) int64 slot of the previous beam each new slot continues
+    tokens: np.ndarray  # (B, K) int64 token each new slot appended
+    log_probs: np.ndarray  # (B, K) float32 the model's log-prob of each new slot's token
 
 
 class _History:
     """Back-pointers, tokens and (when asked for) attention of one sentence, one record per step.
 
     History is kept per sentence rather than per batch step: sentences join and leave at different
-    steps, and per sentence a join is a new empty history, a leave drops it (its memory goes at
-    once), and back-pointers are slots 0..K-1 whatever rows the sentence occupies in the running
-    batch. A per-batch-step history would keep every row of every step since the oldest live
-    sentence joined and would need trimming; the cost here is one small record per sentence and
-    step.
+    steps, and per sentence a join is a new empty history, a leave drops it, and back-pointers are
+    slots 0..K-1 whatever rows the sentence occupies in the running batch. Each entry is the batch's
+    record of that step (shared by every sentence then running), the sentence's row in it, and the
+    sentence's own attention rows (K, src_len) of that step when it keeps attention.
     """
 
     def __init__(self, src_len: int, keep_attention: bool) -> None:
         self.src_len = src_len
         self.keep_attention = keep_attention
-        self._records: list[_StepRecord] = []
+        self._records: list[tuple[_StepRecord, int, np.ndarray | None]] = []
 
     def __len__(self) -> int:
         return len(self._records)
 
-    def append(self, record: _StepRecord) -> None:
-        self._records.append(record)
+    def append(self, record: _StepRecord, row: int, attention: np.ndarray | None) -> None:
+        self._records.append((record, row, attention))
 
     def backtrace(self, slot: int, steps: int) -> tuple[list[int], np.ndarray | None, np.ndarray]:
         """Tokens, attention rows (steps, src_len) and token log-probs (steps,) of the hypothesis
@@ -240,12 +239,12 @@ class _History:
         if self.keep_attention:
             attention = np.zeros((steps, self.src_len), np.float32)  # (steps, src_len)
         for t in range(steps - 1, -1, -1):
-            record = self._records[t]
-            parent = int(record.parents[slot])
-            tokens[t] = int(record.tokens[slot])
-            log_probs[t] = record.log_probs[slot]
-            if attention is not None and record.attention is not None:
-                attention[t] = record.attention[parent]
+            record, row, rows = self._records[t]
+            parent = int(record.parents[row, slot])
+            tokens[t] = int(record.tokens[row, slot])
+            log_probs[t] = record.log_probs[row, slot]
+            if attention is not None and rows is not None:
+                attention[t] = rows[parent]
             slot = parent
         return tokens, attention, log_probs
 
@@ -390,13 +389,17 @@ def _rank_candidates(
     _, k = out.log_probs.shape  # (N, k)
     scores = (beams.scores[:, None] + out.log_probs).reshape(B, K * k)  # (B, K*k) float64
     order = np.argsort(-scores, axis=1, kind="stable")  # (B, K*k) best first
-    step_raw = np.take_along_axis(step_raw.reshape(B, K * k), order, axis=1)  # (B, K*k)
+    rows = np.arange(B)[
+        :, None
+    ]  # (B, 1): indexing along axis 1 (take_along_axis, without its overhead)
+    step_raw = step_raw.reshape(B, K * k)[rows, order]  # (B, K*k)
+    slots = order // k  # (B, K*k)
     return _Candidates(
-        scores=np.take_along_axis(scores, order, axis=1),
-        raw=np.take_along_axis(beams.raw.reshape(B, K), order // k, axis=1) + step_raw,
+        scores=scores[rows, order],
+        raw=beams.raw.reshape(B, K)[rows, slots] + step_raw,
         step_raw=step_raw,
-        tokens=np.take_along_axis(out.token_ids.reshape(B, K * k), order, axis=1),
-        slots=order // k,
+        tokens=out.token_ids.reshape(B, K * k)[rows, order],
+        slots=slots,
     )
 
 
@@ -434,16 +437,15 @@ def _continuations(
         non_eos_rank = np.cumsum(~is_eos, axis=1) - 1  # (B, M)
         wanted = ~is_eos & (non_eos_rank < widths[:, None])  # (B, M)
     picks = np.argsort(~wanted, axis=1, kind="stable")[:, :K]  # (B, K) wanted first, best first
-    live = np.take_along_axis(wanted, picks, axis=1) & np.isfinite(
-        np.take_along_axis(cands.scores, picks, axis=1)
-    )  # (B, K)
-    scores = np.take_along_axis(cands.scores, picks, axis=1)  # (B, K)
+    rows = np.arange(len(picks))[:, None]  # (B, 1)
+    scores = cands.scores[rows, picks]  # (B, K)
+    live = wanted[rows, picks] & np.isfinite(scores)  # (B, K)
     return _NextBeam(
-        slots=np.take_along_axis(cands.slots, picks, axis=1),
-        tokens=np.take_along_axis(cands.tokens, picks, axis=1),
+        slots=cands.slots[rows, picks],
+        tokens=cands.tokens[rows, picks],
         scores=np.where(live, scores, -np.inf),
-        raw=np.where(live, np.take_along_axis(cands.raw, picks, axis=1), -np.inf),
-        step_raw=np.take_along_axis(cands.step_raw, picks, axis=1),
+        raw=np.where(live, cands.raw[rows, picks], -np.inf),
+        step_raw=cands.step_raw[rows, picks],
     )
 
 
@@ -501,6 +503,13 @@ class BeamSearch:
         self._joining: list[_Beams] = []  # slots of sentences added since the last step
         self._sentences: list[_Sentence] = []
         self._ids: set[Hashable] = set()
+        # per sentence, in batch order, as arrays: a step reads them without a loop over B
+        self._steps = np.zeros(0, np.int64)  # (B,) steps decoded
+        self._max_len = np.zeros(0, np.int64)  # (B,) the sentence's maximum length
+        self._widths = np.zeros(0, np.int64)  # (B,) slots in use (_Sentence.width)
+        self._kept = np.zeros(0, np.int64)  # (B,) finished hypotheses held (len(finished))
+        self._keep = np.zeros(0, np.int64)  # (B,) finished hypotheses wanted (_Sentence.keep)
+        self._controlled = 0  # sentences with active controls
 
     @property
     def beam_size(self) -> int:
@@ -554,6 +563,12 @@ class BeamSearch:
             rng=np.random.default_rng(controls.seed or None) if controls.sampling else None,
         )
         self._sentences.append(sentence)
+        self._steps = np.append(self._steps, 0)
+        self._max_len = np.append(self._max_len, max_len)
+        self._widths = np.append(self._widths, sentence.width)
+        self._kept = np.append(self._kept, 0)
+        self._keep = np.append(self._keep, sentence.keep)
+        self._controlled += controls.active
         live = sentence.width if controls.sampling else 1
         self._joining.append(_Beams.start(self._beam_size, self._bos_id, state_row, src_len, live))
 
@@ -569,7 +584,7 @@ class BeamSearch:
         # coverage of each current slot including this step's attention
         coverage = _fit_columns(self._beams.coverage, S) + out.attention  # (N, S)
         # rank each sentence's candidates; EOS ones in the top `width` finish, the rest continue
-        widths = np.array([s.width for s in self._sentences], np.int64)  # (B,)
+        widths = self._widths  # (B,)
         cands = _rank_candidates(self._beams, out, step_raw, B, K)
         ends = _eos_choices(cands, widths, self._eos_id)  # (B, K*k)
         nxt = _continuations(cands, widths, self._eos_id, K, self._narrow_on_eos)
@@ -585,6 +600,7 @@ class BeamSearch:
             ),  # (N, L + 1)
         )
         self._record(nxt, out.attention.reshape(B, K, S))
+        self._steps += 1
         self._finish_eos(cands, ends, coverage)
         return self._retire(self._settle())
 
@@ -636,6 +652,8 @@ class BeamSearch:
         together is one group; sampling sentences whatever their seeds), each group's rows (R,),
         its SlotControls, and its sampling sentences' generators, in row order (each draws from
         its own). Groups with nothing to change at this step are left out."""
+        if not self._controlled:
+            return []
         K, L = self._beam_size, self._beams.seqs.shape[1]
         members: dict[tuple[int, ctl.Controls], list[int]] = {}
         for b, sentence in enumerate(self._sentences):
@@ -663,13 +681,14 @@ class BeamSearch:
         return np.where(same.any(axis=2), values, -np.inf).astype(np.float32)
 
     def _record(self, nxt: _NextBeam, attention: np.ndarray) -> None:
-        """Append this step to every sentence's history; attention (B, K, S) only where asked for."""
+        """Append this step to every sentence's history: one record of back-pointers, tokens and
+        log-probs for the batch; the attention rows (K, src_len) copied per sentence that asked
+        for them (the decoder reuses its buffer, and a sentence keeps only its own columns)."""
+        record = _StepRecord(nxt.slots, nxt.tokens, nxt.step_raw)
         for b, sentence in enumerate(self._sentences):
-            rows = None
-            if sentence.history.keep_attention:
-                rows = attention[b, :, : sentence.history.src_len].copy()  # (K, src_len)
-            record = _StepRecord(nxt.slots[b], nxt.tokens[b], rows, nxt.step_raw[b].copy())
-            sentence.history.append(record)
+            history = sentence.history
+            rows = attention[b, :, : history.src_len].copy() if history.keep_attention else None
+            history.append(record, b, rows)
 
     def _finish_eos(self, cands: _Candidates, ends: np.ndarray, coverage: np.ndarray) -> None:
         """Finish the candidates ends (B, K*k) marks, with the coverage (N, S) of their slots."""
@@ -683,24 +702,31 @@ class BeamSearch:
             sentence.finish(
                 slots, cands.scores[b, ends[b]], cands.raw[b, ends[b]], eos_coverage, by_eos=True
             )
+            self._widths[b] = sentence.width
+            self._kept[b] = len(sentence.finished)
 
     def _settle(self) -> np.ndarray:
         """(B,) bool: the sentences done after this step. At its max length a sentence's live slots
-        finish as they are; otherwise its stopping rule says (`_Sentence.done`)."""
+        finish as they are; otherwise its stopping rule says (`_Sentence.done`), which can only
+        stop a sentence with every live slot dead or its n-best list full: the others are not
+        looked at one by one."""
         B, K = len(self._sentences), self._beam_size
         scores = self._beams.scores.reshape(B, K)  # (B, K)
         raw = self._beams.raw.reshape(B, K)  # (B, K)
-        best_live = scores.max(axis=1).tolist()  # (B,)
+        best_live = scores.max(axis=1)  # (B,)
+        at_max = self._steps >= self._max_len  # (B,)
         done = np.zeros(B, bool)  # (B,)
-        for b, sentence in enumerate(self._sentences):
-            if sentence.steps >= sentence.max_len:
+        ask = at_max | ~np.isfinite(best_live) | (self._kept >= self._keep)  # (B,)
+        for b in np.flatnonzero(ask).tolist():
+            sentence = self._sentences[b]
+            if at_max[b]:
                 src_len = sentence.history.src_len
                 live = np.flatnonzero(np.isfinite(scores[b]))  # (L,)
                 live_coverage = self._beams.coverage[b * K + live, :src_len]  # (L, src_len)
                 sentence.finish(live, scores[b, live], raw[b, live], live_coverage, by_eos=False)
                 done[b] = True
             else:
-                done[b] = sentence.done(best_live[b])
+                done[b] = sentence.done(float(best_live[b]))
         return done
 
     def _retire(self, done: np.ndarray) -> list[tuple[Hashable, list[Hypothesis]]]:
@@ -733,7 +759,14 @@ class BeamSearch:
         rows = (keep[:, None] * K + np.arange(K)).reshape(-1)  # (B'*K,)
         self._beams = self._beams.select(rows)
         self._ids.difference_update(self._sentences[b].id for b in np.flatnonzero(done))
+        self._controlled -= sum(self._sentences[b].controls.active for b in np.flatnonzero(done))
         self._sentences = [self._sentences[b] for b in keep]
+        self._steps, self._max_len = self._steps[keep], self._max_len[keep]
+        self._widths, self._kept, self._keep = (
+            self._widths[keep],
+            self._kept[keep],
+            self._keep[keep],
+        )
         self._decoder.keep_sentences(keep)
         # the token columns the remaining sentences still use
         longest = max((s.steps for s in self._sentences), default=0)

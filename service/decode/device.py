@@ -90,6 +90,11 @@ class Device:
         self.ledger.record("host_to_device", reason, array.nbytes)
         binding.bind_cpu_input(name, array)
 
+    def bind_host_argument(self, binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
+        """A host array that the graph reads in host memory (a kernel's CPU input, such as TopK's
+        k): nothing crosses, so nothing is counted."""
+        binding.bind_cpu_input(name, np.ascontiguousarray(array))
+
     def bind_device_input(
         self, binding: ort.IOBinding, name: str, value: ort.OrtValue, shape: Sequence[int]
     ) -> None:

@@ -623,17 +623,11 @@ def check_loaded_bundle(
     """The graphs keep the runtime's contract and the tokenizers agree with the manifest
     (BundleError naming the file otherwise): see service/model/graph_contract.py."""
     decoder_file = "decoder.int8.onnx" if model.config.int8_decoder else "decoder.onnx"
-    for role, session, name in (
-        ("encoder", model.encoder, "encoder.onnx"),
-        ("decoder", model.decoder, decoder_file),
+    for role, inputs, outputs, name in (
+        ("encoder", model.encoder.get_inputs(), model.encoder.get_outputs(), "encoder.onnx"),
+        ("decoder", model.decoder_inputs(), model.decoder.get_outputs(), decoder_file),
     ):
-        contract.check_graph(
-            bundle.file(name),
-            role,
-            session.get_inputs(),
-            session.get_outputs(),
-            bundle.architecture,
-        )
+        contract.check_graph(bundle.file(name), role, inputs, outputs, bundle.architecture)
     contract.check_vocabularies(bundle.file(MANIFEST), bundle.architecture, source, target)
 
 

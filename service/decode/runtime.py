@@ -97,26 +97,85 @@ def make_session(
 FULL_LOG_PROBS = "full_log_probs"  # (N, V): the decoder step's whole log-softmax row
 
 
-def expose_full_log_probs(path: Path) -> bytes | None:
-    """The decoder-step graph with the input of its TopK (the log-softmax over the target
-    vocabulary, in vocabulary order) also an output, FULL_LOG_PROBS; None when no TopK produces
-    the contract's `log_probs` (or the graph has the output already: then it is used as it is).
+def expose_full_log_probs(model: onnx.ModelProto) -> bool:
+    """Make the input of the decoder-step graph's TopK (the log-softmax over the target vocabulary,
+    in vocabulary order) also an output, FULL_LOG_PROBS; False when no TopK produces the
+    contract's `log_probs` (True, unchanged, where the graph has that output already).
 
     Align's teacher forcing needs the log-prob of one given token per row, not the top k: asking
     the graph's TopK for k = V sorts every row of V (measured: a third of greedy decoding's tokens
     per second at V = 8,000); this reads the row before the TopK, from the same weights and step."""
-    model = onnx.load(str(path))
     graph = model.graph
     if any(o.name == FULL_LOG_PROBS for o in graph.output):
-        return model.SerializeToString()
+        return True
     topk = next((n for n in graph.node if n.op_type == "TopK" and "log_probs" in n.output), None)
     if topk is None:
-        return None
+        return False
     graph.node.append(helper.make_node("Identity", [topk.input[0]], [FULL_LOG_PROBS]))
     graph.output.append(
         helper.make_tensor_value_info(FULL_LOG_PROBS, onnx.TensorProto.FLOAT, ["N", "V"])
     )
-    return model.SerializeToString()
+    return True
+
+
+def topk_reads_k_on_the_host(model: onnx.ModelProto) -> bool:
+    """Let the step's TopK read `k` as it is bound, in host memory; False (graph unchanged) where
+    the graph is not the exporter's `Reshape(k, [1]) → TopK`.
+
+    The contract's `k` is a scalar and TopK wants a 1-element tensor in host memory. The exporter's
+    Reshape between them has a CUDA kernel, so under the CUDA provider ONNX Runtime copied k to the
+    GPU, reshaped it there and copied it back for the TopK: a Memcpy node and a synchronization in
+    every step. With `k` declared (1,) and fed to the TopK directly, nothing crosses."""
+    graph = model.graph
+    k = next((i for i in graph.input if i.name == "k"), None)
+    if k is None or len(k.type.tensor_type.shape.dim) != 0:
+        return False
+    users = [n for n in graph.node if "k" in n.input]
+    if len(users) != 1 or users[0].op_type != "Reshape" or users[0].input[0] != "k":
+        return False
+    reshaped = users[0].output[0]
+    readers = [n for n in graph.node if reshaped in n.input]
+    if not readers or any(
+        n.op_type != "TopK" or list(n.input) != [n.input[0], reshaped] for n in readers
+    ):
+        return False
+    if any(o.name == reshaped for o in graph.output):
+        return False
+    for n in readers:
+        n.input[1] = "k"
+    shape = users[0].input[1]
+    graph.node.remove(users[0])
+    if not any(shape in n.input for n in graph.node):  # the Reshape's target was its alone
+        for n in [n for n in graph.node if n.op_type == "Constant" and shape in n.output]:
+            graph.node.remove(n)
+        for i in [i for i in graph.initializer if i.name == shape]:
+            graph.initializer.remove(i)
+    k.type.tensor_type.shape.dim.add().dim_value = 1
+    return True
+
+
+def decoder_graph(path: Path, full_log_probs: bool = False) -> tuple[str | bytes | None, bool]:
+    """The decoder-step graph as ONNX Runtime gets it: with TopK reading k on the host
+    (`topk_reads_k_on_the_host`) and, for `full_log_probs`, FULL_LOG_PROBS exposed (None when it
+    cannot be); and whether k is bound as a (1,) host tensor. A file onnx cannot parse is passed on
+    by its path, for ONNX Runtime's own error naming it."""
+    try:
+        model = onnx.load(str(path))
+    except Exception:  # a damaged file: make_session reports it
+        return (None if full_log_probs else str(path)), False
+    k_on_host = topk_reads_k_on_the_host(model)
+    if full_log_probs and not expose_full_log_probs(model):
+        return None, k_on_host
+    return model.SerializeToString(), k_on_host
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """A graph input's name, ONNX Runtime type string and shape (service/model/graph_contract.py)."""
+
+    name: str
+    type: str
+    shape: list[int | str | None]
 
 
 @dataclass
@@ -217,7 +276,9 @@ class OnnxModel:
             str(bundle.file("encoder.onnx")), config, config.encoder_threads
         )
         self.decoder_file = bundle.file(decoder_file)
-        self.decoder = make_session(str(self.decoder_file), config, config.intra_op_threads)
+        graph, self.k_on_host = decoder_graph(self.decoder_file)
+        assert graph is not None
+        self.decoder = make_session(graph, config, config.intra_op_threads)
         check_model_providers(
             bundle.name,
             config.providers,
@@ -237,6 +298,14 @@ class OnnxModel:
         self.row_ops = make_row_ops(
             self.device, providers, provider_options(providers, config), config.row_ops
         )
+
+    def decoder_inputs(self) -> list[GraphInput]:
+        """The decoder graph's inputs as its file declares them (the contract's), whatever
+        `decoder_graph` changed for the session: k is the scalar the contract names."""
+        return [
+            GraphInput(arg.name, arg.type, [] if arg.name == "k" and self.k_on_host else arg.shape)
+            for arg in self.decoder.get_inputs()
+        ]
 
     @property
     def providers(self) -> list[str]:
@@ -277,7 +346,8 @@ class OnnxModel:
         the graph cannot expose it (step_full then asks the TopK for every token)."""
         with self._forced_lock:
             if not self._forced_made:
-                graph = expose_full_log_probs(self.decoder_file)
+                graph, k_on_host = decoder_graph(self.decoder_file, full_log_probs=True)
+                assert k_on_host == self.k_on_host  # one rule for both graphs: one k binding
                 if graph is not None:
                     self._forced = make_session(graph, self.config, self.config.intra_op_threads)
                 self._forced_made = True
@@ -511,7 +581,10 @@ class OnnxDecoder:
         device, binding = self.device, bound.binding
         device.bind_host_input(binding, "tokens", tokens.astype(np.int64, copy=False), "tokens")
         device.bind_host_input(binding, "reorder", reorder.astype(np.int64, copy=False), "tokens")
-        device.bind_host_input(binding, "k", np.array(k, dtype=np.int64), "tokens")
+        if self.model.k_on_host:  # read where it is, by the TopK (`topk_reads_k_on_the_host`)
+            device.bind_host_argument(binding, "k", np.array([k], dtype=np.int64))
+        else:
+            device.bind_host_input(binding, "k", np.array(k, dtype=np.int64), "tokens")
         binding.bind_ortvalue_input("state", self.state)
         rows_key = self.rows.binding_key()
         if rows_key != bound.bound_rows:
