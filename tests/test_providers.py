@@ -111,22 +111,23 @@ def test_version_numbers_read_as_people_write_them() -> None:
 def test_the_reason_names_the_library_the_provider_could_not_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A provider library built against a libcublasLt.so.13 that is not there, as onnxruntime-gpu
-    1.31's is on a CUDA 12 image: the diagnosis names the missing library."""
+    """A provider library built against a library that is not there (as onnxruntime-gpu 1.31's
+    libcublasLt.so.13 is on a CUDA 12 image; a name no host has, so that a GPU host where CUDA's
+    libraries are found runs the test too): the diagnosis names the missing library."""
     (tmp_path / "dep.c").write_text("int cublasLtCreate(void) { return 0; }\n")
     (tmp_path / "provider.c").write_text(
         "int cublasLtCreate(void);\nint provider(void) { return cublasLtCreate(); }\n"
     )
     cc = ["cc", "-shared", "-fPIC", "-o"]
     subprocess.run(
-        [*cc, str(tmp_path / "libcublasLt.so.13"), str(tmp_path / "dep.c"),
-         "-Wl,-soname,libcublasLt.so.13"], check=True,
+        [*cc, str(tmp_path / "libs2sAbsentCublasLt.so.13"), str(tmp_path / "dep.c"),
+         "-Wl,-soname,libs2sAbsentCublasLt.so.13"], check=True,
     )  # fmt: skip
     subprocess.run(
         [*cc, str(tmp_path / "provider.so"), str(tmp_path / "provider.c"),
-         str(tmp_path / "libcublasLt.so.13")], check=True,
+         str(tmp_path / "libs2sAbsentCublasLt.so.13")], check=True,
     )  # fmt: skip
-    (tmp_path / "libcublasLt.so.13").unlink()
+    (tmp_path / "libs2sAbsentCublasLt.so.13").unlink()
     monkeypatch.setattr(providers, "cuda_provider_library", lambda: tmp_path / "provider.so")
     monkeypatch.setattr(
         providers.ort, "get_available_providers", lambda: [providers.CUDA, providers.CPU]
@@ -134,7 +135,9 @@ def test_the_reason_names_the_library_the_provider_could_not_load(
     found = providers.diagnose_cuda()
     assert found.build_has_cuda and found.load_error is not None
     reason = found.reason()
-    assert reason.startswith("the CUDA provider's library did not load: libcublasLt.so.13")
+    assert reason.startswith(
+        "the CUDA provider's library did not load: libs2sAbsentCublasLt.so.13: cannot open"
+    )
     assert "found: NVIDIA driver for CUDA" in reason
 
 

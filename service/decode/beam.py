@@ -126,9 +126,10 @@ class _Beams:
     scores: np.ndarray  # (N,) float64 cumulative score ranked by; -inf marks a dead slot
     coverage: np.ndarray  # (N, S) float32 attention summed over the steps so far
     raw: np.ndarray  # (N,) float64 cumulative log-prob under the model (= scores without controls)
-    seqs: (
-        np.ndarray
-    )  # (N, L) int64 tokens so far, right-aligned (a sentence's last `steps` columns)
+    # (N, L) int64 tokens so far, right-aligned (a sentence's last `steps` columns); kept only
+    # while a sentence with controls (which read them) is in the batch: L = 0 otherwise, and the
+    # rows of sentences without controls are never read
+    seqs: np.ndarray
 
     @classmethod
     def empty(cls) -> _Beams:
@@ -595,9 +596,13 @@ class BeamSearch:
             scores=nxt.scores.reshape(N),
             coverage=coverage[rows.reshape(N)],
             raw=nxt.raw.reshape(N),
-            seqs=np.concatenate(
-                [self._beams.seqs[rows.reshape(N)], nxt.tokens.reshape(N, 1)], axis=1
-            ),  # (N, L + 1)
+            seqs=(
+                np.concatenate(
+                    [self._beams.seqs[rows.reshape(N)], nxt.tokens.reshape(N, 1)], axis=1
+                )  # (N, L + 1)
+                if self._controlled
+                else np.zeros((N, 0), np.int64)  # (N, 0): no sentence reads them
+            ),
         )
         self._record(nxt, out.attention.reshape(B, K, S))
         self._steps += 1
@@ -768,8 +773,10 @@ class BeamSearch:
             self._keep[keep],
         )
         self._decoder.keep_sentences(keep)
-        # the token columns the remaining sentences still use
-        longest = max((s.steps for s in self._sentences), default=0)
+        # the token columns the remaining sentences with controls still use
+        longest = 0
+        if self._controlled:
+            longest = max((s.steps for s in self._sentences if s.controls.active), default=0)
         if self._beams.seqs.shape[1] > longest:
             self._beams = replace(self._beams, seqs=_left_pad(self._beams.seqs, longest))
 
