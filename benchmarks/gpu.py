@@ -356,6 +356,11 @@ def print_row(model: str, r: dict[str, Any]) -> None:
     )
 
 
+def ratio(figures: dict[str, Any]) -> str:
+    value = figures.get("speedup_over_cpu")
+    return "-" if value is None else f"{value:.2f}"
+
+
 def measured(figures: dict[str, Any]) -> str:
     value = figures.get("measured_h2d_bytes_per_step")
     return "-" if value is None else f"{value:,.0f}"
@@ -379,9 +384,9 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         s, c = r["static"], r["churn"]
         lines.append(
             f"| {r['provider']} | {r['sentences']} ({r['hypotheses']}) "
-            f"| {s['hyp_steps_per_s']:,.0f} | {s['speedup_over_cpu']:.2f} "
+            f"| {s['hyp_steps_per_s']:,.0f} | {ratio(s)} "
             f"| {s['h2d_bytes_per_step']:,.0f} / {measured(s)} | {s['outside_run_share']:.0%} "
-            f"| {c['hyp_steps_per_s']:,.0f} | {c['speedup_over_cpu']:.2f} "
+            f"| {c['hyp_steps_per_s']:,.0f} | {ratio(c)} "
             f"| {c['h2d_bytes_per_step']:,.0f} / {measured(c)} | {c['outside_run_share']:.0%} |"
         )
     return lines
@@ -405,14 +410,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     report = run(args)
+    if args.json:  # first: a table that cannot print must not lose the figures
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
     print_tables(report)
     if "cuda" not in report["providers"] and "cuda" in args.providers:
         print(
             "\nNo CUDA provider in this onnxruntime: CPU figures only (the GPU columns need one)."
         )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

@@ -366,8 +366,9 @@ def markdown(data: dict[str, Any]) -> str:
     if placement:
         lines += ["", f"## Node placement ({placement['provider']} asked for)", ""]
         lines += [
-            "| bundle | graph | nodes | by provider | off the provider | Memcpy |",
-            "|---|---|---|---|---|---|",
+            "| bundle | graph | nodes | by provider | computing off the provider | Memcpy "
+            "| shape arithmetic on the CPU |",
+            "|---|---|---|---|---|---|---|",
         ]
         for bundle, graphs in placement["bundles"].items():
             for g in graphs if isinstance(graphs, list) else []:

@@ -3,9 +3,11 @@
 #   scripts/install.sh            serving only (no torch)
 #   scripts/install.sh dev,train  serving + extras (train adds bible-alignments 0.4.2 --no-deps: its data only)
 #   scripts/install.sh dev,train,import  + OpenNMT-py 3.5.1 and Joey NMT 2.3.0 (--no-deps) for s2s-import
-# Environment: PYTHON (default python3), S2S_ONNXRUNTIME=gpu to swap in onnxruntime-gpu (CUDA images),
+# Environment: PYTHON (default python3),
 #   S2S_LOCK=requirements/serve.lock (the images): the hashed pins with --require-hashes, then the
-#   project alone (--no-deps, built with the locked setuptools: no unpinned download at all).
+#   project alone (--no-deps, built with the locked setuptools: no unpinned download at all);
+#   S2S_LOCK=requirements/serve-gpu.lock (or serve-gpu-cu12.lock) for NVIDIA GPUs: onnxruntime-gpu
+#   and the CUDA and cuDNN libraries it needs, as NVIDIA's pip packages, pinned the same way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -32,8 +34,4 @@ case ",$extras," in
   *,import,*)  # the toolkits s2s-import reads; their own pins (torch<2.3, protobuf<3.21) are too old
     python -m pip install -q --no-deps opennmt-py==3.5.1 joeynmt==2.3.0 ;;
 esac
-if [ "${S2S_ONNXRUNTIME:-cpu}" = "gpu" ]; then
-  python -m pip uninstall -q -y onnxruntime
-  python -m pip install -q onnxruntime-gpu
-fi
 bash scripts/gen_proto.sh

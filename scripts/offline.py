@@ -47,6 +47,8 @@ PLATFORMS = (
     "manylinux_2_24_x86_64",
     "manylinux_2_17_x86_64",
     "manylinux2014_x86_64",
+    "manylinux_2_12_x86_64",
+    "manylinux2010_x86_64",
     "manylinux1_x86_64",
 )
 ARCHIVE = "wheels.tar.xz"

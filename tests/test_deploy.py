@@ -474,6 +474,9 @@ def test_overlays_pick_their_image_and_hardware(rendered: dict[str, list[dict[st
     assert (
         env_of(rendered["overlays/gpu"])["S2S_PROVIDERS"].split(",")[0] == "CUDAExecutionProvider"
     )
+    assert env_of(rendered["overlays/gpu"])["S2S_REQUIRE_PROVIDER"] == "cuda"
+    assert "S2S_REQUIRE_PROVIDER" not in env_of(rendered["overlays/cpu"])
+    assert dockerfile_env(dockerfile_stages()["gpu"])["S2S_REQUIRE_PROVIDER"] == "cuda"
     assert "nvidia.com/gpu" not in json.dumps(rendered["overlays/cpu"])
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert gpu["resources"]["requests"]["nvidia.com/gpu"] == 1
@@ -819,6 +822,12 @@ def test_the_repository_reaches_the_pods_baked_in_or_on_a_volume_an_init_contain
     assert "emptyDir" in {v["name"]: v for v in pod["volumes"]}[server_mount["name"]]
     assert init["securityContext"]["readOnlyRootFilesystem"] is True
     assert init["securityContext"]["runAsUser"] == 10001
+
+
+def dockerfile_env(stage: list[str]) -> dict[str, str]:
+    """The ENV name=value pairs of a stage's instructions."""
+    pairs = [w for line in stage if line.upper().startswith("ENV ") for w in line.split()[1:]]
+    return dict(p.split("=", 1) for p in pairs if "=" in p)
 
 
 def dockerfile_stages() -> dict[str, list[str]]:

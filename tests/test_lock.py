@@ -12,6 +12,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -97,8 +98,48 @@ def test_the_images_install_the_lock_with_hashes() -> None:
         if "scripts/install.sh" in line and line.startswith("RUN")
     ]
     assert len(installs) == 2  # the cpu and gpu build stages
-    assert all("S2S_LOCK=requirements/serve.lock" in line for line in installs)
+    cpu, gpu = installs
+    assert "S2S_LOCK=requirements/serve.lock" in cpu
+    assert "S2S_LOCK=${GPU_LOCK}" in gpu
+    assert "ARG GPU_LOCK=requirements/serve-gpu.lock" in dockerfile
     assert dockerfile.count("COPY requirements/ requirements/") == 2
     script = (REPO / "scripts" / "install.sh").read_text(encoding="utf-8")
     assert '--require-hashes --no-deps -r "$S2S_LOCK"' in script
     assert "--no-deps --no-build-isolation -e ." in script
+
+
+@pytest.mark.parametrize("name", ["serve-gpu.lock", "serve-gpu-cu12.lock"])
+def test_the_gpu_locks_are_the_serving_lock_with_onnxruntime_gpu_and_its_cuda_libraries(
+    name: str,
+) -> None:
+    """scripts/lock_gpu.py's output, checked offline: every pin of serve.lock but onnxruntime is
+    there with the same version and hashes; onnxruntime-gpu and NVIDIA's CUDA and cuDNN packages are
+    pinned with hashes, in one CUDA major (the one the onnxruntime-gpu release is built for)."""
+    cpu = parse_lock(LOCK.read_text())
+    gpu = parse_lock((LOCK.parent / name).read_text())
+    for package, pin in cpu.items():
+        if package != "onnxruntime":
+            assert gpu.get(package) == pin, package
+    assert "onnxruntime" not in gpu
+    extra = {p: pin for p, pin in gpu.items() if p not in cpu}
+    assert "onnxruntime-gpu" in extra
+    cuda = {p for p in extra if p.startswith("nvidia-")}
+    assert {"nvidia-cublas", "nvidia-cuda-runtime", "nvidia-cudnn"} <= {
+        p.removesuffix("-cu12").removesuffix("-cu13") for p in cuda
+    }
+    assert set(extra) == cuda | {"onnxruntime-gpu"}
+    for package in extra:
+        assert extra[package][1], f"{package} has no hash"
+    majors = {extra[p][0].split(".")[0] for p in cuda if "cuda-runtime" in p}
+    assert majors == ({"13"} if name == "serve-gpu.lock" else {"12"})
+
+
+def parse_lock(text: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """name → (version, hashes) of a pip-compile lock."""
+    joined = re.sub(r"\\\n", " ", text)
+    pins = {}
+    for line in joined.splitlines():
+        m = re.match(r"^([a-z0-9][a-z0-9._-]*)==(\S+)(.*)$", line.split("#")[0].strip(), re.I)
+        if m:
+            pins[m.group(1).lower()] = (m.group(2), tuple(re.findall(r"sha256:(\w+)", m.group(3))))
+    return pins
