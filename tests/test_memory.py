@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from proto.translation.v1 import translation_pb2 as pb
+from service.cli.client import main as client_main
 from service.decode import recall
 from service.decode.aligner import align
 from service.decode.config import RuntimeConfig
@@ -153,7 +154,9 @@ def test_a_bundle_memory_that_does_not_parse_refuses_the_bundle(
 # --- the server ----------------------------------------------------------------------------------
 
 
-def test_the_servers_file_is_answered_reloaded_and_counted(tiny: TinyModel, tmp_path: Path) -> None:
+def test_the_servers_file_is_answered_reloaded_and_counted(
+    tiny: TinyModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     memory_dir = tmp_path / "memories"
     memory_dir.mkdir()
     name = json.loads((tiny.bundle / "manifest.json").read_text())["name"]
@@ -170,6 +173,12 @@ def test_the_servers_file_is_answered_reloaded_and_counted(tiny: TinyModel, tmp_
 
         hit = ask(alignment=pb.ALIGNMENT_MODE_SUBWORD)
         assert (hit.text, hit.origin) == ("six sept", pb.ORIGIN_MEMORY)
+        # the client's text output: the answer alone; --origin adds where it came from
+        target = f"127.0.0.1:{srv.r.port}"
+        assert client_main(["--server", target, source]) == 0
+        assert capsys.readouterr().out == "six sept\n"
+        assert client_main(["--server", target, "--origin", source]) == 0
+        assert capsys.readouterr().out == "memory\tsix sept\n"
         assert hit.alignment.rows == 2 and hit.alignment.cols > 0
         assert ask(use_memory=False).origin == pb.ORIGIN_MODEL
         # a user adds an entry and reloads: the server answers it
@@ -181,7 +190,8 @@ def test_the_servers_file_is_answered_reloaded_and_counted(tiny: TinyModel, tmp_
         srv.submit(srv.r.reload()).result(30)
         assert ask().text == "huit"
         samples = srv.r.metrics.registry.get_sample_value
-        assert samples("s2s_memory_lookups_total", {"model": name, "result": "hit"}) == 3
+        hits = samples("s2s_memory_lookups_total", {"model": name, "result": "hit"})
+        assert hits == 5  # three asks and two client calls
         assert samples("s2s_memory_lookups_total", {"model": name, "result": "miss"}) is None
     finally:
         srv.close()
@@ -243,9 +253,16 @@ def test_the_g2p_memory_matches_after_the_input_rule_and_s2s_translate_reads_a_f
     answer = json.loads(capsys.readouterr().out.splitlines()[0])
     assert answer["hypotheses"][0]["text"] == "N W IH1 N"
     assert answer["hypotheses"][0]["origin"] == "memory"
-    # the text output marks the memory's answer in a column of its own, the model's not at all
+    # the plain text output is the answer alone, whatever its origin (sacrebleu, paste and a
+    # lexicon build read it as marian-decoder's); --origin adds the origin as a first column
     monkeypatch.setattr("sys.stdin", io.StringIO("NGUYEN\nzorbiq\n"))
     assert cli.main(["--bundle", str(REPO / "models" / "g2p"), "--memory", str(mine)]) == 0
     remembered, decoded = capsys.readouterr().out.splitlines()
-    assert remembered == "N W IH1 N\t(memory)"
+    assert remembered == "N W IH1 N"
     assert decoded and "\t" not in decoded
+    monkeypatch.setattr("sys.stdin", io.StringIO("NGUYEN\nzorbiq\n"))
+    argv = ["--bundle", str(REPO / "models" / "g2p"), "--memory", str(mine), "--origin"]
+    assert cli.main([*argv, "--confidence"]) == 0
+    remembered, decoded = capsys.readouterr().out.splitlines()
+    assert remembered.split("\t")[1:] == ["memory", "N W IH1 N"]
+    assert decoded.split("\t")[1] == "model"

@@ -7,6 +7,7 @@ s2s-translate --json --nbest 3 < input.txt  # one JSON object per line, with the
 s2s-translate --heatmap out.png <<< "March 5, 2021"
 s2s-translate --verbose < input.txt         # decode time and sentences/s on stderr
 s2s-translate --confidence < input.txt      # confidence<TAB>translation (low ones marked "?")
+s2s-translate --origin < input.txt          # origin<TAB>translation (model, memory or mixed)
 
 Lines are decoded in batches of similar length, as Marian's maxi-batch and OpenNMT-py do: within
 a window of --batch-size x --maxi-batch lines, sorted by token count, longest first, so a batch
@@ -101,6 +102,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "probability), followed by '?' when below the threshold (--min-confidence)",
     )
     p.add_argument(
+        "--origin",
+        action="store_true",
+        help="begin each line with where its answer came from: model, memory or mixed (after "
+        "the confidence with --confidence); plain output is the answer alone",
+    )
+    p.add_argument(
         "--min-confidence",
         type=float,
         default=-1.0,
@@ -124,7 +131,9 @@ def format_line(t: Translation, args: argparse.Namespace) -> str:
     lines = []
     for h in t.hypotheses:
         text = h.text if len(t.hypotheses) == 1 else f"{h.score:.4f}\t{h.text}"
-        text = alternative_column(h) + text + origin_column(h)
+        text = alternative_column(h) + text
+        if args.origin:
+            text = origin_column(h) + text
         if args.confidence:
             text = f"{confidence_column(h.confidence, h.low_confidence)}\t{text}"
         if args.align and h.alignment:
