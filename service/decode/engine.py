@@ -32,6 +32,7 @@ from service.model import segment
 from service.model.bundle import MANIFEST, Bundle, BundleError, load_bundle
 from service.model.embedded import resolve_bundle
 from service.model.input_rule import InputRejected
+from service.model.spelling import spelling_problem
 from service.model.vocab import TextTokenizer, is_word_level, load_tokenizers
 
 AlignmentMode = Literal["none", "subword", "word"]
@@ -307,11 +308,7 @@ class Engine:
                 f"model {self.bundle.name} has no attention: replace_unknowns needs it"
             )
         for i in range(max(1, len(options.target_prefix))):
-            try:
-                self.controls(options.for_text(i))
-            except InvalidInput as err:
-                where = f"target_prefix[{i}]: " if options.target_prefix else ""
-                raise InvalidInput(f"{where}{err}") from err
+            self.controls(options.for_text(i), prefix_name=f"target_prefix[{i}]")
         if alignment not in ALIGNMENT_MODES:
             raise InvalidInput(f"alignment must be one of {ALIGNMENT_MODES}, got {alignment!r}")
         if alignment != "none" and not self.supports_alignment:
@@ -319,22 +316,30 @@ class Engine:
                 f"model {self.bundle.name} has no attention (architecture 'none'): ask for alignment 'none'"
             )
 
-    def controls(self, options: SearchOptions) -> Controls:
+    def controls(self, options: SearchOptions, prefix_name: str = "target_prefix") -> Controls:
         """One text's decoding controls as token ids: its target prefix and the suppressed
-        sequences tokenized as the model's target side. InvalidInput for a prefix over the limit
-        or a suppress entry with nothing to tokenize."""
+        sequences tokenized as the model's target side. InvalidInput (naming the prefix as
+        `prefix_name`) for a prefix over the limit, a prefix or suppress entry the target
+        vocabulary cannot spell (service/model/spelling.py), or a suppress entry with nothing to
+        tokenize."""
         prefix: list[int] = []
         if options.target_prefix and options.target_prefix[0].strip():
+            unwritable = spelling_problem(self.tgt_tok, options.target_prefix[0])
+            if unwritable:
+                raise InvalidInput(f"{prefix_name} ({options.target_prefix[0]!r}): {unwritable}")
             prefix = self.tgt_tok.encode(options.target_prefix[0])
             if len(prefix) > self.limits.max_prefix_tokens:
                 raise InvalidInput(
-                    f"target_prefix is {len(prefix)} target tokens long, over the limit of "
+                    f"{prefix_name} is {len(prefix)} target tokens long, over the limit of "
                     f"{self.limits.max_prefix_tokens}"
                 )
             if prefix and prefix[-1] == self.cfg.eos_id:  # a word tokenizer that appends EOS
                 prefix = prefix[:-1]
         suppress = []
         for i, text in enumerate(options.suppress):
+            unwritable = spelling_problem(self.tgt_tok, text)
+            if unwritable:
+                raise InvalidInput(f"suppress[{i}] ({text!r}): {unwritable}")
             ids = [t for t in self.tgt_tok.encode(text) if t != self.cfg.eos_id]
             if not ids:
                 raise InvalidInput(f"suppress[{i}] ({text!r}) has no target tokens")

@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
+from service.model.spelling import control_problem
+
 
 class Limits(Protocol):
     """The engine limits some ranges are capped by (service/serve/config.py's EngineLimits)."""
@@ -303,6 +305,9 @@ def _texts_problem(spec: OptionSpec, value: Any, limits: Limits | None) -> str |
             )
         if spec.name == "suppress" and not text.strip():
             return f"{spec.name}[{i}] is empty: name a word or token sequence to suppress"
+        control = control_problem(text)
+        if control is not None:
+            return f"{spec.name}[{i}] {control}"
     return None
 
 
