@@ -28,7 +28,12 @@ from service.cli.render import alternative_column, origin_column, translation_to
 from service.decode import recall
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import AlignmentMode, Engine, InvalidInput, Translation
-from service.decode.options import SearchOptions, add_option_flags, options_from_args
+from service.decode.options import (
+    SearchOptions,
+    add_option_flags,
+    merge_options,
+    options_from_args,
+)
 from service.model.bundle import BundleError
 
 DEFAULT_BUNDLE = Path(__file__).resolve().parents[2] / "models" / "default"
@@ -171,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine.load(args.bundle, runtime, EngineLimits(min_confidence=args.min_confidence))
         if args.memory is not None:
             engine.user_memory = engine.read_memory(args.memory)
-        options = SearchOptions(**{**engine.decoding_defaults, **options_from_args(args)})
+        options = SearchOptions(**merge_options(engine.decoding_defaults, options_from_args(args)))
         args.n_best = options.n_best  # the value in effect (the output's columns follow it)
     except (BundleError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
