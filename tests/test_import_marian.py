@@ -4,6 +4,7 @@ marian-decoder's. Skipped where pymarian (the `marian` extra) is not installed."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +122,20 @@ def test_served_nbest_equals_marian(s2s: Trained, beam: int) -> None:
             assert np.abs(weights - marian_rows[: weights.shape[0]]).max() < 1e-5
 
 
+@pytest.mark.parametrize("shape", ["s2s", "lstm"])
+def test_the_bundle_says_it_is_marians(shape: str, request: pytest.FixtureRequest) -> None:
+    """The manifest names what the model is: toolkit marian, the conditional decoder (cgru),
+    for the architecture and the tokenizer; serving reads them (ModelInfo, the beam's rule)."""
+    trained: Trained = request.getfixturevalue(shape)
+    manifest = json.loads((trained.bundle / "manifest.json").read_text())
+    architecture = manifest["architecture"]
+    assert (architecture["toolkit"], architecture["decoder_style"]) == ("marian", "cgru")
+    assert manifest["tokenizer"]["toolkit"] == "marian"
+    assert "serving_labels" not in manifest["info"]
+    engine = Engine.load(trained.bundle, RuntimeConfig(intra_op_threads=1))
+    assert (engine.cfg.toolkit, engine.cfg.conditional) == ("marian", True)
+
+
 def test_int8_bundle_decodes(s2s: Trained) -> None:
     search = MarianSearch(s2s.bundle, int8=True)
     outputs = [search.translate(line, MarianRules(beam_size=5))[0].text for line in s2s.lines]
@@ -198,6 +213,7 @@ def test_server_answers_as_marian(s2s: Trained) -> None:
     server = ServerThread.start(base_args(s2s.bundle))
     try:
         response = server.stub.Translate(pb.TranslateRequest(texts=texts, options=options))
+        info = server.stub.GetModelInfo(pb.ModelInfoRequest())
     finally:
         server.close()
     compared = 0
@@ -212,3 +228,5 @@ def test_server_answers_as_marian(s2s: Trained) -> None:
             assert np.abs(ours - marian_rows[: ours.shape[0]]).max() < 1e-5
             compared += 1
     assert compared == 60
+    architecture = json.loads(info.architecture_json)
+    assert (architecture["toolkit"], architecture["decoder_style"]) == ("marian", "cgru")

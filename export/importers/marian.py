@@ -56,11 +56,11 @@ from service.model.architecture import BOS_ID, PAD_ID, UNK_ID, ModelConfig
 
 # Marian writes no PAD or BOS token; the bundle's vocabularies name ids 0 and 1 with these.
 PAD_TOKEN, BOS_TOKEN = "<marian:pad>", "<marian:bos>"
-# The serving labels whose rules are Marian's where serving knows no "marian" yet (see docs/import.md):
-# service/model/architecture.py's toolkit "opennmt-py" keeps only the non-EOS candidates among the
-# top beam_size (Marian's beam narrows by its finished hypotheses too), and service/model/subword.py's
-# "opennmt-py" joins pieces with SentencePiece's DecodePieces, as Marian's spm vocabulary does.
-SERVING_TOOLKIT = "opennmt-py"
+# What serving knows the model as (service/model/architecture.py): its beam keeps only the non-EOS
+# candidates among the top beam_size, as an imported toolkit's (Marian's narrows by its finished
+# hypotheses too), and service/model/subword.py joins its pieces with SentencePiece's DecodePieces,
+# as Marian's spm vocabulary does.
+TOOLKIT = "marian"
 # marian-decoder's rules as the bundle's decoding defaults (service/decode/options.py): its beam
 # narrows for good (stopping "narrowing"), at most ceil(3 x the source's tokens with `</s>`) target
 # tokens (--max-length-factor 3), no normalization or word penalty (--normalize 0, --word-penalty
@@ -433,11 +433,11 @@ def build(
         dec_hidden=H,
         rnn=dec_cell,  # type: ignore[arg-type]  # the decoder's cell: the packed state's layout
         attention="additive",
-        decoder_style="bahdanau",  # a label only (see SERVING_TOOLKIT): the graphs hold cGRU
+        decoder_style="cgru",  # the conditional decoder (dec-cell-base-depth 2)
         attn_dim=2 * H,
         dropout=0.0,
         bidirectional=True,
-        toolkit=SERVING_TOOLKIT,  # type: ignore[arg-type]
+        toolkit=TOOLKIT,
         bridge="marian_mean_tanh",
         input_feed=False,
     )
@@ -505,12 +505,12 @@ def tokenizer_section(src: Vocabulary, tgt: Vocabulary) -> tuple[dict[str, Any],
     if not src.is_spm:
         word = {
             "kind": "word",
-            "toolkit": SERVING_TOOLKIT,
+            "toolkit": TOOLKIT,
             "source": {"file": "source.vocab", "lowercase": False, "append_eos": True},
             "target": {"file": "target.vocab", "lowercase": False},
         }
         return word, {}
-    section: dict[str, Any] = {"kind": "subword", "toolkit": SERVING_TOOLKIT}
+    section: dict[str, Any] = {"kind": "subword", "toolkit": TOOLKIT}
     files: dict[str, bytes] = {}
     for vocab, ours in ((src, "source"), (tgt, "target")):
         section[ours], content = subword_side(
@@ -544,8 +544,6 @@ def import_model(
             "encoder": model.options.get("enc-cell"),
             "decoder": model.options.get("dec-cell"),
         },
-        "serving_labels": f"toolkit {SERVING_TOOLKIT!r} and decoder_style 'bahdanau' stand for "
-        "Marian's beam rule and detokenization until serving knows 'marian' (docs/import.md)",
     }
     return write_bundle(
         net,
