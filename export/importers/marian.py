@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import io
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -191,12 +191,15 @@ def read_vocab(path: Path, side: str) -> Vocabulary:
         path.suffix in (".yml", ".yaml", ".json"),
         f"unsupported {side} vocabulary {path}: the importer reads Marian's .spm and .yml vocabularies",
     )
-    try:
-        mapping = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ImportRefused(f"{path} is not a Marian .yml vocabulary: {err}") from err
-    refuse_unless(isinstance(mapping, dict), f"{path} is not a Marian .yml vocabulary")
-    by_id = {int(i): str(word) for word, i in mapping.items()}
+    mapping = read_yaml_vocab(path)
+    by_id: dict[int, str] = {}
+    for word, raw in mapping.items():
+        refuse_unless(
+            isinstance(word, str) and isinstance(raw, str) and raw.isdigit(),
+            f"{path}: {word!r}: {raw!r} is not a word and its id",
+        )
+        refuse_unless(int(raw) not in by_id, f"{path}: id {raw} is given to two words")
+        by_id[int(raw)] = word
     refuse_unless(
         sorted(by_id) == list(range(len(by_id))),
         f"{path}: the ids of a .yml vocabulary must be 0..{len(by_id) - 1}",
@@ -205,6 +208,36 @@ def read_vocab(path: Path, side: str) -> Vocabulary:
     for special in ("</s>", "<unk>"):
         refuse_unless(special in tokens, f"the {side} vocabulary {path} has no {special}")
     return Vocabulary(tokens=tokens, eos="</s>", unk="<unk>", path=path)
+
+
+# PyYAML's BaseLoader keeps every scalar a string: Marian (yaml-cpp's as<std::string>) reads each
+# key as the word written, where the YAML 1.1 resolvers of safe_load would read on/no/yes/true as
+# booleans, 1984 as an integer, null as None and <<: as a merge. libyaml's, where installed.
+TEXT_LOADER = getattr(yaml, "CBaseLoader", yaml.BaseLoader)
+
+
+def read_yaml_vocab(path: Path) -> dict[Any, Any]:
+    """A .yml (or .json) vocabulary's word → id mapping, keys and ids as the text written."""
+    try:
+        mapping = yaml.load(path.read_text(encoding="utf-8"), Loader=TEXT_LOADER)
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ImportRefused(f"{path} is not a Marian .yml vocabulary: {err}") from err
+    refuse_unless(isinstance(mapping, dict), f"{path} is not a Marian .yml vocabulary")
+    return cast(dict[Any, Any], mapping)
+
+
+def with_rows(vocab: Vocabulary, rows: int, what: str, side: str) -> Vocabulary:
+    """The vocabulary padded to a weight of `rows` rows. Marian keeps embeddings and output layer
+    of --dim-vocabs rows when its corpus has fewer types; the rows past its vocabulary hold no
+    word. They get its unknown token again: a repeated token keeps its first id
+    (service/model/vocab.py), so no text reaches them, and the target's are never emitted
+    (MarianS2S.step_log_probs). A weight narrower than the vocabulary is refused."""
+    refuse_unless(
+        rows >= len(vocab.tokens),
+        f"vocabulary size mismatch: {what} has {rows} rows but the {side} vocabulary "
+        f"{vocab.path} has {len(vocab.tokens)} tokens",
+    )
+    return replace(vocab, tokens=[*vocab.tokens, *[vocab.unk] * (rows - len(vocab.tokens))])
 
 
 def vocab_order(vocab: Vocabulary, side: str) -> tuple[list[str], list[int]]:
@@ -223,7 +256,9 @@ class MarianS2S(nn.Module):
     project's export interface. Cells are nn.GRU/nn.LSTM containers for their parameters (torch's
     gate order), so that the encoder runs packed and the exporter can fold the target embedding."""
 
-    def __init__(self, cfg: ModelConfig, enc_cell: str, unk_row: int) -> None:
+    def __init__(
+        self, cfg: ModelConfig, enc_cell: str, unk_row: int, unused_rows: tuple[int, ...] = ()
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         E, H, D = cfg.emb_dim, cfg.dec_hidden, cfg.enc_out_dim
@@ -245,6 +280,10 @@ class MarianS2S(nn.Module):
         self.out = nn.Linear(E, cfg.tgt_vocab_size)
         self.gate_width = G * H
         self.unk_row = unk_row  # our id of Marian's <unk> (always UNK_ID after special_order)
+        # <unk> and the output rows past Marian's vocabulary (with_rows): never emitted
+        never = torch.zeros(cfg.tgt_vocab_size, dtype=torch.bool)
+        never[[unk_row, *unused_rows]] = True
+        self.register_buffer("never", never, persistent=False)  # (V,)
         self.folded: FoldedEmbedding | None = None  # set on the exporter's copy only
 
     def fold_embeddings(self) -> FoldedEmbedding:
@@ -329,15 +368,15 @@ class MarianS2S(nn.Module):
         return lstm_cell(gi + gh, c)
 
     def step_log_probs(self, logits: Tensor, tokens: Tensor) -> Tensor:
-        """marian-decoder's scores: log-softmax over Marian's vocabulary (our PAD and BOS rows are
-        not in it), then `<unk>` suppressed (its default, without --allow-unk)."""
+        """marian-decoder's scores: log-softmax over Marian's output rows (our PAD and BOS rows
+        are not among them), then `<unk>` suppressed (its default, without --allow-unk) and the
+        rows past its vocabulary, which hold no word."""
         V = logits.shape[1]
         ours = torch.zeros(V, dtype=torch.bool)
         ours[PAD_ID] = True
         ours[BOS_ID] = True
         log_probs = torch.log_softmax(logits.masked_fill(ours, float("-inf")), dim=-1)
-        unk = torch.arange(V) == self.unk_row  # (V,)
-        return log_probs.masked_fill(unk, float("-inf"))
+        return log_probs.masked_fill(cast(Tensor, self.never), float("-inf"))
 
 
 # --- Marian's parameters → the module's --------------------------------------------------------
@@ -404,21 +443,19 @@ def build(
 ) -> tuple[MarianS2S, tuple[list[str], list[int]], tuple[list[str], list[int]]]:
     options = model.options
     check_options(options)
-    src_tokens, src_order = vocab_order(src_vocab, "source")
-    tgt_tokens, tgt_order = vocab_order(tgt_vocab, "target")
     src_name, tgt_name, tied_out = embedding_names(options)
     src_emb, tgt_emb = model.get(src_name), model.get(tgt_name)
     out_w = output_weight(model, tied_out)
-    for what, weight, vocab, side in (
-        (src_name, src_emb, src_vocab, "source"),
-        (tgt_name, tgt_emb, tgt_vocab, "target"),
-        ("the output layer", out_w, tgt_vocab, "target"),
-    ):
-        refuse_unless(
-            weight.shape[0] == len(vocab.tokens),
-            f"vocabulary size mismatch: {what} has {weight.shape[0]} rows but the {side} "
-            f"vocabulary {vocab.path} has {len(vocab.tokens)} tokens",
-        )
+    refuse_unless(
+        tgt_emb.shape[0] == out_w.shape[0],
+        f"{tgt_name} has {tgt_emb.shape[0]} rows but the output layer {out_w.shape[0]}",
+    )
+    words = len(tgt_vocab.tokens)
+    src_vocab = with_rows(src_vocab, src_emb.shape[0], src_name, "source")
+    tgt_vocab = with_rows(tgt_vocab, tgt_emb.shape[0], tgt_name, "target")
+    src_tokens, src_order = vocab_order(src_vocab, "source")
+    tgt_tokens, tgt_order = vocab_order(tgt_vocab, "target")
+    unused = tuple(ours for ours, row in enumerate(tgt_order) if words <= row < tgt_emb.shape[0])
     E, H = int(options.get("dim-emb", src_emb.shape[1])), int(options.get("dim-rnn", 0))
     refuse_unless(
         src_emb.shape[1] == E and tgt_emb.shape[1] == E,
@@ -441,7 +478,7 @@ def build(
         bridge="marian_mean_tanh",
         input_feed=False,
     )
-    net = MarianS2S(cfg, enc_cell, unk_row=UNK_ID)
+    net = MarianS2S(cfg, enc_cell, unk_row=UNK_ID, unused_rows=unused)
     b_out = (
         model.get("decoder_ff_logit_l2_b").reshape(-1)
         if "decoder_ff_logit_l2_b" in model.tensors
