@@ -14,10 +14,13 @@ checks that no held-out word is in the memory it writes.
 from __future__ import annotations
 
 import argparse
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from export.data import g2p
+from service.decode.config import RuntimeConfig
+from service.decode.engine import Engine
 from service.model.bundle import add_files
 from service.model.memory import write_memory
 
@@ -46,8 +49,28 @@ def read_entries(path: Path) -> list[tuple[str, str]]:
     return entries
 
 
-def attach(bundle: Path, entries: list[tuple[str, str]]) -> Path:
-    """Write the entries as the bundle's memory and list it in the manifest."""
+def refused_entries(bundle: Path, path: Path) -> list[str]:
+    """The entries of a memory file the bundle's model cannot use, as serving checks them at load
+    (the input rule and the source limit, the target's length and spelling: Engine.read_memory),
+    each named "file:line: why"."""
+    engine = Engine.load(bundle, RuntimeConfig(providers=("CPUExecutionProvider",)))
+    return list(engine.read_memory(path).refused)
+
+
+def attach(bundle: Path, entries: list[tuple[str, str]], checked: Path | None = None) -> Path:
+    """Write the entries as the bundle's memory and list it in the manifest; SystemExit naming
+    every entry the model cannot use, and nothing written then: a bundle ships no bad entry.
+    `checked`: the file the entries were read from (refusals name its lines); None: the entries
+    are checked as written (lines counted among them)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        written = Path(tmp) / NAME
+        write_memory(written, entries)
+        refused = refused_entries(bundle, checked or written)
+    if refused:
+        shown = refused[:20] + ([f"... and {len(refused) - 20} more"] if len(refused) > 20 else [])
+        raise SystemExit(
+            f"{len(refused)} entries the model cannot use; nothing written:\n" + "\n".join(shown)
+        )
     path = bundle / NAME
     write_memory(path, entries)
     add_files(bundle, [NAME], info={"memory_entries": len(entries)}, sections={"memory": NAME})
@@ -73,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if leaked:
             raise SystemExit(f"{len(leaked)} held-out words would be in the memory")
         print(f"{len(held_out)} held-out words, none in the memory")
-    path = attach(args.bundle, entries)
+    path = attach(args.bundle, entries, args.entries)
     print(f"{path}: {len(entries)} entries, {len({s for s, _ in entries})} sources")
     return 0
 

@@ -28,7 +28,7 @@ from tests.test_server import ServerThread, base_args
 CPU = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1)
 
 
-def accept(_: str) -> None:
+def accept(_: str, __: str) -> None:
     return None
 
 
@@ -63,16 +63,33 @@ def test_a_bad_file_is_refused_naming_the_file_and_line(
         read_memory(path, str.lower, accept)
 
 
-def test_a_source_the_input_rule_or_the_limits_refuse_is_refused(tmp_path: Path) -> None:
+def test_an_entry_the_model_refuses_is_refused_alone_naming_the_file_and_line(
+    tmp_path: Path,
+) -> None:
+    """An entry the model cannot use (the input rule refuses its source, a side over the limits,
+    a target it cannot spell) is refused on its own, named by file and line: the rest is kept."""
     path = tmp_path / "m.tsv"
-    path.write_text("fine\tok\ntoo long\tno\n", "utf-8")
+    path.write_text("fine\tok\ntoo long\tno\nFINE\tsecond\nbad\tunspellable\n", "utf-8")
 
-    def check(source: str) -> None:
+    def check(source: str, target: str) -> None:
         if len(source) > 5:
             raise ValueError("over the limit")
+        if target == "unspellable":
+            raise ValueError("cannot spell it")
 
-    with pytest.raises(MemoryFileError, match=r"m\.tsv:2: over the limit"):
-        read_memory(path, str.lower, check)
+    memory = read_memory(path, str.lower, check)
+    assert memory.lookup("fine") == ("ok", "second")
+    assert memory.lookup("too long") == memory.lookup("bad") == ()
+    assert memory.refused == (f"{path}:2: over the limit", f"{path}:4: cannot spell it")
+
+    def rule(source: str) -> str:
+        if "!" in source:
+            raise ValueError("the input rule refuses '!'")
+        return source
+
+    path.write_text("ok\tfine\nno!\tx\n", "utf-8")
+    memory = read_memory(path, rule, accept)
+    assert (len(memory), memory.refused) == (1, (f"{path}:2: the input rule refuses '!'",))
 
 
 def test_the_servers_entries_override_the_bundles(tmp_path: Path) -> None:
@@ -197,6 +214,72 @@ def test_the_servers_file_is_answered_reloaded_and_counted(
         srv.close()
 
 
+def test_no_valid_request_fails_because_of_a_memory_entry(
+    tiny: TinyModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server file whose entries the model cannot use (a target over max_length, one the target
+    vocabulary cannot spell, a source over the source limit) loads without them, naming each
+    by file and line; the requests for their sources get the model's answers, the good entry is
+    served, and so after a reload."""
+    name = json.loads((tiny.bundle / "manifest.json").read_text())["name"]
+    memory_dir = tmp_path / "memories"
+    memory_dir.mkdir()
+    long_source, long_target, snowman, good = tiny.sources[:4]
+    path = memory_dir / f"{name}.tsv"
+    lines = [
+        f"{long_target}\t{' '.join(['six'] * 400_000)}",
+        f"{snowman}\tsix ☃ sept",
+        f"{' '.join([long_source] * 200)}\tsix",
+        f"{good}\tsix sept",
+    ]
+    path.write_text("".join(line + "\n" for line in lines), "utf-8")
+    with caplog.at_level("WARNING", logger="s2s.server"):
+        srv = ServerThread.start(
+            [*base_args(tiny.bundle), "--no-warmup", "--memory-dir", str(memory_dir)]
+        )
+    try:
+        refused = [
+            r.getMessage() for r in caplog.records if "memory entry refused" in r.getMessage()
+        ]
+        assert len(refused) == 3, refused
+        assert f"{path}:1: target is at least 400000 subword tokens long" in refused[0]
+        assert f"{path}:2: target: " in refused[1] and "'☃' (U+2603 SNOWMAN)" in refused[1]
+        assert f"{path}:3: " in refused[2] and "over the limit" in refused[2]
+        texts = [long_target, snowman, good]
+        request = pb.TranslateRequest(texts=texts, options=pb.DecodingOptions(beam_size=2))
+        answers = srv.stub.Translate(request, timeout=30).translations
+        origins = [t.hypotheses[0].origin for t in answers]
+        assert origins == [pb.ORIGIN_MODEL, pb.ORIGIN_MODEL, pb.ORIGIN_MEMORY]
+        assert answers[2].hypotheses[0].text == "six sept"
+        path.write_text(f"{snowman}\tsix ☃\n{good}\thuit\n", "utf-8")
+        srv.submit(srv.r.reload()).result(30)
+        answers = srv.stub.Translate(request, timeout=30).translations
+        assert [t.hypotheses[0].origin for t in answers] == origins
+        assert answers[2].hypotheses[0].text == "huit"
+    finally:
+        srv.close()
+
+
+def test_a_bundle_memory_is_checked_when_it_is_written(tiny: TinyModel, tmp_path: Path) -> None:
+    """export.memory refuses entries the model cannot use, naming the file and line, and writes
+    nothing; good entries go in."""
+    from export import memory as export_memory
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(tiny.bundle, copy)
+    before = (copy / "manifest.json").read_text()
+    entries = tmp_path / "entries.tsv"
+    entries.write_text(f"{tiny.sources[0]}\tsix sept\n{tiny.sources[1]}\tsix ☃\n", "utf-8")
+    with pytest.raises(SystemExit, match=rf"{entries}:2: target: .*'☃' \(U\+2603 SNOWMAN\)"):
+        export_memory.main(["--bundle", str(copy), "--entries", str(entries)])
+    assert (copy / "manifest.json").read_text() == before
+    assert not (copy / "memory.tsv.gz").exists()
+    entries.write_text(f"{tiny.sources[0]}\tsix sept\n", "utf-8")
+    assert export_memory.main(["--bundle", str(copy), "--entries", str(entries)]) == 0
+    engine = Engine.load(copy, CPU)
+    assert engine.recall(tiny.sources[0]) == ("six sept",)
+
+
 def test_a_servers_file_that_does_not_parse_refuses_the_model(
     tiny: TinyModel, tmp_path: Path
 ) -> None:
@@ -212,7 +295,7 @@ def test_a_segmented_input_consults_the_memory_segment_by_segment(tmp_path: Path
     model the other, joined as the engine joins segments (one alignment over the whole input)."""
     bundle = tmp_path / "numbers"
     shutil.copytree(DEFAULT_BUNDLE, bundle)
-    write_memory(bundle / "memory.tsv", [("ninety-seven", "quatre-vingt-dix-sept (mémoire)")])
+    write_memory(bundle / "memory.tsv", [("ninety-seven", "quatre-vingt-dix-sept mémoire")])
     add_files(bundle, ["memory.tsv"], sections={"memory": "memory.tsv"})
     engine = Engine.load(bundle, CPU)
     text = "ninety-seven and twelve"
@@ -220,7 +303,7 @@ def test_a_segmented_input_consults_the_memory_segment_by_segment(tmp_path: Path
     (t,) = recall.translate(engine, [text], SearchOptions(beam_size=3), "subword")
     (plain,) = engine.translate([text], SearchOptions(beam_size=3), "subword")
     h = t.hypotheses[0]
-    assert h.text.startswith("quatre-vingt-dix-sept (mémoire) et ")
+    assert h.text.startswith("quatre-vingt-dix-sept mémoire et ")
     assert h.text.endswith(plain.hypotheses[0].text.split(" et ")[-1])
     assert h.origin == "mixed"
     assert h.alignment is not None

@@ -176,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine.load(args.bundle, runtime, EngineLimits(min_confidence=args.min_confidence))
         if args.memory is not None:
             engine.user_memory = engine.read_memory(args.memory)
+        for refusal in engine.memory.refused:  # the rest of the memory is used
+            print(f"warning: memory entry refused: {refusal}", file=sys.stderr)
         options = SearchOptions(**merge_options(engine.decoding_defaults, options_from_args(args)))
         args.n_best = options.n_best  # the value in effect (the output's columns follow it)
     except (BundleError, ValueError) as err:
