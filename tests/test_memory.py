@@ -21,7 +21,7 @@ from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.options import SearchOptions
 from service.model.bundle import BundleError, add_files
-from service.model.memory import MemoryFileError, read_memory, write_memory
+from service.model.memory import Memory, MemoryFileError, read_memory, write_memory
 from tests.conftest import DEFAULT_BUNDLE, TinyModel
 from tests.test_server import ServerThread, base_args
 
@@ -258,6 +258,22 @@ def test_no_valid_request_fails_because_of_a_memory_entry(
         assert answers[2].hypotheses[0].text == "huit"
     finally:
         srv.close()
+
+
+def test_an_entry_that_escaped_the_checks_is_left_to_the_model(
+    remembered: tuple[Engine, str],
+) -> None:
+    """Should an entry reach the memory unchecked, its source is answered by the model, not
+    refused: the forced pass's refusal never reaches the request."""
+    engine, source = remembered
+    key = engine.normalize(source).strip()
+    before = engine.user_memory
+    engine.user_memory = Memory({key: ("six " * 600,)})
+    try:
+        (t,) = recall.translate(engine, [source], SearchOptions(beam_size=2), "none")
+    finally:
+        engine.user_memory = before
+    assert t.hypotheses[0].origin == "model"
 
 
 def test_a_bundle_memory_is_checked_when_it_is_written(tiny: TinyModel, tmp_path: Path) -> None:
