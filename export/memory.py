@@ -1,14 +1,17 @@
 """Give a bundle a memory (docs/memory.md): a source<TAB>target file listed and hashed in its
-manifest, consulted before the model.
+manifest, consulted before the model. Every entry is checked against the bundle's model first, as
+serving checks it at load (Engine.read_memory); one the model cannot use refuses the command,
+named by file and line, and nothing is written.
 
     python -m export.memory --bundle DIR --entries my-entries.tsv     # any model
-    python -m export.memory --bundle models/g2p --g2p-train-split 1   # CMUdict's training words
+    python -m export.memory --bundle models/g2p --g2p-dictionary      # CMUdict, every word
 
-The G2P memory is CMUdict (the release its training used) restricted to the words of the model's
-training split (export/data/g2p.py, seed 1): every dictionary word the model was trained on is
-answered from the dictionary, every variant pronunciation as the n-best in CMUdict's order, and the
-held-out words (dev and test) stay the model's, so its held-out WER/PER do not change. The command
-checks that no held-out word is in the memory it writes.
+The G2P memory is the whole of CMUdict (the release its training used, every word in the model's
+alphabet): every dictionary word is answered from the dictionary, with its variant pronunciations
+as the n-best in CMUdict's order, and the model answers the words CMUdict does not have. The
+model's held-out words (dev and test) are in it too, so the model's own figures on them are
+measured with the memory off (`use_memory = false`; s2s-evaluate and benchmarks.g2p_common's
+"model alone" never consult it).
 """
 
 from __future__ import annotations
@@ -27,13 +30,11 @@ from service.model.memory import write_memory
 NAME = "memory.tsv.gz"
 
 
-def g2p_memory(seed: int) -> tuple[list[tuple[str, str]], set[str]]:
-    """The training split's (word, pronunciation) entries, variants in CMUdict's order, and the
-    held-out words."""
-    split = g2p.split_words(g2p.load_cmudict(), seed)
-    held_out = set(split.dev) | set(split.test)
-    entries = split.pairs("train")
-    return sorted(entries, key=lambda e: e[0]), held_out
+def g2p_memory() -> list[tuple[str, str]]:
+    """Every CMUdict word in the model's alphabet with each of its pronunciations (variants in
+    CMUdict's order), words sorted."""
+    pronunciations = g2p.load_cmudict()
+    return [(w, " ".join(p)) for w in sorted(pronunciations) for p in pronunciations[w]]
 
 
 def read_entries(path: Path) -> list[tuple[str, str]]:
@@ -85,17 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--entries", type=Path, help="a source<TAB>target file")
     source.add_argument(
-        "--g2p-train-split", type=int, metavar="SEED", help="CMUdict's training words"
+        "--g2p-dictionary", action="store_true", help="CMUdict, every word (the G2P model's)"
     )
     args = p.parse_args(argv)
-    if args.entries is not None:
-        entries = read_entries(args.entries)
-    else:
-        entries, held_out = g2p_memory(args.g2p_train_split)
-        leaked = held_out & {word for word, _ in entries}
-        if leaked:
-            raise SystemExit(f"{len(leaked)} held-out words would be in the memory")
-        print(f"{len(held_out)} held-out words, none in the memory")
+    entries = read_entries(args.entries) if args.entries is not None else g2p_memory()
     path = attach(args.bundle, entries, args.entries)
     print(f"{path}: {len(entries)} entries, {len({s for s, _ in entries})} sources")
     return 0

