@@ -6,6 +6,7 @@ plain one, so it shows its answer too, repetition and all."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from dataclasses import replace
@@ -64,13 +65,6 @@ def test_each_greek_example_shows_what_the_model_answers(engine: Engine, index: 
     if options.target_prefix:  # the client sends its one prefix for every text
         options = replace(options, target_prefix=options.target_prefix[:1] * len(args.texts))
     translations = recall.translate(engine, args.texts, options, "none")
-    printed = client.format_translation(translations[0], replace_args(args)).splitlines()
+    text_only = argparse.Namespace(**{**vars(args), "align": None})  # no Pharaoh, no heatmap
+    printed = client.format_translation(translations[0], text_only).splitlines()
     assert printed[: len(shown)] == shown
-
-
-def replace_args(args: object) -> object:
-    """The client's arguments with the alignment's lines left out (Pharaoh and heatmap)."""
-    import argparse
-
-    assert isinstance(args, argparse.Namespace)
-    return argparse.Namespace(**{**vars(args), "align": None})
