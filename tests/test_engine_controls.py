@@ -150,7 +150,8 @@ def test_a_prefix_or_suppress_entry_the_model_cannot_spell_is_refused_naming_it(
     with pytest.raises(InvalidInput, match=rf"suppress\[1\] \('☃'\): .*cannot spell {snowman}"):
         engine.translate(one, SearchOptions(suppress=("un", "☃")), "none")
     for field in ("target_prefix", "suppress"):
+        values: dict[str, Any] = {field: ("un\x00 deux",)}
         with pytest.raises(ValueError, match=rf"{field}\[0\] has control characters \(U\+0000\)"):
-            SearchOptions(**{field: ("un\x00 deux",)})
+            SearchOptions(**values)
     # what the vocabulary spells is accepted, tabs and newlines read as spaces
     engine.translate(one, SearchOptions(target_prefix=("un\tdeux",), suppress=("trois",)), "none")

@@ -10,6 +10,7 @@ import argparse
 import re
 import shlex
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -66,5 +67,6 @@ def test_each_greek_example_shows_what_the_model_answers(engine: Engine, index: 
         options = replace(options, target_prefix=options.target_prefix[:1] * len(args.texts))
     translations = recall.translate(engine, args.texts, options, "none")
     text_only = argparse.Namespace(**{**vars(args), "align": None})  # no Pharaoh, no heatmap
-    printed = client.format_translation(translations[0], text_only).splitlines()
+    shape: Any = translations[0]  # the engine's Translation: the client's fields, same names
+    printed = client.format_translation(shape, text_only).splitlines()
     assert printed[: len(shown)] == shown

@@ -52,7 +52,7 @@ from export.importers.common import (
     write_bundle,
 )
 from export.train.model import Encoded, FoldedEmbedding, gru_cell, lstm_cell
-from service.model.architecture import BOS_ID, PAD_ID, UNK_ID, ModelConfig
+from service.model.architecture import BOS_ID, PAD_ID, UNK_ID, ModelConfig, Toolkit
 
 # Marian writes no PAD or BOS token; the bundle's vocabularies name ids 0 and 1 with these.
 PAD_TOKEN, BOS_TOKEN = "<marian:pad>", "<marian:bos>"
@@ -60,7 +60,7 @@ PAD_TOKEN, BOS_TOKEN = "<marian:pad>", "<marian:bos>"
 # candidates among the top beam_size, as an imported toolkit's (Marian's narrows by its finished
 # hypotheses too), and service/model/subword.py joins its pieces with SentencePiece's DecodePieces,
 # as Marian's spm vocabulary does.
-TOOLKIT = "marian"
+TOOLKIT: Toolkit = "marian"
 # marian-decoder's rules as the bundle's decoding defaults (service/decode/options.py): its beam
 # narrows for good (stopping "narrowing"), at most ceil(3 x the source's tokens with `</s>`) target
 # tokens (--max-length-factor 3), no normalization or word penalty (--normalize 0, --word-penalty
