@@ -182,7 +182,6 @@ class Engine:
         # the same words recur (a one-word source is its own sentence; a dictionary's phonemes)
         encode_source = functools.lru_cache(maxsize=4096)(self.src_tok.encode)
         encode_target = functools.lru_cache(maxsize=65536)(self.tgt_tok.encode)
-
         unk = self.tgt_tok.special_ids["unk"]
 
         def check(source: str, target: str) -> None:

@@ -60,13 +60,6 @@ def side_ids(
     return ids, word_of
 
 
-def tokenize_side(
-    tokenizer: TextTokenizer, words: Sequence[str], model_words: Sequence[str]
-) -> Side:
-    """`words` (the client's) as the model reads them (`model_words`), tokenized word by word."""
-    return side_of(tokenizer, list(words), side_ids(tokenizer, model_words))
-
-
 @dataclass(frozen=True)
 class PairReader:
     """What reading a pair needs of an engine: its input rule, tokenizers and limits."""

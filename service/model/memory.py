@@ -26,9 +26,8 @@ from pathlib import Path
 from service.model.bundle import BundleError
 
 Normalize = Callable[[str], str]  # a source as the model reads it; raises ValueError to refuse it
-Check = Callable[
-    [str, str], None
-]  # (source, target); raises ValueError for an entry the model refuses
+# (source, target) → None; raises ValueError for an entry the model cannot use
+Check = Callable[[str, str], None]
 
 
 class MemoryFileError(BundleError):
@@ -52,7 +51,7 @@ class Memory:
 
     def over(self, base: Memory) -> Memory:
         """This memory's entries over `base`'s: a source here replaces its targets there."""
-        if not base.entries:
+        if not base.entries and not base.refused:
             return self
         return Memory(
             {**base.entries, **self.entries},
