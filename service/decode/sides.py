@@ -2,9 +2,9 @@
 the client's whitespace words tokenized on its own, so each subword piece belongs to exactly one
 word, and both sides checked against the engine's limits.
 
-`tokenize_pair` is the one check of a pair's sizes: Align's requests (service/decode/aligner.py)
-and a memory's entries at load (service/model/memory.py through the engine) run it, so a memory
-never holds an entry whose forced pass a request would be refused for.
+`pair_ids` is the one check of a pair's sizes: Align's requests (service/decode/aligner.py,
+through `tokenize_pair`, which adds the pieces) and a memory's entries at load (Engine.read_memory)
+run it, so a memory never holds an entry whose forced pass a request would be refused for.
 """
 
 from __future__ import annotations
