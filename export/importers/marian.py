@@ -31,7 +31,7 @@ import io
 import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import sentencepiece as spm
@@ -210,16 +210,19 @@ def read_vocab(path: Path, side: str) -> Vocabulary:
     return Vocabulary(tokens=tokens, eos="</s>", unk="<unk>", path=path)
 
 
-# PyYAML's BaseLoader keeps every scalar a string: Marian (yaml-cpp's as<std::string>) reads each
-# key as the word written, where the YAML 1.1 resolvers of safe_load would read on/no/yes/true as
-# booleans, 1984 as an integer, null as None and <<: as a merge. libyaml's, where installed.
-TEXT_LOADER = getattr(yaml, "CBaseLoader", yaml.BaseLoader)
+class TextSafeLoader(yaml.SafeLoader):
+    """safe_load with no implicit resolver: every plain scalar is the text written, as Marian
+    (yaml-cpp's as<std::string>) reads a vocabulary's keys, where the YAML 1.1 resolvers would
+    read on/no/yes/true as booleans, 1984 as an integer, null as None, 2001-01-01 as a date and
+    `<<:` as a merge."""
+
+    yaml_implicit_resolvers: ClassVar[dict[Any, Any]] = {}
 
 
 def read_yaml_vocab(path: Path) -> dict[Any, Any]:
     """A .yml (or .json) vocabulary's word → id mapping, keys and ids as the text written."""
     try:
-        mapping = yaml.load(path.read_text(encoding="utf-8"), Loader=TEXT_LOADER)
+        mapping = yaml.load(path.read_text(encoding="utf-8"), Loader=TextSafeLoader)
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ImportRefused(f"{path} is not a Marian .yml vocabulary: {err}") from err
     refuse_unless(isinstance(mapping, dict), f"{path} is not a Marian .yml vocabulary")

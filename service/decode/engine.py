@@ -333,12 +333,18 @@ class Engine:
     def controls(self, options: SearchOptions, prefix_name: str = "target_prefix") -> Controls:
         """One text's decoding controls as token ids: its target prefix and the suppressed
         sequences tokenized as the model's target side. InvalidInput (naming the prefix as
-        `prefix_name`) for a prefix over the limit, a prefix or suppress entry the target
-        vocabulary cannot spell (service/model/spelling.py), or a suppress entry with nothing to
-        tokenize."""
+        `prefix_name`) for a prefix over the limit, a prefix a subword target vocabulary cannot
+        spell or a suppress entry any target vocabulary cannot (service/model/spelling.py), or a
+        suppress entry with nothing to tokenize."""
         prefix: list[int] = []
         if options.target_prefix and options.target_prefix[0].strip():
-            unwritable = spelling_problem(self.tgt_tok, options.target_prefix[0])
+            # A word vocabulary writes an unknown word as its unknown token, a word it was trained
+            # on: the prefix forces it there, as OpenNMT-py's -tgt_file_prefix does. A subword
+            # vocabulary has no such word: what it cannot spell is refused.
+            word_level = is_word_level(self.tgt_tok)
+            unwritable = (
+                None if word_level else spelling_problem(self.tgt_tok, options.target_prefix[0])
+            )
             if unwritable:
                 raise InvalidInput(f"{prefix_name} ({options.target_prefix[0]!r}): {unwritable}")
             prefix = self.tgt_tok.encode(options.target_prefix[0])
