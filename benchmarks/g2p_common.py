@@ -2,9 +2,12 @@
 
 A fixed list of 200 frequent English words (function words, everyday nouns, verbs and adjectives),
 each counted right when the answer equals one of CMUdict's pronunciations (stress included). The
-same engine answers each word twice: with the bundle's memory (CMUdict's training words) and with
-`use_memory = false` (the model alone); words of the model's held-out splits are marked, since the
-memory does not hold them.
+same engine answers each word twice: with the bundle's memory (CMUdict, every word) and with
+`use_memory = false` (the model alone); words of the model's held-out splits are marked: the
+memory holds them, the model never saw them.
+
+`--held-out` adds the test split's WER/PER: the model alone (`use_memory = false`) is the model's
+figure; with the memory, the dictionary answers its own words.
 
     python -m benchmarks.g2p_common [--bundle models/g2p] [--json out.json]
 """
@@ -67,8 +70,8 @@ def run(engine: Engine, split: g2p.Split) -> dict[str, Any]:
 
 
 def held_out(engine: Engine, split: g2p.Split, limit: int | None) -> dict[str, Any]:
-    """WER/PER of the test split (words in no training split), with and without the memory: the
-    same, since none of those words is in it."""
+    """WER/PER of the test split (words in no training split): the model alone, with the memory
+    off, and, for comparison only, with the memory, which holds every dictionary word."""
     words = split.test[:limit]
     refs = {w: [" ".join(p) for p in split.pronunciations[w]] for w in words}
     in_memory = sum(1 for w in words if engine.recall(w))

@@ -4,8 +4,10 @@ same weights.
     python -m benchmarks.marian_side_by_side --data /work/data/grc-en --work /work/runs/marian_bible \
         --models s2s --phases fidelity,quality,speed --threads 1 --json out.json
 
-Each model is a directory under --work holding Marian's model.npz and its src.spm / tgt.spm (trained
-by `--train`, or by hand); it is imported once into bundle/ (with the int8 decoder).
+Each model is a directory under --work holding Marian's model.npz and its src.spm / tgt.spm, or
+src.yml / tgt.yml word vocabularies (trained by `--train`, or by hand); it is imported once into
+bundle/ (with the int8 decoder). The `words` shape is a user's: a bi-LSTM encoder, GRU decoder
+cells, tied embeddings and Marian's word vocabularies with `--dim-vocabs 8000 6000`.
 
 - fidelity: marian-decoder on John at beam 1 and 5 (n-best, `--alignment soft`, one sentence a
   mini-batch so that each has its own length limit) against (a) marian-decoder's search rule over our
@@ -40,12 +42,18 @@ from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import Engine
 
 BATCH, BEAM = 32, 5
-# Marian's defaults apart from size and time (and the learning rate: see docs/import.md)
-SHAPES: dict[str, list[str]] = {
-    "s2s": [],
-    "lstm": ["--enc-cell", "lstm", "--dec-cell", "lstm"],
+# Marian's defaults apart from size and time (and the learning rate: see docs/import.md): its
+# options, its vocabularies' kind (SentencePiece or words) and --dim-vocabs
+SHAPES: dict[str, tuple[list[str], str, tuple[int, int]]] = {
+    "s2s": ([], "spm", (3000, 2000)),
+    "lstm": (["--enc-cell", "lstm", "--dec-cell", "lstm"], "spm", (3000, 2000)),
+    "words": (
+        ["--enc-cell", "lstm", "--dec-cell", "gru", "--tied-embeddings"],
+        "yml",
+        (8000, 6000),
+    ),
 }
-TRAIN = ["--dim-vocabs", "3000", "2000", "--dim-emb", "256", "--dim-rnn", "256",
+TRAIN = ["--dim-emb", "256", "--dim-rnn", "256",
          "--mini-batch", "32", "--learn-rate", "0.001", "--save-freq", "200u"]  # fmt: skip
 MARIAN_GEMMS = {"marian_fp32": "float32", "marian_packed8": "packed8"}
 
@@ -84,17 +92,23 @@ def served(engine: Engine, lines: Sequence[str], beam: int) -> list[str]:
     return out
 
 
+def vocab_files(model_dir: Path) -> tuple[Path, Path]:
+    """The model's vocabularies: src.spm / tgt.spm, else src.yml / tgt.yml."""
+    kind = "spm" if (model_dir / "src.spm").exists() else "yml"
+    return model_dir / f"src.{kind}", model_dir / f"tgt.{kind}"
+
+
 def imported(model_dir: Path) -> Path:
     bundle = model_dir / "bundle"
     if not (bundle / "manifest.json").exists():
-        vocabs = (model_dir / "src.spm", model_dir / "tgt.spm")
+        vocabs = vocab_files(model_dir)
         marian.import_model(model_dir / "model.npz", vocabs, bundle, model_dir.name, "1.0.0", True)
     return bundle
 
 
 def fidelity(model_dir: Path, test: Path, threads: int) -> dict[str, Any]:
     lines = test.read_text(encoding="utf-8").splitlines()
-    vocabs = (model_dir / "src.spm", model_dir / "tgt.spm")
+    vocabs = vocab_files(model_dir)
     bundle = imported(model_dir)
     search = MarianSearch(bundle, threads)
     engine = load_engine(bundle, threads)
@@ -164,8 +178,9 @@ def quality(found: dict[str, Any], data: Path) -> dict[str, Any]:
 def marian_system(model_dir: Path, threads: int, gemm: str) -> Callable[[list[str]], list[str]]:
     import pymarian
 
+    src, tgt = vocab_files(model_dir)
     translator = pymarian.Translator(
-        f"-m {model_dir / 'model.npz'} -v {model_dir / 'src.spm'} {model_dir / 'tgt.spm'} "
+        f"-m {model_dir / 'model.npz'} -v {src} {tgt} "
         f"--cpu-threads {threads} -b {BEAM} --mini-batch {BATCH} --maxi-batch 100 "
         f"--maxi-batch-sort src --gemm-type {gemm} --quiet"
     )
@@ -201,11 +216,12 @@ def speed(model_dir: Path, lines: list[str], threads: int, repeats: int) -> dict
 
 
 def train(work: Path, data: Path, name: str, after: str) -> None:
+    options, kind, (src_dim, tgt_dim) = SHAPES[name]
     marian_toolkit.train(
         (data / "train.grc", data / "train.en"),
         work / name,
-        ("src.spm", "tgt.spm"),
-        [*TRAIN, *SHAPES[name]],
+        (f"src.{kind}", f"tgt.{kind}"),
+        [*TRAIN, "--dim-vocabs", str(src_dim), str(tgt_dim), *options],
         after=after,
     )
 

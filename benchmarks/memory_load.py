@@ -1,9 +1,10 @@
 """How long a memory of N entries takes to load and how much memory it holds (docs/memory.md).
 
 Generates N distinct entries (a source of three to six words of letters, a target of as many), writes
-them as a memory file, and reads it the way the server does (`Engine.read_memory`: each source
-normalized by the model's input rule and checked against its token limit), timing it and measuring
-the process's resident memory before and after; then times 100,000 lookups.
+them as a memory file, and reads it the way the server does (`Engine.read_memory`: each entry
+checked against the model, its source through the input rule and its token limit, the pair's
+sizes as the forced pass reads them, the target's spelling), timing it and measuring the
+process's resident memory before and after; then times 100,000 lookups.
 
     python -m benchmarks.memory_load --bundle models/g2p --entries 1000000 [--json out.json]
 """

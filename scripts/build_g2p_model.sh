@@ -32,3 +32,5 @@ summary = {
 json.dump(summary, open("runs/g2p_stage3/metrics_summary.json", "w"))
 PY
 export_bundle --info "$run/metrics_summary.json"
+# the memory consulted before the model: CMUdict, every word (docs/memory.md)
+python -m export.memory --bundle models/g2p --g2p-dictionary

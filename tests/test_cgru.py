@@ -63,8 +63,9 @@ def test_two_layer_cgru_is_padding_invariant(rnn: str) -> None:
 def test_cgru_refuses_input_feeding_and_imported_toolkits() -> None:
     with pytest.raises(ValueError, match="'cgru' has no input feeding"):
         make_cfg(style="cgru", input_feed=True)
-    with pytest.raises(ValueError, match="'cgru' is native only"):
+    with pytest.raises(ValueError, match="'cgru' is native or marian only, not 'joeynmt'"):
         make_cfg(style="cgru", toolkit="joeynmt")
+    assert make_cfg(style="cgru", toolkit="marian").conditional  # Marian's s2s, imported
     assert not make_cfg(
         attention="none", style="cgru"
     ).conditional  # style ignored without attention

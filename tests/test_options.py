@@ -15,7 +15,13 @@ from service.cli import client, translate
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.errors import InvalidInput
-from service.decode.options import OPTIONS, SearchOptions, options_from_args, problems
+from service.decode.options import (
+    OPTIONS,
+    SearchOptions,
+    merge_options,
+    options_from_args,
+    problems,
+)
 from service.model.bundle import BundleError
 from service.serve.config import load_settings
 from service.serve.protocol import (
@@ -227,6 +233,40 @@ def test_a_models_decoding_defaults_sit_between_the_servers_and_the_request(
     # s2s-translate (no server) applies them too
     args = translate.parse_args(["--bundle", str(bundle)])
     assert SearchOptions(**{**engine.decoding_defaults, **options_from_args(args)}).beam_size == 3
+
+
+def test_a_default_stopping_rule_follows_the_penalties_in_force(
+    tiny: TinyModel, tmp_path: Path
+) -> None:
+    """grc-en-nt's defaults pair its penalties with stopping=patience, a rule that cuts the
+    search short where the exact bound is loose. A request that turns both penalties off gets the
+    exact rule (tight, and the exact answer, without penalties) unless it asks for a rule itself;
+    with a penalty left in force, or no penalty in the defaults, the default rule stays."""
+    shipped = {"length_penalty": 1.0, "coverage_penalty": 0.05, "stopping": "patience"}
+    bundle = bundle_with_decoding(tiny, tmp_path, {**shipped, "patience": 1.5})
+    engine = Engine.load(bundle, RuntimeConfig(providers=("CPUExecutionProvider",)))
+    settings = load_settings([], {})
+
+    def served(**asked: Any) -> str:
+        request = pb.TranslateRequest(texts=["x"], options=pb.DecodingOptions(**asked))
+        return parse_request(request, settings, engine.decoding_defaults).options.stopping
+
+    def offline(*flags: str) -> str:
+        args = translate.parse_args(["--bundle", str(bundle), *flags])
+        given = options_from_args(args)
+        return SearchOptions(**merge_options(engine.decoding_defaults, given)).stopping
+
+    off = {"length_penalty": 0.0, "coverage_penalty": 0.0}
+    assert served() == offline() == "patience"
+    assert served(**off) == offline("--length-penalty", "0", "--coverage-penalty", "0") == "exact"
+    assert served(**off, stopping="first") == "first"  # asked for: kept
+    assert served(length_penalty=0.0) == "patience"  # the coverage penalty is still in force
+    # no penalty in the defaults: their rule was chosen without one, and stays
+    plain = merge_options({"stopping": "patience"}, {"length_penalty": 0.0})
+    assert plain["stopping"] == "patience"
+    assert merge_options({"stopping": "narrowing", "length_penalty": 1.0}, off)["stopping"] == (
+        "narrowing"  # Marian's rule is not a penalty's
+    )
 
 
 @pytest.mark.parametrize(

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import io
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import sentencepiece as spm
@@ -52,15 +52,15 @@ from export.importers.common import (
     write_bundle,
 )
 from export.train.model import Encoded, FoldedEmbedding, gru_cell, lstm_cell
-from service.model.architecture import BOS_ID, PAD_ID, UNK_ID, ModelConfig
+from service.model.architecture import BOS_ID, PAD_ID, UNK_ID, ModelConfig, Toolkit
 
 # Marian writes no PAD or BOS token; the bundle's vocabularies name ids 0 and 1 with these.
 PAD_TOKEN, BOS_TOKEN = "<marian:pad>", "<marian:bos>"
-# The serving labels whose rules are Marian's where serving knows no "marian" yet (see docs/import.md):
-# service/model/architecture.py's toolkit "opennmt-py" keeps only the non-EOS candidates among the
-# top beam_size (Marian's beam narrows by its finished hypotheses too), and service/model/subword.py's
-# "opennmt-py" joins pieces with SentencePiece's DecodePieces, as Marian's spm vocabulary does.
-SERVING_TOOLKIT = "opennmt-py"
+# What serving knows the model as (service/model/architecture.py): its beam keeps only the non-EOS
+# candidates among the top beam_size, as an imported toolkit's (Marian's narrows by its finished
+# hypotheses too), and service/model/subword.py joins its pieces with SentencePiece's DecodePieces,
+# as Marian's spm vocabulary does.
+TOOLKIT: Toolkit = "marian"
 # marian-decoder's rules as the bundle's decoding defaults (service/decode/options.py): its beam
 # narrows for good (stopping "narrowing"), at most ceil(3 x the source's tokens with `</s>`) target
 # tokens (--max-length-factor 3), no normalization or word penalty (--normalize 0, --word-penalty
@@ -191,12 +191,15 @@ def read_vocab(path: Path, side: str) -> Vocabulary:
         path.suffix in (".yml", ".yaml", ".json"),
         f"unsupported {side} vocabulary {path}: the importer reads Marian's .spm and .yml vocabularies",
     )
-    try:
-        mapping = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ImportRefused(f"{path} is not a Marian .yml vocabulary: {err}") from err
-    refuse_unless(isinstance(mapping, dict), f"{path} is not a Marian .yml vocabulary")
-    by_id = {int(i): str(word) for word, i in mapping.items()}
+    mapping = read_yaml_vocab(path)
+    by_id: dict[int, str] = {}
+    for word, raw in mapping.items():
+        refuse_unless(
+            isinstance(word, str) and isinstance(raw, str) and raw.isdigit(),
+            f"{path}: {word!r}: {raw!r} is not a word and its id",
+        )
+        refuse_unless(int(raw) not in by_id, f"{path}: id {raw} is given to two words")
+        by_id[int(raw)] = word
     refuse_unless(
         sorted(by_id) == list(range(len(by_id))),
         f"{path}: the ids of a .yml vocabulary must be 0..{len(by_id) - 1}",
@@ -205,6 +208,39 @@ def read_vocab(path: Path, side: str) -> Vocabulary:
     for special in ("</s>", "<unk>"):
         refuse_unless(special in tokens, f"the {side} vocabulary {path} has no {special}")
     return Vocabulary(tokens=tokens, eos="</s>", unk="<unk>", path=path)
+
+
+class TextSafeLoader(yaml.SafeLoader):
+    """safe_load with no implicit resolver: every plain scalar is the text written, as Marian
+    (yaml-cpp's as<std::string>) reads a vocabulary's keys, where the YAML 1.1 resolvers would
+    read on/no/yes/true as booleans, 1984 as an integer, null as None, 2001-01-01 as a date and
+    `<<:` as a merge."""
+
+    yaml_implicit_resolvers: ClassVar[dict[Any, Any]] = {}
+
+
+def read_yaml_vocab(path: Path) -> dict[Any, Any]:
+    """A .yml (or .json) vocabulary's word → id mapping, keys and ids as the text written."""
+    try:
+        mapping = yaml.load(path.read_text(encoding="utf-8"), Loader=TextSafeLoader)
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ImportRefused(f"{path} is not a Marian .yml vocabulary: {err}") from err
+    refuse_unless(isinstance(mapping, dict), f"{path} is not a Marian .yml vocabulary")
+    return cast(dict[Any, Any], mapping)
+
+
+def with_rows(vocab: Vocabulary, rows: int, what: str, side: str) -> Vocabulary:
+    """The vocabulary padded to a weight of `rows` rows. Marian keeps embeddings and output layer
+    of --dim-vocabs rows when its corpus has fewer types; the rows past its vocabulary hold no
+    word. They get its unknown token again: a repeated token keeps its first id
+    (service/model/vocab.py), so no text reaches them, and the target's are never emitted
+    (MarianS2S.step_log_probs). A weight narrower than the vocabulary is refused."""
+    refuse_unless(
+        rows >= len(vocab.tokens),
+        f"vocabulary size mismatch: {what} has {rows} rows but the {side} vocabulary "
+        f"{vocab.path} has {len(vocab.tokens)} tokens",
+    )
+    return replace(vocab, tokens=[*vocab.tokens, *[vocab.unk] * (rows - len(vocab.tokens))])
 
 
 def vocab_order(vocab: Vocabulary, side: str) -> tuple[list[str], list[int]]:
@@ -223,7 +259,9 @@ class MarianS2S(nn.Module):
     project's export interface. Cells are nn.GRU/nn.LSTM containers for their parameters (torch's
     gate order), so that the encoder runs packed and the exporter can fold the target embedding."""
 
-    def __init__(self, cfg: ModelConfig, enc_cell: str, unk_row: int) -> None:
+    def __init__(
+        self, cfg: ModelConfig, enc_cell: str, unk_row: int, unused_rows: tuple[int, ...] = ()
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         E, H, D = cfg.emb_dim, cfg.dec_hidden, cfg.enc_out_dim
@@ -245,6 +283,13 @@ class MarianS2S(nn.Module):
         self.out = nn.Linear(E, cfg.tgt_vocab_size)
         self.gate_width = G * H
         self.unk_row = unk_row  # our id of Marian's <unk> (always UNK_ID after special_order)
+        # (V,) added to the log-probabilities: -inf on <unk> and on the rows past Marian's
+        # vocabulary (with_rows), never emitted. A broadcast Add: masked_fill's Where took 14% of
+        # a 6,000-word step. (Our PAD and BOS rows, not Marian's, are out of its softmax by an
+        # output bias of -inf: build().)
+        never = torch.zeros(cfg.tgt_vocab_size)
+        never[[unk_row, *unused_rows]] = float("-inf")
+        self.register_buffer("never", never, persistent=False)
         self.folded: FoldedEmbedding | None = None  # set on the exporter's copy only
 
     def fold_embeddings(self) -> FoldedEmbedding:
@@ -329,15 +374,11 @@ class MarianS2S(nn.Module):
         return lstm_cell(gi + gh, c)
 
     def step_log_probs(self, logits: Tensor, tokens: Tensor) -> Tensor:
-        """marian-decoder's scores: log-softmax over Marian's vocabulary (our PAD and BOS rows are
-        not in it), then `<unk>` suppressed (its default, without --allow-unk)."""
-        V = logits.shape[1]
-        ours = torch.zeros(V, dtype=torch.bool)
-        ours[PAD_ID] = True
-        ours[BOS_ID] = True
-        log_probs = torch.log_softmax(logits.masked_fill(ours, float("-inf")), dim=-1)
-        unk = torch.arange(V) == self.unk_row  # (V,)
-        return log_probs.masked_fill(unk, float("-inf"))
+        """marian-decoder's scores: log-softmax over Marian's output rows (our PAD and BOS rows
+        are not among them), then `<unk>` suppressed (its default, without --allow-unk) and the
+        rows past its vocabulary, which hold no word."""
+        log_probs = torch.log_softmax(logits, dim=-1)  # (N, V); PAD and BOS at -inf already
+        return log_probs + cast(Tensor, self.never)
 
 
 # --- Marian's parameters → the module's --------------------------------------------------------
@@ -399,26 +440,32 @@ def with_extra_rows(weight: Tensor) -> Tensor:
     return torch.cat([weight, weight.new_zeros(2, *weight.shape[1:])])
 
 
+def without_ours(bias: Tensor) -> Tensor:
+    """The output bias with -inf on our PAD and BOS rows: Marian has no such tokens, so they are
+    out of its log-softmax (exp(-inf) = 0) and never emitted, with no mask in the step."""
+    bias = bias.clone()
+    bias[[PAD_ID, BOS_ID]] = float("-inf")
+    return bias
+
+
 def build(
     model: MarianModel, src_vocab: Vocabulary, tgt_vocab: Vocabulary
 ) -> tuple[MarianS2S, tuple[list[str], list[int]], tuple[list[str], list[int]]]:
     options = model.options
     check_options(options)
-    src_tokens, src_order = vocab_order(src_vocab, "source")
-    tgt_tokens, tgt_order = vocab_order(tgt_vocab, "target")
     src_name, tgt_name, tied_out = embedding_names(options)
     src_emb, tgt_emb = model.get(src_name), model.get(tgt_name)
     out_w = output_weight(model, tied_out)
-    for what, weight, vocab, side in (
-        (src_name, src_emb, src_vocab, "source"),
-        (tgt_name, tgt_emb, tgt_vocab, "target"),
-        ("the output layer", out_w, tgt_vocab, "target"),
-    ):
-        refuse_unless(
-            weight.shape[0] == len(vocab.tokens),
-            f"vocabulary size mismatch: {what} has {weight.shape[0]} rows but the {side} "
-            f"vocabulary {vocab.path} has {len(vocab.tokens)} tokens",
-        )
+    refuse_unless(
+        tgt_emb.shape[0] == out_w.shape[0],
+        f"{tgt_name} has {tgt_emb.shape[0]} rows but the output layer {out_w.shape[0]}",
+    )
+    words = len(tgt_vocab.tokens)
+    src_vocab = with_rows(src_vocab, src_emb.shape[0], src_name, "source")
+    tgt_vocab = with_rows(tgt_vocab, tgt_emb.shape[0], tgt_name, "target")
+    src_tokens, src_order = vocab_order(src_vocab, "source")
+    tgt_tokens, tgt_order = vocab_order(tgt_vocab, "target")
+    unused = tuple(ours for ours, row in enumerate(tgt_order) if words <= row < tgt_emb.shape[0])
     E, H = int(options.get("dim-emb", src_emb.shape[1])), int(options.get("dim-rnn", 0))
     refuse_unless(
         src_emb.shape[1] == E and tgt_emb.shape[1] == E,
@@ -433,15 +480,15 @@ def build(
         dec_hidden=H,
         rnn=dec_cell,  # type: ignore[arg-type]  # the decoder's cell: the packed state's layout
         attention="additive",
-        decoder_style="bahdanau",  # a label only (see SERVING_TOOLKIT): the graphs hold cGRU
+        decoder_style="cgru",  # the conditional decoder (dec-cell-base-depth 2)
         attn_dim=2 * H,
         dropout=0.0,
         bidirectional=True,
-        toolkit=SERVING_TOOLKIT,  # type: ignore[arg-type]
+        toolkit=TOOLKIT,
         bridge="marian_mean_tanh",
         input_feed=False,
     )
-    net = MarianS2S(cfg, enc_cell, unk_row=UNK_ID)
+    net = MarianS2S(cfg, enc_cell, unk_row=UNK_ID, unused_rows=unused)
     b_out = (
         model.get("decoder_ff_logit_l2_b").reshape(-1)
         if "decoder_ff_logit_l2_b" in model.tensors
@@ -452,7 +499,7 @@ def build(
         "src_embed.weight": permuted(with_extra_rows(src_emb), src_order),
         "tgt_embed.weight": permuted(with_extra_rows(tgt_emb), tgt_order),
         "out.weight": permuted(with_extra_rows(out_w), tgt_order),
-        "out.bias": permuted(with_extra_rows(b_out), tgt_order),
+        "out.bias": without_ours(permuted(with_extra_rows(b_out), tgt_order)),
         "ff_state.weight": model.get("decoder_ff_state_W").t(),
         "ff_state.bias": model.get("decoder_ff_state_b").reshape(-1),
         "w_comb.weight": model.get("decoder_W_comb_att").t(),
@@ -505,12 +552,12 @@ def tokenizer_section(src: Vocabulary, tgt: Vocabulary) -> tuple[dict[str, Any],
     if not src.is_spm:
         word = {
             "kind": "word",
-            "toolkit": SERVING_TOOLKIT,
+            "toolkit": TOOLKIT,
             "source": {"file": "source.vocab", "lowercase": False, "append_eos": True},
             "target": {"file": "target.vocab", "lowercase": False},
         }
         return word, {}
-    section: dict[str, Any] = {"kind": "subword", "toolkit": SERVING_TOOLKIT}
+    section: dict[str, Any] = {"kind": "subword", "toolkit": TOOLKIT}
     files: dict[str, bytes] = {}
     for vocab, ours in ((src, "source"), (tgt, "target")):
         section[ours], content = subword_side(
@@ -544,8 +591,6 @@ def import_model(
             "encoder": model.options.get("enc-cell"),
             "decoder": model.options.get("dec-cell"),
         },
-        "serving_labels": f"toolkit {SERVING_TOOLKIT!r} and decoder_style 'bahdanau' stand for "
-        "Marian's beam rule and detokenization until serving knows 'marian' (docs/import.md)",
     }
     return write_bundle(
         net,

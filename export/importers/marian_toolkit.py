@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -150,6 +151,46 @@ def train_demo(out: Path, vocab_kind: str = "spm", options: tuple[str, ...] = ()
         out / "marian",
         vocabs,
         [*TINY, *sizes, *options],
+        after="2e",
+    )
+
+
+# Words YAML 1.1 reads as something else than text when a vocabulary writes them unquoted, as
+# Marian does: booleans (on, no, yes, ...), integers, floats, a date, a sexagesimal number, a merge
+# key; beside ordinary ones. Every English vocabulary has "on" and "no".
+YAML_WORDS = (
+    "on", "no", "off", "yes", "true", "false", "On", "NO", "Yes", "y", "n",
+    "1984", "007", "1_000", "3.14", "0x1F", "1:20", "2001-01-01", "<<", "=",
+)  # fmt: skip
+PLAIN_WORDS = ("the", "cat", "sat", "dog", "ran", "and", "he", "said", "to", "them", ".", ",")
+
+
+def make_words_task(directory: Path, n_train: int = 2000, n_test: int = 60, seed: int = 0) -> Path:
+    """The reversal task over YAML_WORDS and PLAIN_WORDS (both sides the same words): writes
+    train/valid/test .src/.tgt under directory."""
+    rng = random.Random(seed)
+    words = [*YAML_WORDS, *PLAIN_WORDS]
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", 50), ("test", n_test)):
+        pairs = []
+        for _ in range(n):
+            src = [rng.choice(words) for _ in range(rng.randint(2, 6))]
+            pairs.append((" ".join(src), " ".join(reversed(src))))
+        (directory / f"{split}.src").write_text("".join(s + "\n" for s, _ in pairs))
+        (directory / f"{split}.tgt").write_text("".join(t + "\n" for _, t in pairs))
+    return directory
+
+
+def train_words_demo(out: Path, options: tuple[str, ...] = ()) -> Path:
+    """A tiny s2s model with Marian's .yml word vocabularies on make_words_task, `--dim-vocabs`
+    above the corpus's types: Marian then keeps embeddings and output layer of --dim-vocabs rows
+    and writes vocabularies of the types it saw, the YAML words unquoted."""
+    task = make_words_task(out / "task")
+    return train(
+        (task / "train.src", task / "train.tgt"),
+        out / "marian",
+        ("src.yml", "tgt.yml"),
+        [*TINY, "--dim-vocabs", "80", "64", *options],
         after="2e",
     )
 

@@ -311,6 +311,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "server marked it low_confidence",
     )
     p.add_argument(
+        "--origin",
+        action="store_true",
+        help="begin each hypothesis line with where it came from: model, memory or mixed (after "
+        "the confidence with --confidence); plain output is the answer alone",
+    )
+    p.add_argument(
         "--timeout", type=float, default=30.0, help="seconds per call (default: %(default)s)"
     )
     p.add_argument(
@@ -381,10 +387,15 @@ def read_texts(args: argparse.Namespace) -> list[str]:
 
 
 def format_hypothesis(
-    h: ClientHypothesis, show_score: bool, show_alignment: bool, show_confidence: bool = False
+    h: ClientHypothesis,
+    show_score: bool,
+    show_alignment: bool,
+    show_confidence: bool = False,
+    show_origin: bool = False,
 ) -> str:
     first = alternative_column(h) + (f"{h.score:.4f}\t{h.text}" if show_score else h.text)
-    first += origin_column(h)
+    if show_origin:
+        first = origin_column(h) + first
     if show_confidence:
         first = f"{h.confidence:.4f}{'?' if h.low_confidence else ''}\t{first}"
     lines = [first]
@@ -400,7 +411,7 @@ def format_translation(t: ClientTranslation, args: argparse.Namespace) -> str:
         return json.dumps(translation_to_json(t), ensure_ascii=False)
     show_score = len(t.hypotheses) > 1
     return "\n".join(
-        format_hypothesis(h, show_score, args.align is not None, args.confidence)
+        format_hypothesis(h, show_score, args.align is not None, args.confidence, args.origin)
         for h in t.hypotheses
     )
 

@@ -68,5 +68,6 @@ def alternative_column(h: Any) -> str:
 
 
 def origin_column(h: Any) -> str:
-    """The text CLIs' mark for an answer the memory gave: a tab and its origin; none for the model."""
-    return "" if h.origin == "model" else f"\t({h.origin})"
+    """The text CLIs' --origin column: where the answer came from (model, memory or mixed), then a
+    tab. Plain output never carries it: a line is the answer alone, as marian-decoder's is."""
+    return f"{h.origin}\t"

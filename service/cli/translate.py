@@ -7,6 +7,7 @@ s2s-translate --json --nbest 3 < input.txt  # one JSON object per line, with the
 s2s-translate --heatmap out.png <<< "March 5, 2021"
 s2s-translate --verbose < input.txt         # decode time and sentences/s on stderr
 s2s-translate --confidence < input.txt      # confidence<TAB>translation (low ones marked "?")
+s2s-translate --origin < input.txt          # origin<TAB>translation (model, memory or mixed)
 
 Lines are decoded in batches of similar length, as Marian's maxi-batch and OpenNMT-py do: within
 a window of --batch-size x --maxi-batch lines, sorted by token count, longest first, so a batch
@@ -27,7 +28,12 @@ from service.cli.render import alternative_column, origin_column, translation_to
 from service.decode import recall
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import AlignmentMode, Engine, InvalidInput, Translation
-from service.decode.options import SearchOptions, add_option_flags, options_from_args
+from service.decode.options import (
+    SearchOptions,
+    add_option_flags,
+    merge_options,
+    options_from_args,
+)
 from service.model.bundle import BundleError
 
 DEFAULT_BUNDLE = Path(__file__).resolve().parents[2] / "models" / "default"
@@ -101,6 +107,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "probability), followed by '?' when below the threshold (--min-confidence)",
     )
     p.add_argument(
+        "--origin",
+        action="store_true",
+        help="begin each line with where its answer came from: model, memory or mixed (after "
+        "the confidence with --confidence); plain output is the answer alone",
+    )
+    p.add_argument(
         "--min-confidence",
         type=float,
         default=-1.0,
@@ -124,7 +136,9 @@ def format_line(t: Translation, args: argparse.Namespace) -> str:
     lines = []
     for h in t.hypotheses:
         text = h.text if len(t.hypotheses) == 1 else f"{h.score:.4f}\t{h.text}"
-        text = alternative_column(h) + text + origin_column(h)
+        text = alternative_column(h) + text
+        if args.origin:
+            text = origin_column(h) + text
         if args.confidence:
             text = f"{confidence_column(h.confidence, h.low_confidence)}\t{text}"
         if args.align and h.alignment:
@@ -162,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine.load(args.bundle, runtime, EngineLimits(min_confidence=args.min_confidence))
         if args.memory is not None:
             engine.user_memory = engine.read_memory(args.memory)
-        options = SearchOptions(**{**engine.decoding_defaults, **options_from_args(args)})
+        for refusal in engine.memory.refused:  # the rest of the memory is used
+            print(f"warning: memory entry refused: {refusal}", file=sys.stderr)
+        options = SearchOptions(**merge_options(engine.decoding_defaults, options_from_args(args)))
         args.n_best = options.n_best  # the value in effect (the output's columns follow it)
     except (BundleError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

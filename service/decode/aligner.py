@@ -27,22 +27,7 @@ from service.decode.engine import Engine, Prepared
 from service.decode.errors import InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions, Forced, ForcedSearch, default_links
 from service.decode.runtime import EncodedSentence
-from service.model.vocab import TextTokenizer
-
-
-@dataclass(frozen=True)
-class Side:
-    """One side of a pair, tokenized word by word."""
-
-    words: list[str]  # the client's whitespace words
-    ids: list[int]  # (P,) the ids the model reads
-    pieces: list[str]  # (P,)
-    word_of: np.ndarray  # (P,) int64: the word each piece belongs to
-    unknown: list[int]  # indices of pieces that are the unknown token
-
-    @property
-    def unknown_words(self) -> list[int]:
-        return sorted({int(self.word_of[i]) for i in self.unknown})
+from service.decode.sides import Side, tokenize_pair
 
 
 @dataclass(frozen=True)
@@ -73,61 +58,11 @@ class ForcedRequest(Generic[KeyT]):
 # --- preparation -------------------------------------------------------------------------------
 
 
-def tokenize_side(
-    tokenizer: TextTokenizer, words: Sequence[str], model_words: Sequence[str]
-) -> Side:
-    """Each of `model_words` (the words as the model reads them: `words` after the input rule)
-    tokenized alone. A word with no ids, or an end-of-sentence the tokenizer appends to every
-    encoding (Joey NMT's sources), is handled so that each piece belongs to one word: a bare
-    word becomes the unknown token, a sentence-final EOS is kept once, on the last word."""
-    special = tokenizer.special_ids
-    unk, eos = special["unk"], special["eos"]
-    ids: list[int] = []
-    word_of: list[int] = []
-    for w, word in enumerate(model_words):
-        word_ids = [i for i in tokenizer.encode(word) if i != eos] or [unk]
-        ids += word_ids
-        word_of += [w] * len(word_ids)
-    whole = tokenizer.encode(" ".join(model_words))
-    if whole[-1:] == [eos] and ids[-1:] != [eos]:  # the tokenizer ends a sentence with EOS
-        ids.append(eos)
-        word_of.append(len(model_words) - 1)
-    return Side(
-        words=list(words),
-        ids=ids,
-        pieces=tokenizer.pieces(ids),
-        word_of=np.array(word_of, np.int64),
-        unknown=[i for i, t in enumerate(ids) if t == unk],
-    )
-
-
 def prepare_pair(engine: Engine, source: str, target: str) -> PreparedPair:
     """Validate and tokenize one pair (InvalidInput says which side and what to change). The
     source goes through the bundle's input rule as Translate's does; it is never segmented (the
     target cannot be cut to match)."""
-    for side, text in (("source", source), ("target", target)):
-        if not isinstance(text, str):
-            raise InvalidInput(f"{side} must be a string, got {type(text).__name__}")
-        if not text.strip():
-            raise InvalidInput(f"{side} is empty or only whitespace: send at least one word")
-    words = source.split()
-    normalized = engine.normalize(source).split()
-    if len(normalized) != len(words):  # a rule that changes the word count cannot be indexed
-        normalized = [engine.normalize(w) for w in words]
-    src = tokenize_side(engine.src_tok, words, normalized)
-    limits = engine.limits
-    if len(src.ids) > limits.max_source_tokens:
-        raise InvalidInput(
-            f"source is {len(src.ids)} subword tokens long, over the limit of "
-            f"{limits.max_source_tokens}: split the pair into shorter sentences"
-        )
-    tgt_words = target.split()
-    tgt = tokenize_side(engine.tgt_tok, tgt_words, tgt_words)
-    if len(tgt.ids) + 1 > limits.max_length:  # the target's tokens and its end of sentence
-        raise InvalidInput(
-            f"target is {len(tgt.ids)} subword tokens long; with its end of sentence over the "
-            f"limit of {limits.max_length} (max_length): split the pair into shorter sentences"
-        )
+    src, tgt = tokenize_pair(engine.pair_reader, source, target)
     return PreparedPair(Prepared(text=source, ids=src.ids, pieces=src.pieces), src, tgt)
 
 

@@ -7,6 +7,7 @@ every `step()` advances all their hypotheses with one decoder call, and finished
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Collection, Hashable, Sequence
@@ -26,12 +27,14 @@ from service.decode.link_head import load_link_head
 from service.decode.options import OPTIONS
 from service.decode.options import problems as option_problems
 from service.decode.runtime import EncodedSentence, OnnxDecoder, OnnxModel
+from service.decode.sides import PairReader, pair_ids
 from service.model import graph_contract as contract
 from service.model import memory as mem
 from service.model import segment
 from service.model.bundle import MANIFEST, Bundle, BundleError, load_bundle
 from service.model.embedded import resolve_bundle
 from service.model.input_rule import InputRejected
+from service.model.spelling import control_characters, spelling_problem
 from service.model.vocab import TextTokenizer, is_word_level, load_tokenizers
 
 AlignmentMode = Literal["none", "subword", "word"]
@@ -164,16 +167,28 @@ class Engine:
         self._user_memory = memory
         self.memory = memory.over(self.bundle_memory)  # one assignment: lookups see old or new
 
-    def read_memory(self, path: Path) -> mem.Memory:
-        """A memory file for this model: sources normalized by its input rule and within its
-        source token limit (MemoryFileError naming the file and line otherwise)."""
+    @property
+    def pair_reader(self) -> PairReader:
+        """What reading a (source, target) pair needs: Align's and the memory's."""
+        return PairReader(self.normalize, self.src_tok, self.tgt_tok, self.limits)
 
-        def check(source: str) -> None:
-            n = len(self.src_tok.encode(source))
-            if n > self.limits.max_source_tokens:
-                raise ValueError(
-                    f"the source is {n} tokens long, over the limit of {self.limits.max_source_tokens}"
-                )
+    def read_memory(self, path: Path) -> mem.Memory:
+        """A memory file for this model (MemoryFileError naming the file and line of a line that
+        does not parse). Each entry is checked as a hit would use it: its source through the input
+        rule and within the source limit, the pair as the forced pass reads it (service/decode/
+        sides.py: each side within its limit), its target one the target vocabulary can spell
+        (service/model/spelling.py). An entry that fails is left out, named in `refused`."""
+        reader = self.pair_reader
+        # the same words recur (a one-word source is its own sentence; a dictionary's phonemes)
+        encode_source = functools.lru_cache(maxsize=4096)(self.src_tok.encode)
+        encode_target = functools.lru_cache(maxsize=65536)(self.tgt_tok.encode)
+        unk = self.tgt_tok.special_ids["unk"]
+
+        def check(source: str, target: str) -> None:
+            ids = pair_ids(reader, source, target, encode_source, encode_target)
+            if unk in ids.tgt[0] or control_characters(target):
+                problem = spelling_problem(self.tgt_tok, target) or "unknown to the vocabulary"
+                raise ValueError(f"target: {problem}")
 
         return mem.read_memory(path, self.normalize, check)
 
@@ -307,11 +322,7 @@ class Engine:
                 f"model {self.bundle.name} has no attention: replace_unknowns needs it"
             )
         for i in range(max(1, len(options.target_prefix))):
-            try:
-                self.controls(options.for_text(i))
-            except InvalidInput as err:
-                where = f"target_prefix[{i}]: " if options.target_prefix else ""
-                raise InvalidInput(f"{where}{err}") from err
+            self.controls(options.for_text(i), prefix_name=f"target_prefix[{i}]")
         if alignment not in ALIGNMENT_MODES:
             raise InvalidInput(f"alignment must be one of {ALIGNMENT_MODES}, got {alignment!r}")
         if alignment != "none" and not self.supports_alignment:
@@ -319,22 +330,36 @@ class Engine:
                 f"model {self.bundle.name} has no attention (architecture 'none'): ask for alignment 'none'"
             )
 
-    def controls(self, options: SearchOptions) -> Controls:
+    def controls(self, options: SearchOptions, prefix_name: str = "target_prefix") -> Controls:
         """One text's decoding controls as token ids: its target prefix and the suppressed
-        sequences tokenized as the model's target side. InvalidInput for a prefix over the limit
-        or a suppress entry with nothing to tokenize."""
+        sequences tokenized as the model's target side. InvalidInput (naming the prefix as
+        `prefix_name`) for a prefix over the limit, a prefix a subword target vocabulary cannot
+        spell or a suppress entry any target vocabulary cannot (service/model/spelling.py), or a
+        suppress entry with nothing to tokenize."""
         prefix: list[int] = []
         if options.target_prefix and options.target_prefix[0].strip():
+            # A word vocabulary writes an unknown word as its unknown token, a word it was trained
+            # on: the prefix forces it there, as OpenNMT-py's -tgt_file_prefix does. A subword
+            # vocabulary has no such word: what it cannot spell is refused.
+            word_level = is_word_level(self.tgt_tok)
+            unwritable = (
+                None if word_level else spelling_problem(self.tgt_tok, options.target_prefix[0])
+            )
+            if unwritable:
+                raise InvalidInput(f"{prefix_name} ({options.target_prefix[0]!r}): {unwritable}")
             prefix = self.tgt_tok.encode(options.target_prefix[0])
             if len(prefix) > self.limits.max_prefix_tokens:
                 raise InvalidInput(
-                    f"target_prefix is {len(prefix)} target tokens long, over the limit of "
+                    f"{prefix_name} is {len(prefix)} target tokens long, over the limit of "
                     f"{self.limits.max_prefix_tokens}"
                 )
             if prefix and prefix[-1] == self.cfg.eos_id:  # a word tokenizer that appends EOS
                 prefix = prefix[:-1]
         suppress = []
         for i, text in enumerate(options.suppress):
+            unwritable = spelling_problem(self.tgt_tok, text)
+            if unwritable:
+                raise InvalidInput(f"suppress[{i}] ({text!r}): {unwritable}")
             ids = [t for t in self.tgt_tok.encode(text) if t != self.cfg.eos_id]
             if not ids:
                 raise InvalidInput(f"suppress[{i}] ({text!r}) has no target tokens")

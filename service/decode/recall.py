@@ -22,6 +22,7 @@ from service.decode.engine import (
     Translation,
     TranslationHypothesis,
 )
+from service.decode.errors import InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions
 from service.decode.options import SearchOptions
 
@@ -37,8 +38,17 @@ def consulted(engine: Engine, options: SearchOptions) -> bool:
     )
 
 
-def memory_pairs(engine: Engine, text: str, targets: Sequence[str]) -> list[PreparedPair]:
-    return [prepare_pair(engine, text, target) for target in targets]
+def remembered(engine: Engine, text: str, keep: int) -> list[tuple[str, PreparedPair]]:
+    """The memory's first `keep` targets for text, each with the pair its forced pass reads. A
+    memory's entries are checked at load (Engine.read_memory); a target whose pair would still be
+    refused is left to the model: a memory never turns a valid request into an error."""
+    out = []
+    for target in engine.recall(text)[:keep]:
+        try:
+            out.append((target, prepare_pair(engine, text, target)))
+        except InvalidInput:
+            continue
+    return out
 
 
 def memory_hypothesis(
@@ -120,23 +130,17 @@ def plan(
     out = Plan()
     use = consulted(engine, options)
     for i, text in enumerate(texts):
-        targets = engine.recall(text)[:keep] if use else ()
-        out.forced += [
-            Forced(i, -1, t, p)
-            for t, p in zip(targets, memory_pairs(engine, text, targets), strict=True)
-        ]
+        targets = remembered(engine, text, keep) if use else []
+        out.forced += [Forced(i, -1, t, p) for t, p in targets]
         if len(targets) < keep:
             parts = prepared[i].segments
-            found = [engine.recall(seg.text)[:keep] for seg in parts] if use and parts else []
+            found = [remembered(engine, seg.text, keep) for seg in parts] if use and parts else []
             if not targets and any(found):
                 out.segmented.add(i)
-                for k, (seg, seg_targets) in enumerate(zip(parts, found, strict=True)):
+                for k, seg_targets in enumerate(found):
                     if len(seg_targets) < keep:
                         out.segments.append((i, k))
-                    pairs = memory_pairs(engine, seg.text, seg_targets)
-                    out.forced += [
-                        Forced(i, k, t, p) for t, p in zip(seg_targets, pairs, strict=True)
-                    ]
+                    out.forced += [Forced(i, k, t, p) for t, p in seg_targets]
             else:
                 out.whole.append(i)
     return out

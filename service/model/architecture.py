@@ -12,12 +12,14 @@ from typing import Any, Literal
 RnnKind = Literal["gru", "lstm"]
 AttentionKind = Literal["additive", "dot", "general", "concat", "scaled_dot", "none"]
 DecoderStyle = Literal["bahdanau", "luong", "cgru"]
-Toolkit = Literal["native", "opennmt-py", "joeynmt"]
+Toolkit = Literal["native", "opennmt-py", "joeynmt", "marian"]
 
 RNN_KINDS: tuple[str, ...] = ("gru", "lstm")
 ATTENTION_KINDS: tuple[str, ...] = ("additive", "dot", "general", "concat", "scaled_dot", "none")
 DECODER_STYLES: tuple[str, ...] = ("bahdanau", "luong", "cgru")
-TOOLKITS: tuple[str, ...] = ("native", "opennmt-py", "joeynmt")
+TOOLKITS: tuple[str, ...] = ("native", "opennmt-py", "joeynmt", "marian")
+# The toolkits whose decoders are conditional (cGRU): ours, and Marian's s2s.
+CONDITIONAL_TOOLKITS: tuple[str, ...] = ("native", "marian")
 
 # Special ids are fixed across every model: the tokenizer is trained to use them.
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -37,8 +39,10 @@ class ModelConfig:
     stack whose bottom layer starts from s'_t and whose upper layers from their own s_{t-1}.
 
     toolkit names whose equations the graphs hold: "native" (our trainer, export/train/model.py) or a
-    toolkit a checkpoint was imported from (export/importers/); `bridge` and `input_feed` then
-    record that toolkit's options. Serving never branches on them: the graphs carry the equations.
+    toolkit a checkpoint was imported from (export/importers/: "opennmt-py", "joeynmt", "marian",
+    whose s2s decoder is "cgru"); `bridge` and `input_feed` then record that toolkit's options.
+    Serving never branches on them but for an imported model's beam rule (the toolkits' beams
+    narrow by their finished hypotheses): the graphs carry the equations.
     """
 
     src_vocab_size: int
@@ -83,8 +87,8 @@ class ModelConfig:
                 out.append(f"{name} must be >= 1")
         if self.decoder_style == "cgru" and self.input_feed:
             out.append("decoder_style 'cgru' has no input feeding; leave input_feed unset")
-        if self.decoder_style == "cgru" and self.toolkit != "native":
-            out.append(f"decoder_style 'cgru' is native only, not {self.toolkit!r}")
+        if self.decoder_style == "cgru" and self.toolkit not in CONDITIONAL_TOOLKITS:
+            out.append(f"decoder_style 'cgru' is native or marian only, not {self.toolkit!r}")
         if self.toolkit not in TOOLKITS:
             out.append(f"toolkit must be one of {TOOLKITS}, got {self.toolkit!r}")
         if not 0.0 <= self.dropout < 1.0:

@@ -5,8 +5,12 @@ A memory file is UTF-8 text, one entry per line: the source, a tab, the target. 
 lines starting with "#" are skipped; a source on several lines has several targets, in the file's
 order (the n-best, as CMUdict's variant pronunciations). `.gz` files are read through gzip. Sources
 are matched exactly after the model's own input rule (`normalize`: what `Translate` applies to a
-text), so a file is read once the engine that normalizes is known. A line that does not parse, or
-whose source the rule refuses, refuses the whole file, naming it and the line.
+text), so a file is read once the engine that normalizes is known. A line that does not parse (no
+tab, an empty side, not UTF-8) refuses the whole file, naming it and the line: it is not a memory
+file. An entry the model cannot use (the rule refuses its source, `check` refuses the pair: a side
+over the model's limits, a target its vocabulary cannot spell) is refused alone, named by file and
+line in `Memory.refused`, and the rest of the file is kept: no valid request may fail because of an
+entry.
 
 Two memories merge by source: a later one's targets replace an earlier one's (the server's file over
 the bundle's).
@@ -22,6 +26,8 @@ from pathlib import Path
 from service.model.bundle import BundleError
 
 Normalize = Callable[[str], str]  # a source as the model reads it; raises ValueError to refuse it
+# (source, target) → None; raises ValueError for an entry the model cannot use
+Check = Callable[[str, str], None]
 
 
 class MemoryFileError(BundleError):
@@ -34,6 +40,7 @@ class Memory:
 
     entries: dict[str, tuple[str, ...]] = field(default_factory=dict)
     sources: tuple[str, ...] = ()  # the files it was read from
+    refused: tuple[str, ...] = ()  # "file:line: why" of each entry left out
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -44,9 +51,13 @@ class Memory:
 
     def over(self, base: Memory) -> Memory:
         """This memory's entries over `base`'s: a source here replaces its targets there."""
-        if not base.entries:
+        if not base.entries and not base.refused:
             return self
-        return Memory({**base.entries, **self.entries}, base.sources + self.sources)
+        return Memory(
+            {**base.entries, **self.entries},
+            base.sources + self.sources,
+            base.refused + self.refused,
+        )
 
 
 EMPTY = Memory()
@@ -65,10 +76,12 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             raise MemoryFileError(f"{path}:{number}: not UTF-8 ({err.reason})") from err
 
 
-def read_memory(path: Path, normalize: Normalize, check: Callable[[str], None]) -> Memory:
-    """A memory file's entries, sources normalized. `check(source)` raises ValueError for a source
-    over the model's input limits; any refusal names the file and line."""
+def read_memory(path: Path, normalize: Normalize, check: Check) -> Memory:
+    """A memory file's entries, sources normalized. `check(source, target)` raises ValueError for an
+    entry the model cannot use: it is left out and listed in `refused` with its file and line. A
+    line that does not parse raises MemoryFileError naming the file and line."""
     entries: dict[str, list[str]] = {}
+    refused: list[str] = []
     for number, line in _lines(path):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -82,11 +95,12 @@ def read_memory(path: Path, normalize: Normalize, check: Callable[[str], None]) 
             raise MemoryFileError(f"{path}:{number}: the {side} is empty")
         try:
             key = normalize(source).strip()
-            check(key)
+            check(source, target.strip())
         except ValueError as err:
-            raise MemoryFileError(f"{path}:{number}: {err}") from err
+            refused.append(f"{path}:{number}: {err}")
+            continue
         entries.setdefault(key, []).append(target.strip())
-    return Memory({k: tuple(v) for k, v in entries.items()}, (str(path),))
+    return Memory({k: tuple(v) for k, v in entries.items()}, (str(path),), tuple(refused))
 
 
 def write_memory(path: Path, pairs: list[tuple[str, str]]) -> None:

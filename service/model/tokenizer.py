@@ -49,7 +49,7 @@ class Tokenizer:
                 f"{self.path}: special ids (pad, bos, eos, unk) are {got}, expected {want}"
             )
 
-    @property
+    @functools.cached_property
     def special_ids(self) -> dict[str, int]:
         p = self.processor
         return {"pad": p.pad_id(), "bos": p.bos_id(), "eos": p.eos_id(), "unk": p.unk_id()}

@@ -2,7 +2,8 @@
 `.tsv.gz`), its entries over the bundle's (docs/memory.md). Read when a model version loads (a file
 that does not parse refuses the version, as a damaged bundle does) and again on every reload
 (SIGHUP, the poller) when it changed; a changed file that does not parse leaves the entries in force
-and is logged."""
+and is logged. An entry the model cannot use is left out and logged with its file and line, and
+the rest of the file serves."""
 
 from __future__ import annotations
 
@@ -34,13 +35,23 @@ def signature(path: Path | None) -> tuple[str, int, int] | None:
 
 
 def attach(engine: Engine, directory: str) -> None:
-    """Read the model's file into engine.user_memory (MemoryFileError naming file and line)."""
+    """Read the model's file into engine.user_memory (MemoryFileError naming file and line), and
+    log the entries refused in it and in the bundle's own memory."""
+    log_refused(engine.bundle.name, engine.bundle_memory)
     read_into(engine, memory_file(directory, engine.bundle.name))
 
 
 def read_into(engine: Engine, path: Path | None) -> None:
-    engine.user_memory = mem.EMPTY if path is None else engine.read_memory(path)
+    memory = mem.EMPTY if path is None else engine.read_memory(path)
+    log_refused(engine.bundle.name, memory)
+    engine.user_memory = memory
     engine.user_memory_signature = signature(path)
+
+
+def log_refused(model: str, memory: mem.Memory) -> None:
+    """One warning per entry the model refused (file, line, why): the rest of the file serves."""
+    for refusal in memory.refused:
+        log.warning("memory entry refused: %s", refusal, extra={"model": model})
 
 
 def refresh(engines: list[Engine], directory: str) -> None:

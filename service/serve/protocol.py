@@ -24,7 +24,7 @@ from service.decode.alignment import Alignment
 from service.decode.errors import InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions, Matrices, default_links
 from service.decode.links import DEFAULT_THRESHOLD
-from service.decode.options import OPTIONS, SearchOptions, problems
+from service.decode.options import OPTIONS, SearchOptions, merge_options, problems
 
 if TYPE_CHECKING:  # the client imports this module: keep onnxruntime out of its imports
     from service.decode.engine import AlignmentMode, Engine, Prepared, Translation
@@ -153,14 +153,17 @@ def default_options(
 def parse_options(
     o: pb.DecodingOptions, settings: Settings, model_defaults: Mapping[str, Any] | None = None
 ) -> SearchOptions:
-    """The set fields of DecodingOptions over the defaults, checked against the engine's limits."""
-    values = default_options(settings, model_defaults)
+    """The set fields of DecodingOptions over the defaults (service/decode/options.py's
+    merge_options: a default stopping rule follows the penalties in force), checked against the
+    engine's limits."""
+    given: dict[str, Any] = {}
     for spec in OPTIONS:
         if spec.kind is tuple:  # a repeated field: empty is unset
             if getattr(o, spec.name):
-                values[spec.name] = tuple(getattr(o, spec.name))
+                given[spec.name] = tuple(getattr(o, spec.name))
         elif o.HasField(spec.name):
-            values[spec.name] = spec.kind(getattr(o, spec.name))
+            given[spec.name] = spec.kind(getattr(o, spec.name))
+    values = merge_options(default_options(settings, model_defaults), given)
     found = problems(values, settings.limits)
     if found:
         raise InvalidInput("; ".join(found))

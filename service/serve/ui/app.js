@@ -132,11 +132,22 @@ async function showModel(name) {
   header.textContent = `${info.name} ${info.version}${info.is_default ? " (default)" : ""} · up to ${limits.max_texts} texts of ${limits.max_text_chars} characters · beam ≤ ${limits.max_beam_size}`;
   const domain = $("model-domain");
   domain.dataset.model = info.name;
-  domain.textContent = info.description
-    ? `Domain: ${info.description}. Text outside it gets answers that look fluent but are wrong; they are flagged low confidence.`
-    : "This model does not describe its domain.";
+  domain.textContent = domainText(info);
+  $("model-threshold").textContent = thresholdText(info);
+}
+
+function domainText(info) {
+  // The domain line promises a flag only where the model has a threshold that raises one.
+  if (!info.description) return "This model does not describe its domain.";
+  const flagged = Number(info.confidence_threshold || 0) > 0
+    ? "those below its confidence threshold are flagged low confidence"
+    : "this model has no confidence threshold, so they are not flagged: judge its answers against this domain";
+  return `Domain: ${info.description}. Text outside it gets answers that look fluent but are wrong; ${flagged}.`;
+}
+
+function thresholdText(info) {
   const threshold = Number(info.confidence_threshold || 0);
-  $("model-threshold").textContent = threshold > 0
+  return threshold > 0
     ? `Answers with confidence below ${threshold.toFixed(4)} are flagged low confidence.`
     : "This model has no confidence threshold: no answer is flagged.";
 }
