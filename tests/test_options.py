@@ -52,6 +52,9 @@ OTHER: dict[str, Any] = {
     "replace_unknowns": True,
     "suppress": ("deux", "trois"),
     "use_memory": False,
+    "markup": "html",
+    "invalid_markup": "text",
+    "protect": ("url", "${…}"),
 }
 
 

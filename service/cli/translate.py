@@ -24,7 +24,7 @@ from pathlib import Path
 
 from service.cli.heatmap import save_heatmap_png
 from service.cli.render import alternative_column, origin_column, translation_to_json
-from service.decode import recall
+from service.decode import marked
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import AlignmentMode, Engine, InvalidInput, Translation
 from service.decode.options import SearchOptions, add_option_flags, options_from_args
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                     options, target_prefix=options.target_prefix[:1] * len(texts)
                 )
             try:
-                got = list(recall.translate(engine, texts, batch_options, mode))
+                got = list(marked.translate(engine, texts, batch_options, mode))
             except InvalidInput:
                 got = translate_one_by_one(engine, texts, batch_options, mode)
                 status = 1
@@ -229,7 +229,7 @@ def translate_one_by_one(
     out: list[Translation | None] = []
     for i, line in enumerate(lines):
         try:
-            out.append(recall.translate(engine, [line], options.for_text(i), mode)[0])
+            out.append(marked.translate(engine, [line], options.for_text(i), mode)[0])
         except InvalidInput as err:
             print(f"error: {err}: {line[:60]!r}", file=sys.stderr)
             out.append(None)

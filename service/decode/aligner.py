@@ -21,12 +21,15 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from service.decode import links as link_modes
-from service.decode.alignment import Alignment, merge_by_index
+from service.decode.alignment import Alignment, merge_by_index, word_spans
 from service.decode.alignment import pharaoh as argmax_pharaoh
 from service.decode.engine import Engine, Prepared
 from service.decode.errors import InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions, Forced, ForcedSearch, default_links
+from service.decode.projection import head_weights, link_weights, project
 from service.decode.runtime import EncodedSentence
+from service.model import markup
+from service.model.markup import Marked, MarkupError
 from service.model.vocab import TextTokenizer
 
 
@@ -52,6 +55,8 @@ class PreparedPair:
     source: Prepared
     src: Side
     tgt: Side
+    target: str = ""  # the target as sent
+    marked: Marked | None = None  # the source's markup (AlignOptions.markup), taken out of it
 
 
 KeyT = TypeVar("KeyT", bound=Hashable)
@@ -101,15 +106,34 @@ def tokenize_side(
     )
 
 
-def prepare_pair(engine: Engine, source: str, target: str) -> PreparedPair:
+def read_markup(source: str, options: AlignOptions | None) -> Marked | None:
+    """The source's markup as options ask (None for none); InvalidInput naming the position."""
+    if options is None or options.markup == "none":
+        return None
+    try:
+        marked = markup.parse(source, options.markup, (markup.NO_PROTECT,), options.invalid_markup)  # type: ignore[arg-type]
+    except MarkupError as err:
+        raise InvalidInput(f"source: {err}") from err
+    if not marked.plain.strip():
+        raise InvalidInput("source has no words outside its markup")
+    return marked
+
+
+def prepare_pair(
+    engine: Engine, source: str, target: str, options: AlignOptions | None = None
+) -> PreparedPair:
     """Validate and tokenize one pair (InvalidInput says which side and what to change). The
     source goes through the bundle's input rule as Translate's does; it is never segmented (the
-    target cannot be cut to match)."""
+    target cannot be cut to match). With options.markup the source's markup is taken out first
+    (`PreparedPair.marked`)."""
     for side, text in (("source", source), ("target", target)):
         if not isinstance(text, str):
             raise InvalidInput(f"{side} must be a string, got {type(text).__name__}")
         if not text.strip():
             raise InvalidInput(f"{side} is empty or only whitespace: send at least one word")
+    marked = read_markup(source, options)
+    if marked is not None:
+        source = marked.plain
     words = source.split()
     normalized = engine.normalize(source).split()
     if len(normalized) != len(words):  # a rule that changes the word count cannot be indexed
@@ -128,7 +152,9 @@ def prepare_pair(engine: Engine, source: str, target: str) -> PreparedPair:
             f"target is {len(tgt.ids)} subword tokens long; with its end of sentence over the "
             f"limit of {limits.max_length} (max_length): split the pair into shorter sentences"
         )
-    return PreparedPair(Prepared(text=source, ids=src.ids, pieces=src.pieces), src, tgt)
+    return PreparedPair(
+        Prepared(text=source, ids=src.ids, pieces=src.pieces), src, tgt, target, marked
+    )
 
 
 def check_aligner(engine: Engine, options: AlignOptions) -> None:
@@ -159,24 +185,51 @@ def resolve_links(engine: Engine, options: AlignOptions) -> AlignOptions:
 # --- results -----------------------------------------------------------------------------------
 
 
-def head_links(engine: Engine, pair: PreparedPair, states: np.ndarray) -> set[link_modes.Link]:
-    """The link head's links for a pair whose source the encoder gave `states` (P_s, D)."""
+def head_logits(engine: Engine, pair: PreparedPair, states: np.ndarray) -> np.ndarray:
+    """The link head's (T_w, S_w) scores for a pair whose source the encoder gave `states` (P_s, D)."""
     assert engine.link_head is not None
     src, tgt = pair.src, pair.tgt
-    logits = engine.link_head.logits(
+    return engine.link_head.logits(
         states, src.words, src.ids, src.word_of, tgt.words, tgt.ids, tgt.word_of
     )
-    return engine.link_head.links(logits)
+
+
+def head_weights_for(engine: Engine, plain: str, targets: Sequence[str]) -> list[np.ndarray] | None:
+    """(T, S) projection weights (service/decode/projection.py) of each target against the plain
+    source, from the link head, the source encoded once; None where a pair cannot be read as Align
+    reads it (then the caller reads the attention)."""
+    S = len(word_spans(plain))
+    try:
+        pairs = {i: prepare_pair(engine, plain, t) for i, t in enumerate(targets) if t.strip()}
+    except InvalidInput:
+        return None
+    out = [np.zeros((0, S)) for _ in targets]
+    if pairs:
+        first = next(iter(pairs.values()))
+        (rows,) = engine.encode([first.source])
+        states = rows[0].values  # (P_s, D)
+        for i, pair in pairs.items():
+            out[i] = head_weights(head_logits(engine, pair, states))
+    return out
+
+
+@dataclass(frozen=True)
+class HeadReading:
+    """The link head's scores of a pair and the links its thresholds read from them."""
+
+    logits: np.ndarray  # (T_w, S_w)
+    links: set[link_modes.Link]
 
 
 def aligned_pair(
     pair: PreparedPair,
     forced: Forced,
     options: AlignOptions,
-    head: set[link_modes.Link] | None = None,
+    head: HeadReading | None = None,
 ) -> AlignedPair:
     """The forced pass's rows → subword and word matrices, links and scores. Links are read from
-    the attention's word matrix, or with links "head" are `head`, the link head's."""
+    the attention's word matrix, or with links "head" are the link head's. A source with markup
+    gets it back on the target, projected by those links (service/decode/projection.py)."""
     src, tgt = pair.src, pair.tgt
     T = len(tgt.ids)
     matrix = forced.attention[:T]  # (T, S): the EOS step's row is not a target token's
@@ -184,10 +237,15 @@ def aligned_pair(
     if options.links == link_modes.HEAD:
         if head is None:
             raise ValueError("links 'head' needs the link head's links")
-        links = head
+        links = head.links
     else:
         links = link_modes.extract_links(word_matrix, options.links, options.threshold)
     pharaoh = link_modes.to_pharaoh(links)
+    tagged = ""
+    if pair.marked is not None:
+        T_w, S_w = len(word_spans(pair.target)), len(word_spans(pair.marked.plain))
+        weights = head_weights(head.logits) if head else link_weights(links, T_w, S_w)
+        tagged = project(pair.marked, pair.target, weights)
     subword = word = None
     if options.matrices in ("both", "subword"):
         subword = Alignment(matrix, src.pieces, tgt.pieces, argmax_pharaoh(matrix))
@@ -210,6 +268,7 @@ def aligned_pair(
         unknown_target_tokens=tgt.unknown,
         unknown_source_words=src.unknown_words,
         unknown_target_words=tgt.unknown_words,
+        tagged_target=tagged,
     )
 
 
@@ -274,7 +333,10 @@ class ForcedBatch(Generic[KeyT]):
         for key, forced in self.search.step():
             request = self.requests.pop(key)
             states = self.states.pop(key, None)
-            head = head_links(self.engine, request.pair, states) if states is not None else None
+            head = None
+            if states is not None:
+                logits = head_logits(self.engine, request.pair, states)
+                head = HeadReading(logits, self.engine.link_head.links(logits))  # type: ignore[union-attr]
             out.append((request.key, aligned_pair(request.pair, forced, request.options, head)))
         return out
 
@@ -292,7 +354,7 @@ def align(
     prepared = []
     for i, (source, target) in enumerate(pairs):
         try:
-            prepared.append(prepare_pair(engine, source, target))
+            prepared.append(prepare_pair(engine, source, target, options))
         except InvalidInput as err:
             raise InvalidInput(f"pairs[{i}]: {err}") from err
     return align_prepared(engine, prepared, options)

@@ -94,6 +94,7 @@ class EngineLimits:
     max_ngram_size: int = setting(16, "the largest no_repeat_ngram_size a request may ask for")
     max_alternatives: int = setting(16, "the most alternatives (return_alternatives) per text")
     max_suppress: int = setting(256, "the most suppress entries of one request")
+    max_protect: int = setting(32, "the most protect entries of one request")
     min_confidence: float = setting(
         -1.0,
         "mark hypotheses whose confidence is below this in [0, 1] (low_confidence) and count them; "
@@ -110,6 +111,7 @@ class EngineLimits:
                 self.max_ngram_size,
                 self.max_alternatives,
                 self.max_suppress,
+                self.max_protect,
             )
             < 1
         ):

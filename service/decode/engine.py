@@ -61,6 +61,9 @@ class TranslationHypothesis:
     # "memory": the model's memory gave it (service/decode/recall.py); "mixed": a segmented input
     # some of whose segments the memory gave
     origin: str = "model"
+    # with markup or protected spans (service/decode/marked.py): the translation of the plain text,
+    # which tokens and alignment describe; `text` is then it with the markup put back
+    plain_text: str = ""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
+from service.model.markup import INVALID_MARKUP, MARKUP_MODES, protect_problem
+
 
 class Limits(Protocol):
     """The engine limits some ranges are capped by (service/serve/config.py's EngineLimits)."""
@@ -40,6 +42,9 @@ class Limits(Protocol):
 
     @property
     def max_suppress(self) -> int: ...
+
+    @property
+    def max_protect(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -183,6 +188,23 @@ class SearchOptions:
         OptionSpec(bool, True, "answer a text the model's memory knows from the memory "
                    "(docs/memory.md)", ("--use-memory",))
     )  # fmt: skip
+    markup: str = option(
+        OptionSpec(str, "none", "the texts' inline markup (docs/markup.md): none, xml or html; "
+                   "tags are taken out, the plain text translated and each tag put back around "
+                   "the words aligned with the words it enclosed", ("--markup",),
+                   choices=MARKUP_MODES)
+    )  # fmt: skip
+    invalid_markup: str = option(
+        OptionSpec(str, "refuse", "markup that does not read: refuse (INVALID_ARGUMENT naming "
+                   "the position) or text (translate the whole text as plain text)",
+                   ("--invalid-markup",), choices=INVALID_MARKUP)
+    )  # fmt: skip
+    protect: tuple[str, ...] = option(
+        OptionSpec(tuple, (), "spans never given to the model, put back as written: url, email, "
+                   "placeholder ({0} {name} %s %1$d {{ name }}), a delimited span such as ${…}, "
+                   "a literal, or none (unset: url, email and placeholder with markup, nothing "
+                   "without)", ("--protect",), limit="max_protect")
+    )  # fmt: skip
     return_attention: bool = False  # not a request option: set by the engine
 
     def __post_init__(self) -> None:
@@ -213,6 +235,11 @@ class SearchOptions:
         if not self.target_prefix:
             return self
         return replace(self, target_prefix=tuple(self.target_prefix[i] for i in indices))
+
+    @property
+    def marked(self) -> bool:
+        """Whether texts are read for markup or protected spans (service/model/markup.py)."""
+        return self.markup != "none" or (bool(self.protect) and self.protect != ("none",))
 
     def for_text(self, index: int) -> SearchOptions:
         """The options of the index-th text of a request: its own target prefix only."""
@@ -303,6 +330,10 @@ def _texts_problem(spec: OptionSpec, value: Any, limits: Limits | None) -> str |
             )
         if spec.name == "suppress" and not text.strip():
             return f"{spec.name}[{i}] is empty: name a word or token sequence to suppress"
+        if spec.name == "protect":
+            found = protect_problem(i, text)
+            if found:
+                return found
     return None
 
 
@@ -326,7 +357,7 @@ def add_option_flags(
     for spec in OPTIONS:
         default = None if defaults is None else getattr(defaults, spec.name)
         shown = unset if defaults is None else "%(default)s"
-        text = f"{spec.help} (default: {shown})"
+        text = f"{spec.help.replace('%', '%%')} (default: {shown})"  # argparse formats %
         if spec.kind is bool:
             group.add_argument(
                 *spec.flags, dest=spec.name, action=argparse.BooleanOptionalAction,

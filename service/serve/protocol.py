@@ -291,6 +291,8 @@ def parse_align_request(request: pb.AlignRequest, settings: Settings) -> ParsedA
         links=LINKS_FROM_PB[o.links] or "",  # "": the model's default (aligner.resolve_links)
         threshold=o.threshold if o.HasField("threshold") else DEFAULT_THRESHOLD,
         matrices=MATRICES_FROM_PB[o.alignment],
+        markup=o.markup if o.HasField("markup") else "none",
+        invalid_markup=o.invalid_markup if o.HasField("invalid_markup") else "refuse",
     )
     found = options.problems()
     if found:
@@ -344,6 +346,7 @@ def aligned_pair_to_pb(a: AlignedPair) -> pb.PairAlignment:
         unknown_target_tokens=a.unknown_target_tokens,
         unknown_source_words=a.unknown_source_words,
         unknown_target_words=a.unknown_target_words,
+        tagged_target=a.tagged_target,
     )
     if a.subword is not None:
         out.subword.CopyFrom(alignment_to_pb(a.subword))
@@ -369,6 +372,7 @@ def translation_to_pb(t: Translation) -> pb.Translation:
             token_log_probs=h.token_log_probs,
             replaced_unknowns=h.replaced_unknowns,
             origin=ORIGINS[h.origin],
+            plain_text=h.plain_text,
         )
         if h.alignment is not None:
             hyp.alignment.CopyFrom(alignment_to_pb(h.alignment))
@@ -399,6 +403,7 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
             max_ngram_size=limits.max_ngram_size,
             max_alternatives=limits.max_alternatives,
             max_suppress=limits.max_suppress,
+            max_protect=limits.max_protect,
         ),
         defaults=pb.DecodingOptions(
             **default_options(settings, engine.decoding_defaults),
@@ -452,6 +457,7 @@ class ClientHypothesis:
     alternative: ClientAlternative | None = None  # with return_alternatives
     replaced_unknowns: tuple[int, ...] = ()  # tokens replaced by a source word (replace_unknowns)
     origin: str = "model"  # "memory": the model's memory answered it
+    plain_text: str = ""  # with markup: the translation without it (`text` has the markup)
 
 
 @dataclass(frozen=True)
@@ -532,6 +538,7 @@ def hypothesis_from_pb(message: pb.Hypothesis) -> ClientHypothesis:
         else None,
         replaced_unknowns=tuple(message.replaced_unknowns),
         origin={v: k for k, v in ORIGINS.items()}.get(message.origin, "model"),
+        plain_text=message.plain_text,
     )
 
 
@@ -544,10 +551,14 @@ def translation_from_pb(message: pb.Translation, source: str = "") -> ClientTran
 
 
 def align_options_to_pb(
-    links: str | None = None, threshold: float | None = None, matrices: str = "both"
+    links: str | None = None,
+    threshold: float | None = None,
+    matrices: str = "both",
+    markup: str | None = None,
+    invalid_markup: str | None = None,
 ) -> pb.AlignOptions:
     """AlignOptions: links one of service/decode/links.py's LINK_MODES (None: the server's
-    default), matrices one of both, none, subword, word."""
+    default), matrices one of both, none, subword, word; markup none, xml or html (None: none)."""
     if links is not None and links not in LINK_MODES_PB:
         raise ValueError(f"links must be one of {tuple(LINK_MODES_PB)}, got {links!r}")
     if matrices not in MATRICES_PB:
@@ -557,6 +568,10 @@ def align_options_to_pb(
         message.links = LINK_MODES_PB[links]  # type: ignore[assignment]
     if threshold is not None:
         message.threshold = threshold
+    if markup is not None:
+        message.markup = markup
+    if invalid_markup is not None:
+        message.invalid_markup = invalid_markup
     return message
 
 
@@ -580,6 +595,7 @@ def aligned_pair_from_pb(message: pb.PairAlignment) -> AlignedPair:
         unknown_target_tokens=list(message.unknown_target_tokens),
         unknown_source_words=list(message.unknown_source_words),
         unknown_target_words=list(message.unknown_target_words),
+        tagged_target=message.tagged_target,
     )
 
 

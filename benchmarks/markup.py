@@ -1,0 +1,300 @@
+"""What the alignments are for, measured on the Greek New Testament (docs/markup.md).
+
+    python -m benchmarks.markup --part align --split dev           # choose rules here
+    python -m benchmarks.markup --part align --split test --json docs/benchmarks/markup-align-john.json
+    python -m benchmarks.markup --part translate --split test --json docs/benchmarks/markup-translate-john.json
+
+Gold links (data/grc-en/SPLIT.pharaoh, `python -m export.data.bible --out data/grc-en`) are read to
+sample the spans and to score, never by what is scored.
+
+- **align**: per verse, one span of 1-3 Greek words whose gold English words are contiguous (the
+  words a tag around them should cover), drawn with a seed; the source is sent to `Align` with the
+  span inside `<b>…</b>` (markup "xml") and the English verse as the target, and the `<b>` of
+  `tagged_target` is compared with the gold span: exact span match and word F1. Links: each
+  bundle's link head (its default), its attention (`grow`), and eflomal 2.0.0 run the usual way
+  (grow-diag-final-and, one run, over the text of train, dev and the split), projected by the
+  same rules (service/decode/projection.py over its hard links). Beside each, the naive
+  projection: the first to the last target word linked to the span.
+- **translate**: the first N verses, each with 1-3 of a pair of tags around 1-3 words, a
+  self-closing code and a placeholder, translated with markup "xml" and without any markup (the
+  same verse, tags and placeholders taken out), beam 5, batches of 32, one thread: well-formed
+  answers, every tag and placeholder present, and the text without them identical; the time of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from benchmarks.align_modes import read_split
+from service.decode.aligner import align
+from service.decode.config import EngineLimits, RuntimeConfig
+from service.decode.engine import Engine
+from service.decode.forced import AlignOptions
+from service.decode.links import Link, parse_pharaoh
+from service.decode.projection import link_weights, project
+from service.model import markup
+
+SEEDS = (1, 2, 3)
+BATCH = 64
+
+
+def load(bundle: str | Path) -> Engine:
+    return Engine.load(
+        bundle,
+        RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1),
+        EngineLimits(max_source_tokens=4096, max_length=4096),
+    )
+
+
+# --- spans ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Span:
+    """A tagged span of one verse: source words first..last, gold target words lo..hi."""
+
+    verse: int
+    first: int
+    last: int
+    lo: int
+    hi: int
+
+
+def sample_spans(
+    pairs: Sequence[tuple[str, str]], golds: Sequence[set[Link]], seed: int
+) -> list[Span]:
+    """One span per verse that has one: uniformly among the spans of 1-3 source words whose gold
+    target words are contiguous (and not none)."""
+    rng = random.Random(seed)
+    out = []
+    for v, ((source, _), gold) in enumerate(zip(pairs, golds, strict=True)):
+        n = len(source.split())
+        candidates = []
+        for size in (1, 2, 3):
+            for first in range(n - size + 1):
+                targets = sorted({t for s, t in gold if first <= s < first + size})
+                if targets and targets[-1] - targets[0] + 1 == len(targets):
+                    candidates.append(Span(v, first, first + size - 1, targets[0], targets[-1]))
+        if candidates:
+            out.append(rng.choice(candidates))
+    return out
+
+
+def tagged_source(source: str, span: Span) -> str:
+    """The source with `<b>…</b>` around the span's words (XML: other text escaped)."""
+    words = [html.escape(w, quote=False) for w in source.split()]
+    words[span.first] = "<b>" + words[span.first]
+    words[span.last] = words[span.last] + "</b>"
+    return " ".join(words)
+
+
+def tag_words(tagged: str) -> tuple[int, int] | None:
+    """The words of a tagged target inside its `<b>` (first, last); None for an empty one."""
+    marked = markup.parse(tagged, "xml", (markup.NO_PROTECT,))
+    element = next(n for n in marked.nodes if isinstance(n, markup.Element))
+    inside = [
+        i
+        for i, word in enumerate(_spans(marked.plain))
+        if word[0] < element.end and word[1] > element.start
+    ]
+    return (inside[0], inside[-1]) if inside else None
+
+
+def _spans(text: str) -> list[tuple[int, int]]:
+    from service.decode.alignment import word_spans
+
+    return word_spans(text)
+
+
+def first_to_last(links: set[Link], span: Span) -> tuple[int, int] | None:
+    """The naive projection: the first to the last target word linked to the span's words."""
+    targets = [t for s, t in links if span.first <= s <= span.last]
+    return (min(targets), max(targets)) if targets else None
+
+
+@dataclass
+class Score:
+    exact: int = 0
+    f1: float = 0.0
+    spans: int = 0
+
+    def add(self, predicted: tuple[int, int] | None, span: Span) -> None:
+        self.spans += 1
+        if predicted is None:
+            return
+        self.exact += predicted == (span.lo, span.hi)
+        got = set(range(predicted[0], predicted[1] + 1))
+        gold = set(range(span.lo, span.hi + 1))
+        both = len(got & gold)
+        self.f1 += 2 * both / (len(got) + len(gold)) if both else 0.0
+
+    @property
+    def exact_rate(self) -> float:
+        return self.exact / max(self.spans, 1)
+
+    @property
+    def f1_rate(self) -> float:
+        return self.f1 / max(self.spans, 1)
+
+
+# --- the align part -------------------------------------------------------------------------------
+
+
+def aer(links: Sequence[set[Link]], golds: Sequence[set[Link]]) -> float:
+    from export.metrics.aer import score_corpus
+
+    return round(score_corpus(links, golds).aer, 4)
+
+
+Projected = tuple[list[tuple[int, int] | None], list[set[Link]]]  # spans' words, pairs' links
+
+
+def served(
+    engine: Engine, pairs: Sequence[tuple[str, str]], spans: list[Span], links: str
+) -> Projected:
+    """Align with markup: each span's projected words, and each pair's hard links."""
+    options = AlignOptions(links=links, matrices="none", markup="xml")
+    jobs = [(tagged_source(pairs[s.verse][0], s), pairs[s.verse][1]) for s in spans]
+    results = []
+    for i in range(0, len(jobs), BATCH):
+        results += align(engine, jobs[i : i + BATCH], options)
+    return [tag_words(r.tagged_target) for r in results], [
+        parse_pharaoh(r.pharaoh) for r in results
+    ]
+
+
+def projected(
+    pairs: Sequence[tuple[str, str]], spans: list[Span], links: Sequence[set[Link]]
+) -> list[tuple[int, int] | None]:
+    """Hard links of another aligner through the same projection rules."""
+    out = []
+    for s in spans:
+        source, target = pairs[s.verse]
+        marked = markup.parse(tagged_source(source, s), "xml")
+        weights = link_weights(links[s.verse], len(target.split()), len(marked.plain.split()))
+        out.append(tag_words(project(marked, target, weights)))
+    return out
+
+
+def eflomal_links(data: Path, split: str) -> list[set[Link]]:
+    """eflomal 2.0.0 the usual way: one run over the text of train, dev and `split`, both
+    directions, grow-diag-final-and, whole words; the split's links."""
+    from export.train.teacher import eflomal_gdfa
+
+    texts = {name: read_split(data, name, "grc", "en")[0] for name in ("train", "dev", split)}
+    everything = [p for name in dict.fromkeys(("train", "dev", split)) for p in texts[name]]
+    links = eflomal_gdfa([s for s, _ in everything], [t for _, t in everything])
+    return links[-len(texts[split]) :]
+
+
+def align_part(args: argparse.Namespace) -> dict[str, Any]:
+    pairs, golds = read_split(args.data, args.split, "grc", "en")
+    if args.limit:
+        pairs, golds = pairs[: args.limit], golds[: args.limit]
+    draws = {seed: sample_spans(pairs, golds, seed) for seed in SEEDS}
+    systems: dict[str, Callable[[list[Span]], Projected]] = {}
+    for bundle in args.bundles:
+        engine = load(bundle)
+        name = Path(bundle).name
+        for label, mode in (("link head", "head"), ("attention (grow)", "grow")):
+            systems[f"{name} {label}"] = partial(served, engine, pairs, links=mode)
+    started = time.perf_counter()
+    eflomal = eflomal_links(args.data, args.split) if not args.no_eflomal else None
+    eflomal_s = time.perf_counter() - started
+    if eflomal is not None:
+        systems["eflomal 2.0.0, grow-diag-final-and"] = lambda spans: (
+            projected(pairs, spans, eflomal),
+            [eflomal[s.verse] for s in spans],
+        )
+    rows = []
+    for system, run in systems.items():
+        rules, naive = [], []
+        verse_links: dict[int, set[Link]] = {}
+        for spans in draws.values():
+            predicted, links = run(spans)
+            rule, first_last = Score(), Score()
+            for span, got, hard in zip(spans, predicted, links, strict=True):
+                rule.add(got, span)
+                first_last.add(first_to_last(hard, span), span)
+                verse_links[span.verse] = hard
+            rules.append(rule)
+            naive.append(first_last)
+        scored = sorted(verse_links)
+        rows.append(
+            {
+                "links": system,
+                "aer": aer([verse_links[v] for v in scored], [golds[v] for v in scored]),
+                "spans": rules[0].spans,
+                "exact": [round(r.exact_rate, 4) for r in rules],
+                "word_f1": [round(r.f1_rate, 4) for r in rules],
+                "first_to_last_exact": [round(r.exact_rate, 4) for r in naive],
+                "first_to_last_word_f1": [round(r.f1_rate, 4) for r in naive],
+            }
+        )
+        print(align_row(rows[-1]), flush=True)
+    return {
+        "split": args.split,
+        "pairs": len(pairs),
+        "seeds": list(SEEDS),
+        "eflomal_seconds": round(eflomal_s, 1),
+        "rows": rows,
+    }
+
+
+def _range(values: Sequence[float]) -> str:
+    return f"{statistics.mean(values):.3f} ({min(values):.3f}–{max(values):.3f})"
+
+
+def align_row(r: dict[str, Any]) -> str:
+    return (
+        f"| {r['links']} | {r['aer']:.3f} | {_range(r['exact'])} | {_range(r['word_f1'])} | "
+        f"{_range(r['first_to_last_exact'])} | {_range(r['first_to_last_word_f1'])} |"
+    )
+
+
+def align_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"Align with markup, {result['split']} ({result['pairs']} verses, one span each, "
+        f"seeds {result['seeds']}: mean (min–max))",
+        "",
+        "| links | AER | exact span | word F1 | exact, first to last | word F1, first to last |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    return "\n".join(lines + [align_row(r) for r in result["rows"]])
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.markup", description=__doc__)
+    p.add_argument("--part", choices=("align", "translate"), default="align")
+    p.add_argument("--data", type=Path, default=Path("data/grc-en"))
+    p.add_argument("--split", default="dev", help="dev to choose rules, test (John) to report")
+    p.add_argument("--bundles", nargs="+", default=["models/grc-en-nt", "models/grc-en-nt-silver"])
+    p.add_argument("--limit", type=int, default=0, help="the first N verses only (a smoke run)")
+    p.add_argument("--no-eflomal", action="store_true", help="leave eflomal's row out")
+    p.add_argument("--json", type=Path, help="write the figures here too")
+    args = p.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    result = align_part(args)
+    print(align_table(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
