@@ -28,8 +28,10 @@ import html
 import json
 import os
 import random
+import re
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -274,6 +276,141 @@ def align_table(result: dict[str, Any]) -> str:
     return "\n".join(lines + [align_row(r) for r in result["rows"]])
 
 
+# --- the translate part ---------------------------------------------------------------------------
+
+PAIRS = ("<b>", "<i>", '<a href="https://example.org/?v=1&amp;w=2">', '<g id="7">')
+
+
+def tag_verse(source: str, rng: random.Random) -> str:
+    """1-3 tags in a verse: a pair of tags around 1-3 words first, then pairs, self-closing codes
+    or placeholders, at random places between words (pairs do not overlap)."""
+    words = [html.escape(w, quote=False) for w in source.split()]
+    before: list[list[str]] = [[] for _ in range(len(words) + 1)]  # before word i, or at the end
+    after: list[list[str]] = [[] for _ in words]
+    taken: set[int] = set()
+    for k in range(rng.randint(1, 3)):
+        kind = "pair" if k == 0 else rng.choice(("pair", "code", "placeholder"))
+        if kind == "pair":
+            size = rng.randint(1, min(3, len(words)))
+            first = rng.randrange(len(words) - size + 1)
+            span = set(range(first, first + size))
+            if span & taken:
+                continue
+            taken |= span
+            opening = rng.choice(PAIRS)
+            before[first].append(opening)
+            after[first + size - 1].insert(0, "</" + opening[1:].split()[0].rstrip(">") + ">")
+        else:
+            at = rng.randrange(len(words) + 1)
+            before[at].append('<x id="3"/>' if kind == "code" else rng.choice(("{0}", "%s")))
+    out = []
+    for i, word in enumerate(words):
+        placeholders = [b for b in before[i] if not b.startswith("<")]
+        tags = "".join(b for b in before[i] if b.startswith("<"))
+        out += placeholders
+        out.append(tags + word + "".join(after[i]))
+    out += before[len(words)]
+    return " ".join(out)
+
+
+def tags_of(text: str) -> Counter[str]:
+    return Counter(re.findall(r"<[^>]*>|\{0\}|%s", text))
+
+
+def check_answer(source: str, answer: str, untagged: str) -> tuple[bool, bool, bool]:
+    """Well-formed, every tag and placeholder present, the text without them the untagged one."""
+    try:
+        back = markup.parse(answer, "xml", (markup.NO_PROTECT,))
+    except markup.MarkupError:
+        return False, tags_of(answer) == tags_of(source), False
+    plain = back.plain
+    for placeholder in ("{0}", "%s"):
+        plain = plain.replace(placeholder, " ")
+    if tags_of(source) - Counter({"{0}": 99, "%s": 99}) == tags_of(source):  # no placeholder
+        same = plain == untagged
+    else:
+        same = " ".join(plain.split()) == " ".join(untagged.split())
+    return True, tags_of(answer) == tags_of(source), same
+
+
+def translate_part(args: argparse.Namespace) -> dict[str, Any]:
+    from service.decode import marked
+    from service.decode.options import SearchOptions
+
+    pairs, _ = read_split(args.data, args.split, "grc", "en")
+    pairs = pairs[: args.verses]
+    rng = random.Random(args.seed)
+    sources = [tag_verse(s, rng) for s, _ in pairs]
+    plains = [markup.parse(s, "xml").plain for s in sources]
+    engine = load(args.bundles[0])
+    options = SearchOptions(**{**engine.decoding_defaults, "beam_size": 5})
+    tagged_options = SearchOptions(**{**options.values(), "markup": "xml"})
+
+    def untagged_run() -> list[str]:
+        out = []
+        for i in range(0, len(plains), 32):
+            out += [
+                t.hypotheses[0].text for t in engine.translate(plains[i : i + 32], options, "none")
+            ]
+        return out
+
+    def tagged_run() -> list[str]:
+        out = []
+        for i in range(0, len(sources), 32):
+            got = marked.translate(engine, sources[i : i + 32], tagged_options, "none")
+            out += [t.hypotheses[0].text for t in got]
+        return out
+
+    times: dict[str, list[float]] = {"untagged": [], "tagged": []}
+    answers: dict[str, list[str]] = {}
+    for _ in range(args.rounds):  # interleaved: both see the same machine
+        for name, run in (("untagged", untagged_run), ("tagged", tagged_run)):
+            started = time.perf_counter()
+            answers[name] = run()
+            times[name].append(time.perf_counter() - started)
+    checks = [
+        check_answer(s, a, u)
+        for s, a, u in zip(sources, answers["tagged"], answers["untagged"], strict=True)
+    ]
+    n = len(sources)
+    untagged_s, tagged_s = min(times["untagged"]), min(times["tagged"])
+    return {
+        "split": args.split,
+        "bundle": str(args.bundles[0]),
+        "verses": n,
+        "tags": sum(sum(tags_of(s).values()) for s in sources),
+        "well_formed": sum(c[0] for c in checks) / n,
+        "tags_present": sum(c[1] for c in checks) / n,
+        "plain_identical": sum(c[2] for c in checks) / n,
+        "untagged_seconds": round(untagged_s, 2),
+        "tagged_seconds": round(tagged_s, 2),
+        "cost": round(tagged_s / untagged_s, 3),
+        "rounds": args.rounds,
+        "examples": [
+            {"source": s, "answer": a, "untagged": u}
+            for s, a, u in list(zip(sources, answers["tagged"], answers["untagged"], strict=True))[
+                :5
+            ]
+        ],
+    }
+
+
+def translate_table(r: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            f"Translate with markup, {r['split']}: {r['verses']} verses, {r['tags']} tags and "
+            f"placeholders, {r['bundle']}, beam 5, batches of 32, 1 thread (best of {r['rounds']} "
+            "interleaved rounds)",
+            "",
+            "| well-formed | every tag present | text without tags = untagged translation | "
+            "untagged s | tagged s | cost |",
+            "|---:|---:|---:|---:|---:|---:|",
+            f"| {r['well_formed']:.1%} | {r['tags_present']:.1%} | {r['plain_identical']:.1%} | "
+            f"{r['untagged_seconds']} | {r['tagged_seconds']} | {r['cost']:.2f}× |",
+        ]
+    )
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 
@@ -285,11 +422,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bundles", nargs="+", default=["models/grc-en-nt", "models/grc-en-nt-silver"])
     p.add_argument("--limit", type=int, default=0, help="the first N verses only (a smoke run)")
     p.add_argument("--no-eflomal", action="store_true", help="leave eflomal's row out")
+    p.add_argument("--verses", type=int, default=500, help="translate: how many verses")
+    p.add_argument("--rounds", type=int, default=2, help="translate: timed rounds (best kept)")
+    p.add_argument("--seed", type=int, default=1, help="translate: the tags' seed")
     p.add_argument("--json", type=Path, help="write the figures here too")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    result = align_part(args)
-    print(align_table(result))
+    if args.part == "align":
+        result = align_part(args)
+        print(align_table(result))
+    else:
+        result = translate_part(args)
+        print(translate_table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -194,22 +194,34 @@ def head_logits(engine: Engine, pair: PreparedPair, states: np.ndarray) -> np.nd
     )
 
 
-def head_weights_for(engine: Engine, plain: str, targets: Sequence[str]) -> list[np.ndarray] | None:
-    """(T, S) projection weights (service/decode/projection.py) of each target against the plain
-    source, from the link head, the source encoded once; None where a pair cannot be read as Align
-    reads it (then the caller reads the attention)."""
-    S = len(word_spans(plain))
-    try:
-        pairs = {i: prepare_pair(engine, plain, t) for i, t in enumerate(targets) if t.strip()}
-    except InvalidInput:
-        return None
-    out = [np.zeros((0, S)) for _ in targets]
-    if pairs:
-        first = next(iter(pairs.values()))
-        (rows,) = engine.encode([first.source])
-        states = rows[0].values  # (P_s, D)
-        for i, pair in pairs.items():
-            out[i] = head_weights(head_logits(engine, pair, states))
+def head_weights_for(
+    engine: Engine, texts: Sequence[tuple[str, Sequence[str]]]
+) -> list[list[np.ndarray] | None]:
+    """For each (plain source, its targets): (T, S) projection weights (service/decode/projection.py)
+    of every target from the link head, the sources encoded in one call; None for a text whose
+    pairs cannot be read as Align reads them (the caller reads the attention instead)."""
+    prepared: list[dict[int, PreparedPair] | None] = []
+    for plain, targets in texts:
+        try:
+            prepared.append(
+                {i: prepare_pair(engine, plain, t) for i, t in enumerate(targets) if t.strip()}
+            )
+        except InvalidInput:
+            prepared.append(None)
+    firsts = [next(iter(p.values())) for p in prepared if p]
+    encoded = iter(engine.encode([pair.source for pair in firsts]) if firsts else [])
+    out: list[list[np.ndarray] | None] = []
+    for (plain, targets), pairs in zip(texts, prepared, strict=True):
+        if pairs is None:
+            out.append(None)
+            continue
+        S = len(word_spans(plain))
+        weights = [np.zeros((0, S)) for _ in targets]
+        if pairs:
+            states = next(encoded)[0].values  # (P_s, D)
+            for i, pair in pairs.items():
+                weights[i] = head_weights(head_logits(engine, pair, states))
+        out.append(weights)
     return out
 
 

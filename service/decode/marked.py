@@ -99,17 +99,20 @@ def restore(
 ) -> list[Translation]:
     """Each translation's hypotheses with their text's markup put back (`text`), the translation
     of the plain text kept as `plain_text`; alignments dropped where the request asked none."""
+    heads: list[list[np.ndarray] | None] = [None] * len(marked)
+    if engine.link_head is not None:
+        todo = [i for i, m in enumerate(marked) if m.nodes]
+        found = head_weights_for(
+            engine, [(marked[i].plain, [h.text for h in translations[i].hypotheses]) for i in todo]
+        )
+        for i, weights in zip(todo, found, strict=True):
+            heads[i] = weights
     out = []
-    for m, translation in zip(marked, translations, strict=True):
+    for m, translation, head in zip(marked, translations, heads, strict=True):
         hyps = translation.hypotheses
-        texts = [h.text for h in hyps]
-        tagged = [m.escape(t) for t in texts]
+        tagged = [m.escape(h.text) for h in hyps]
         if m.nodes:
-            weights = None
-            if engine.link_head is not None:
-                weights = head_weights_for(engine, m.plain, texts)
-            if weights is None:
-                weights = [attention_weights(engine, m.plain, h) for h in hyps]
+            weights = head or [attention_weights(engine, m.plain, h) for h in hyps]
             tagged = [project(m, h.text, w) for h, w in zip(hyps, weights, strict=True)]
         out.append(
             replace(
