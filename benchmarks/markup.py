@@ -33,7 +33,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ from service.decode.engine import Engine
 from service.decode.forced import AlignOptions
 from service.decode.links import Link, parse_pharaoh
 from service.decode.projection import link_weights, project
-from service.model import markup
+from service.model import glossary, markup
 
 SEEDS = (1, 2, 3)
 BATCH = 64
@@ -411,12 +411,216 @@ def translate_table(r: dict[str, Any]) -> str:
     )
 
 
+# --- the glossary part ----------------------------------------------------------------------------
+
+STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "of",
+        "to",
+        "in",
+        "on",
+        "at",
+        "by",
+        "for",
+        "with",
+        "from",
+        "as",
+        "is",
+        "was",
+        "were",
+        "be",
+        "been",
+        "are",
+        "am",
+        "he",
+        "she",
+        "it",
+        "they",
+        "them",
+        "his",
+        "her",
+        "its",
+        "their",
+        "him",
+        "i",
+        "you",
+        "we",
+        "us",
+        "me",
+        "my",
+        "your",
+        "our",
+        "this",
+        "that",
+        "these",
+        "those",
+        "who",
+        "whom",
+        "which",
+        "what",
+        "not",
+        "no",
+        "so",
+        "then",
+        "there",
+        "here",
+        "all",
+        "will",
+        "would",
+        "shall",
+        "should",
+        "do",
+        "did",
+        "does",
+        "has",
+        "have",
+        "had",
+        "said",
+        "into",
+        "out",
+        "up",
+    ]
+)
+
+
+def pick_term(
+    source: str, target: str, gold: set[Link], rng: random.Random
+) -> tuple[str, str] | None:
+    """A verse's glossary term: a source word whose gold English words are contiguous (1-3 words)
+    and hold a content word, drawn with the seed; (Greek word, English words)."""
+    src, tgt = source.split(), target.split()
+    candidates = []
+    for s, word in enumerate(src):
+        linked = sorted({t for s2, t in gold if s2 == s})
+        if not linked or linked[-1] - linked[0] + 1 != len(linked) or len(linked) > 3:
+            continue
+        english = [tgt[t] for t in linked]
+        if all(w.lower() in STOPWORDS for w in english):
+            continue
+        candidates.append((word, " ".join(english)))
+    return rng.choice(candidates) if candidates else None
+
+
+def contains(answer: str, term: str) -> bool:
+    """The term's words in a row among the answer's (service/model/glossary.py's words)."""
+    have, want = glossary.words(answer), glossary.words(term)
+    return any(have[i : i + len(want)] == want for i in range(len(have) - len(want) + 1))
+
+
+def decode_each(
+    engine: Engine, sources: Sequence[str], options: Sequence[Any]
+) -> tuple[list[str], float]:
+    """Best hypotheses, each text with its own options, in running batches of 32 sorted by length
+    (as the server batches requests); seconds taken."""
+    from service.decode.engine import DecodeRequest
+
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    out = [""] * len(sources)
+    started = time.perf_counter()
+    for start in range(0, len(order), 32):
+        idx = order[start : start + 32]
+        batch = engine.new_batch(5)
+        batch.add([DecodeRequest(i, engine.prepare(sources[i]), options[i], "none") for i in idx])
+        while len(batch):
+            for i, t in batch.step():
+                out[i] = t.hypotheses[0].text
+    return out, time.perf_counter() - started
+
+
+def glossary_part(args: argparse.Namespace) -> dict[str, Any]:
+    import sacrebleu
+
+    from export.data import bible
+    from service.decode.options import SearchOptions
+
+    pairs, golds = read_split(args.data, args.split, "grc", "en")
+    rng = random.Random(args.seed)
+    terms = [pick_term(s, t, g, rng) for (s, t), g in zip(pairs, golds, strict=True)]
+    engine = load(args.bundles[0])
+    kept = [i for i, term in enumerate(terms) if term is not None]
+    sources = [pairs[i][0] for i in kept]
+    references = [pairs[i][1] for i in kept]
+    base = SearchOptions(**{**engine.decoding_defaults, "beam_size": 5})
+    plain = [base] * len(kept)
+    constrained = [replace(base, glossary=(terms[i],)) for i in kept]  # type: ignore[arg-type]
+    times: dict[str, list[float]] = {"without": [], "with": []}
+    outputs: dict[str, list[str]] = {}
+    for _ in range(args.rounds):  # interleaved
+        for name, options in (("without", plain), ("with", constrained)):
+            out, seconds = decode_each(engine, sources, options)
+            times[name].append(seconds)
+            outputs[name] = out
+
+    def scores(hypotheses: list[str]) -> dict[str, float]:
+        stripped = [bible.strip_punctuation(h) for h in hypotheses]
+        return {
+            "bleu": round(sacrebleu.corpus_bleu(stripped, [references]).score, 2),
+            "chrf": round(sacrebleu.corpus_chrf(stripped, [references]).score, 2),
+        }
+
+    def coverage(hypotheses: list[str]) -> float:
+        found = [contains(h, terms[i][1]) for h, i in zip(hypotheses, kept, strict=True)]  # type: ignore[index]
+        return round(sum(found) / len(found), 4)
+
+    without_s, with_s = statistics.median(times["without"]), statistics.median(times["with"])
+    return {
+        "split": args.split,
+        "bundle": str(args.bundles[0]),
+        "verses": len(kept),
+        "rounds": args.rounds,
+        "without": {
+            "seconds": round(without_s, 2),
+            "term_in_answer": coverage(outputs["without"]),
+            **scores(outputs["without"]),
+        },
+        "with": {
+            "seconds": round(with_s, 2),
+            "term_in_answer": coverage(outputs["with"]),
+            **scores(outputs["with"]),
+        },
+        "cost": round(with_s / without_s, 3),
+        "missed": [
+            {"source": pairs[i][0], "term": terms[i], "answer": h}
+            for h, i in zip(outputs["with"], kept, strict=True)
+            if not contains(h, terms[i][1])  # type: ignore[index]
+        ],
+        "examples": [
+            {"term": terms[i], "without": a, "with": b}
+            for a, b, i in list(zip(outputs["without"], outputs["with"], kept, strict=True))[:5]
+        ],
+    }
+
+
+def glossary_table(r: dict[str, Any]) -> str:
+    w, c = r["without"], r["with"]
+    return "\n".join(
+        [
+            f"Glossary, {r['split']}: {r['verses']} verses, one term each (a Greek word and its "
+            f"gold English words), {r['bundle']}, beam 5, running batches of 32, 1 thread "
+            f"(median of {r['rounds']} interleaved rounds)",
+            "",
+            "| | term in the answer | BLEU | chrF | seconds |",
+            "|---|---:|---:|---:|---:|",
+            f"| without the glossary | {w['term_in_answer']:.1%} | {w['bleu']} | {w['chrf']} | "
+            f"{w['seconds']} |",
+            f"| with it | {c['term_in_answer']:.1%} | {c['bleu']} | {c['chrf']} | "
+            f"{c['seconds']} ({r['cost']:.2f}×) |",
+        ]
+    )
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.markup", description=__doc__)
-    p.add_argument("--part", choices=("align", "translate"), default="align")
+    p.add_argument("--part", choices=("align", "translate", "glossary"), default="align")
     p.add_argument("--data", type=Path, default=Path("data/grc-en"))
     p.add_argument("--split", default="dev", help="dev to choose rules, test (John) to report")
     p.add_argument("--bundles", nargs="+", default=["models/grc-en-nt", "models/grc-en-nt-silver"])
@@ -431,9 +635,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.part == "align":
         result = align_part(args)
         print(align_table(result))
-    else:
+    elif args.part == "translate":
         result = translate_part(args)
         print(translate_table(result))
+    else:
+        result = glossary_part(args)
+        print(glossary_table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -53,6 +53,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a memory file (source<TAB>target) over the bundle's own memory (docs/memory.md)",
     )
     p.add_argument(
+        "--glossary-file",
+        type=Path,
+        help="a glossary file (source<TAB>target terms) over the bundle's own (docs/markup.md)",
+    )
+    p.add_argument(
         "--batch-size",
         type=int,
         default=32,
@@ -162,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine.load(args.bundle, runtime, EngineLimits(min_confidence=args.min_confidence))
         if args.memory is not None:
             engine.user_memory = engine.read_memory(args.memory)
+        if args.glossary_file is not None:
+            engine.user_glossary = engine.read_glossary(args.glossary_file)
         options = SearchOptions(**{**engine.decoding_defaults, **options_from_args(args)})
         args.n_best = options.n_best  # the value in effect (the output's columns follow it)
     except (BundleError, ValueError) as err:

@@ -46,13 +46,35 @@ class Limits(Protocol):
     @property
     def max_protect(self) -> int: ...
 
+    @property
+    def max_glossary_terms(self) -> int: ...
+
+
+class Terms:
+    """The kind of a repeated (source, target) option: the glossary (a message on the wire)."""
+
+
+TERM_SEPARATOR = "|||"  # the CLIs' "SOURCE ||| TARGET", as the client's Align pairs are written
+
+
+def parse_term(text: str) -> tuple[str, str]:
+    """ "SOURCE ||| TARGET" → (source, target), both stripped; "||| TARGET" is a target-only term."""
+    source, separator, target = text.partition(TERM_SEPARATOR)
+    if not separator:
+        raise argparse.ArgumentTypeError(
+            f"a glossary term is 'SOURCE {TERM_SEPARATOR} TARGET' (or '{TERM_SEPARATOR} TARGET'), "
+            f"got {text!r}"
+        )
+    return source.strip(), target.strip()
+
 
 @dataclass(frozen=True)
 class OptionSpec:
     """One decoding option; its name (filled in from the SearchOptions field) is also its
     DecodingOptions field.
 
-    kind is int, float, bool, str (one of `choices`) or tuple (of strings: a repeated field).
+    kind is int, float, bool, str (one of `choices`), tuple (of strings: a repeated field) or
+    Terms ((source, target) pairs: a repeated message).
     A number must lie in [low, high]; `limit` names the engine limit that caps it further (when
     the limits are known; for a tuple it caps the count), `symmetric` makes the range
     [-limit, limit], and `at_most` names another option it must not exceed.
@@ -199,6 +221,17 @@ class SearchOptions:
                    "the position) or text (translate the whole text as plain text)",
                    ("--invalid-markup",), choices=INVALID_MARKUP)
     )  # fmt: skip
+    glossary: tuple[tuple[str, str], ...] = option(
+        OptionSpec(Terms, (), "terms the translation must use (docs/markup.md): where a source term "
+                   "occurs in a text (after the model's input rule) its target term appears in the "
+                   f"translation; 'SOURCE {TERM_SEPARATOR} TARGET', or '{TERM_SEPARATOR} TARGET' for "
+                   "a target term every translation of the request must contain",
+                   ("--glossary",), limit="max_glossary_terms")
+    )  # fmt: skip
+    use_glossary: bool = option(
+        OptionSpec(bool, True, "apply the model's standing glossary (its bundle's and the "
+                   "server's --glossary-dir file)", ("--use-glossary",))
+    )  # fmt: skip
     protect: tuple[str, ...] = option(
         OptionSpec(tuple, (), "spans never given to the model, put back as written: url, email, "
                    "placeholder ({0} {name} %s %1$d {{ name }}), a delimited span such as ${…}, "
@@ -289,6 +322,8 @@ def problem(
         return None
     if spec.kind is tuple:
         return _texts_problem(spec, value, limits)
+    if spec.kind is Terms:
+        return _terms_problem(spec, value, limits)
     low, high = spec.low, spec.high
     if spec.limit and limits is not None:
         high = min(high, getattr(limits, spec.limit))
@@ -337,6 +372,25 @@ def _texts_problem(spec: OptionSpec, value: Any, limits: Limits | None) -> str |
     return None
 
 
+def _terms_problem(spec: OptionSpec, value: Any, limits: Limits | None) -> str | None:
+    """What is wrong with the glossary's (source, target) pairs."""
+    pairs_ok = isinstance(value, tuple) and all(
+        isinstance(v, tuple) and len(v) == 2 and all(isinstance(x, str) for x in v) for v in value
+    )
+    if not pairs_ok:
+        return f"{spec.name} must be a list of (source, target) pairs of strings, got {value!r}"
+    if spec.limit and limits is not None and len(value) > getattr(limits, spec.limit):
+        return (
+            f"{spec.name} has {len(value)} terms, over the limit of {getattr(limits, spec.limit)}"
+        )
+    for i, (source, target) in enumerate(value):
+        if not target.strip():
+            return f"{spec.name}[{i}] ({source!r}) has no target term"
+        if max(len(source), len(target)) > MAX_OPTION_TEXT_CHARS:
+            return f"{spec.name}[{i}] is over {MAX_OPTION_TEXT_CHARS} characters"
+    return None
+
+
 def problems(values: Mapping[str, Any], limits: Limits | None = None) -> list[str]:
     """Every reason the option values are invalid, in declaration order; ranges are capped by the
     engine's limits when given."""
@@ -363,9 +417,10 @@ def add_option_flags(
                 *spec.flags, dest=spec.name, action=argparse.BooleanOptionalAction,
                 default=default, help=text,
             )  # fmt: skip
-        elif spec.kind is tuple:
+        elif spec.kind in (tuple, Terms):
             group.add_argument(
                 *spec.flags, dest=spec.name, action="append", default=None,
+                type=parse_term if spec.kind is Terms else str,
                 help=text + "; repeat the flag for more",
             )  # fmt: skip
         else:

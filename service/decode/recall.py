@@ -34,6 +34,7 @@ def consulted(engine: Engine, options: SearchOptions) -> bool:
         and options.use_memory
         and not options.target_prefix
         and not options.return_alternatives
+        and not options.glossary
     )
 
 
@@ -120,7 +121,10 @@ def plan(
     out = Plan()
     use = consulted(engine, options)
     for i, text in enumerate(texts):
-        targets = engine.recall(text)[:keep] if use else ()
+        # a text the standing glossary has terms for is the model's: it keeps them
+        targets = (
+            engine.recall(text)[:keep] if use and not engine.constraints(text, options) else ()
+        )
         out.forced += [
             Forced(i, -1, t, p)
             for t, p in zip(targets, memory_pairs(engine, text, targets), strict=True)

@@ -24,7 +24,7 @@ from service.decode.alignment import Alignment
 from service.decode.errors import InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions, Matrices, default_links
 from service.decode.links import DEFAULT_THRESHOLD
-from service.decode.options import OPTIONS, SearchOptions, problems
+from service.decode.options import OPTIONS, TERM_SEPARATOR, SearchOptions, Terms, problems
 
 if TYPE_CHECKING:  # the client imports this module: keep onnxruntime out of its imports
     from service.decode.engine import AlignmentMode, Engine, Prepared, Translation
@@ -159,6 +159,9 @@ def parse_options(
         if spec.kind is tuple:  # a repeated field: empty is unset
             if getattr(o, spec.name):
                 values[spec.name] = tuple(getattr(o, spec.name))
+        elif spec.kind is Terms:  # repeated GlossaryTerm
+            if getattr(o, spec.name):
+                values[spec.name] = tuple((t.source, t.target) for t in getattr(o, spec.name))
         elif o.HasField(spec.name):
             values[spec.name] = spec.kind(getattr(o, spec.name))
     found = problems(values, settings.limits)
@@ -404,6 +407,8 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
             max_alternatives=limits.max_alternatives,
             max_suppress=limits.max_suppress,
             max_protect=limits.max_protect,
+            max_glossary_terms=limits.max_glossary_terms,
+            max_term_tokens=limits.max_term_tokens,
         ),
         defaults=pb.DecodingOptions(
             **default_options(settings, engine.decoding_defaults),
@@ -418,6 +423,7 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
         description=model_description(engine.bundle.info),
         default_link_mode=default_link_mode(engine),  # type: ignore[arg-type]
         links_source=links_source(engine.bundle.info) if engine.link_head is not None else "",
+        glossary_terms=len(engine.glossary),
     )
 
 
@@ -498,9 +504,27 @@ def decoding_options_to_pb(alignment: str = "none", **options: Any) -> pb.Decodi
             if isinstance(value, str):
                 raise TypeError(f"{name} takes a list of strings, got a string")
             getattr(message, name).extend(value)
+        elif kinds[name] is Terms:  # (source, target) pairs, or "SOURCE ||| TARGET" strings
+            getattr(message, name).extend(glossary_term(term) for term in value)
         else:
             setattr(message, name, value)
     return message
+
+
+def glossary_term(term: Any) -> pb.GlossaryTerm:
+    """A glossary term from a (source, target) pair, a {"source", "target"} dict or a
+    "SOURCE ||| TARGET" string."""
+    if isinstance(term, str):
+        source, separator, target = term.partition(TERM_SEPARATOR)
+        if not separator:
+            raise ValueError(
+                f"a glossary term string is 'SOURCE {TERM_SEPARATOR} TARGET', got {term!r}"
+            )
+        return pb.GlossaryTerm(source=source.strip(), target=target.strip())
+    if isinstance(term, dict):
+        return pb.GlossaryTerm(source=term.get("source", ""), target=term.get("target", ""))
+    source, target = term
+    return pb.GlossaryTerm(source=source, target=target)
 
 
 def alignment_from_pb(message: pb.Alignment) -> ClientAlignment | None:

@@ -121,6 +121,7 @@ class TranslatorCore:
                 prepared.append(engine.prepare(text))
             except InvalidInput as err:
                 raise InvalidInput(f"texts[{i}]: {err}") from err
+            engine.check_constraints(prepared[-1], parsed.options.for_text(i), f"texts[{i}]")
         check_response_bound(
             [input_shape(p) for p in prepared],
             parsed.options,
