@@ -490,10 +490,11 @@ STOPWORDS = frozenset(
 
 
 def pick_term(
-    source: str, target: str, gold: set[Link], rng: random.Random
+    source: str, target: str, gold: set[Link], rng: random.Random, engine: Engine
 ) -> tuple[str, str] | None:
-    """A verse's glossary term: a source word whose gold English words are contiguous (1-3 words)
-    and hold a content word, drawn with the seed; (Greek word, English words)."""
+    """A verse's glossary term: a source word whose gold English words are contiguous (1-3 words),
+    hold a content word and can be spelled by the model's target vocabulary, drawn with the seed;
+    (Greek word, English words)."""
     src, tgt = source.split(), target.split()
     candidates = []
     for s, word in enumerate(src):
@@ -502,6 +503,10 @@ def pick_term(
             continue
         english = [tgt[t] for t in linked]
         if all(w.lower() in STOPWORDS for w in english):
+            continue
+        try:
+            engine.term_tokens(" ".join(english))
+        except ValueError:  # a character its vocabulary does not have
             continue
         candidates.append((word, " ".join(english)))
     return rng.choice(candidates) if candidates else None
@@ -541,8 +546,8 @@ def glossary_part(args: argparse.Namespace) -> dict[str, Any]:
 
     pairs, golds = read_split(args.data, args.split, "grc", "en")
     rng = random.Random(args.seed)
-    terms = [pick_term(s, t, g, rng) for (s, t), g in zip(pairs, golds, strict=True)]
     engine = load(args.bundles[0])
+    terms = [pick_term(s, t, g, rng, engine) for (s, t), g in zip(pairs, golds, strict=True)]
     kept = [i for i, term in enumerate(terms) if term is not None]
     sources = [pairs[i][0] for i in kept]
     references = [pairs[i][1] for i in kept]
@@ -573,6 +578,7 @@ def glossary_part(args: argparse.Namespace) -> dict[str, Any]:
         "split": args.split,
         "bundle": str(args.bundles[0]),
         "verses": len(kept),
+        "verses_without_a_term": len(pairs) - len(kept),
         "rounds": args.rounds,
         "without": {
             "seconds": round(without_s, 2),

@@ -216,11 +216,14 @@ class Engine:
         if not ids:
             raise InvalidInput(f"the target term {target!r} has no target tokens")
         if self.cfg.unk_id in ids:
-            pieces = self.tgt_tok.pieces(list(ids))
-            unknown = [p for p, t in zip(pieces, ids, strict=True) if t == self.cfg.unk_id]
+            unknown = [
+                ch
+                for ch in dict.fromkeys(target)
+                if not ch.isspace() and self.cfg.unk_id in self.tgt_tok.encode(ch)
+            ]
             raise InvalidInput(
                 f"the target term {target!r} has characters the model's target vocabulary cannot "
-                f"spell ({' '.join(unknown) or 'unknown'}): the model could never write it"
+                f"spell ({' '.join(unknown) or 'as a whole'}): the model could never write it"
             )
         if len(ids) > self.limits.max_term_tokens:
             raise InvalidInput(
