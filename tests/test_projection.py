@@ -135,6 +135,21 @@ def test_protected_spans_come_back_as_written_with_their_spaces() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("source", "target", "want"),
+    [
+        ("files <b>{0}</b>", "fichiers", "fichiers <b>{0}</b>"),
+        ("<b>{0}</b> files", "fichiers", "<b>{0}</b> fichiers"),
+        ("<a>x y</a> {0}", "X Y", "<a>X Y</a> {0}"),
+        ("{0} <b>files</b>", "fichiers", "{0} <b>fichiers</b>"),
+    ],
+)
+def test_a_protected_spans_space_goes_outside_the_tags_beside_it(
+    source: str, target: str, want: str
+) -> None:
+    assert put_back(source, target, DIAGONAL) == want
+
+
 def test_a_text_without_markup_is_left_as_it_is() -> None:
     marked = parse("plain text", "xml")
     assert project(marked, "texte  simple", np.zeros((2, 2))) == "texte  simple"

@@ -318,24 +318,33 @@ class _Writer:
 
 def _join(pieces: list[_Piece]) -> str:
     """The pieces' text, with a space beside a protected span where its source had one and the
-    answer's text (tags aside) has none, never at its start or end; the space goes outside the
-    tags between the span and the text beside it."""
+    answer's text (tags aside) has none, never at its start or end. Closing tags keep to the text
+    before them and opening tags to the text after them: the space goes after the one, before
+    the other."""
     out: list[str] = []
-    text_end = 0  # len(out) after the last piece of text
+    anchor = 0  # where a space before the next span goes: after the text and its closing tags
     last_char = ""  # the last character of text written
     owed = False  # a protected span before wants a space before the next text
     for piece in pieces:
-        if piece.tag or not piece.text:
+        if piece.tag:
+            closing = piece.text.startswith("</")
+            if owed and not closing and not last_char.isspace():
+                out.append(" ")  # before an opening tag, the space owed
+                last_char, owed = " ", False
             out.append(piece.text)
+            if closing and anchor == len(out) - 1:
+                anchor = len(out)
+            continue
+        if not piece.text:
             continue
         if owed and not piece.text[0].isspace() and not last_char.isspace():
             out.append(" ")
             last_char = " "
         owed = False
         if piece.space_before and last_char and not last_char.isspace():
-            out.insert(text_end, " ")
+            out.insert(anchor, " ")
         out.append(piece.text)
-        text_end, last_char = len(out), piece.text[-1]
+        anchor, last_char = len(out), piece.text[-1]
         owed = piece.space_after
     return "".join(out)
 
