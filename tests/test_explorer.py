@@ -611,3 +611,62 @@ def test_a_typed_start_is_continued_with_the_next_words_and_kept_in_the_url(
     state = urllib.parse.parse_qs(urllib.parse.urlparse(browser.current_url).fragment)
     assert state["prefix"] == [extended]
     assert card(browser, 0, 0).find_element(By.CSS_SELECTOR, ".hyp-text").text.startswith(extended)
+
+
+def test_a_tagged_answer_is_shown_with_its_tags_as_text(
+    ui: ServerThread,
+    browser: Any,
+    texts: list[str],  # noqa: F811
+) -> None:
+    """markup=xml in the URL: each hypothesis shows the API's answer with its tags highlighted
+    (text, never elements), its plain text, and the plain text's heatmap; Align shows the target
+    with the source's tags."""
+    words = texts[1].split()
+    line = f'<b>{words[0]}</b> {" ".join(words[1:])} <x id="1"/>'
+    open_page(
+        browser, page_url(ui, texts=line, beam="3", nbest="2", alignment="word", markup="xml")
+    )
+    wait_ready(browser)
+    expected = ui.stub.Translate(
+        pb.TranslateRequest(
+            texts=[line],
+            options=pb.DecodingOptions(
+                beam_size=3, n_best=2, alignment=pb.ALIGNMENT_MODE_WORD, markup="xml"
+            ),
+        ),
+        timeout=WAIT_S,
+    )
+    results = browser.find_element(By.ID, "results")
+    assert results.find_elements(By.TAG_NAME, "b") == []  # a tag is shown, never made
+    for hi, hyp in enumerate(expected.translations[0].hypotheses):
+        c = card(browser, 0, hi)
+        shown = c.find_element(By.CSS_SELECTOR, ".hyp-text.tagged")
+        assert shown.get_attribute("data-text") == hyp.text
+        assert shown.text == hyp.text
+        tags = [t.text for t in shown.find_elements(By.CSS_SELECTOR, "span.tag")]
+        assert sorted(tags) == sorted(["<b>", "</b>", '<x id="1"/>'])
+        assert hyp.plain_text in c.find_element(By.CSS_SELECTOR, ".plain-text").text
+        cells = c.find_elements(By.CSS_SELECTOR, "svg.heatmap rect.cell")
+        assert weights_of(cells) == pytest.approx(list(hyp.alignment.weights), abs=TOL)
+    state = urllib.parse.parse_qs(urllib.parse.urlparse(browser.current_url).fragment)
+    assert state["markup"] == ["xml"]
+    # Align: the target with the source's tags
+    source, target = f"<b>{words[0]}</b> {' '.join(words[1:])}", "un deux trois"
+    browser.find_element(By.ID, "align-sources").send_keys(source)
+    browser.find_element(By.ID, "align-targets").send_keys(target)
+    Select(browser.find_element(By.ID, "align-markup")).select_by_value("xml")
+    browser.find_element(By.ID, "align").click()
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: (
+            d.find_element(By.TAG_NAME, "body").get_attribute("data-aligned") in ("1", "error")
+        )
+    )
+    want = ui.stub.Align(
+        pb.AlignRequest(
+            pairs=[pb.AlignPair(source=source, target=target)],
+            options=pb.AlignOptions(alignment=pb.ALIGNMENT_MODE_WORD, markup="xml"),
+        ),
+        timeout=WAIT_S,
+    )
+    shown = browser.find_element(By.CSS_SELECTOR, ".align-card .tagged-target .tagged")
+    assert shown.get_attribute("data-text") == want.alignments[0].tagged_target

@@ -18,6 +18,7 @@ from service.decode.errors import InvalidInput
 from service.decode.options import (
     OPTIONS,
     SearchOptions,
+    Terms,
     merge_options,
     options_from_args,
     problems,
@@ -58,7 +59,21 @@ OTHER: dict[str, Any] = {
     "replace_unknowns": True,
     "suppress": ("deux", "trois"),
     "use_memory": False,
+    "markup": "html",
+    "invalid_markup": "text",
+    "protect": ("url", "${…}"),
+    "glossary": (("λόγος", "Word"), ("", "Jesus")),
+    "use_glossary": False,
 }
+SERVER_WIDE = {s.name for s in OPTIONS if s.kind is not Terms}  # a glossary is per model
+
+
+def as_pb(values: dict[str, Any]) -> pb.DecodingOptions:
+    """Option values as DecodingOptions (the glossary's pairs as GlossaryTerm messages)."""
+    given = dict(values)
+    if "glossary" in given:
+        given["glossary"] = [pb.GlossaryTerm(source=s, target=t) for s, t in given["glossary"]]
+    return pb.DecodingOptions(**given)
 
 
 def assert_values(got: dict[str, Any], expected: dict[str, Any]) -> None:
@@ -76,7 +91,7 @@ def cli_args(flag: str, value: Any) -> list[str]:
     if isinstance(value, bool):
         return [flag] if value else [flag.replace("--", "--no-", 1)]
     if isinstance(value, tuple):
-        return [f"{flag}={v}" for v in value]
+        return [f"{flag}={' ||| '.join(v) if isinstance(v, tuple) else v}" for v in value]
     return [f"{flag}={value}"]
 
 
@@ -88,7 +103,8 @@ def test_every_option_is_a_decoding_options_field_of_its_type() -> None:
         assert (field.cpp_type == field.CPPTYPE_FLOAT) == (spec.kind is float), spec.name
         assert (field.cpp_type == field.CPPTYPE_BOOL) == (spec.kind is bool), spec.name
         assert (field.cpp_type == field.CPPTYPE_STRING) == (spec.kind in (str, tuple)), spec.name
-        if spec.kind is tuple:  # repeated: empty is unset
+        assert (field.cpp_type == field.CPPTYPE_MESSAGE) == (spec.kind is Terms), spec.name
+        if spec.kind in (tuple, Terms):  # repeated: empty is unset
             assert field.is_repeated, spec.name
         else:
             assert field.has_presence, f"{spec.name} must be optional on the wire"
@@ -120,10 +136,10 @@ def test_the_limits_cap_the_ranges() -> None:
 def test_server_parsing_takes_every_set_field_and_defaults_the_rest() -> None:
     settings = load_settings([], {})
     for spec in OPTIONS:
-        options = parse_options(pb.DecodingOptions(**{spec.name: OTHER[spec.name]}), settings)
+        options = parse_options(as_pb({spec.name: OTHER[spec.name]}), settings)
         expected = {**default_options(settings), spec.name: OTHER[spec.name]}
         assert_values(options.values(), expected)
-    assert parse_options(pb.DecodingOptions(**OTHER), settings).values() == OTHER
+    assert parse_options(as_pb(OTHER), settings).values() == OTHER
 
 
 def test_server_and_engine_report_the_same_problems(tiny: TinyModel) -> None:
@@ -154,14 +170,22 @@ def test_server_defaults_come_from_flags_and_the_environment() -> None:
         flag = f"--default-{spec.name.replace('_', '-')}"
         return [f"{flag}={','.join(value)}"] if isinstance(value, tuple) else cli_args(flag, value)
 
-    flags = [arg for spec in OPTIONS for arg in server_arg(spec)]
-    assert load_settings(flags, {}).decoding.values() == OTHER
+    server_wide = {name: v for name, v in OTHER.items() if name in SERVER_WIDE}
+    expected = {**SearchOptions().values(), **server_wide}
+    flags = [arg for spec in OPTIONS if spec.name in SERVER_WIDE for arg in server_arg(spec)]
+    assert load_settings(flags, {}).decoding.values() == expected
 
     def env_value(value: Any) -> str:
         return ",".join(value) if isinstance(value, tuple) else str(value)
 
-    environ = {f"S2S_DEFAULT_{spec.name.upper()}": env_value(OTHER[spec.name]) for spec in OPTIONS}
-    assert load_settings([], environ).decoding.values() == OTHER
+    environ = {
+        f"S2S_DEFAULT_{spec.name.upper()}": env_value(OTHER[spec.name])
+        for spec in OPTIONS
+        if spec.name in SERVER_WIDE
+    }
+    assert load_settings([], environ).decoding.values() == expected
+    with pytest.raises(SystemExit):  # no server-wide glossary: --glossary-dir, per model
+        load_settings(["--default-glossary", "a ||| b"], {})
     with pytest.raises(ValueError, match=r"n_best \(6\) must be between 1 and beam_size \(5\)"):
         load_settings(["--default-n-best", "6"], {})
 
@@ -181,12 +205,15 @@ def test_client_keyword_arguments_are_the_options() -> None:
     message = decoding_options_to_pb("word", **OTHER)
     for spec in OPTIONS:
         got = getattr(message, spec.name)
+        if spec.kind is Terms:
+            assert tuple((t.source, t.target) for t in got) == OTHER[spec.name]
+            continue
         assert (tuple(got) if spec.kind is tuple else got) == pytest.approx(OTHER[spec.name])
     assert message.alignment == pb.ALIGNMENT_MODE_WORD
     unset = decoding_options_to_pb(beam_size=None)
     assert not any(
-        unset.HasField(spec.name) for spec in OPTIONS if spec.kind is not tuple
-    ) and not any(getattr(unset, spec.name) for spec in OPTIONS if spec.kind is tuple)
+        unset.HasField(spec.name) for spec in OPTIONS if spec.kind not in (tuple, Terms)
+    ) and not any(getattr(unset, spec.name) for spec in OPTIONS if spec.kind in (tuple, Terms))
     with pytest.raises(TypeError, match="suppress takes a list of strings"):
         decoding_options_to_pb(suppress="deux")
     with pytest.raises(TypeError, match=r"unknown decoding options \['beam'\]"):

@@ -7,6 +7,12 @@ Writes one Pharaoh line per pair ("s-t ...", source word first, 0-based over eac
 words); a pair with an empty side gets an empty line, as fast_align and eflomal write it. --scores
 puts log P(target | source) (end of sentence included) and a tab before the links. Pairs go through
 the engine's Align pass (service/decode/aligner.py) in batches of similar length.
+
+With --markup xml (or html) the source lines carry inline markup: each line written is the target
+with the source's markup put back around the words the links align (docs/markup.md), e.g. a
+translation memory's segments or subtitles with their tags:
+
+s2s-align --markup xml --source-file segments.grc.xml --target-file segments.en > segments.en.xml
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from service.decode.errors import InvalidInput
 from service.decode.forced import DEFAULT_LINKS, AlignedPair, AlignOptions
 from service.decode.links import DEFAULT_THRESHOLD, LINK_MODES
 from service.model.bundle import BundleError
+from service.model.markup import INVALID_MARKUP, MARKUP_MODES
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -44,6 +51,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="--links threshold")
     p.add_argument("--scores", action="store_true", help="'log_prob<TAB>links' lines")
+    p.add_argument(
+        "--markup",
+        choices=MARKUP_MODES,
+        default="none",
+        help="the sources' inline markup: write each target with it put back instead of links",
+    )
+    p.add_argument(
+        "--invalid-markup",
+        choices=INVALID_MARKUP,
+        default="refuse",
+        help="markup that does not read: refuse (name the line and position) or read as text",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="pairs per forced batch")
     p.add_argument("--providers", default=DEFAULT_PROVIDERS, help="ONNX Runtime providers")
     p.add_argument("--threads", type=int, default=0, help="decoder threads (0: one per core)")
@@ -77,7 +96,7 @@ def align_all(
         prepared = []
         for i in chosen:
             try:
-                prepared.append(prepare_pair(engine, *pairs[i]))
+                prepared.append(prepare_pair(engine, *pairs[i], options))
             except InvalidInput as err:
                 raise InvalidInput(f"line {i + 1}: {err}") from err
         results = align_prepared(engine, prepared, options)
@@ -97,14 +116,20 @@ def main(argv: list[str] | None = None) -> int:
             ),
             EngineLimits(max_source_tokens=args.max_source_tokens, max_length=args.max_length),
         )
-        options = AlignOptions(links=args.links, threshold=args.threshold, matrices="none")
+        options = AlignOptions(
+            links=args.links,
+            threshold=args.threshold,
+            matrices="none",
+            markup=args.markup,
+            invalid_markup=args.invalid_markup,
+        )
         results = align_all(engine, pairs, options, args.batch_size)
     except (OSError, ValueError, BundleError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     lines = []
     for r in results:
-        links = "" if r is None else r.pharaoh
+        links = "" if r is None else (r.tagged_target if args.markup != "none" else r.pharaoh)
         lines.append(f"{r.log_prob:.4f}\t{links}" if args.scores and r is not None else links)
     text = "".join(line + "\n" for line in lines)
     if args.out is None:

@@ -167,13 +167,15 @@ class TranslatorClient:
         links: str | None = None,
         threshold: float | None = None,
         matrices: str = "both",
+        markup: str | None = None,
+        invalid_markup: str | None = None,
         request_id: str = "",
         model: str = "",
         version: str = "",
     ) -> pb.AlignRequest:
         return pb.AlignRequest(
             pairs=[pb.AlignPair(source=s, target=t) for s, t in pairs],
-            options=align_options_to_pb(links, threshold, matrices),
+            options=align_options_to_pb(links, threshold, matrices, markup, invalid_markup),
             request_id=request_id,
             model=pb.ModelSpec(name=model, version=version),
         )
@@ -185,6 +187,8 @@ class TranslatorClient:
         links: str | None = None,
         threshold: float | None = None,
         matrices: str = "both",
+        markup: str | None = None,
+        invalid_markup: str | None = None,
         timeout: float | None = None,
         request_id: str = "",
         model: str = "",
@@ -193,14 +197,17 @@ class TranslatorClient:
         """Forced alignment: one AlignedPair per (source, target) pair, in order.
 
         links is one of service/decode/links.py's LINK_MODES (None: the server's default);
-        matrices "both", "none" (links and scores only), "subword" or "word". Raises grpc.RpcError
-        (INVALID_ARGUMENT naming the pair for an empty side or one over the limits, or for a model
-        without attention)."""
+        matrices "both", "none" (links and scores only), "subword" or "word"; markup "xml" or
+        "html" reads the sources' markup and puts it back on the targets (`tagged_target`).
+        Raises grpc.RpcError (INVALID_ARGUMENT naming the pair for an empty side, one over the
+        limits or unreadable markup, or for a model without attention)."""
         request = self.align_request(
             pairs,
             links=links,
             threshold=threshold,
             matrices=matrices,
+            markup=markup,
+            invalid_markup=invalid_markup,
             request_id=request_id,
             model=model,
             version=version,
@@ -449,14 +456,17 @@ def align_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "links": args.links,
         "threshold": args.threshold,
+        "markup": args.markup,
+        "invalid_markup": args.invalid_markup,
         "model": args.model,
         "version": args.model_version,
     }
 
 
 def align_files(client: TranslatorClient, args: argparse.Namespace) -> int:
-    """File mode: one Pharaoh line per pair, like fast_align and eflomal; pairs with an empty
-    side get an empty line (counted on stderr)."""
+    """File mode: one Pharaoh line per pair, like fast_align and eflomal (with --markup: the
+    target with the source's markup put back); pairs with an empty side get an empty line
+    (counted on stderr)."""
     pairs = read_parallel(args.source_file, args.target_file)
     todo = [i for i, (s, t) in enumerate(pairs) if s.strip() and t.strip()]
     aligned = client.align_many(
@@ -464,7 +474,8 @@ def align_files(client: TranslatorClient, args: argparse.Namespace) -> int:
     )
     lines = [""] * len(pairs)
     for i, a in zip(todo, aligned, strict=True):
-        lines[i] = f"{a.log_prob:.4f}\t{a.pharaoh}" if args.scores else a.pharaoh
+        line = a.tagged_target if args.markup not in (None, "none") else a.pharaoh
+        lines[i] = f"{a.log_prob:.4f}\t{line}" if args.scores else line
     text = "".join(line + "\n" for line in lines)
     if args.out is None:
         sys.stdout.write(text)
@@ -480,6 +491,8 @@ def format_aligned(a: AlignedPair, args: argparse.Namespace) -> str:
     if args.json:
         return json.dumps(aligned_to_json(a), ensure_ascii=False)
     lines = [f"{a.log_prob:.4f}\t{a.pharaoh}"]
+    if a.tagged_target:
+        lines.append(a.tagged_target)
     if a.word is not None:
         lines.append(render_text_heatmap(a.word.matrix, a.source_words, a.target_words))
     unknown = [a.source_words[i] for i in a.unknown_source_words]

@@ -47,7 +47,8 @@ def translation_to_json(t: Any) -> dict[str, Any]:
 
 
 def alternative_to_json(h: Any) -> dict[str, Any]:
-    """A hypothesis's return_alternatives word and replace_unknowns tokens, where it has them."""
+    """A hypothesis's return_alternatives word, replace_unknowns tokens and the plain text of a
+    marked-up answer, where it has them."""
     out: dict[str, Any] = {}
     if h.alternative is not None:
         a = h.alternative
@@ -58,6 +59,8 @@ def alternative_to_json(h: Any) -> dict[str, Any]:
         }
     if h.replaced_unknowns:
         out["replaced_unknowns"] = list(h.replaced_unknowns)
+    if getattr(h, "plain_text", ""):
+        out["plain_text"] = h.plain_text
     return out
 
 

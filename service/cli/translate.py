@@ -25,7 +25,7 @@ from pathlib import Path
 
 from service.cli.heatmap import save_heatmap_png
 from service.cli.render import alternative_column, origin_column, translation_to_json
-from service.decode import recall
+from service.decode import marked
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import AlignmentMode, Engine, InvalidInput, Translation
 from service.decode.options import (
@@ -57,6 +57,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--memory",
         type=Path,
         help="a memory file (source<TAB>target) over the bundle's own memory (docs/memory.md)",
+    )
+    p.add_argument(
+        "--glossary-file",
+        type=Path,
+        help="a glossary file (source<TAB>target terms) over the bundle's own (docs/markup.md)",
     )
     p.add_argument(
         "--batch-size",
@@ -178,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             engine.user_memory = engine.read_memory(args.memory)
         for refusal in engine.memory.refused:  # the rest of the memory is used
             print(f"warning: memory entry refused: {refusal}", file=sys.stderr)
+        if args.glossary_file is not None:
+            engine.user_glossary = engine.read_glossary(args.glossary_file)
         options = SearchOptions(**merge_options(engine.decoding_defaults, options_from_args(args)))
         args.n_best = options.n_best  # the value in effect (the output's columns follow it)
     except (BundleError, ValueError) as err:
@@ -206,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                     options, target_prefix=options.target_prefix[:1] * len(texts)
                 )
             try:
-                got = list(recall.translate(engine, texts, batch_options, mode))
+                got = list(marked.translate(engine, texts, batch_options, mode))
             except InvalidInput:
                 got = translate_one_by_one(engine, texts, batch_options, mode)
                 status = 1
@@ -245,7 +252,7 @@ def translate_one_by_one(
     out: list[Translation | None] = []
     for i, line in enumerate(lines):
         try:
-            out.append(recall.translate(engine, [line], options.for_text(i), mode)[0])
+            out.append(marked.translate(engine, [line], options.for_text(i), mode)[0])
         except InvalidInput as err:
             print(f"error: {err}: {line[:60]!r}", file=sys.stderr)
             out.append(None)

@@ -21,13 +21,16 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from service.decode import links as link_modes
-from service.decode.alignment import Alignment, merge_by_index
+from service.decode.alignment import Alignment, merge_by_index, word_spans
 from service.decode.alignment import pharaoh as argmax_pharaoh
 from service.decode.engine import Engine, Prepared
 from service.decode.errors import InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions, Forced, ForcedSearch, default_links
+from service.decode.projection import head_weights, link_weights, project
 from service.decode.runtime import EncodedSentence
 from service.decode.sides import Side, tokenize_pair
+from service.model import markup
+from service.model.markup import Marked, MarkupError
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class PreparedPair:
     source: Prepared
     src: Side
     tgt: Side
+    target: str = ""  # the target as sent
+    marked: Marked | None = None  # the source's markup (AlignOptions.markup), taken out of it
 
 
 KeyT = TypeVar("KeyT", bound=Hashable)
@@ -58,12 +63,35 @@ class ForcedRequest(Generic[KeyT]):
 # --- preparation -------------------------------------------------------------------------------
 
 
-def prepare_pair(engine: Engine, source: str, target: str) -> PreparedPair:
+def read_markup(source: str, options: AlignOptions | None) -> Marked | None:
+    """The source's markup as options ask (None for none); InvalidInput naming the position."""
+    if options is None or options.markup == "none":
+        return None
+    try:
+        marked = markup.parse(source, options.markup, (markup.NO_PROTECT,), options.invalid_markup)  # type: ignore[arg-type]
+    except MarkupError as err:
+        raise InvalidInput(f"source: {err}") from err
+    if not marked.plain.strip():
+        raise InvalidInput("source has no words outside its markup")
+    return marked
+
+
+def prepare_pair(
+    engine: Engine, source: str, target: str, options: AlignOptions | None = None
+) -> PreparedPair:
     """Validate and tokenize one pair (InvalidInput says which side and what to change). The
     source goes through the bundle's input rule as Translate's does; it is never segmented (the
-    target cannot be cut to match)."""
+    target cannot be cut to match). With options.markup the source's markup is taken out first
+    (`PreparedPair.marked`)."""
+    marked = None
+    if isinstance(source, str) and source.strip():  # a missing side: tokenize_pair says so
+        marked = read_markup(source, options)
+    if marked is not None:
+        source = marked.plain
     src, tgt = tokenize_pair(engine.pair_reader, source, target)
-    return PreparedPair(Prepared(text=source, ids=src.ids, pieces=src.pieces), src, tgt)
+    return PreparedPair(
+        Prepared(text=source, ids=src.ids, pieces=src.pieces), src, tgt, target, marked
+    )
 
 
 def check_aligner(engine: Engine, options: AlignOptions) -> None:
@@ -94,24 +122,63 @@ def resolve_links(engine: Engine, options: AlignOptions) -> AlignOptions:
 # --- results -----------------------------------------------------------------------------------
 
 
-def head_links(engine: Engine, pair: PreparedPair, states: np.ndarray) -> set[link_modes.Link]:
-    """The link head's links for a pair whose source the encoder gave `states` (P_s, D)."""
+def head_logits(engine: Engine, pair: PreparedPair, states: np.ndarray) -> np.ndarray:
+    """The link head's (T_w, S_w) scores for a pair whose source the encoder gave `states` (P_s, D)."""
     assert engine.link_head is not None
     src, tgt = pair.src, pair.tgt
-    logits = engine.link_head.logits(
+    return engine.link_head.logits(
         states, src.words, src.ids, src.word_of, tgt.words, tgt.ids, tgt.word_of
     )
-    return engine.link_head.links(logits)
+
+
+def head_weights_for(
+    engine: Engine, texts: Sequence[tuple[str, Sequence[str]]]
+) -> list[list[np.ndarray] | None]:
+    """For each (plain source, its targets): (T, S) projection weights (service/decode/projection.py)
+    of every target from the link head, the sources encoded in one call; None for a text whose
+    pairs cannot be read as Align reads them (the caller reads the attention instead)."""
+    prepared: list[dict[int, PreparedPair] | None] = []
+    for plain, targets in texts:
+        try:
+            prepared.append(
+                {i: prepare_pair(engine, plain, t) for i, t in enumerate(targets) if t.strip()}
+            )
+        except InvalidInput:
+            prepared.append(None)
+    firsts = [next(iter(p.values())) for p in prepared if p]
+    encoded = iter(engine.encode([pair.source for pair in firsts]) if firsts else [])
+    out: list[list[np.ndarray] | None] = []
+    for (plain, targets), pairs in zip(texts, prepared, strict=True):
+        if pairs is None:
+            out.append(None)
+            continue
+        S = len(word_spans(plain))
+        weights = [np.zeros((0, S)) for _ in targets]
+        if pairs:
+            states = next(encoded)[0].values  # (P_s, D)
+            for i, pair in pairs.items():
+                weights[i] = head_weights(head_logits(engine, pair, states))
+        out.append(weights)
+    return out
+
+
+@dataclass(frozen=True)
+class HeadReading:
+    """The link head's scores of a pair and the links its thresholds read from them."""
+
+    logits: np.ndarray  # (T_w, S_w)
+    links: set[link_modes.Link]
 
 
 def aligned_pair(
     pair: PreparedPair,
     forced: Forced,
     options: AlignOptions,
-    head: set[link_modes.Link] | None = None,
+    head: HeadReading | None = None,
 ) -> AlignedPair:
     """The forced pass's rows → subword and word matrices, links and scores. Links are read from
-    the attention's word matrix, or with links "head" are `head`, the link head's."""
+    the attention's word matrix, or with links "head" are the link head's. A source with markup
+    gets it back on the target, projected by those links (service/decode/projection.py)."""
     src, tgt = pair.src, pair.tgt
     T = len(tgt.ids)
     matrix = forced.attention[:T]  # (T, S): the EOS step's row is not a target token's
@@ -119,10 +186,15 @@ def aligned_pair(
     if options.links == link_modes.HEAD:
         if head is None:
             raise ValueError("links 'head' needs the link head's links")
-        links = head
+        links = head.links
     else:
         links = link_modes.extract_links(word_matrix, options.links, options.threshold)
     pharaoh = link_modes.to_pharaoh(links)
+    tagged = ""
+    if pair.marked is not None:
+        T_w, S_w = len(word_spans(pair.target)), len(word_spans(pair.marked.plain))
+        weights = head_weights(head.logits) if head else link_weights(links, T_w, S_w)
+        tagged = project(pair.marked, pair.target, weights)
     subword = word = None
     if options.matrices in ("both", "subword"):
         subword = Alignment(matrix, src.pieces, tgt.pieces, argmax_pharaoh(matrix))
@@ -145,6 +217,7 @@ def aligned_pair(
         unknown_target_tokens=tgt.unknown,
         unknown_source_words=src.unknown_words,
         unknown_target_words=tgt.unknown_words,
+        tagged_target=tagged,
     )
 
 
@@ -209,7 +282,10 @@ class ForcedBatch(Generic[KeyT]):
         for key, forced in self.search.step():
             request = self.requests.pop(key)
             states = self.states.pop(key, None)
-            head = head_links(self.engine, request.pair, states) if states is not None else None
+            head = None
+            if states is not None:
+                logits = head_logits(self.engine, request.pair, states)
+                head = HeadReading(logits, self.engine.link_head.links(logits))  # type: ignore[union-attr]
             out.append((request.key, aligned_pair(request.pair, forced, request.options, head)))
         return out
 
@@ -227,7 +303,7 @@ def align(
     prepared = []
     for i, (source, target) in enumerate(pairs):
         try:
-            prepared.append(prepare_pair(engine, source, target))
+            prepared.append(prepare_pair(engine, source, target, options))
         except InvalidInput as err:
             raise InvalidInput(f"pairs[{i}]: {err}") from err
     return align_prepared(engine, prepared, options)

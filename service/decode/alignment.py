@@ -66,7 +66,7 @@ def piece_surfaces(pieces: list[str]) -> list[str]:
     return [piece.replace(WORD_START, " ") for piece in pieces]
 
 
-def _word_spans(text: str) -> list[tuple[int, int]]:
+def word_spans(text: str) -> list[tuple[int, int]]:
     """(start, end) of each of text.split()'s words in text."""
     spans: list[tuple[int, int]] = []
     start = -1
@@ -92,7 +92,7 @@ def word_membership(surfaces: list[str]) -> tuple[list[str], np.ndarray]:
     control piece) belongs to the word after it, or the last word at the end.
     """
     text = "".join(surfaces)
-    spans = _word_spans(text)  # (W,)
+    spans = word_spans(text)  # (W,)
     starts, ends = [s for s, _ in spans], [e for _, e in spans]
     member = np.zeros((len(spans), len(surfaces)), dtype=bool)  # (W, P)
     begin = 0

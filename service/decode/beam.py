@@ -26,6 +26,7 @@ from typing import Protocol, cast
 import numpy as np
 
 from service.decode import controls as ctl
+from service.decode.constraints import START, Constraints, SlotTable, State, bank_order
 from service.decode.controls import NO_CONTROLS, Controls
 from service.decode.options import SearchOptions
 
@@ -259,6 +260,7 @@ class _Finished:
     slot: int
     prefix_steps: int
     by_eos: bool
+    complete: bool = True  # every constraint met (a glossary's: service/decode/constraints.py)
 
 
 @dataclass
@@ -272,8 +274,16 @@ class _Sentence:
     history: _History
     controls: Controls = NO_CONTROLS
     rng: np.random.Generator | None = None  # sampling: the sentence's own stream
+    constraints: Constraints | None = None  # lexical constraints (a glossary's terms)
+    # the controls the step's candidates go through (service/decode/controls.py), its group's key
+    # (whatever the seed; constraints are the search's own: _constrain); None: none act
+    group: Controls | None = None
+    states: list[State] = field(default_factory=list)  # (K,) each slot's constraint state
     finished: list[_Finished] = field(default_factory=list)  # best first, at most `keep`
     ended: int = 0  # hypotheses finished so far, kept or not (the patience rule counts them)
+    # ends the constraints refused: a slot's best next token was the end of sentence before it
+    # met every constraint (the patience rule counts them too: the search has seen that many ends)
+    refused: int = 0
     top_ended: bool = False  # a step's best-ranked candidate was EOS (the "first" rule)
 
     @property
@@ -304,7 +314,8 @@ class _Sentence:
         by_eos: bool,
     ) -> None:
         """Score the hypotheses in slots (M,) with their cumulative scores (M,), model log-probs
-        (M,) and coverage (M, src_len)."""
+        (M,) and coverage (M, src_len). Hypotheses that met their constraints rank first (only a
+        sentence cut at its maximum length can finish one that did not)."""
         prefix_steps = self.steps - 1 if by_eos else self.steps
         opts = self.options
         new = [
@@ -315,12 +326,22 @@ class _Sentence:
                 slot=int(slot),
                 prefix_steps=prefix_steps,
                 by_eos=by_eos,
+                complete=by_eos or self.met(int(slot)),
             )
             for slot, score, log_prob, cov in zip(slots, scores, log_probs, coverage, strict=True)
         ]
         self.ended += len(new)
-        ranked = sorted(self.finished + new, key=lambda f: -f.score)
+        ranked = sorted(self.finished + new, key=lambda f: (not f.complete, -f.score))
         self.finished = ranked[: self.keep]
+
+    def met(self, slot: int) -> bool:
+        """Whether the hypothesis in `slot` has met every constraint (True without any)."""
+        return self.constraints is None or self.constraints.complete(self.states[slot])
+
+    @property
+    def constrained(self) -> bool:
+        """Constraints act at this step: the sentence has some, and its prefix is spelled."""
+        return self.constraints is not None and self.steps >= len(self.controls.prefix)
 
     def done(self, best_live: float) -> bool:
         """Whether the search of this sentence stops now (before its maximum length), by its
@@ -334,7 +355,8 @@ class _Sentence:
         if rule == "first":
             return self.top_ended
         if rule == "patience":
-            return self.ended >= math.ceil(self.options.beam_size * self.options.patience)
+            ended = self.ended + self.refused
+            return ended >= math.ceil(self.options.beam_size * self.options.patience)
         if rule == "narrowing":
             return self.width == 0
         return self.cannot_improve(best_live)
@@ -485,9 +507,12 @@ class BeamSearch:
         eos_id: int,
         vocab_size: int | None = None,
         narrow_on_eos: bool = False,
+        continues_word: np.ndarray | None = None,
     ) -> None:
         """narrow_on_eos: continue only the non-EOS candidates among the top beam_size (the beam
-        rule of the toolkits imported models come from; see _continuations)."""
+        rule of the toolkits imported models come from; see _continuations). continues_word (V,)
+        bool: the target tokens that go on with the word before them (subword pieces without a
+        word start), which may not follow a glossary term (no "Logos" + "ulsed")."""
         if beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {beam_size}")
         if vocab_size is not None and vocab_size < 2:
@@ -500,6 +525,8 @@ class BeamSearch:
         self._eos_id = eos_id
         self._vocab_size = vocab_size
         self._narrow_on_eos = narrow_on_eos
+        self._continues_word = continues_word
+        self._table: tuple[list[int], SlotTable] | None = None  # this step's constrained slots
         self._beams = _Beams.empty()
         self._joining: list[_Beams] = []  # slots of sentences added since the last step
         self._sentences: list[_Sentence] = []
@@ -511,6 +538,7 @@ class BeamSearch:
         self._kept = np.zeros(0, np.int64)  # (B,) finished hypotheses held (len(finished))
         self._keep = np.zeros(0, np.int64)  # (B,) finished hypotheses wanted (_Sentence.keep)
         self._controlled = 0  # sentences with active controls
+        self._constrained = 0  # sentences with constraints (a glossary's terms)
 
     @property
     def beam_size(self) -> int:
@@ -553,23 +581,30 @@ class BeamSearch:
         if controls.active and not hasattr(self._decoder, "step_rows"):
             raise ValueError("decoding controls need a decoder with step_rows")
         self._ids.add(sentence_id)
-        # a prefix is always decoded whole (cut only by max_length)
-        max_len = min(options.max_length, max(options.max_len(src_len), len(controls.prefix) + 1))
+        constraints = Constraints(controls.constraints) if controls.constraints else None
+        # a prefix is always decoded whole (cut only by max_length), and room is made for the
+        # constraints' tokens
+        room = max(options.max_len(src_len), len(controls.prefix) + 1)
+        room += constraints.total if constraints else 0
         sentence = _Sentence(
             id=sentence_id,
             options=options,
-            max_len=max_len,
+            max_len=min(options.max_length, room),
             history=_History(src_len, keep_attention=options.return_attention),
             controls=controls,
             rng=np.random.default_rng(controls.seed or None) if controls.sampling else None,
+            constraints=constraints,
+            states=[START] * self._beam_size if constraints else [],
+            group=group if (group := replace(controls, seed=0, constraints=())).active else None,
         )
         self._sentences.append(sentence)
         self._steps = np.append(self._steps, 0)
-        self._max_len = np.append(self._max_len, max_len)
+        self._max_len = np.append(self._max_len, sentence.max_len)
         self._widths = np.append(self._widths, sentence.width)
         self._kept = np.append(self._kept, 0)
         self._keep = np.append(self._keep, sentence.keep)
         self._controlled += controls.active
+        self._constrained += constraints is not None
         live = sentence.width if controls.sampling else 1
         self._joining.append(_Beams.start(self._beam_size, self._bos_id, state_row, src_len, live))
 
@@ -587,8 +622,11 @@ class BeamSearch:
         # rank each sentence's candidates; EOS ones in the top `width` finish, the rest continue
         widths = self._widths  # (B,)
         cands = _rank_candidates(self._beams, out, step_raw, B, K)
+        if self._table is not None:
+            cands = self._bank_order(cands, *self._table)
         ends = _eos_choices(cands, widths, self._eos_id)  # (B, K*k)
         nxt = _continuations(cands, widths, self._eos_id, K, self._narrow_on_eos)
+        self._advance_states(nxt)
         rows = nxt.slots + K * np.arange(B)[:, None]  # (B, K) rows of this step's output
         self._beams = _Beams(
             tokens=nxt.tokens.reshape(N),
@@ -616,15 +654,29 @@ class BeamSearch:
         token's log-prob only where a control must read it."""
         beams, k = self._beams, self._candidates
         groups = self._control_groups()
-        if not groups:
+        constrained = (
+            [b for b, s in enumerate(self._sentences) if s.constrained] if self._constrained else []
+        )
+        self._table = None
+        if constrained:  # every constrained slot's state, as arrays (one row per slot)
+            table = SlotTable.of(
+                [
+                    (c, state)
+                    for b in constrained
+                    if (c := self._sentences[b].constraints) is not None
+                    for state in self._sentences[b].states
+                ]
+            )
+            self._table = (constrained, table)
+        if not groups and not constrained:
             out = self._decoder.step(beams.tokens, beams.parents, k)
             _check_step_output(out, len(beams), k)
             return out, out.log_probs
-        k = max(k, *(at.wanted(self._beam_size) for _, at, _ in groups))
+        k = max([k, *(at.wanted(self._beam_size) for _, at, _ in groups)])
         if self._vocab_size is not None:
             k = min(k, self._vocab_size)
         full = None
-        if any(at.needs_full_rows for _, at, _ in groups):
+        if constrained or any(at.needs_full_rows for _, at, _ in groups):
             out, full = cast(RowsDecoder, self._decoder).step_rows(beams.tokens, beams.parents, k)
         else:
             out = self._decoder.step(beams.tokens, beams.parents, k)
@@ -648,7 +700,88 @@ class BeamSearch:
             log_probs[rows], token_ids[rows] = values, ids
             model = self._model_log_probs(given, ids)  # (R, k)
             step_raw[rows] = np.where(np.isfinite(values), model, -np.inf)
+        if self._table is not None:
+            assert full is not None
+            own = {int(r) // K: at.wanted(K) for rows, at, _ in groups for r in rows}
+            log_probs, token_ids, step_raw = self._constrain(
+                *self._table, own, log_probs, token_ids, step_raw, full
+            )
         return StepOutput(log_probs, token_ids, out.attention), step_raw
+
+    def _constrain(
+        self,
+        constrained: list[int],
+        table: SlotTable,
+        own: dict[int, int],
+        log_probs: np.ndarray,
+        token_ids: np.ndarray,
+        step_raw: np.ndarray,
+        full: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The constrained sentences' candidates (service/decode/constraints.py): their own k
+        (K + 1, or what their controls ask: more columns asked by the batch's other sentences are
+        dropped, so the answer does not depend on them), the end of sentence dropped for a slot
+        that has not met every constraint, a piece that would go on with a term's word dropped
+        right after it, and the tokens that advance a constraint added as extra columns (N, k + F)
+        at the model's log-probability."""
+        K = self._beam_size
+        rows = (np.asarray(constrained)[:, None] * K + np.arange(K)).reshape(-1)  # (R,)
+        k = log_probs.shape[1]
+        limit = np.repeat([own.get(b, self._candidates) for b in constrained], K)  # (R,)
+        values, ids = log_probs[rows], token_ids[rows]  # (R, k) each
+        drop = np.arange(k)[None, :] >= limit[:, None]  # (R, k)
+        live = np.isfinite(self._beams.scores[rows])  # (R,)
+        refused = (ids[:, 0] == self._eos_id) & live & ~table.complete
+        for b, n in zip(constrained, refused.reshape(-1, K).sum(axis=1).tolist(), strict=True):
+            self._sentences[b].refused += n
+        drop |= (ids == self._eos_id) & ~table.complete[:, None]
+        if self._continues_word is not None:
+            drop |= self._continues_word[ids] & table.just_met[:, None]
+        values = np.where(drop, np.float32(-np.inf), values)
+        log_probs[rows] = values
+        extra, extra_ids = table.forced(values, ids, full[rows], self._eos_id)  # (R, F) each
+        N, F = len(log_probs), extra.shape[1]
+        if not F:
+            return log_probs, token_ids, step_raw
+        more = np.full((N, F), -np.inf, np.float32)  # (N, F)
+        more_ids = np.zeros((N, F), np.int64)  # (N, F)
+        more[rows], more_ids[rows] = extra, extra_ids
+        return (
+            np.concatenate([log_probs, more], axis=1),  # (N, k + F)
+            np.concatenate([token_ids, more_ids], axis=1),
+            np.concatenate([step_raw, more], axis=1),
+        )
+
+    def _bank_order(
+        self, cands: _Candidates, constrained: list[int], table: SlotTable
+    ) -> _Candidates:
+        """The constrained sentences' candidates in dynamic beam allocation's order (by banks of
+        constraint tokens met: `bank_order`); the others' by score, as ranked."""
+        K = self._beam_size
+        bs = np.asarray(constrained)  # (Bc,)
+        slots = cands.slots[bs]  # (Bc, M)
+        banks = table.banks(np.arange(len(bs))[:, None] * K + slots, cands.tokens[bs])
+        order = bank_order(banks, np.isfinite(cands.scores[bs]))  # (Bc, M)
+        reordered = {}
+        for f in fields(cands):
+            values = getattr(cands, f.name).copy()
+            values[bs] = np.take_along_axis(values[bs], order, axis=1)
+            reordered[f.name] = values
+        return _Candidates(**reordered)
+
+    def _advance_states(self, nxt: _NextBeam) -> None:
+        """Each constrained sentence's slot states after this step's tokens."""
+        if not self._constrained:
+            return
+        for b, sentence in enumerate(self._sentences):
+            c = sentence.constraints
+            if c is not None:
+                sentence.states = [
+                    c.advance(sentence.states[slot], token)
+                    for slot, token in zip(
+                        nxt.slots[b].tolist(), nxt.tokens[b].tolist(), strict=True
+                    )
+                ]
 
     def _control_groups(
         self,
@@ -662,9 +795,8 @@ class BeamSearch:
         K, L = self._beam_size, self._beams.seqs.shape[1]
         members: dict[tuple[int, ctl.Controls], list[int]] = {}
         for b, sentence in enumerate(self._sentences):
-            c = sentence.controls
-            if c.active:
-                members.setdefault((sentence.steps, replace(c, seed=0)), []).append(b)
+            if sentence.group is not None:
+                members.setdefault((sentence.steps, sentence.group), []).append(b)
         groups = []
         for (steps, controls), bs in members.items():
             rows = (np.asarray(bs)[:, None] * K + np.arange(K)).reshape(-1)  # (R,)
@@ -764,7 +896,9 @@ class BeamSearch:
         rows = (keep[:, None] * K + np.arange(K)).reshape(-1)  # (B'*K,)
         self._beams = self._beams.select(rows)
         self._ids.difference_update(self._sentences[b].id for b in np.flatnonzero(done))
-        self._controlled -= sum(self._sentences[b].controls.active for b in np.flatnonzero(done))
+        gone = [self._sentences[b] for b in np.flatnonzero(done)]
+        self._controlled -= sum(s.controls.active for s in gone)
+        self._constrained -= sum(s.constraints is not None for s in gone)
         self._sentences = [self._sentences[b] for b in keep]
         self._steps, self._max_len = self._steps[keep], self._max_len[keep]
         self._widths, self._kept, self._keep = (

@@ -108,6 +108,11 @@ class EngineLimits:
     max_ngram_size: int = setting(16, "the largest no_repeat_ngram_size a request may ask for")
     max_alternatives: int = setting(16, "the most alternatives (return_alternatives) per text")
     max_suppress: int = setting(256, "the most suppress entries of one request")
+    max_protect: int = setting(32, "the most protect entries of one request")
+    max_glossary_terms: int = setting(
+        32, "the most glossary terms of one request, and the most terms one text may match"
+    )
+    max_term_tokens: int = setting(16, "the most target tokens of one glossary term")
     min_confidence: float = setting(
         -1.0,
         "mark hypotheses whose confidence is below this in [0, 1] (low_confidence) and count them; "
@@ -124,9 +129,14 @@ class EngineLimits:
                 self.max_ngram_size,
                 self.max_alternatives,
                 self.max_suppress,
+                self.max_protect,
+                self.max_glossary_terms,
+                self.max_term_tokens,
             )
             < 1
         ):
             raise ValueError("engine limits must be >= 1")
+        if self.max_glossary_terms > 63:  # a hypothesis's constraints met are bits of an int64
+            raise ValueError("max_glossary_terms must be <= 63")
         if not (self.min_confidence == -1 or 0 <= self.min_confidence <= 1):
             raise ValueError("min_confidence must be in [0, 1] (or -1: the bundle's threshold)")

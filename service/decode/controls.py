@@ -24,6 +24,8 @@ class Controls:
     """One sentence's controls, as token ids (the engine tokenizes the request's texts).
 
     prefix: the target tokens every hypothesis starts with (forced, whatever else applies).
+    constraints: token sequences every finished hypothesis contains (a glossary's terms:
+        service/decode/constraints.py, applied by the search itself, not here).
     suppress: token sequences never emitted (a single token: never; a longer one: its last token
         is blocked after the others).
     alternatives: at the first step after the prefix, continue the K best next pieces as K
@@ -40,6 +42,7 @@ class Controls:
     sampling_topp: float = 1.0
     sampling_temperature: float = 1.0
     seed: int = 0
+    constraints: tuple[tuple[int, ...], ...] = ()
 
     @property
     def sampling(self) -> bool:
@@ -56,6 +59,7 @@ class Controls:
             or self.repetition_penalty != 1.0
             or self.alternatives
             or self.sampling
+            or self.constraints
         )
 
     @property

@@ -28,6 +28,7 @@ from service.decode.options import OPTIONS
 from service.decode.options import problems as option_problems
 from service.decode.runtime import EncodedSentence, OnnxDecoder, OnnxModel
 from service.decode.sides import PairReader, pair_ids
+from service.model import glossary as gl
 from service.model import graph_contract as contract
 from service.model import memory as mem
 from service.model import segment
@@ -64,6 +65,9 @@ class TranslationHypothesis:
     # "memory": the model's memory gave it (service/decode/recall.py); "mixed": a segmented input
     # some of whose segments the memory gave
     origin: str = "model"
+    # with markup or protected spans (service/decode/marked.py): the translation of the plain text,
+    # which tokens and alignment describe; `text` is then it with the markup put back
+    plain_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,16 @@ class Engine:
         self._user_memory = mem.EMPTY
         self.memory = self.bundle_memory  # the entries in force: the server's over the bundle's
         self.user_memory_signature: tuple[str, int, int] | None = None  # the file it was read from
+        # The standing glossary (service/model/glossary.py): the bundle's, under the server's file
+        # for this model (`user_glossary`, --glossary-dir, set and reloaded by the server)
+        self._term_tokens: dict[str, tuple[int, ...]] = {}
+        self.continues_word = continuation_pieces(self.tgt_tok, self.word_level)
+        self.bundle_glossary = (
+            self.read_glossary(bundle.file(bundle.glossary)) if bundle.glossary else gl.EMPTY
+        )
+        self._user_glossary = gl.EMPTY
+        self.glossary = self.bundle_glossary  # the terms in force
+        self.user_glossary_signature: tuple[str, int, int] | None = None
 
     @property
     def user_memory(self) -> mem.Memory:
@@ -191,6 +205,128 @@ class Engine:
                 raise ValueError(f"target: {problem}")
 
         return mem.read_memory(path, self.normalize, check)
+
+    @property
+    def user_glossary(self) -> gl.Glossary:
+        """The server's terms for this model (--glossary-dir), over the bundle's."""
+        return self._user_glossary
+
+    @user_glossary.setter
+    def user_glossary(self, glossary: gl.Glossary) -> None:
+        self._user_glossary = glossary
+        self.glossary = glossary.over(self.bundle_glossary)  # one assignment, as the memory's
+
+    def read_glossary(self, path: Path) -> gl.Glossary:
+        """A glossary file for this model: sources normalized by its input rule, targets the model
+        can spell (GlossaryFileError naming the file and line otherwise)."""
+        return gl.read_glossary(path, self.normalize, self.term_tokens)
+
+    def term_tokens(self, target: str) -> tuple[int, ...]:
+        """A glossary target as the model's target tokens (cached); InvalidInput for one it cannot
+        spell (a piece unknown to its vocabulary) or over the limit of tokens a term may have."""
+        found = self._term_tokens.get(target)
+        if found is not None:
+            return found
+        ids = tuple(t for t in self.tgt_tok.encode(target) if t != self.cfg.eos_id)
+        if not ids:
+            raise InvalidInput(f"the target term {target!r} has no target tokens")
+        if self.cfg.unk_id in ids:
+            unknown = [
+                ch
+                for ch in dict.fromkeys(target)
+                if not ch.isspace() and self.cfg.unk_id in self.tgt_tok.encode(ch)
+            ]
+            raise InvalidInput(
+                f"the target term {target!r} has characters the model's target vocabulary cannot "
+                f"spell ({' '.join(unknown) or 'as a whole'}): the model could never write it"
+            )
+        if len(ids) > self.limits.max_term_tokens:
+            raise InvalidInput(
+                f"the target term {target!r} is {len(ids)} target tokens long, over the limit of "
+                f"{self.limits.max_term_tokens}"
+            )
+        if len(self._term_tokens) < 4096:
+            self._term_tokens[target] = ids
+        return ids
+
+    def standing_glossary(self, options: SearchOptions) -> bool:
+        """Whether the model's standing glossary applies to a request (not to one that samples or
+        asks for alternatives: those are refused a glossary of their own)."""
+        return bool(
+            len(self.glossary)
+            and options.use_glossary
+            and options.sampling_topk == 1
+            and not options.return_alternatives
+        )
+
+    def request_glossary(self, options: SearchOptions) -> gl.Glossary:
+        """The request's terms with sources as the model reads them (target-only ones left out)."""
+        terms = [gl.Term(self.normalize(s).strip(), t) for s, t in options.glossary if s.strip()]
+        return gl.Glossary(tuple(terms))
+
+    def glossary_matches(self, text: str, options: SearchOptions) -> list[gl.Match]:
+        """The request's terms and the standing glossary's (the request's win for the same
+        source) found in a text, as the model reads it."""
+        if not options.glossary and not self.standing_glossary(options):
+            return []
+        glossary = self.request_glossary(options)
+        if self.standing_glossary(options):
+            glossary = glossary.over(self.glossary)
+        return glossary.find(self.normalize(text))
+
+    def constraints(
+        self, text: str, options: SearchOptions, first: bool = True
+    ) -> tuple[tuple[int, ...], ...]:
+        """The target token sequences a text's translation must contain: its glossary terms and,
+        on a first segment, the request's target-only terms. InvalidInput over the limit."""
+        targets = [m.term.target for m in self.glossary_matches(text, options)]
+        if first:
+            targets += [t for s, t in options.glossary if not s.strip()]
+        sequences = tuple(dict.fromkeys(self.term_tokens(t) for t in targets))
+        if len(sequences) > self.limits.max_glossary_terms:
+            raise InvalidInput(
+                f"the text holds {len(sequences)} glossary terms, over the limit of "
+                f"{self.limits.max_glossary_terms} a text may have"
+            )
+        return sequences
+
+    def part_constraints(
+        self, sentence: Prepared, options: SearchOptions
+    ) -> list[tuple[tuple[int, ...], ...]]:
+        """The constraints of each part of a sentence (its segments, or itself): each segment's
+        own terms; a term of the whole input that no segment holds (it spans a boundary, or a
+        separator holds some of it) goes to the first, with the request's target-only terms."""
+        if not sentence.segments:
+            return [self.constraints(sentence.text, options)]
+        parts = [
+            self.constraints(p.text, options, first=k == 0) for k, p in enumerate(sentence.parts)
+        ]
+        held = {seq for part in parts for seq in part}
+        whole = [seq for seq in self.constraints(sentence.text, options) if seq not in held]
+        if whole:
+            parts[0] = tuple(dict.fromkeys(parts[0] + tuple(whole)))
+        return parts
+
+    def check_glossary(self, options: SearchOptions) -> None:
+        """The request's terms can be used: InvalidInput naming the term otherwise."""
+        if not options.glossary:
+            return
+        for name, value in (
+            ("sampling (sampling_topk != 1)", options.sampling_topk != 1),
+            ("return_alternatives", options.return_alternatives),
+        ):
+            if value:
+                raise InvalidInput(
+                    f"a glossary cannot be combined with {name}: its terms are kept by the beam "
+                    "search (lexically constrained), which a sample or an alternative does not run"
+                )
+        for i, (source, target) in enumerate(options.glossary):
+            try:
+                if source.strip():
+                    self.normalize(source)
+                self.term_tokens(target)
+            except InvalidInput as err:
+                raise InvalidInput(f"glossary[{i}] ({source!r} → {target!r}): {err}") from err
 
     def recall(self, text: str) -> tuple[str, ...]:
         """The memory's targets for a text (matched after the input rule), () for none."""
@@ -317,6 +453,7 @@ class Engine:
                 f"target_prefix has {len(options.target_prefix)} entries for {texts} texts: give "
                 'one per text ("" for a text without one), or none'
             )
+        self.check_glossary(options)
         if options.replace_unknowns and not self.supports_alignment:
             raise InvalidInput(
                 f"model {self.bundle.name} has no attention: replace_unknowns needs it"
@@ -332,10 +469,11 @@ class Engine:
 
     def controls(self, options: SearchOptions, prefix_name: str = "target_prefix") -> Controls:
         """One text's decoding controls as token ids: its target prefix and the suppressed
-        sequences tokenized as the model's target side. InvalidInput (naming the prefix as
-        `prefix_name`) for a prefix over the limit, a prefix a subword target vocabulary cannot
-        spell or a suppress entry any target vocabulary cannot (service/model/spelling.py), or a
-        suppress entry with nothing to tokenize."""
+        sequences tokenized as the model's target side (its glossary terms are the text's:
+        `part_constraints`). InvalidInput (naming the prefix as `prefix_name`) for a prefix over
+        the limit, a prefix a subword target vocabulary cannot spell or a suppress entry any target
+        vocabulary cannot (service/model/spelling.py), or a suppress entry with nothing to
+        tokenize."""
         prefix: list[int] = []
         if options.target_prefix and options.target_prefix[0].strip():
             # A word vocabulary writes an unknown word as its unknown token, a word it was trained
@@ -393,7 +531,23 @@ class Engine:
         if not texts:
             raise InvalidInput("no texts to translate")
         self.check_options(options, alignment, len(texts))
-        return self.decode_prepared([self.prepare(t) for t in texts], options, alignment)
+        prepared = [self.prepare(t) for t in texts]
+        for i, sentence in enumerate(prepared):
+            self.check_constraints(sentence, options.for_text(i), f"texts[{i}]")
+        return self.decode_prepared(prepared, options, alignment)
+
+    def check_constraints(self, sentence: Prepared, options: SearchOptions, where: str) -> None:
+        """The glossary terms of each part of a sentence are within the limit (InvalidInput
+        naming `where` otherwise), before it is queued."""
+        try:
+            parts = self.part_constraints(sentence, options)
+        except InvalidInput as err:
+            raise InvalidInput(f"{where}: {err}") from err
+        if max(len(p) for p in parts) > self.limits.max_glossary_terms:
+            raise InvalidInput(
+                f"{where}: holds more glossary terms than the limit of "
+                f"{self.limits.max_glossary_terms} a text may have"
+            )
 
     def decode_prepared(
         self, prepared: Sequence[Prepared], options: SearchOptions, alignment: AlignmentMode
@@ -492,6 +646,9 @@ class Engine:
             text, replaced = self.replace_unknowns(request.sentence, hyp)
         if request.alignment == "none":
             hyp = replace(hyp, attention=None)  # kept only for replace_unknowns
+        elif hyp.attention is not None and (request.options.glossary or len(self.glossary)):
+            attention = self.term_rows(request.sentence, request.options, hyp)
+            hyp = replace(hyp, attention=attention)
         token_log_probs = () if hyp.token_log_probs is None else tuple(hyp.token_log_probs.tolist())
         return TranslationHypothesis(
             text=text,
@@ -513,6 +670,35 @@ class Engine:
             token_log_probs=token_log_probs,
             replaced_unknowns=replaced,
         )
+
+    def term_rows(self, sentence: Prepared, options: SearchOptions, hyp: Hypothesis) -> np.ndarray:
+        """hyp's attention (T, S) with each glossary term's rows on its source term's pieces, 1/n
+        each: the search forced the term, so the row that produced it did not choose it."""
+        assert hyp.attention is not None
+        matches = self.glossary_matches(sentence.text, options)
+        normalized = self.normalize(sentence.text)
+        spans = align.word_spans(normalized)  # (W,) the text's whitespace words
+        marks = align.word_index(sentence.pieces)  # (S,) each source piece's word
+        if (
+            not matches
+            or len(marks) != hyp.attention.shape[1]
+            or int(marks.max()) + 1 != len(spans)
+        ):
+            return hyp.attention
+        columns: dict[tuple[int, ...], np.ndarray] = {}  # a term's target → its source pieces
+        for match in matches:
+            words = [w for w, (s, e) in enumerate(spans) if s < match.end and e > match.start]
+            sequence = self.term_tokens(match.term.target)
+            found = columns.get(sequence, np.zeros(len(marks), bool))
+            columns[sequence] = found | np.isin(marks, words)  # (S,) every place it occurs
+        out = hyp.attention.copy()  # (T, S)
+        tokens = list(hyp.tokens)
+        for sequence, where in columns.items():
+            n = len(sequence)
+            for t in range(len(tokens) - n + 1):
+                if tuple(tokens[t : t + n]) == sequence and where.any():
+                    out[t : t + n] = where / where.sum()
+        return out
 
     def replace_unknowns(self, sentence: Prepared, hyp: Hypothesis) -> tuple[str, tuple[int, ...]]:
         """The hypothesis's text with each unknown target token replaced by the source word its
@@ -616,6 +802,15 @@ class Engine:
         )
 
 
+def continuation_pieces(tokenizer: TextTokenizer, word_level: bool) -> np.ndarray | None:
+    """(V,) bool: the target pieces that go on with the word before them (no word start, and a
+    letter or digit first: a comma may follow a word); None for a word-level vocabulary."""
+    if word_level:
+        return None
+    pieces = tokenizer.pieces(list(range(tokenizer.vocab_size)))
+    return np.array([not p.startswith(align.WORD_START) and p[:1].isalnum() for p in pieces], bool)
+
+
 def check_decoding_defaults(bundle: Bundle) -> dict[str, Any]:
     """The manifest's "decoding" defaults, every name a decoding option and every value in its
     range (BundleError naming the manifest otherwise)."""
@@ -701,6 +896,7 @@ class RunningBatch(Generic[KeyT]):
             cfg.eos_id,
             vocab_size=cfg.tgt_vocab_size,
             narrow_on_eos=cfg.toolkit != "native",  # imported models: the toolkit's beam rule
+            continues_word=engine.continues_word,
         )
         self.requests: dict[Hashable, DecodeRequest[KeyT]] = {}
         # segmented sentences: key → each segment's n-best list, None while it decodes
@@ -736,9 +932,7 @@ class RunningBatch(Generic[KeyT]):
                 raise ValueError(
                     f"{len(request.sentence.parts)} segments but {len(rows)} encoded rows"
                 )
-        controls = [
-            self.engine.controls(r.options) for r in requests
-        ]  # InvalidInput before any join
+        controls = [self.part_controls(r) for r in requests]  # InvalidInput before any join
         row = self.decoder.add_sentences([e for rows in encoded for e in rows])
         for request, control in zip(requests, controls, strict=True):
             options = request.options
@@ -748,22 +942,28 @@ class RunningBatch(Generic[KeyT]):
             parts = request.sentence.segments
             if not parts:
                 self.search.add(
-                    request.key, len(request.sentence.ids), options, row, controls=control
+                    request.key, len(request.sentence.ids), options, row, controls=control[0]
                 )
                 row += 1
-            else:  # a prefix, and alternatives after it, belong to the first segment
-                later = replace(control, prefix=(), alternatives=0)
+            else:
                 for k, part in enumerate(parts):
-                    self.search.add(
-                        (request.key, k),
-                        len(part.ids),
-                        options,
-                        row,
-                        controls=later if k else control,
-                    )
+                    self.search.add((request.key, k), len(part.ids), options, row, control[k])
                     row += 1
                 self.segments[request.key] = [None] * len(parts)
             self.requests[request.key] = request
+
+    def part_controls(self, request: DecodeRequest[KeyT]) -> list[Controls]:
+        """The controls of each part of a request's sentence (its segments, or itself): a prefix,
+        and alternatives after it, belong to the first segment; each part has its own glossary
+        terms (the request's target-only ones on the first)."""
+        control = self.engine.controls(request.options)
+        out = []
+        for k, constraints in enumerate(
+            self.engine.part_constraints(request.sentence, request.options)
+        ):
+            part = replace(control, constraints=constraints)
+            out.append(replace(part, prefix=(), alternatives=0) if k else part)
+        return out
 
     def remove(self, keys: Collection[KeyT]) -> list[KeyT]:
         """Drop sentences mid-decode (their client went away); returns the keys that were here."""

@@ -23,6 +23,7 @@ import numpy as np
 from service.decode import links as link_modes
 from service.decode.alignment import Alignment
 from service.decode.beam import StepOutput, compaction_order
+from service.model.markup import INVALID_MARKUP, MARKUP_MODES
 
 Matrices = Literal["both", "none", "subword", "word"]
 MATRICES: tuple[str, ...] = ("both", "none", "subword", "word")
@@ -42,9 +43,18 @@ class AlignOptions:
     links: str = ""  # one of service.decode.links.LINK_MODES; "": the model's default_links
     threshold: float = link_modes.DEFAULT_THRESHOLD  # links "threshold" only
     matrices: Matrices = "both"  # which attention matrices the result keeps
+    markup: str = "none"  # the sources' markup (service/model/markup.py): none, xml or html
+    invalid_markup: str = "refuse"  # markup that does not read: refuse, or text (read as text)
 
     def problems(self) -> list[str]:
         found = []
+        if self.markup not in MARKUP_MODES:
+            found.append(f"markup must be one of {', '.join(MARKUP_MODES)}, got {self.markup!r}")
+        if self.invalid_markup not in INVALID_MARKUP:
+            found.append(
+                f"invalid_markup must be one of {', '.join(INVALID_MARKUP)}, "
+                f"got {self.invalid_markup!r}"
+            )
         if self.links and self.links not in link_modes.LINK_MODES:
             found.append(f"links must be one of {link_modes.LINK_MODES}, got {self.links!r}")
         if not 0 < self.threshold <= 1:
@@ -73,6 +83,7 @@ class AlignedPair:
     unknown_target_tokens: list[int]
     unknown_source_words: list[int]
     unknown_target_words: list[int]
+    tagged_target: str = ""  # with markup: the target with the source's markup put back
 
 
 @dataclass(frozen=True)

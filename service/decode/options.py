@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
+from service.model.markup import INVALID_MARKUP, MARKUP_MODES, protect_problem
 from service.model.spelling import control_problem
 
 
@@ -43,13 +44,38 @@ class Limits(Protocol):
     @property
     def max_suppress(self) -> int: ...
 
+    @property
+    def max_protect(self) -> int: ...
+
+    @property
+    def max_glossary_terms(self) -> int: ...
+
+
+class Terms:
+    """The kind of a repeated (source, target) option: the glossary (a message on the wire)."""
+
+
+TERM_SEPARATOR = "|||"  # the CLIs' "SOURCE ||| TARGET", as the client's Align pairs are written
+
+
+def parse_term(text: str) -> tuple[str, str]:
+    """ "SOURCE ||| TARGET" → (source, target), both stripped; "||| TARGET" is a target-only term."""
+    source, separator, target = text.partition(TERM_SEPARATOR)
+    if not separator:
+        raise argparse.ArgumentTypeError(
+            f"a glossary term is 'SOURCE {TERM_SEPARATOR} TARGET' (or '{TERM_SEPARATOR} TARGET'), "
+            f"got {text!r}"
+        )
+    return source.strip(), target.strip()
+
 
 @dataclass(frozen=True)
 class OptionSpec:
     """One decoding option; its name (filled in from the SearchOptions field) is also its
     DecodingOptions field.
 
-    kind is int, float, bool, str (one of `choices`) or tuple (of strings: a repeated field).
+    kind is int, float, bool, str (one of `choices`), tuple (of strings: a repeated field) or
+    Terms ((source, target) pairs: a repeated message).
     A number must lie in [low, high]; `limit` names the engine limit that caps it further (when
     the limits are known; for a tuple it caps the count), `symmetric` makes the range
     [-limit, limit], and `at_most` names another option it must not exceed.
@@ -189,6 +215,34 @@ class SearchOptions:
         OptionSpec(bool, True, "answer a text the model's memory knows from the memory "
                    "(docs/memory.md)", ("--use-memory",))
     )  # fmt: skip
+    markup: str = option(
+        OptionSpec(str, "none", "the texts' inline markup (docs/markup.md): none, xml or html; "
+                   "tags are taken out, the plain text translated and each tag put back around "
+                   "the words aligned with the words it enclosed", ("--markup",),
+                   choices=MARKUP_MODES)
+    )  # fmt: skip
+    invalid_markup: str = option(
+        OptionSpec(str, "refuse", "markup that does not read: refuse (INVALID_ARGUMENT naming "
+                   "the position) or text (translate the whole text as plain text)",
+                   ("--invalid-markup",), choices=INVALID_MARKUP)
+    )  # fmt: skip
+    glossary: tuple[tuple[str, str], ...] = option(
+        OptionSpec(Terms, (), "terms the translation must use (docs/markup.md): where a source term "
+                   "occurs in a text (after the model's input rule) its target term appears in the "
+                   f"translation; 'SOURCE {TERM_SEPARATOR} TARGET', or '{TERM_SEPARATOR} TARGET' for "
+                   "a target term every translation of the request must contain",
+                   ("--glossary",), limit="max_glossary_terms")
+    )  # fmt: skip
+    use_glossary: bool = option(
+        OptionSpec(bool, True, "apply the model's standing glossary (its bundle's and the "
+                   "server's --glossary-dir file)", ("--use-glossary",))
+    )  # fmt: skip
+    protect: tuple[str, ...] = option(
+        OptionSpec(tuple, (), "spans never given to the model, put back as written: url, email, "
+                   "placeholder ({0} {name} %s %1$d {{ name }}), a delimited span such as ${…}, "
+                   "a literal, or none (unset: url, email and placeholder with markup, nothing "
+                   "without)", ("--protect",), limit="max_protect")
+    )  # fmt: skip
     return_attention: bool = False  # not a request option: set by the engine
 
     def __post_init__(self) -> None:
@@ -219,6 +273,11 @@ class SearchOptions:
         if not self.target_prefix:
             return self
         return replace(self, target_prefix=tuple(self.target_prefix[i] for i in indices))
+
+    @property
+    def marked(self) -> bool:
+        """Whether texts are read for markup or protected spans (service/model/markup.py)."""
+        return self.markup != "none" or (bool(self.protect) and self.protect != ("none",))
 
     def for_text(self, index: int) -> SearchOptions:
         """The options of the index-th text of a request: its own target prefix only."""
@@ -291,6 +350,8 @@ def problem(
         return None
     if spec.kind is tuple:
         return _texts_problem(spec, value, limits)
+    if spec.kind is Terms:
+        return _terms_problem(spec, value, limits)
     low, high = spec.low, spec.high
     if spec.limit and limits is not None:
         high = min(high, getattr(limits, spec.limit))
@@ -335,6 +396,32 @@ def _texts_problem(spec: OptionSpec, value: Any, limits: Limits | None) -> str |
         control = control_problem(text)
         if control is not None:
             return f"{spec.name}[{i}] {control}"
+        if spec.name == "protect":
+            found = protect_problem(i, text)
+            if found:
+                return found
+    return None
+
+
+def _terms_problem(spec: OptionSpec, value: Any, limits: Limits | None) -> str | None:
+    """What is wrong with the glossary's (source, target) pairs."""
+    pairs_ok = isinstance(value, tuple) and all(
+        isinstance(v, tuple) and len(v) == 2 and all(isinstance(x, str) for x in v) for v in value
+    )
+    if not pairs_ok:
+        return f"{spec.name} must be a list of (source, target) pairs of strings, got {value!r}"
+    if spec.limit and limits is not None and len(value) > getattr(limits, spec.limit):
+        return (
+            f"{spec.name} has {len(value)} terms, over the limit of {getattr(limits, spec.limit)}"
+        )
+    for i, (source, target) in enumerate(value):
+        if not target.strip():
+            return f"{spec.name}[{i}] ({source!r}) has no target term"
+        if max(len(source), len(target)) > MAX_OPTION_TEXT_CHARS:
+            return f"{spec.name}[{i}] is over {MAX_OPTION_TEXT_CHARS} characters"
+        control = control_problem(source) or control_problem(target)
+        if control is not None:
+            return f"{spec.name}[{i}] {control}"
     return None
 
 
@@ -358,15 +445,16 @@ def add_option_flags(
     for spec in OPTIONS:
         default = None if defaults is None else getattr(defaults, spec.name)
         shown = unset if defaults is None else "%(default)s"
-        text = f"{spec.help} (default: {shown})"
+        text = f"{spec.help.replace('%', '%%')} (default: {shown})"  # argparse formats %
         if spec.kind is bool:
             group.add_argument(
                 *spec.flags, dest=spec.name, action=argparse.BooleanOptionalAction,
                 default=default, help=text,
             )  # fmt: skip
-        elif spec.kind is tuple:
+        elif spec.kind in (tuple, Terms):
             group.add_argument(
                 *spec.flags, dest=spec.name, action="append", default=None,
+                type=parse_term if spec.kind is Terms else str,
                 help=text + "; repeat the flag for more",
             )  # fmt: skip
         else:

@@ -35,6 +35,7 @@ def consulted(engine: Engine, options: SearchOptions) -> bool:
         and options.use_memory
         and not options.target_prefix
         and not options.return_alternatives
+        and not options.glossary
     )
 
 
@@ -130,7 +131,10 @@ def plan(
     out = Plan()
     use = consulted(engine, options)
     for i, text in enumerate(texts):
-        targets = remembered(engine, text, keep) if use else []
+        # a text the standing glossary has terms for is the model's: it keeps them
+        targets = (
+            remembered(engine, text, keep) if use and not engine.constraints(text, options) else []
+        )
         out.forced += [Forced(i, -1, t, p) for t, p in targets]
         if len(targets) < keep:
             parts = prepared[i].segments

@@ -22,13 +22,16 @@ MANIFEST = "manifest.json"
 REQUIRED_FILES = ("encoder.onnx", "decoder.onnx", "source.model", "target.model")
 # decoder.int8.onnx: the int8 decoder (--int8); link_head.onnx and link_lexicon.json: the link head,
 # a supervised word aligner for Align (service/decode/link_head.py, added by export/link_head.py).
-# memory.tsv(.gz): the model's memory, consulted before it (service/model/memory.py).
+# memory.tsv(.gz): the model's memory, consulted before it (service/model/memory.py);
+# glossary.tsv(.gz): its standing glossary, terms its translations keep (service/model/glossary.py).
 OPTIONAL_FILES = (
     "decoder.int8.onnx",
     "link_head.onnx",
     "link_lexicon.json",
     "memory.tsv",
     "memory.tsv.gz",
+    "glossary.tsv",
+    "glossary.tsv.gz",
 )
 LINK_HEAD_FILES = ("link_head.onnx", "link_lexicon.json")
 # The manifest's "tokenizer" section says how text becomes ids; absent means SentencePiece (every
@@ -107,6 +110,9 @@ class Bundle:
     # The manifest's "memory": a listed (hashed) file of known source → target entries, consulted
     # before the model (service/model/memory.py); None: no memory.
     memory: str | None = None
+    # The manifest's "glossary": a listed (hashed) file of source → target terms the model's
+    # translations keep (service/model/glossary.py); None: no standing glossary.
+    glossary: str | None = None
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -280,11 +286,14 @@ def load_bundle(path: str | Path) -> Bundle:
             raise BundleError(
                 f"{directory / MANIFEST}: has a 'link_head' but does not list {missing}"
             )
-    memory = manifest.get("memory")
-    if memory is not None and (not isinstance(memory, str) or memory not in manifest["files"]):
-        raise BundleError(
-            f"{directory / MANIFEST}: 'memory' must name a file the manifest lists, got {memory!r}"
-        )
+    listed = {}
+    for key in ("memory", "glossary"):
+        name = manifest.get(key)
+        if name is not None and (not isinstance(name, str) or name not in manifest["files"]):
+            raise BundleError(
+                f"{directory / MANIFEST}: '{key}' must name a file the manifest lists, got {name!r}"
+            )
+        listed[key] = name
     decoding = manifest.get("decoding", {})
     if not isinstance(decoding, dict) or not all(
         isinstance(k, str) and _is_option_value(v) for k, v in decoding.items()
@@ -306,7 +315,8 @@ def load_bundle(path: str | Path) -> Bundle:
         confidence_threshold=threshold,
         link_head_thresholds=head_thresholds,
         decoding=dict(decoding),
-        memory=memory,
+        memory=listed["memory"],
+        glossary=listed["glossary"],
     )
 
 

@@ -63,17 +63,20 @@ class Memory:
 EMPTY = Memory()
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, line) of a UTF-8 file (gzip-compressed when it ends in .gz)."""
+def lines(
+    path: Path, error: type[MemoryFileError] = MemoryFileError, kind: str = "memory file"
+) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a UTF-8 file (gzip-compressed when it ends in .gz); `error` (naming
+    the file and line) where it cannot be read (a glossary file is read the same way)."""
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except OSError as err:
-        raise MemoryFileError(f"{path}: cannot read the memory file: {err}") from err
+        raise error(f"{path}: cannot read the {kind}: {err}") from err
     for number, line in enumerate(raw.split(b"\n"), 1):
         try:
             yield number, line.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError as err:
-            raise MemoryFileError(f"{path}:{number}: not UTF-8 ({err.reason})") from err
+            raise error(f"{path}:{number}: not UTF-8 ({err.reason})") from err
 
 
 def read_memory(path: Path, normalize: Normalize, check: Check) -> Memory:
@@ -82,7 +85,7 @@ def read_memory(path: Path, normalize: Normalize, check: Check) -> Memory:
     line that does not parse raises MemoryFileError naming the file and line."""
     entries: dict[str, list[str]] = {}
     refused: list[str] = []
-    for number, line in _lines(path):
+    for number, line in lines(path):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         source, tab, target = line.partition("\t")

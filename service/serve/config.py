@@ -16,7 +16,7 @@ from dataclasses import Field, dataclass, fields
 from typing import Any
 
 from service.decode.config import EngineLimits, RuntimeConfig, setting
-from service.decode.options import SearchOptions
+from service.decode.options import SearchOptions, Terms
 from service.serve.scheduler import BatchingConfig
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -63,6 +63,11 @@ class ServerConfig:
         "",
         "a folder of memory files, DIR/<model name>.tsv: source<TAB>target entries answered before "
         "the model, over the bundle's own (docs/memory.md); re-read on reload",
+    )
+    glossary_dir: str = setting(
+        "",
+        "a folder of glossary files, DIR/<model name>.tsv: source<TAB>target terms every "
+        "translation of that model keeps, over the bundle's own (docs/markup.md); re-read on reload",
     )
     version_policy: str = setting(
         "latest", "which versions of each model to serve", ("latest", "all")
@@ -177,8 +182,12 @@ FORMER_NAMES: dict[str, str] = {
 
 def settable_fields(cls: type) -> list[Field[Any]]:
     """The fields of a section that flags and the environment set (SearchOptions: its options)."""
-    if cls is SearchOptions:
-        return [f for f in fields(cls) if "option" in f.metadata]
+    if cls is SearchOptions:  # a glossary is the model's (--glossary-dir), not a server default
+        return [
+            f
+            for f in fields(cls)
+            if "option" in f.metadata and f.metadata["option"].kind is not Terms
+        ]
     return list(fields(cls))
 
 
@@ -222,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
             default = f.default
             shown = ",".join(default) if isinstance(default, tuple) else default
             text, choices = field_help(f)
+            text = text.replace("%", "%%")  # argparse formats help with %
             if choices:
                 text += f"; one of {', '.join(choices)}"
             flag = "--" + name.replace("_", "-")

@@ -24,7 +24,14 @@ from service.decode.alignment import Alignment
 from service.decode.errors import InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions, Matrices, default_links
 from service.decode.links import DEFAULT_THRESHOLD
-from service.decode.options import OPTIONS, SearchOptions, merge_options, problems
+from service.decode.options import (
+    OPTIONS,
+    TERM_SEPARATOR,
+    SearchOptions,
+    Terms,
+    merge_options,
+    problems,
+)
 
 if TYPE_CHECKING:  # the client imports this module: keep onnxruntime out of its imports
     from service.decode.engine import AlignmentMode, Engine, Prepared, Translation
@@ -161,6 +168,9 @@ def parse_options(
         if spec.kind is tuple:  # a repeated field: empty is unset
             if getattr(o, spec.name):
                 given[spec.name] = tuple(getattr(o, spec.name))
+        elif spec.kind is Terms:  # repeated GlossaryTerm
+            if getattr(o, spec.name):
+                given[spec.name] = tuple((t.source, t.target) for t in getattr(o, spec.name))
         elif o.HasField(spec.name):
             given[spec.name] = spec.kind(getattr(o, spec.name))
     values = merge_options(default_options(settings, model_defaults), given)
@@ -294,6 +304,8 @@ def parse_align_request(request: pb.AlignRequest, settings: Settings) -> ParsedA
         links=LINKS_FROM_PB[o.links] or "",  # "": the model's default (aligner.resolve_links)
         threshold=o.threshold if o.HasField("threshold") else DEFAULT_THRESHOLD,
         matrices=MATRICES_FROM_PB[o.alignment],
+        markup=o.markup if o.HasField("markup") else "none",
+        invalid_markup=o.invalid_markup if o.HasField("invalid_markup") else "refuse",
     )
     found = options.problems()
     if found:
@@ -347,6 +359,7 @@ def aligned_pair_to_pb(a: AlignedPair) -> pb.PairAlignment:
         unknown_target_tokens=a.unknown_target_tokens,
         unknown_source_words=a.unknown_source_words,
         unknown_target_words=a.unknown_target_words,
+        tagged_target=a.tagged_target,
     )
     if a.subword is not None:
         out.subword.CopyFrom(alignment_to_pb(a.subword))
@@ -372,6 +385,7 @@ def translation_to_pb(t: Translation) -> pb.Translation:
             token_log_probs=h.token_log_probs,
             replaced_unknowns=h.replaced_unknowns,
             origin=ORIGINS[h.origin],
+            plain_text=h.plain_text,
         )
         if h.alignment is not None:
             hyp.alignment.CopyFrom(alignment_to_pb(h.alignment))
@@ -402,6 +416,9 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
             max_ngram_size=limits.max_ngram_size,
             max_alternatives=limits.max_alternatives,
             max_suppress=limits.max_suppress,
+            max_protect=limits.max_protect,
+            max_glossary_terms=limits.max_glossary_terms,
+            max_term_tokens=limits.max_term_tokens,
         ),
         defaults=pb.DecodingOptions(
             **default_options(settings, engine.decoding_defaults),
@@ -416,6 +433,7 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
         description=model_description(engine.bundle.info),
         default_link_mode=default_link_mode(engine),  # type: ignore[arg-type]
         links_source=links_source(engine.bundle.info) if engine.link_head is not None else "",
+        glossary_terms=len(engine.glossary),
     )
 
 
@@ -455,6 +473,7 @@ class ClientHypothesis:
     alternative: ClientAlternative | None = None  # with return_alternatives
     replaced_unknowns: tuple[int, ...] = ()  # tokens replaced by a source word (replace_unknowns)
     origin: str = "model"  # "memory": the model's memory answered it
+    plain_text: str = ""  # with markup: the translation without it (`text` has the markup)
 
 
 @dataclass(frozen=True)
@@ -495,9 +514,27 @@ def decoding_options_to_pb(alignment: str = "none", **options: Any) -> pb.Decodi
             if isinstance(value, str):
                 raise TypeError(f"{name} takes a list of strings, got a string")
             getattr(message, name).extend(value)
+        elif kinds[name] is Terms:  # (source, target) pairs, or "SOURCE ||| TARGET" strings
+            getattr(message, name).extend(glossary_term(term) for term in value)
         else:
             setattr(message, name, value)
     return message
+
+
+def glossary_term(term: Any) -> pb.GlossaryTerm:
+    """A glossary term from a (source, target) pair, a {"source", "target"} dict or a
+    "SOURCE ||| TARGET" string."""
+    if isinstance(term, str):
+        source, separator, target = term.partition(TERM_SEPARATOR)
+        if not separator:
+            raise ValueError(
+                f"a glossary term string is 'SOURCE {TERM_SEPARATOR} TARGET', got {term!r}"
+            )
+        return pb.GlossaryTerm(source=source.strip(), target=target.strip())
+    if isinstance(term, dict):
+        return pb.GlossaryTerm(source=term.get("source", ""), target=term.get("target", ""))
+    source, target = term
+    return pb.GlossaryTerm(source=source, target=target)
 
 
 def alignment_from_pb(message: pb.Alignment) -> ClientAlignment | None:
@@ -535,6 +572,7 @@ def hypothesis_from_pb(message: pb.Hypothesis) -> ClientHypothesis:
         else None,
         replaced_unknowns=tuple(message.replaced_unknowns),
         origin={v: k for k, v in ORIGINS.items()}.get(message.origin, "model"),
+        plain_text=message.plain_text,
     )
 
 
@@ -547,10 +585,14 @@ def translation_from_pb(message: pb.Translation, source: str = "") -> ClientTran
 
 
 def align_options_to_pb(
-    links: str | None = None, threshold: float | None = None, matrices: str = "both"
+    links: str | None = None,
+    threshold: float | None = None,
+    matrices: str = "both",
+    markup: str | None = None,
+    invalid_markup: str | None = None,
 ) -> pb.AlignOptions:
     """AlignOptions: links one of service/decode/links.py's LINK_MODES (None: the server's
-    default), matrices one of both, none, subword, word."""
+    default), matrices one of both, none, subword, word; markup none, xml or html (None: none)."""
     if links is not None and links not in LINK_MODES_PB:
         raise ValueError(f"links must be one of {tuple(LINK_MODES_PB)}, got {links!r}")
     if matrices not in MATRICES_PB:
@@ -560,6 +602,10 @@ def align_options_to_pb(
         message.links = LINK_MODES_PB[links]  # type: ignore[assignment]
     if threshold is not None:
         message.threshold = threshold
+    if markup is not None:
+        message.markup = markup
+    if invalid_markup is not None:
+        message.invalid_markup = invalid_markup
     return message
 
 
@@ -583,6 +629,7 @@ def aligned_pair_from_pb(message: pb.PairAlignment) -> AlignedPair:
         unknown_target_tokens=list(message.unknown_target_tokens),
         unknown_source_words=list(message.unknown_source_words),
         unknown_target_words=list(message.unknown_target_words),
+        tagged_target=message.tagged_target,
     )
 
 

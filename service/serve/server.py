@@ -39,7 +39,7 @@ from service.decode.engine import Engine
 from service.decode.errors import ModelNotFound, NotReady
 from service.decode.providers import require_provider
 from service.model.embedded import resolve_bundle, resolve_repository
-from service.serve import memory_files
+from service.serve import glossary_files, memory_files
 from service.serve.config import Settings, VersionPolicy, load_settings
 from service.serve.http_api import HttpFace
 from service.serve.logs import configure_logging
@@ -300,6 +300,9 @@ class Running:
         await loop.run_in_executor(
             None, memory_files.refresh, engines, self.settings.server.memory_dir
         )
+        await loop.run_in_executor(
+            None, glossary_files.refresh, engines, self.settings.server.glossary_dir
+        )
         self.metrics.reloaded()
         await self.set_model_health()
         log.info(
@@ -376,6 +379,7 @@ def build_repository(settings: Settings, metrics: Metrics) -> Repository:
     def load(path: Path) -> Engine:
         engine = Engine.load(path, settings.runtime, settings.limits)
         memory_files.attach(engine, s.memory_dir)  # a file that does not parse refuses it
+        glossary_files.attach(engine, s.glossary_dir)
         if s.warmup:
             warm_up(engine)
         return engine

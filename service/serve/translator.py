@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from proto.translation.v1 import translation_pb2 as pb
-from service.decode import recall
+from service.decode import marked, recall
 from service.decode.aligner import PreparedPair, check_aligner, prepare_pair
 from service.decode.engine import AlignmentMode, Engine, Prepared, Translation
 from service.decode.errors import InvalidInput, NotReady
@@ -113,12 +113,15 @@ class TranslatorCore:
         trace.set(texts=len(parsed.texts), input_chars=sum(len(t) for t in parsed.texts))
         trace.texts("input.texts", parsed.texts)
         engine.check_options(parsed.options, parsed.alignment, len(parsed.texts))
+        marks = marked.read_texts(parsed.texts, parsed.options)  # the model reads the plain text
+        texts = [m.plain for m in marks]
         prepared = []
-        for i, text in enumerate(parsed.texts):
+        for i, text in enumerate(texts):
             try:
                 prepared.append(engine.prepare(text))
             except InvalidInput as err:
                 raise InvalidInput(f"texts[{i}]: {err}") from err
+            engine.check_constraints(prepared[-1], parsed.options.for_text(i), f"texts[{i}]")
         check_response_bound(
             [input_shape(p) for p in prepared],
             parsed.options,
@@ -131,8 +134,18 @@ class TranslatorCore:
             input_tokens=sum(len(p.ids) for p in prepared), beam_size=parsed.options.beam_size
         )
         results = await self.translate_with_memory(
-            model, parsed.texts, prepared, parsed.options, parsed.alignment, request_id, deadline
+            model,
+            texts,
+            prepared,
+            parsed.options,
+            marked.decode_alignment(engine, parsed.options, parsed.alignment),
+            request_id,
+            deadline,
         )
+        if parsed.options.marked:  # the link head's encoder and graph calls: off the event loop
+            results = await asyncio.to_thread(
+                marked.restore, engine, marks, results, parsed.alignment
+            )
         self.metrics.add_low_confidence(
             sum(1 for t in results if t.hypotheses and t.hypotheses[0].low_confidence)
         )
@@ -176,10 +189,13 @@ class TranslatorCore:
         pairs: list[PreparedPair] = []
         for i, (source, target) in enumerate(parsed.pairs):
             try:
-                pairs.append(prepare_pair(engine, source, target))
+                pairs.append(prepare_pair(engine, source, target, parsed.options))
             except InvalidInput as err:
                 raise InvalidInput(f"pairs[{i}]: {err}") from err
-        self.check_align_bound(pairs, engine.max_piece_bytes, parsed.pairs)
+        bound_texts = parsed.pairs
+        if parsed.options.markup != "none":  # the tagged target: the target and the markup again
+            bound_texts = [(s + s, t + t) for s, t in parsed.pairs]
+        self.check_align_bound(pairs, engine.max_piece_bytes, bound_texts)
         deadline = None if remaining is None else self.worker.clock() + remaining
         results = await self.run_job(
             lambda done: Job.align(request_id, pairs, parsed.options, done, deadline, model)

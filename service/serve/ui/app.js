@@ -159,6 +159,7 @@ function readHash() {
   if (p.has("beam")) $("beam").value = p.get("beam");
   if (p.has("nbest")) $("nbest").value = p.get("nbest");
   $("prefix").value = p.get("prefix") || "";
+  $("markup").value = ["xml", "html"].includes(p.get("markup")) ? p.get("markup") : "none";
   if (p.has("alignment") && ALIGNMENT[p.get("alignment")]) $("alignment").value = p.get("alignment");
   // A link without model= (or naming a model not served) means the server's default model.
   const named = p.get("model");
@@ -171,6 +172,7 @@ function writeHash() {
     alignment: $("alignment").value, model: $("model").value,
   });
   if ($("prefix").value) p.set("prefix", $("prefix").value);
+  if ($("markup").value !== "none") p.set("markup", $("markup").value);
   history.replaceState(null, "", `#${p.toString()}`);
 }
 
@@ -187,6 +189,7 @@ function buildRequest() {
   };
   const prefix = $("prefix").value;
   if (prefix.trim() !== "") request.options.target_prefix = texts.map(() => prefix);
+  if ($("markup").value !== "none") request.options.markup = $("markup").value;
   if (state.listed) {
     const m = state.models.find((x) => x.name === $("model").value);
     if (m) request.model = { name: m.name, version: m.version };
@@ -288,7 +291,7 @@ function hypothesisCard(h, ti, hi) {
   card.dataset.rank = hi;
   const head = el("div", "hyp-head");
   head.append(el("span", "badge", `#${hi + 1}`));
-  head.append(el("span", "hyp-text", h.text));
+  head.append(h.plain_text ? taggedText(h.text, "hyp-text tagged") : el("span", "hyp-text", h.text));
   head.append(el("span", "badge score", `score ${Number(h.score || 0).toFixed(3)}`));
   const conf = el("span", h.low_confidence ? "badge confidence low" : "badge confidence", `confidence ${confidence(h).toFixed(3)}${h.low_confidence ? " (low)" : ""}`);
   conf.title = h.low_confidence
@@ -305,6 +308,7 @@ function hypothesisCard(h, ti, hi) {
     head.append(origin);
   }
   card.append(head);
+  if (h.plain_text) card.append(el("p", "muted plain-text", `plain text (the heatmap's): ${h.plain_text}`));
   if (h.low_confidence) {
     card.classList.add("low-confidence");
     const info = state.infos[state.shownModel] || {};
@@ -530,6 +534,18 @@ async function start() {
 
 document.addEventListener("DOMContentLoaded", start);
 
+// --- markup: an answer with its tags, drawn as text (never parsed as HTML) -----------------------
+function taggedText(text, cls) {
+  const span = el("span", cls);
+  span.dataset.text = text;
+  // tags and comments highlighted; everything else is the translation's own text
+  for (const part of text.split(/(<[^<>]*>)/)) {
+    if (part === "") continue;
+    span.append(part.startsWith("<") && part.endsWith(">") ? el("span", "tag", part) : document.createTextNode(part));
+  }
+  return span;
+}
+
 // --- forced alignment (Align) ----------------------------------------------------------------------
 // Its own form and results below the translations: (source, target) pairs teacher-forced by the
 // server, drawn with the same heatmap and links as a translation.
@@ -549,6 +565,7 @@ function buildAlignRequest() {
   const pairs = Array.from({ length: n }, (_, i) => ({ source: sources[i] || "", target: targets[i] || "" }));
   const options = { alignment: $("align-level").value === "word" ? "ALIGNMENT_MODE_WORD" : "ALIGNMENT_MODE_SUBWORD" };
   if ($("align-links").value) options.links = $("align-links").value;
+  if ($("align-markup").value !== "none") options.markup = $("align-markup").value;
   const request = { pairs, options };
   if (state.listed) {
     const m = state.models.find((x) => x.name === $("model").value);
@@ -599,6 +616,11 @@ function alignCard(a, pair, i) {
   ];
   if (unknown.length) head.append(el("span", "badge unknown", `unknown to the vocabulary: ${unknown.join(" ")}`));
   card.append(head);
+  if (a.tagged_target) {
+    const tagged = el("p", "tagged-target", "with the source's markup: ");
+    tagged.append(taggedText(a.tagged_target, "hyp-text tagged"));
+    card.append(tagged);
+  }
   card.append(el("p", "muted pharaoh", `links: ${a.pharaoh || "(none)"}`));
   const m = a.word && a.word.rows ? a.word : a.subword;
   if (!m || !m.rows || !m.cols) return card;
