@@ -30,14 +30,13 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
+from benchmarks.gpu import PROVIDERS
 from benchmarks.sample_texts import bundle_texts
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.options import SearchOptions
-from service.decode.providers import CPU, CUDA
+from service.decode.providers import CUDA
 from service.decode.runtime import decoder_graph, make_session
-
-PROVIDERS = {"cpu": (CPU,), "cuda": (CUDA, CPU)}
 
 
 @dataclass

@@ -21,9 +21,7 @@ import json
 import multiprocessing
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.sample_texts import bundle_texts
+from loadtest.harness import LocalServer, RunFailed, tail
 
 REPO = Path(__file__).resolve().parent.parent
 PROVIDER_FLAGS = {
@@ -45,47 +44,6 @@ PROVIDER_FLAGS = {
     ],
     "cpu": ["--providers", "CPUExecutionProvider"],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(
-    bundle: Path, provider: str, port: int, extra: Sequence[str], log: Path
-) -> subprocess.Popen[bytes]:
-    argv = [
-        sys.executable, "-m", "service.serve.server", "--bundle", str(bundle),
-        "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
-        "--http-port", "-1", "--log-level", "WARNING", *PROVIDER_FLAGS[provider], *extra,
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
-    with log.open("wb") as out:
-        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-
-def wait_until_serving(
-    target: str, text: str, process: subprocess.Popen[bytes], timeout_s: float
-) -> None:
-    import grpc
-
-    from proto.translation.v1 import translation_pb2 as pb
-    from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(target) as channel:
-        stub = pb_grpc.TranslatorStub(channel)
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"the server exited with {process.returncode}")
-            try:
-                stub.Translate(pb.TranslateRequest(texts=[text]), timeout=10)
-                return
-            except grpc.RpcError:
-                time.sleep(0.5)
-    raise RuntimeError(f"the server did not answer within {timeout_s:.0f} s")
 
 
 def client_process(
@@ -202,33 +160,35 @@ def measure(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     texts = bundle_texts(args.bundle)
     report: dict[str, Any] = {"bundle": str(args.bundle), "rows": [], "errors": {}}
+    # the flags alone configure the servers, not S2S_ variables of this process
+    env = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
     for provider in args.providers:
-        port = free_port()
-        target = f"127.0.0.1:{port}"
         extra = list(args.server_args.get(provider, []))
-        log = Path(tempfile.mkdtemp(prefix="served-")) / f"server-{provider}.log"
-        server = start_server(args.bundle, provider, port, extra, log)
+        flags = ["--http-port", "-1", "--log-level", "WARNING", *PROVIDER_FLAGS[provider], *extra]
+        out = Path(tempfile.mkdtemp(prefix=f"served-{provider}-"))
+        started = time.monotonic()
         try:
-            started = time.monotonic()
-            wait_until_serving(target, texts[0], server, args.start_timeout_s)
-            ready_s = time.monotonic() - started
+            server = LocalServer.start(
+                str(args.bundle), "iteration", out, args.start_timeout_s, extra=flags, env=env
+            )
+        except RunFailed as err:
+            report["errors"][provider] = f"RunFailed: {err}"
+            print(f"{provider}: failed: {err}")
+            continue
+        ready_s = time.monotonic() - started
+        try:
             for users in args.users:
                 row = measure(
-                    target, texts, users, args.client_processes, args.warmup_s, args.seconds
+                    server.target, texts, users, args.client_processes, args.warmup_s, args.seconds
                 )
                 row.update(provider=provider, server_args=extra, ready_s=round(ready_s, 1))
                 report["rows"].append(row)
                 print(json.dumps(row))
         except Exception as err:
-            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-            report["errors"][provider] = f"{type(err).__name__}: {err}\n{tail}"
-            print(f"{provider}: failed: {err}\n{tail}")
+            report["errors"][provider] = f"{type(err).__name__}: {err}\n{tail(server.log, 20)}"
+            print(f"{provider}: failed: {report['errors'][provider]}")
         finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            server.stop()
     add_ratios(report["rows"])
     return report
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,19 +84,29 @@ class LocalServer:
 
     @classmethod
     def start(
-        cls, bundle: str, policy: str, out: Path, ready_timeout_s: float, models: str = ""
+        cls,
+        bundle: str,
+        policy: str,
+        out: Path,
+        ready_timeout_s: float,
+        models: str = "",
+        extra: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> LocalServer:
-        """Serve one bundle, or with `models` a model repository folder (service/serve/repository.py)."""
+        """Serve one bundle, or with `models` a model repository folder (service/serve/repository.py);
+        `extra`: more server flags; `env`: the server's environment (default: this process's)."""
         port, metrics_port = free_port(), free_port()
         log = out / "server.log"
         source = ["--models", models] if models else ["--bundle", bundle]
         command = [
             sys.executable, "-m", "service.serve.server", *source, "--policy", policy,
             "--host", "127.0.0.1", "--port", str(port),
-            "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
+            "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), *extra,
         ]  # fmt: skip
         with open(log, "wb") as f:
-            process = subprocess.Popen(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env
+            )
         server = cls(process, f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", log)
         deadline = time.monotonic() + ready_timeout_s
         while not is_serving(server.target):

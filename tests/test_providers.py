@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from loadtest.harness import free_port
 from service.decode import providers
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
@@ -172,11 +173,3 @@ def test_a_server_that_requires_cuda_serves_on_it_and_model_info_says_so(tmp_pat
     finally:
         process.terminate()
         process.wait(30)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

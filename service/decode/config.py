@@ -9,6 +9,7 @@ from typing import Any
 
 CUDA_ARENA_EXTEND: tuple[str, ...] = ("kSameAsRequested", "kNextPowerOfTwo")
 ROW_OPS: tuple[str, ...] = ("auto", "graph", "host")
+REQUIRE_PROVIDER: tuple[str, ...] = ("", "cuda")  # --require-provider's values ("": none)
 
 
 def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
@@ -29,7 +30,7 @@ class RuntimeConfig:
         "",
         "refuse to start (and to load a model) unless this provider loads: cuda; empty = fall "
         "back to the next provider, with a warning",
-        ("", "cuda"),
+        REQUIRE_PROVIDER,
     )
     device_id: int = setting(0, "the GPU used by the CUDA provider")
     intra_op_threads: int = setting(
@@ -72,7 +73,7 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if not self.providers:
             raise ValueError("providers must name at least one execution provider")
-        if self.require_provider not in ("", "cuda"):
+        if self.require_provider not in REQUIRE_PROVIDER:
             raise ValueError(
                 f"require_provider must be 'cuda' or empty, got {self.require_provider!r}"
             )
