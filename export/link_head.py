@@ -45,7 +45,7 @@ from export.data.parallel import (
 from export.metrics.aer import parse_pharaoh as parse_links
 from export.metrics.aer import score_corpus
 from export.onnx.link_head import export_link_head, parity_error
-from export.train.link_head import Example, LinkHeadConfig, fit, jackknife_features, predict
+from export.train.link_head import Example, LinkHeadConfig, fit_members, predict
 from export.train.teacher import (
     AlignmentConfig,
     directional_paths,
@@ -196,12 +196,13 @@ def train_link_head(
     if head_cfg.labels == "agreement":
         for e, cells in zip(train, unlabeled, strict=True):
             e.unlabeled = cells
-    jackknife_features(train, head_cfg.seed)
     lexicon = Lexicon.from_links((e.src_words, e.tgt_words, e.gold) for e in train)
     for e in dev:
         e.features = lexicon.features(e.src_words, e.tgt_words)
     cfg = engine.cfg
-    net, history = fit(head_cfg, train, dev, dev_aer, cfg.src_vocab_size, cfg.tgt_vocab_size)
+    net, histories = fit_members(
+        head_cfg, train, dev, dev_aer, cfg.src_vocab_size, cfg.tgt_vocab_size
+    )
     logits = predict(net, dev)
     thresholds, best_aer = best_thresholds(logits, dev)
     export_link_head(net, dev[0], bundle / GRAPH)
@@ -222,7 +223,11 @@ def train_link_head(
         "minutes": round((time.monotonic() - start) / 60, 1),
         "links_source": source or recorded_source(corpus_cfg.splits["train"].alignments),
         "labels": head_cfg.labels,
-        "history": history,
+        "passes": head_cfg.passes,
+        "span_loss": head_cfg.span_loss,
+        "members": head_cfg.members,
+        "member_dev_aer": [round(min(e["dev_aer"] for e in h), 4) for h in histories],
+        "history": histories[0] if len(histories) == 1 else histories,
     }
     add_files(
         bundle,

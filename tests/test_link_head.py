@@ -21,7 +21,15 @@ from export import link_head as link_head_cli
 from export import pipeline
 from export.onnx.link_head import example_inputs, export_link_head, parity_error
 from export.onnx.to_onnx import export_bundle
-from export.train.link_head import Example, LinkHeadConfig, LinkHeadNet, predict
+from export.train.link_head import (
+    Example,
+    LinkHeadConfig,
+    LinkHeadEnsemble,
+    LinkHeadNet,
+    link_loss,
+    predict,
+    span_loss,
+)
 from proto.translation.v1 import translation_pb2 as pb
 from service.decode.aligner import align
 from service.decode.config import RuntimeConfig
@@ -30,6 +38,7 @@ from service.decode.errors import InvalidInput
 from service.decode.forced import AlignOptions
 from service.decode.lexicon import NUM_FEATURES, Lexicon, normalize
 from service.decode.link_head import head_links
+from service.decode.projection import head_weights
 from service.model.bundle import BundleError, load_bundle
 from service.serve.config import load_settings
 from service.serve.protocol import default_link_mode, parse_align_request
@@ -112,12 +121,16 @@ def random_example(rng: np.random.Generator, S_w: int, T_w: int) -> Example:
     )
 
 
-def test_graph_equals_the_module_for_pairs_of_different_lengths(tmp_path: Path) -> None:
-    """The module scores padded batches; the graph one pair at a time: the same logits."""
+@pytest.mark.parametrize("passes", [1, 2])
+def test_graph_equals_the_module_for_pairs_of_different_lengths(
+    tmp_path: Path, passes: int
+) -> None:
+    """The module scores padded batches; the graph one pair at a time: the same logits (the
+    second pass's softmaxes must not read the padding either)."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     examples = [random_example(rng, s, t) for s, t in ((7, 9), (2, 3), (5, 1), (1, 6))]
-    cfg = LinkHeadConfig(emb_dim=8, hidden=8, attn_dim=8, refine_channels=4)
+    cfg = LinkHeadConfig(emb_dim=8, hidden=8, attn_dim=8, refine_channels=4, passes=passes)
     net = LinkHeadNet(cfg, state_dim=12, src_vocab=30, tgt_vocab=30).eval()
     path = export_link_head(net, examples[0], tmp_path / "head.onnx")
     assert parity_error(net, path, examples) < 1e-5
@@ -129,6 +142,74 @@ def test_graph_equals_the_module_for_pairs_of_different_lengths(tmp_path: Path) 
             assert np.allclose(alone.numpy(), logits, atol=1e-5)
 
 
+def test_an_ensemble_graph_is_the_mean_of_its_members(tmp_path: Path) -> None:
+    """Members' scores averaged in one graph with the one-head contract, padded or not."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(1)
+    examples = [random_example(rng, s, t) for s, t in ((4, 6), (2, 2), (6, 3))]
+    cfg = LinkHeadConfig(emb_dim=8, hidden=8, attn_dim=8, refine_channels=4, passes=2)
+    members = [LinkHeadNet(cfg, state_dim=12, src_vocab=30, tgt_vocab=30).eval() for _ in "ab"]
+    ensemble = LinkHeadEnsemble(members).eval()
+    path = export_link_head(ensemble, examples[0], tmp_path / "head.onnx")
+    assert parity_error(ensemble, path, examples) < 1e-5
+    alone = [predict(m, examples) for m in members]
+    for i, logits in enumerate(predict(ensemble, examples)):
+        assert np.allclose(logits, (alone[0][i] + alone[1][i]) / 2, atol=1e-6)
+        assert not np.allclose(alone[0][i], alone[1][i])  # two different heads
+
+
+def test_span_loss_asks_whether_a_word_is_mostly_inside_each_span() -> None:
+    """By hand, one pair of 2 target × 3 source words whose scores put target word 0 on source
+    word 0 and target word 1 on source word 2: the projection weights are then near one-hot,
+    so the loss is small against those links and large against links that disagree with them;
+    padding (a second, shorter pair) changes nothing."""
+    logits = torch.tensor([[[9.0, -9.0, -9.0], [-9.0, -9.0, 9.0]]])  # (1, T=2, S=3)
+    valid = torch.ones(1, 2, 3, dtype=torch.bool)
+    agree = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]])
+    disagree = torch.tensor([[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]])
+    low = float(span_loss(logits, agree, valid))
+    high = float(span_loss(logits, disagree, valid))
+    assert low < 0.01 < 5.0 < high
+    # an unlinked target word is not asked about
+    half = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]])
+    assert float(span_loss(logits, half, valid)) < 0.01
+    padded = torch.cat([logits, torch.zeros(1, 2, 3)])  # (2, 2, 3): pair 2 is 1 × 1
+    pad_valid = torch.zeros(2, 2, 3, dtype=torch.bool)
+    pad_valid[0], pad_valid[1, 0, 0] = True, True
+    pad_gold = torch.cat([agree, torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]])])
+    assert float(span_loss(padded, pad_gold, pad_valid)) < 0.01
+
+
+def test_span_loss_trains_the_weights_toward_the_spans() -> None:
+    """A few gradient steps on free logits against links that one target word shares between two
+    source words lower the span loss and leave that word more than half inside both 1-word spans'
+    union, as the projection reads it."""
+    torch.manual_seed(0)
+    logits = torch.zeros(1, 3, 4, requires_grad=True)
+    gold = torch.zeros(1, 3, 4)
+    gold[0, 0, 0] = gold[0, 1, 1] = gold[0, 1, 2] = gold[0, 2, 3] = 1.0
+    valid = torch.ones(1, 3, 4, dtype=torch.bool)
+    optimizer = torch.optim.Adam([logits], lr=0.1)
+    before = float(span_loss(logits.detach(), gold, valid))
+    for _ in range(200):
+        optimizer.zero_grad()
+        loss = link_loss(logits, gold, valid, span_weight=2.0)
+        loss.backward()
+        optimizer.step()
+    assert float(span_loss(logits.detach(), gold, valid)) < before / 4
+    weights = head_weights(logits.detach()[0].numpy())
+    assert weights[1, 1:3].sum() > 0.5 and weights[1, 0] < 0.5 and weights[1, 3] < 0.5
+
+
+def test_config_refuses_bad_passes_span_loss_and_members() -> None:
+    with pytest.raises(ValueError, match="passes must be 1 or 2"):
+        LinkHeadConfig.from_dict({"passes": 3})
+    with pytest.raises(ValueError, match="span_loss must be >= 0"):
+        LinkHeadConfig.from_dict({"span_loss": -1.0})
+    with pytest.raises(ValueError, match="members and workers must be >= 1"):
+        LinkHeadConfig.from_dict({"members": 0})
+
+
 # --- trained through s2s-train, served -------------------------------------------------------------
 
 
@@ -136,7 +217,11 @@ def test_graph_equals_the_module_for_pairs_of_different_lengths(tmp_path: Path) 
 def toy_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("toy-head")
     config = toy_config(folder, steps=120)
-    config.write_text(config.read_text() + "\n[link_head]\nepochs = 6\nhidden = 32\n")
+    config.write_text(
+        config.read_text()
+        + "\n[link_head]\nepochs = 6\nhidden = 32\npasses = 2\nspan_loss = 2.0\n"
+        + "members = 2\nworkers = 2\n"
+    )
     assert pipeline.main(["--config", str(config), "--out", str(folder / "run")]) == 0
     return folder / "run"
 
@@ -153,8 +238,11 @@ def test_pipeline_adds_a_head_that_the_server_uses_by_default(toy_head: Path) ->
     assert figures["served_dev_aer"] == pytest.approx(figures["dev_aer"], abs=1e-4)
     # the toy language pairs every content word with one word: the head learns it
     assert figures["dev_aer"] < 0.15
+    assert (figures["passes"], figures["span_loss"], figures["members"]) == (2, 2.0, 2)
+    assert len(figures["member_dev_aer"]) == 2 and len(figures["history"]) == 2
     bundle = load_bundle(toy_head / "bundle")
     assert bundle.has_link_head
+    assert bundle.info["link_head"]["passes"] == 2  # the manifest says how the head was trained
     engine = Engine.load(toy_head / "bundle", CPU)
     assert engine.link_head is not None
     assert default_link_mode(engine) == pb.LINK_MODE_HEAD  # what ModelInfo tells clients

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
+from torch import nn
 
 from export.onnx.to_onnx import OPSET
-from export.train.link_head import Example, LinkHeadNet, predict
+from export.train.link_head import Example, predict
 from service.decode import link_head as contract
 
 AXES = {
@@ -38,7 +39,7 @@ def example_inputs(example: Example) -> dict[str, np.ndarray]:
     )
 
 
-def export_link_head(net: LinkHeadNet, sample: Example, path: Path) -> Path:
+def export_link_head(net: nn.Module, sample: Example, path: Path) -> Path:
     """Write the graph for one pair per call, sentence lengths dynamic."""
     inputs = tuple(torch.from_numpy(a) for a in example_inputs(sample).values())
     with warnings.catch_warnings():
@@ -56,7 +57,7 @@ def export_link_head(net: LinkHeadNet, sample: Example, path: Path) -> Path:
     return path
 
 
-def parity_error(net: LinkHeadNet, path: Path, examples: Sequence[Example]) -> float:
+def parity_error(net: nn.Module, path: Path, examples: Sequence[Example]) -> float:
     """The largest |logit difference| between the graph (one pair per call) and the module
     (batched, padded) over `examples`."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -5,21 +5,30 @@ once per sentence through the bundle's own graph (the served computation), and o
 weights learn. The loss per pair, over the (target word, source word) cells:
 - cross-entropy of each linked target word's row softmax against its gold links (uniform over them),
 - the same per column (each linked source word over the target words),
-- binary cross-entropy of every cell against link / no link.
+- binary cross-entropy of every cell against link / no link,
+- with `span_loss` > 0, the question markup asks of the links (service/decode/projection.py):
+  for every source span of 1-3 words and every linked target word, is the share of the word's
+  weight on the span above or below one half, against "its links go into the span".
 
 The lexicon features of a training pair must not come from that pair's own links (the head would
 learn to trust them more than they deserve on new text), so training pairs are split in two and
 each half reads a lexicon counted on the other half; dev and new text read the lexicon of all of
 training, which is the one the bundle ships.
+
+With `members` > 1, that many heads are trained with consecutive seeds (their own halves, their own
+best epoch), in parallel processes when `workers` > 1, and the exported graph averages their
+scores.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -50,16 +59,36 @@ class LinkHeadConfig:
     seed: int = 1
     threads: int = 1
     # a wall-clock budget (0: none): no epoch starts that would, at the pace so far, end past it
+    # (with several members, the whole head's: each member gets its share)
     max_minutes: float = 0.0
     # the training labels: "links" (every link a positive, every other cell a negative) or, for
     # eflomal's silver links, "agreement": the links both directions agree on are positives, the
     # cells neither proposes negatives, the rest left out of the loss (export/link_head.py)
     labels: str = "links"
+    # 2: a second pass, in which each word's GRU reads its first-pass state beside the states of
+    # the words the first pass aligns it to, adds a second score (a function word learns where its
+    # neighbours went); 1: the first pass alone (heads trained before this option)
+    passes: int = 1
+    # the weight of the span loss (the module's docstring); 0: none
+    span_loss: float = 0.0
+    # heads trained with seeds seed, seed + 1, ... (each with its own jackknife halves and its own
+    # best dev epoch) whose scores the exported graph averages; `workers` of them train at once,
+    # in processes of `threads` threads each
+    members: int = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if self.labels not in ("links", "agreement"):
             raise ValueError(
                 f"[link_head] labels must be 'links' or 'agreement', got {self.labels!r}"
+            )
+        if self.passes not in (1, 2):
+            raise ValueError(f"[link_head] passes must be 1 or 2, got {self.passes!r}")
+        if self.span_loss < 0:
+            raise ValueError(f"[link_head] span_loss must be >= 0, got {self.span_loss!r}")
+        if self.members < 1 or self.workers < 1:
+            raise ValueError(
+                f"[link_head] members and workers must be >= 1, got {self.members}, {self.workers}"
             )
 
     @classmethod
@@ -94,7 +123,9 @@ class Example:
 class LinkHeadNet(nn.Module):
     """Scores (target word, source word) cells: v^T tanh(W_s u_s + W_t u_t + W_f f_ts) + w^T f_ts,
     with u_s a bi-GRU over [tanh(W h_s); pooled source embeddings] and u_t a bi-GRU over pooled
-    target embeddings, then refined by a small convolution over the score matrix."""
+    target embeddings, then refined by a small convolution over the score matrix. With two passes,
+    a second bi-GRU on each side reads [u; the u of the other side's words weighted by the first
+    scores' softmax], and a second additive score over those states is added."""
 
     def __init__(self, cfg: LinkHeadConfig, state_dim: int, src_vocab: int, tgt_vocab: int) -> None:
         super().__init__()
@@ -114,6 +145,7 @@ class LinkHeadNet(nn.Module):
         # lines, and a word already claimed in one direction is less likely in the other
         self.refine_in = nn.Conv2d(3, cfg.refine_channels, 5, padding=2)
         self.refine_out = nn.Conv2d(cfg.refine_channels, 1, 5, padding=2)
+        self.second = SecondPass(cfg) if cfg.passes == 2 else None
 
     def forward(
         self,
@@ -138,7 +170,24 @@ class LinkHeadNet(nn.Module):
             + self.w_cell(cell_features)  # (B, T_w, S_w, A)
         )
         scores = (self.v(energy) + self.linear_cell(cell_features)).squeeze(-1)  # (B, T_w, S_w)
-        return scores + self._refinement(scores, src_lengths, tgt_lengths)
+        scores = scores + self._refinement(scores, src_lengths, tgt_lengths)
+        if self.second is None:
+            return scores
+        by_row, by_col, _ = softmaxes(scores, src_lengths, tgt_lengths)
+        u_src2 = self._run(
+            self.second.src_rnn,
+            self.drop(torch.cat([u_src, by_col.transpose(1, 2) @ u_tgt], -1)),
+            src_lengths,
+        )  # (B, S_w, 2H)
+        u_tgt2 = self._run(
+            self.second.tgt_rnn, self.drop(torch.cat([u_tgt, by_row @ u_src], -1)), tgt_lengths
+        )  # (B, T_w, 2H)
+        energy2 = torch.tanh(
+            self.second.w_src(self.drop(u_src2)).unsqueeze(1)
+            + self.second.w_tgt(self.drop(u_tgt2)).unsqueeze(2)
+            + self.second.w_cell(cell_features)
+        )
+        return scores + self.second.v(energy2).squeeze(-1)
 
     def _refinement(
         self, scores: Tensor, src_lengths: Tensor | None, tgt_lengths: Tensor | None
@@ -146,17 +195,10 @@ class LinkHeadNet(nn.Module):
         """A correction per cell from the 5x5 neighbourhood of the scores and of their row and
         column softmaxes; outside the sentences every map is 0 (the hidden one too), as the
         convolutions' own zero padding is at a lone pair's borders."""
-        if src_lengths is None or tgt_lengths is None:
-            by_row, by_col = torch.softmax(scores, -1), torch.softmax(scores, 1)
+        by_row, by_col, valid = softmaxes(scores, src_lengths, tgt_lengths)
+        if valid is None:
             maps = torch.stack([scores / 5.0, by_row, by_col], 1)  # (B, 3, T_w, S_w)
             return self.refine_out(torch.relu(self.refine_in(maps))).squeeze(1)
-        T, S = scores.shape[1:]
-        valid = (torch.arange(T)[None, :, None] < tgt_lengths[:, None, None]) & (
-            torch.arange(S)[None, None, :] < src_lengths[:, None, None]
-        )
-        masked = scores.masked_fill(~valid, -1e9)
-        by_row = torch.softmax(masked, -1).masked_fill(~valid, 0.0)
-        by_col = torch.softmax(masked, 1).masked_fill(~valid, 0.0)
         maps = torch.stack([scores.masked_fill(~valid, 0.0) / 5.0, by_row, by_col], 1)
         hidden = torch.relu(self.refine_in(maps)) * valid.unsqueeze(1)  # (B, C, T_w, S_w)
         return self.refine_out(hidden).squeeze(1)
@@ -168,6 +210,38 @@ class LinkHeadNet(nn.Module):
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         out, _ = rnn(packed)
         return pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[0]
+
+
+class SecondPass(nn.Module):
+    """The second pass's weights (LinkHeadNet's docstring)."""
+
+    def __init__(self, cfg: LinkHeadConfig) -> None:
+        super().__init__()
+        H, A = cfg.hidden, cfg.attn_dim
+        self.src_rnn = nn.GRU(4 * H, H, bidirectional=True, batch_first=True)
+        self.tgt_rnn = nn.GRU(4 * H, H, bidirectional=True, batch_first=True)
+        self.w_src = nn.Linear(2 * H, A)
+        self.w_tgt = nn.Linear(2 * H, A, bias=False)
+        self.w_cell = nn.Linear(NUM_FEATURES, A, bias=False)
+        self.v = nn.Linear(A, 1)
+
+
+def softmaxes(
+    scores: Tensor, src_lengths: Tensor | None, tgt_lengths: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(each target word's softmax over the source words, each source word's over the target
+    words, the cells inside both sentences): 0 outside the sentences; None for `valid` when no
+    lengths are given (one unpadded pair, the exported graph's case)."""
+    if src_lengths is None or tgt_lengths is None:
+        return torch.softmax(scores, -1), torch.softmax(scores, 1), None
+    T, S = scores.shape[1:]
+    valid = (torch.arange(T)[None, :, None] < tgt_lengths[:, None, None]) & (
+        torch.arange(S)[None, None, :] < src_lengths[:, None, None]
+    )
+    masked = scores.masked_fill(~valid, -1e9)
+    by_row = torch.softmax(masked, -1).masked_fill(~valid, 0.0)
+    by_col = torch.softmax(masked, 1).masked_fill(~valid, 0.0)
+    return by_row, by_col, valid
 
 
 # --- batches ------------------------------------------------------------------------------------
@@ -219,8 +293,9 @@ def make_batch(examples: Sequence[Example]) -> Batch:
     )
 
 
-def link_loss(logits: Tensor, gold: Tensor, valid: Tensor) -> Tensor:
-    """Row and column cross-entropy against the gold links, plus cell-wise binary cross-entropy."""
+def link_loss(logits: Tensor, gold: Tensor, valid: Tensor, span_weight: float = 0.0) -> Tensor:
+    """Row and column cross-entropy against the gold links, plus cell-wise binary cross-entropy,
+    plus span_weight times the span loss."""
     cells = nn.functional.binary_cross_entropy_with_logits(logits, gold, reduction="none")
     masked = logits.masked_fill(~valid, -1e9)
     loss = 4.0 * cells[valid].mean()
@@ -230,6 +305,33 @@ def link_loss(logits: Tensor, gold: Tensor, valid: Tensor) -> Tensor:
         if bool(linked.any()):
             ce = -(gold / total.clamp(min=1) * torch.log_softmax(masked, axis)).sum(axis)
             loss = loss + weight * ce[linked].mean()
+    if span_weight:
+        loss = loss + span_weight * span_loss(logits, gold, valid)
+    return loss
+
+
+MAX_SPAN = 3  # the source spans the span loss asks about: 1 to MAX_SPAN words
+
+
+def span_loss(logits: Tensor, gold: Tensor, valid: Tensor) -> Tensor:
+    """Per source span of k = 1..MAX_SPAN words and linked target word: binary cross-entropy of
+    the word's projection weight on the span (the share service/decode/projection.py compares
+    with one half: the two softmaxes' geometric mean, renormalized per target word) against
+    "the word has a gold link into the span"; the mean over each k, summed."""
+    masked = logits.masked_fill(~valid, -1e9)
+    both = torch.sqrt(torch.softmax(masked, -1) * torch.softmax(masked, 1) + 1e-12) * valid
+    weights = both / both.sum(-1, keepdim=True).clamp(min=1e-9)  # (B, T, S)
+    linked = gold.sum(-1, keepdim=True) > 0  # (B, T, 1)
+    S = weights.shape[2]
+    loss = logits.new_zeros(())
+    for k in range(1, min(MAX_SPAN, S) + 1):
+        n = S - k + 1  # spans starting at s = 0..n-1
+        mass = sum(weights[..., j : j + n] for j in range(k)).clamp(1e-6, 1 - 1e-6)
+        inside = (sum(gold[..., j : j + n] for j in range(k)) > 0).float()
+        asked = valid[..., k - 1 :] & linked  # the span inside the sentence, the word linked
+        if bool(asked.any()):
+            bce = -(inside * torch.log(mass) + (1 - inside) * torch.log(1 - mass))
+            loss = loss + bce[asked].mean()
     return loss
 
 
@@ -252,9 +354,7 @@ def jackknife_features(examples: Sequence[Example], seed: int) -> None:
 
 
 @torch.no_grad()
-def predict(
-    net: LinkHeadNet, examples: Sequence[Example], batch_size: int = 64
-) -> list[np.ndarray]:
+def predict(net: nn.Module, examples: Sequence[Example], batch_size: int = 64) -> list[np.ndarray]:
     """Each example's (T_w, S_w) logits."""
     net.eval()
     out = []
@@ -289,12 +389,13 @@ def fit(
     start = time.monotonic()
     for epoch in range(cfg.epochs):
         net.train()
+        train = list(train)  # the caller's order stays (the next member's jackknife reads it)
         rng.shuffle(train)
         total = 0.0
         for i in range(0, len(train), cfg.batch_size):
             batch = make_batch(train[i : i + cfg.batch_size])
             logits = net(*batch.inputs, batch.src_lengths, batch.tgt_lengths)
-            loss = link_loss(logits, batch.gold, batch.valid)
+            loss = link_loss(logits, batch.gold, batch.valid, cfg.span_loss)
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(net.parameters(), 5.0)
@@ -323,3 +424,67 @@ def fit(
     net.load_state_dict(best[1])
     net.eval()
     return net, history
+
+
+class LinkHeadEnsemble(nn.Module):
+    """Members' scores averaged: one graph, the same contract as one head."""
+
+    def __init__(self, members: Sequence[LinkHeadNet]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(
+        self,
+        source_states: Tensor,
+        source_ids: Tensor,
+        source_pool: Tensor,
+        target_ids: Tensor,
+        target_pool: Tensor,
+        cell_features: Tensor,
+        src_lengths: Tensor | None = None,
+        tgt_lengths: Tensor | None = None,
+    ) -> Tensor:
+        inputs = (source_states, source_ids, source_pool, target_ids, target_pool, cell_features)
+        scores = [m(*inputs, src_lengths, tgt_lengths) for m in self.members]
+        return torch.stack(scores).mean(0)
+
+
+def fit_member(
+    cfg: LinkHeadConfig,
+    train: list[Example],
+    dev: Sequence[Example],
+    score: Scorer,
+    src_vocab: int,
+    tgt_vocab: int,
+) -> tuple[LinkHeadNet, list[dict[str, float]]]:
+    """One member: the training pairs' lexicon features from jackknife halves drawn with its
+    seed, then `fit`."""
+    jackknife_features(train, cfg.seed)
+    return fit(cfg, train, dev, score, src_vocab, tgt_vocab)
+
+
+def fit_members(
+    cfg: LinkHeadConfig,
+    train: list[Example],
+    dev: Sequence[Example],
+    score: Scorer,
+    src_vocab: int,
+    tgt_vocab: int,
+) -> tuple[LinkHeadNet | LinkHeadEnsemble, list[list[dict[str, float]]]]:
+    """cfg.members heads (seeds cfg.seed, cfg.seed + 1, ...), cfg.workers at a time in their own
+    processes; one head is returned as it is, several as their ensemble. Each member's log."""
+    rounds = -(-cfg.members // min(cfg.workers, cfg.members))  # members one worker trains
+    budget = cfg.max_minutes / rounds  # max_minutes is the whole head's, split among the rounds
+    configs = [replace(cfg, seed=cfg.seed + i, max_minutes=budget) for i in range(cfg.members)]
+    if cfg.workers == 1 or cfg.members == 1:
+        done = [fit_member(c, train, dev, score, src_vocab, tgt_vocab) for c in configs]
+    else:
+        context = multiprocessing.get_context("spawn")  # no fork of a process torch has threaded
+        with ProcessPoolExecutor(min(cfg.workers, cfg.members), mp_context=context) as pool:
+            jobs = [
+                pool.submit(fit_member, c, train, dev, score, src_vocab, tgt_vocab) for c in configs
+            ]
+            done = [job.result() for job in jobs]
+    nets = [net for net, _ in done]
+    head = nets[0] if len(nets) == 1 else LinkHeadEnsemble(nets).eval()
+    return head, [history for _, history in done]
