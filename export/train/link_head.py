@@ -326,8 +326,9 @@ def span_loss(logits: Tensor, gold: Tensor, valid: Tensor) -> Tensor:
     loss = logits.new_zeros(())
     for k in range(1, min(MAX_SPAN, S) + 1):
         n = S - k + 1  # spans starting at s = 0..n-1
-        mass = sum(weights[..., j : j + n] for j in range(k)).clamp(1e-6, 1 - 1e-6)
-        inside = (sum(gold[..., j : j + n] for j in range(k)) > 0).float()
+        mass = torch.stack([weights[..., j : j + n] for j in range(k)]).sum(0)
+        mass = mass.clamp(1e-6, 1 - 1e-6)
+        inside = (torch.stack([gold[..., j : j + n] for j in range(k)]).sum(0) > 0).float()
         asked = valid[..., k - 1 :] & linked  # the span inside the sentence, the word linked
         if bool(asked.any()):
             bce = -(inside * torch.log(mass) + (1 - inside) * torch.log(1 - mass))
