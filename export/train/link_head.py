@@ -378,8 +378,10 @@ def fit(
     src_vocab: int,
     tgt_vocab: int,
 ) -> tuple[LinkHeadNet, list[dict[str, float]]]:
-    """Train for cfg.epochs; returns the net of the epoch with the lowest dev score (AER) and the
-    per-epoch log."""
+    """Train for cfg.epochs, the training pairs' lexicon features from jackknife halves drawn with
+    cfg.seed; returns the net of the epoch with the lowest dev score (AER) and the per-epoch log."""
+    jackknife_features(train, cfg.seed)
+    train = list(train)  # shuffled below; the caller's order stays (the next member's halves)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     rng = random.Random(cfg.seed)
@@ -390,7 +392,6 @@ def fit(
     start = time.monotonic()
     for epoch in range(cfg.epochs):
         net.train()
-        train = list(train)  # the caller's order stays (the next member's jackknife reads it)
         rng.shuffle(train)
         total = 0.0
         for i in range(0, len(train), cfg.batch_size):
@@ -450,20 +451,6 @@ class LinkHeadEnsemble(nn.Module):
         return torch.stack(scores).mean(0)
 
 
-def fit_member(
-    cfg: LinkHeadConfig,
-    train: list[Example],
-    dev: Sequence[Example],
-    score: Scorer,
-    src_vocab: int,
-    tgt_vocab: int,
-) -> tuple[LinkHeadNet, list[dict[str, float]]]:
-    """One member: the training pairs' lexicon features from jackknife halves drawn with its
-    seed, then `fit`."""
-    jackknife_features(train, cfg.seed)
-    return fit(cfg, train, dev, score, src_vocab, tgt_vocab)
-
-
 def fit_members(
     cfg: LinkHeadConfig,
     train: list[Example],
@@ -478,13 +465,11 @@ def fit_members(
     budget = cfg.max_minutes / rounds  # max_minutes is the whole head's, split among the rounds
     configs = [replace(cfg, seed=cfg.seed + i, max_minutes=budget) for i in range(cfg.members)]
     if cfg.workers == 1 or cfg.members == 1:
-        done = [fit_member(c, train, dev, score, src_vocab, tgt_vocab) for c in configs]
+        done = [fit(c, train, dev, score, src_vocab, tgt_vocab) for c in configs]
     else:
         context = multiprocessing.get_context("spawn")  # no fork of a process torch has threaded
         with ProcessPoolExecutor(min(cfg.workers, cfg.members), mp_context=context) as pool:
-            jobs = [
-                pool.submit(fit_member, c, train, dev, score, src_vocab, tgt_vocab) for c in configs
-            ]
+            jobs = [pool.submit(fit, c, train, dev, score, src_vocab, tgt_vocab) for c in configs]
             done = [job.result() for job in jobs]
     nets = [net for net, _ in done]
     head = nets[0] if len(nets) == 1 else LinkHeadEnsemble(nets).eval()
