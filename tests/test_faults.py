@@ -310,12 +310,18 @@ def test_an_onnx_runtime_failure_mid_batch_fails_only_that_batch(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     running, gate = server.r, Gate()
+    ahead = running.worker.ahead  # a sentence joins a running batch once this thread encoded it
+    assert ahead is not None
     session = engine.model.decoder  # the one decoder session every running batch calls
     original_run, original_step = session.run_with_iobinding, OnnxDecoder.step
     rows: list[int] = []  # hypotheses of the step being run, from the decode thread
     failed_while: list[set[int]] = []  # the beam sizes running when the failure was injected
 
     def step(decoder: OnnxDecoder, tokens: np.ndarray, reorder: np.ndarray, k: int) -> Any:
+        # No step before the encoder thread has encoded every sentence handed to it: the victim
+        # joins at the step after its encoding, while the survivor (14 steps) still runs. Without
+        # this, a loaded machine let the survivor finish before the victim was encoded.
+        wait_for(lambda: len(ahead) == len(ahead.ready_keys()), "the victim's encoding")
         rows.append(len(tokens))
         return original_step(decoder, tokens, reorder, k)
 
