@@ -216,6 +216,9 @@ def translate_onmt(
     return out
 
 
+JOEY_SEED = 1
+
+
 def joey_config(
     task: Path,
     out: Path,
@@ -241,8 +244,8 @@ def joey_config(
             "src": {"lang": "src", **side, **sides.get("src", {})},
             "trg": {"lang": "tgt", **side, **sides.get("trg", {})},
         },
+        "random_seed": JOEY_SEED,  # where Joey NMT 2.3.0 reads it (not under "training")
         "training": {
-            "random_seed": 1,
             "optimizer": "adam",
             "learning_rate": 0.003,
             "scheduling": "exponential",  # joeynmt 2.3's plateau scheduler breaks on torch 2.13
@@ -271,10 +274,13 @@ def joey_config(
 
 
 # `python -m joeynmt` with SentencePieceProcessor.SetVocabulary back (sentencepiece 0.2 dropped it;
-# Joey NMT 2.3.0's sentencepiece tokenizer calls it): export/importers/spm_vocab.py.
+# Joey NMT 2.3.0's sentencepiece tokenizer calls it): export/importers/spm_vocab.py. torch is seeded
+# first: Joey NMT 2.3.0 seeds (its `random_seed`) only after it has built the model, so the initial
+# weights, and every model trained from them, differed from run to run.
 JOEY_MAIN = (
-    "import runpy; from export.importers.spm_vocab import install_set_vocabulary; "
-    "install_set_vocabulary(); runpy.run_module('joeynmt', run_name='__main__')"
+    "import runpy, torch; from export.importers.spm_vocab import install_set_vocabulary; "
+    f"install_set_vocabulary(); torch.manual_seed({JOEY_SEED}); "
+    "runpy.run_module('joeynmt', run_name='__main__')"
 )
 
 
