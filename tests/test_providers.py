@@ -1,9 +1,12 @@
-"""The execution provider a model runs on: a server told to require CUDA refuses to start without
-it, saying why; one that was not told logs a warning with the same reason when it falls back to the
-CPU. Run on the CPU (where this onnxruntime has no CUDA provider, or where its library cannot load)."""
+"""The execution provider a model runs on: by default the GPU where there is one, else the CPU, said
+once at start in one INFO line with the reason; a server told to require CUDA refuses to start
+without it, saying why; one asked for CUDA explicitly (a flag, the environment, the GPU image) logs a
+warning with the same reason when it falls back to the CPU. Run on the CPU (where this onnxruntime
+has no CUDA provider, or where its library cannot load)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -18,7 +21,7 @@ from service.decode import providers
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
 from service.serve.config import load_settings
-from tests.conftest import DEFAULT_BUNDLE, REPO, needs_cuda
+from tests.conftest import DEFAULT_BUNDLE, REPO, needs_cuda, start_server_process, wait_for
 
 on_the_cpu = pytest.mark.skipif(
     providers.cuda_session_loads(), reason="CUDA loads here: nothing to refuse"
@@ -76,6 +79,79 @@ def test_a_model_asked_only_for_the_cpu_warns_nothing(caplog: pytest.LogCaptureF
     with caplog.at_level(logging.WARNING, logger="service.decode.providers"):
         Engine.load(DEFAULT_BUNDLE, RuntimeConfig(providers=(providers.CPU,)))
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@on_the_cpu
+def test_a_host_without_a_gpu_starts_on_the_cpu_with_one_line_that_says_why(
+    tmp_path: Path,
+) -> None:
+    """scripts/serve.sh's server with nothing asked for: every embedded model on the CPU, no warning,
+    and one INFO line (not one per model or per session) that says which provider and why."""
+    log = tmp_path / "server.log"
+    argv = ["--models", str(REPO / "models"), "--port", str(free_port()), "--metrics-port", "-1",
+            "--http-port", "-1", "--no-warmup", "--reload-interval-s", "0"]  # fmt: skip
+    process = start_server_process(argv, log)
+    try:
+        wait_for(
+            lambda: '"serving"' in log.read_text() or process.poll() is not None,
+            "the server to start",
+            timeout=120,
+        )
+    finally:
+        process.terminate()
+        process.wait(30)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert any(line["message"] == "serving" for line in lines), log.read_text()
+    loaded = [line["model"] for line in lines if line["message"] == "model version loaded"]
+    assert len(loaded) == len([p for p in (REPO / "models").iterdir() if p.is_dir()])
+    assert [line for line in lines if line["level"] not in ("INFO", "DEBUG")] == []
+    said = [line for line in lines if line["logger"] == "service.decode.providers"]
+    assert len(said) == 1, said
+    assert said[0]["level"] == "INFO" and said[0]["provider"] == providers.CPU
+    assert said[0]["message"].startswith("execution provider: CPUExecutionProvider (auto:")
+    assert providers.diagnose_cuda().cause() in said[0]["message"]
+
+
+@on_the_cpu
+def test_s2s_translate_answers_on_a_cpu_host_without_a_word_on_stderr() -> None:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli.translate", "--bundle", str(DEFAULT_BUNDLE)],
+        input="seventy-one\n", cwd=REPO, env=clean, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() and done.stderr == ""
+
+
+def test_the_default_is_the_gpu_where_there_is_one_and_naming_cuda_asks_for_it() -> None:
+    assert load_settings([]).runtime.providers == ("auto",)
+    assert RuntimeConfig().providers == ("auto",)
+    expected = (
+        [providers.CUDA, providers.CPU] if providers.cuda_session_loads() else [providers.CPU]
+    )
+    assert providers.resolve_providers(("auto",)) == expected
+    explicit = load_settings([], {"S2S_PROVIDERS": "CUDAExecutionProvider,CPUExecutionProvider"})
+    assert explicit.runtime.providers == (providers.CUDA, providers.CPU)
+    RuntimeConfig(require_provider="cuda")  # auto may be required to find CUDA
+    with pytest.raises(ValueError, match="auto stands alone"):
+        RuntimeConfig(providers=("auto", providers.CPU))
+
+
+@on_the_cpu
+def test_a_model_left_to_auto_on_a_cpu_host_warns_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    providers.warn_cpu_fallback.cache_clear()
+    with caplog.at_level(logging.INFO, logger="service.decode.providers"):
+        engine = Engine.load(DEFAULT_BUNDLE, RuntimeConfig())
+    assert engine.model.providers == [providers.CPU]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@on_the_cpu
+def test_a_model_left_to_auto_is_refused_on_a_cpu_host_when_cuda_is_required() -> None:
+    with pytest.raises(providers.ProviderUnavailable, match="--require-provider cuda, but"):
+        Engine.load(DEFAULT_BUNDLE, RuntimeConfig(require_provider="cuda"))
 
 
 def test_a_model_on_the_wrong_provider_is_refused_when_one_is_required() -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from service.cli.heatmap import save_heatmap_png
 from service.cli.render import alternative_column, origin_column, translation_to_json
 from service.decode import marked
-from service.decode.config import EngineLimits, RuntimeConfig
+from service.decode.config import AUTO, EngineLimits, RuntimeConfig
 from service.decode.engine import AlignmentMode, Engine, InvalidInput, Translation
 from service.decode.options import (
     SearchOptions,
@@ -37,7 +37,7 @@ from service.decode.options import (
 from service.model.bundle import BundleError
 
 DEFAULT_BUNDLE = Path(__file__).resolve().parents[2] / "models" / "default"
-DEFAULT_PROVIDERS = "CUDAExecutionProvider,CPUExecutionProvider"
+DEFAULT_PROVIDERS = AUTO  # the GPU where there is one, else the CPU (service/decode/providers.py)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -95,8 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--providers",
         default=DEFAULT_PROVIDERS,
-        help="ONNX Runtime execution providers, comma-separated, in order of preference "
-        "(default: %(default)s)",
+        help="ONNX Runtime execution providers, comma-separated, in order of preference; auto: "
+        "the GPU where there is one, else the CPU (default: %(default)s)",
     )
     p.add_argument(
         "--threads",

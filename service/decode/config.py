@@ -10,6 +10,7 @@ from typing import Any
 CUDA_ARENA_EXTEND: tuple[str, ...] = ("kSameAsRequested", "kNextPowerOfTwo")
 ROW_OPS: tuple[str, ...] = ("auto", "graph", "host")
 REQUIRE_PROVIDER: tuple[str, ...] = ("", "cuda")  # --require-provider's values ("": none)
+AUTO = "auto"  # --providers auto: the GPU (CUDA) where one is usable, else the CPU
 
 
 def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
@@ -22,14 +23,16 @@ class RuntimeConfig:
     """ONNX Runtime: which execution providers, which device, how many threads."""
 
     providers: tuple[str, ...] = setting(
-        ("CUDAExecutionProvider", "CPUExecutionProvider"),
-        "ONNX Runtime execution providers, comma-separated, in order of preference "
-        "(those not installed are skipped)",
+        (AUTO,),
+        "ONNX Runtime execution providers, comma-separated, in order of preference (those not "
+        "installed are skipped); auto = the GPU where one is usable, else the CPU, said in one "
+        "line at start; naming CUDAExecutionProvider asks for the GPU: a warning if a model "
+        "then runs on the CPU",
     )
     require_provider: str = setting(
         "",
         "refuse to start (and to load a model) unless this provider loads: cuda; empty = fall "
-        "back to the next provider, with a warning",
+        "back to the next provider",
         REQUIRE_PROVIDER,
     )
     device_id: int = setting(0, "the GPU used by the CUDA provider")
@@ -77,9 +80,13 @@ class RuntimeConfig:
             raise ValueError(
                 f"require_provider must be 'cuda' or empty, got {self.require_provider!r}"
             )
-        if self.require_provider and "CUDAExecutionProvider" not in self.providers:
+        if AUTO in self.providers and len(self.providers) > 1:
+            raise ValueError(f"providers: auto stands alone, got {','.join(self.providers)}")
+        named = self.providers != (AUTO,)  # auto may find CUDA: --require-provider says if not
+        if self.require_provider and named and "CUDAExecutionProvider" not in self.providers:
             raise ValueError(
-                "require_provider cuda needs CUDAExecutionProvider among the providers"
+                "require_provider cuda needs CUDAExecutionProvider among the providers "
+                "(or providers auto)"
             )
         if self.cuda_arena_extend not in CUDA_ARENA_EXTEND:
             raise ValueError(

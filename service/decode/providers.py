@@ -1,6 +1,11 @@
 """Which ONNX Runtime execution providers a model runs on, and, when CUDA was asked for and did
 not load, why.
 
+By default (`--providers auto`) a model runs on the GPU where a CUDA session can be made, else on
+the CPU: one INFO line at start says which and why, and nothing warns, since nobody asked for a GPU.
+CUDA named in the providers (a flag, S2S_PROVIDERS, the GPU image) is a request: a model that then
+runs on the CPU is worth a warning.
+
 ONNX Runtime falls back to the CPU provider quietly when the CUDA provider's library cannot load (a
 CUDA major the wheel was not built for, cuDNN missing): one log line, and a GPU pod serves on its
 CPU. `require_provider` turns that into a refusal to start, `diagnose_cuda` into a reason a person
@@ -25,6 +30,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from service.decode.config import AUTO
+
 log = logging.getLogger(__name__)
 
 CUDA = "CUDAExecutionProvider"
@@ -39,18 +46,50 @@ class ProviderUnavailable(RuntimeError):
     """A required execution provider did not load; the message says why."""
 
 
-def resolve_providers(requested: Sequence[str]) -> list[str]:
-    """Keep the requested providers this onnxruntime build has, in order; CPU is always the last resort."""
+def resolve_providers(requested: Sequence[str], device_id: int = 0) -> list[str]:
+    """auto's choice (`auto_providers`), else the requested providers this onnxruntime build has,
+    in order; CPU is always the last resort."""
+    if is_auto(requested):
+        return list(auto_providers(device_id))
     if CUDA in requested:
         preload_cuda_libraries()
     available = set(ort.get_available_providers())
     chosen = [p for p in requested if p in available]
-    dropped = [p for p in requested if p not in available]
+    dropped = tuple(p for p in requested if p not in available)
     if dropped:
-        log.info("execution providers not available here, skipped: %s", dropped)
+        note_skipped(dropped)
     if CPU not in chosen:
         chosen.append(CPU)
     return chosen
+
+
+def is_auto(requested: Sequence[str]) -> bool:
+    return tuple(requested) == (AUTO,)
+
+
+@functools.cache
+def auto_providers(device_id: int = 0) -> tuple[str, ...]:
+    """`--providers auto`: the GPU (CUDA, then the CPU) where a CUDA session loads, else the CPU;
+    decided once a process, and said in one INFO line with the reason."""
+    if cuda_session_loads(device_id):
+        chosen: tuple[str, ...] = (CUDA, CPU)
+        why = f"a GPU is usable here: device {device_id}, {diagnose_cuda().found()}"
+    else:
+        chosen = (CPU,)
+        why = f"no usable GPU here: {diagnose_cuda().cause()}"
+    log.info(
+        "execution provider: %s (auto: the GPU where there is one, else the CPU; %s)",
+        chosen[0],
+        why,
+        extra={"provider": chosen[0]},
+    )
+    return chosen
+
+
+@functools.cache
+def note_skipped(dropped: tuple[str, ...]) -> None:
+    """Once a process: providers named that this build does not have (CUDA's warning says why)."""
+    log.info("execution providers not available here, skipped: %s", list(dropped))
 
 
 @functools.cache
@@ -82,25 +121,31 @@ class CudaDiagnosis:
     cudnn: str | None  # e.g. "9.14.0"
     preload_error: str | None = None
 
-    def reason(self) -> str:
-        """One paragraph: why the CUDA provider is not in use, and what was found."""
+    def cause(self) -> str:
+        """Why the CUDA provider is not in use, in a few words (no advice)."""
         if not self.build_has_cuda:
-            head = (
-                f"this onnxruntime ({self.onnxruntime}) is a build without the CUDA provider: "
-                "install onnxruntime-gpu instead (requirements/serve-gpu.lock)"
-            )
-        elif self.load_error:
-            head = f"the CUDA provider's library did not load: {self.load_error}"
-        elif self.driver_cuda is None:
-            head = "no NVIDIA driver found (libcuda.so.1 did not load): is a GPU visible here?"
-        else:
-            head = "the CUDA provider loaded but no CUDA session could be created"
-        found = (
+            return f"this onnxruntime ({self.onnxruntime}) is a build without the CUDA provider"
+        if self.load_error:
+            return f"the CUDA provider's library did not load: {self.load_error}"
+        if self.driver_cuda is None:
+            return "no NVIDIA driver found (libcuda.so.1 did not load)"
+        return "the CUDA provider loaded but no CUDA session could be created"
+
+    def found(self) -> str:
+        return (
             f"found: NVIDIA driver for CUDA {self.driver_cuda or 'none'}, "
             f"CUDA runtime {self.cuda_runtime or 'none'}, cuDNN {self.cudnn or 'none'}"
         )
+
+    def reason(self) -> str:
+        """One paragraph: why the CUDA provider is not in use, what to do, and what was found."""
+        advice = ""
+        if not self.build_has_cuda:
+            advice = ": install onnxruntime-gpu instead (requirements/serve-gpu.lock)"
+        elif not self.load_error and self.driver_cuda is None:
+            advice = ": is a GPU visible here?"
         tail = f"; {self.preload_error}" if self.preload_error else ""
-        return f"{head} ({found}){tail}"
+        return f"{self.cause()}{advice} ({self.found()}){tail}"
 
 
 def cuda_provider_library() -> Path:
@@ -187,9 +232,10 @@ def _probe_graph() -> bytes:
 @functools.cache
 def cuda_session_loads(device_id: int = 0) -> bool:
     """Whether a CUDA session can be created in this process (a probe graph, once)."""
-    providers = resolve_providers((CUDA, CPU))
-    if providers[0] != CUDA:
+    preload_cuda_libraries()
+    if CUDA not in ort.get_available_providers():
         return False
+    providers = [CUDA, CPU]
     options = ort.SessionOptions()
     options.log_severity_level = 3  # the fallback is reported by the caller, with its reason
     try:
@@ -219,17 +265,19 @@ def require_provider(required: str, device_id: int = 0) -> None:
 
 
 def check_model_providers(
-    name: str, requested: Sequence[str], in_use: Sequence[str], required: str
+    name: str, requested: Sequence[str], in_use: Sequence[str], required: str, device_id: int = 0
 ) -> None:
     """After a model's sessions are made: refuse it if a required provider is not its first,
-    and warn (once a process) if CUDA was asked for and the model runs on the CPU."""
+    and warn (once a process) if CUDA was asked for, or chosen by auto, and the model runs on the
+    CPU (auto on a host without a GPU chose the CPU: nothing to warn about)."""
     first = in_use[0] if in_use else CPU
     if required and first != REQUIRABLE[required]:
         raise ProviderUnavailable(
             f"{name}: --require-provider {required}, but the model runs on {first}. "
             f"{diagnose_cuda().reason()}"
         )
-    if CUDA in requested and first != CUDA:
+    wanted = resolve_providers(requested, device_id) if is_auto(requested) else requested
+    if CUDA in wanted and first != CUDA:
         warn_cpu_fallback(name)
 
 

@@ -81,7 +81,7 @@ def make_session(
     if not config.spin_wait:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    providers = resolve_providers(config.providers)
+    providers = resolve_providers(config.providers, config.device_id)
     try:
         return ort.InferenceSession(
             path,
@@ -284,6 +284,7 @@ class OnnxModel:
             config.providers,
             [self.encoder.get_providers()[0], *self.decoder.get_providers()],
             config.require_provider,
+            config.device_id,
         )
         # Align's decoder session (the same graph, its log-softmax exposed), made on first use
         self._forced: ort.InferenceSession | None = None

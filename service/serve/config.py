@@ -17,6 +17,7 @@ from typing import Any
 
 from service.decode.config import EngineLimits, RuntimeConfig, setting
 from service.decode.options import SearchOptions, Terms
+from service.serve.logs import LOG_FORMATS
 from service.serve.scheduler import BatchingConfig
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -102,7 +103,13 @@ class ServerConfig:
     tls_client_ca: str = setting(
         "", "PEM CA certificates; set, clients must present a certificate they signed (mTLS)"
     )
-    log_level: str = setting("INFO", "logging level of the JSON log lines", LOG_LEVELS)
+    log_level: str = setting("INFO", "logging level of the log lines", LOG_LEVELS)
+    log_format: str = setting(
+        "auto",
+        "the log lines: json (one object a line, for collectors), text (for a person), or auto: "
+        "text when stderr is a terminal, else json",
+        LOG_FORMATS,
+    )
     warmup: bool = setting(True, "decode a few sentences before reporting SERVING")
     reflection: bool = setting(
         True, "gRPC server reflection (lists the services and their schemas, as grpcurl uses)"
@@ -134,6 +141,8 @@ class ServerConfig:
         VersionPolicy(self.version_policy, self.pinned_versions)  # raises on a bad one
         if not 0 <= self.reload_interval_s < math.inf:
             raise ValueError("reload_interval_s must be a finite number >= 0 (0: no polling)")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {self.log_format!r}")
         if self.max_texts < 1 or self.max_text_chars < 1 or self.grace_s < 0:
             raise ValueError("max_texts and max_text_chars must be >= 1, grace_s >= 0")
 

@@ -582,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    configure_logging(settings.server.log_level)
+    configure_logging(settings.server.log_level, settings.server.log_format)
     try:
         asyncio.run(serve(settings))
     except Exception as err:  # a bad bundle, a busy port: one clear line, not a traceback
