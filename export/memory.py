@@ -52,8 +52,8 @@ def read_entries(path: Path) -> list[tuple[str, str]]:
 
 def refused_entries(bundle: Path, path: Path) -> list[str]:
     """The entries of a memory file the bundle's model cannot use, as serving checks them at load
-    (the input rule and the source limit, the target's length and spelling: Engine.read_memory),
-    each named "file:line: why"."""
+    (the input rule and the source limit, the target's length and control characters:
+    Engine.read_memory), each named "file:line: why"."""
     engine = Engine.load(bundle, RuntimeConfig(providers=("CPUExecutionProvider",)))
     return list(engine.read_memory(path).refused)
 

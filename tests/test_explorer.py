@@ -670,3 +670,39 @@ def test_a_tagged_answer_is_shown_with_its_tags_as_text(
     )
     shown = browser.find_element(By.CSS_SELECTOR, ".align-card .tagged-target .tagged")
     assert shown.get_attribute("data-text") == want.alignments[0].tagged_target
+
+
+def test_a_memory_answer_as_written_marks_what_the_vocabulary_cannot_spell(
+    bundle: Path,  # noqa: F811
+    browser: Any,
+    tmp_path: Path,
+) -> None:
+    """A memory entry whose target the model cannot spell ("(TM)": capitals and brackets) is
+    shown as written, with a badge naming the words the vocabulary cannot spell and their heatmap
+    rows marked."""
+    name = load_bundle(bundle).name
+    memories = tmp_path / "memories"
+    memories.mkdir()
+    (memories / f"{name}.tsv").write_text("ninety-eight\tquatre-vingt-dix-huit (TM)\n", "utf-8")
+    srv = ServerThread.start(
+        [
+            *base_args(bundle),
+            "--no-warmup",
+            "--http-port",
+            "0",
+            "--ui",
+            "--memory-dir",
+            str(memories),
+        ]
+    )
+    try:
+        open_page(browser, page_url(srv, texts="ninety-eight", beam=2, nbest=1))
+        wait_ready(browser)
+        c = card(browser, 0, 0)
+        assert c.find_element(By.CSS_SELECTOR, ".hyp-text").text == "quatre-vingt-dix-huit (TM)"
+        badge = c.find_element(By.CSS_SELECTOR, ".badge.unknown")
+        assert badge.text == "unknown to the vocabulary: (TM)"
+        marked = c.find_elements(By.CSS_SELECTOR, "svg.heatmap text.tgt-label.unknown")
+        assert [e.text for e in marked] == ["(TM)"]
+    finally:
+        srv.close()

@@ -18,7 +18,7 @@ from service.cli.client import main as client_main
 from service.decode import recall
 from service.decode.aligner import align
 from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
+from service.decode.engine import AlignmentMode, Engine
 from service.decode.options import SearchOptions
 from service.model.bundle import BundleError, add_files
 from service.model.memory import Memory, MemoryFileError, read_memory, write_memory
@@ -217,20 +217,22 @@ def test_the_servers_file_is_answered_reloaded_and_counted(
 def test_no_valid_request_fails_because_of_a_memory_entry(
     tiny: TinyModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A server file whose entries the model cannot use (a target over max_length, one the target
-    vocabulary cannot spell, a source over the source limit) loads without them, naming each
-    by file and line; the requests for their sources get the model's answers, the good entry is
-    served, and so after a reload."""
+    """A server file whose entries the model cannot use (a target over max_length, a target with a
+    control character, a source over the source limit) loads without them, naming each by file
+    and line; the requests for their sources get the model's answers, the good entries are served
+    (one with a character the target vocabulary cannot spell: as written, the unknown marked), and
+    so after a reload."""
     name = json.loads((tiny.bundle / "manifest.json").read_text())["name"]
     memory_dir = tmp_path / "memories"
     memory_dir.mkdir()
-    long_source, long_target, snowman, good = tiny.sources[:4]
+    long_source, long_target, snowman, good, bell = tiny.sources[:5]
     path = memory_dir / f"{name}.tsv"
     lines = [
         f"{long_target}\t{' '.join(['six'] * 400_000)}",
         f"{snowman}\tsix ☃ sept",
         f"{' '.join([long_source] * 200)}\tsix",
         f"{good}\tsix sept",
+        f"{bell}\tsix \x07 sept",
     ]
     path.write_text("".join(line + "\n" for line in lines), "utf-8")
     with caplog.at_level("WARNING", logger="s2s.server"):
@@ -243,19 +245,23 @@ def test_no_valid_request_fails_because_of_a_memory_entry(
         ]
         assert len(refused) == 3, refused
         assert f"{path}:1: target is at least 400000 subword tokens long" in refused[0]
-        assert f"{path}:2: target: " in refused[1] and "'☃' (U+2603 SNOWMAN)" in refused[1]
-        assert f"{path}:3: " in refused[2] and "over the limit" in refused[2]
-        texts = [long_target, snowman, good]
+        assert f"{path}:3: " in refused[1] and "over the limit" in refused[1]
+        assert f"{path}:5: target: has control characters (U+0007)" in refused[2]
+        texts = [long_target, snowman, good, bell]
         request = pb.TranslateRequest(texts=texts, options=pb.DecodingOptions(beam_size=2))
         answers = srv.stub.Translate(request, timeout=30).translations
         origins = [t.hypotheses[0].origin for t in answers]
-        assert origins == [pb.ORIGIN_MODEL, pb.ORIGIN_MODEL, pb.ORIGIN_MEMORY]
+        assert origins == [pb.ORIGIN_MODEL, pb.ORIGIN_MEMORY, pb.ORIGIN_MEMORY, pb.ORIGIN_MODEL]
+        served = answers[1].hypotheses[0]
+        assert served.text == "six ☃ sept"
+        assert [served.tokens[i] for i in served.unknown_tokens] == ["<unk>"]
         assert answers[2].hypotheses[0].text == "six sept"
+        assert list(answers[2].hypotheses[0].unknown_tokens) == []
         path.write_text(f"{snowman}\tsix ☃\n{good}\thuit\n", "utf-8")
         srv.submit(srv.r.reload()).result(30)
         answers = srv.stub.Translate(request, timeout=30).translations
         assert [t.hypotheses[0].origin for t in answers] == origins
-        assert answers[2].hypotheses[0].text == "huit"
+        assert (answers[1].hypotheses[0].text, answers[2].hypotheses[0].text) == ("six ☃", "huit")
     finally:
         srv.close()
 
@@ -285,15 +291,16 @@ def test_a_bundle_memory_is_checked_when_it_is_written(tiny: TinyModel, tmp_path
     shutil.copytree(tiny.bundle, copy)
     before = (copy / "manifest.json").read_text()
     entries = tmp_path / "entries.tsv"
-    entries.write_text(f"{tiny.sources[0]}\tsix sept\n{tiny.sources[1]}\tsix ☃\n", "utf-8")
-    with pytest.raises(SystemExit, match=rf"{entries}:2: target: .*'☃' \(U\+2603 SNOWMAN\)"):
+    entries.write_text(f"{tiny.sources[0]}\tsix sept\n{tiny.sources[1]}\tsix\x07\n", "utf-8")
+    with pytest.raises(SystemExit, match=rf"{entries}:2: target: has control characters"):
         export_memory.main(["--bundle", str(copy), "--entries", str(entries)])
     assert (copy / "manifest.json").read_text() == before
     assert not (copy / "memory.tsv.gz").exists()
-    entries.write_text(f"{tiny.sources[0]}\tsix sept\n", "utf-8")
+    entries.write_text(f"{tiny.sources[0]}\tsix sept\n{tiny.sources[1]}\tsix ☃\n", "utf-8")
     assert export_memory.main(["--bundle", str(copy), "--entries", str(entries)]) == 0
     engine = Engine.load(copy, CPU)
     assert engine.recall(tiny.sources[0]) == ("six sept",)
+    assert engine.recall(tiny.sources[1]) == ("six ☃",)  # served as written
 
 
 def test_a_servers_file_that_does_not_parse_refuses_the_model(
@@ -327,6 +334,65 @@ def test_a_segmented_input_consults_the_memory_segment_by_segment(tmp_path: Path
     assert len(h.token_log_probs) == len(h.token_ids)
     whole = recall.translate(engine, ["ninety-seven"], SearchOptions(beam_size=3), "none")[0]
     assert whole.hypotheses[0].origin == "memory"
+
+
+def test_an_entry_the_model_cannot_spell_is_served_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A translation memory holds what people wrote: "(TM)" has capitals and brackets the numbers
+    model's vocabulary lacks. The entry is answered as written; its tokens and alignment mark what
+    the vocabulary cannot spell (the forced pass read it as the unknown token), as Align's
+    unknown_target_tokens do; s2s-translate's JSON says the same."""
+    import io
+
+    from service.cli import translate as cli
+
+    source, target = "ninety-eight", "quatre-vingt-dix-huit (TM)"
+    path = tmp_path / "numbers-en-fr.tsv"
+    path.write_text(f"{source}\t{target}\n", "utf-8")
+    engine = Engine.load(DEFAULT_BUNDLE, CPU)
+    memory = engine.read_memory(path)
+    assert (len(memory), memory.refused) == (1, ())
+    engine.user_memory = memory
+    (pair,) = align(engine, [(source, target)])
+    assert pair.unknown_target_tokens == [8] and pair.unknown_target_words == [1]
+    modes: list[tuple[AlignmentMode, tuple[int, ...]]] = [("subword", (8,)), ("word", (1,))]
+    for mode, marked in modes:
+        (t,) = recall.translate(engine, [source], SearchOptions(beam_size=2), mode)
+        h = t.hypotheses[0]
+        assert (h.text, h.origin) == (target, "memory")
+        assert h.tokens == pair.target_tokens and h.tokens[8] == "<unk>"
+        assert h.unknown_tokens == (8,)
+        assert h.alignment is not None and h.alignment.unknown_target_tokens == marked
+    assert h.alignment is not None
+    assert h.alignment.target_tokens == ["quatre-vingt-dix-huit", "(TM)"]
+    assert h.log_prob == pytest.approx(pair.log_prob, abs=1e-5)
+    monkeypatch.setattr("sys.stdin", io.StringIO(source + "\n"))
+    argv = ["--bundle", str(DEFAULT_BUNDLE), "--memory", str(path), "--json", "--threads", "1"]
+    assert cli.main(argv) == 0
+    answer = json.loads(capsys.readouterr().out.splitlines()[0])["hypotheses"][0]
+    assert (answer["text"], answer["origin"], answer["unknown_tokens"]) == (target, "memory", [8])
+    assert answer["alignment"]["unknown_target_tokens"] == [1]
+
+
+def test_a_segment_the_memory_answers_as_written_keeps_its_unknowns_marked(tmp_path: Path) -> None:
+    """A segment answered from the memory, with what the vocabulary cannot spell, after a segment
+    the model decodes: the joined answer's tokens and word rows mark the memory's unknowns."""
+    engine = Engine.load(DEFAULT_BUNDLE, CPU)
+    path = tmp_path / "numbers-en-fr.tsv"
+    path.write_text("twelve\tdouze (TM)\n", "utf-8")
+    engine.user_memory = engine.read_memory(path)
+    text = "ninety-seven and twelve"
+    modes: list[AlignmentMode] = ["subword", "word"]
+    for mode in modes:
+        (t,) = recall.translate(engine, [text], SearchOptions(beam_size=3), mode)
+        h = t.hypotheses[0]
+        assert h.origin == "mixed" and h.text.endswith(" douze (TM)")
+        assert [h.tokens[i] for i in h.unknown_tokens] == ["<unk>"]
+        assert h.unknown_tokens[0] == len(h.tokens) - 1
+        assert h.alignment is not None
+        rows = [h.alignment.target_tokens[i] for i in h.alignment.unknown_target_tokens]
+        assert rows == (["<unk>"] if mode == "subword" else [h.alignment.target_tokens[-1]])
 
 
 def test_the_g2p_memory_matches_after_the_input_rule_and_s2s_translate_reads_a_file(

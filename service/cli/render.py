@@ -19,6 +19,11 @@ def alignment_to_json(a: Any) -> dict[str, Any] | None:
         # float64 before rounding: a rounded float32 prints as 0.12340000271797180
         "matrix": np.asarray(a.matrix, dtype=np.float64).round(DECIMALS).tolist(),
         "pharaoh": a.pharaoh,
+        **(
+            {"unknown_target_tokens": list(a.unknown_target_tokens)}
+            if getattr(a, "unknown_target_tokens", ())
+            else {}
+        ),
     }
 
 
@@ -47,8 +52,8 @@ def translation_to_json(t: Any) -> dict[str, Any]:
 
 
 def alternative_to_json(h: Any) -> dict[str, Any]:
-    """A hypothesis's return_alternatives word, replace_unknowns tokens and the plain text of a
-    marked-up answer, where it has them."""
+    """A hypothesis's return_alternatives word, replace_unknowns tokens, the plain text of a
+    marked-up answer and a memory target's unknown tokens, where it has them."""
     out: dict[str, Any] = {}
     if h.alternative is not None:
         a = h.alternative
@@ -59,6 +64,8 @@ def alternative_to_json(h: Any) -> dict[str, Any]:
         }
     if h.replaced_unknowns:
         out["replaced_unknowns"] = list(h.replaced_unknowns)
+    if getattr(h, "unknown_tokens", ()):
+        out["unknown_tokens"] = list(h.unknown_tokens)
     if getattr(h, "plain_text", ""):
         out["plain_text"] = h.plain_text
     return out

@@ -197,9 +197,11 @@ def aligned_pair(
         tagged = project(pair.marked, pair.target, weights)
     subword = word = None
     if options.matrices in ("both", "subword"):
-        subword = Alignment(matrix, src.pieces, tgt.pieces, argmax_pharaoh(matrix))
+        subword = Alignment(
+            matrix, src.pieces, tgt.pieces, argmax_pharaoh(matrix), tuple(tgt.unknown)
+        )
     if options.matrices in ("both", "word"):
-        word = Alignment(word_matrix, src.words, tgt.words, pharaoh)
+        word = Alignment(word_matrix, src.words, tgt.words, pharaoh, tuple(tgt.unknown_words))
     log_prob = forced.log_prob
     return AlignedPair(
         source_tokens=src.pieces,

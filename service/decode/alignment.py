@@ -7,6 +7,7 @@ token's attention over the source (rows sum to 1). Pure numpy and string ops.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,6 +138,17 @@ def merge_subwords(
     return merged.astype(matrix.dtype, copy=False), src_words, tgt_words
 
 
+def words_holding(
+    pieces: list[str], marked: Sequence[int], surfaces: list[str] | None = None
+) -> tuple[int, ...]:
+    """The words of merge_subwords (by index) that hold any of the marked pieces."""
+    if not marked:
+        return ()
+    surfaces = piece_surfaces(pieces) if surfaces is None else surfaces
+    _, member = word_membership(surfaces)  # (W, P)
+    return tuple(int(w) for w in np.flatnonzero(member[:, list(marked)].any(axis=1)))
+
+
 def _one_hot(index: np.ndarray, n: int, dtype: np.dtype) -> np.ndarray:
     """(P, n) with a 1 at (p, index[p])."""
     return (index[:, None] == np.arange(n)[None, :]).astype(dtype)  # (P, n)
@@ -200,3 +212,6 @@ class Alignment:
     source_tokens: list[str]
     target_tokens: list[str]
     pharaoh: str  # hard alignment "src-tgt ..." (argmax per target token)
+    # rows the target vocabulary cannot spell (read as its unknown token), by index into
+    # target_tokens: a memory's target served as written (service/decode/recall.py)
+    unknown_target_tokens: tuple[int, ...] = ()

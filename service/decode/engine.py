@@ -35,7 +35,7 @@ from service.model import segment
 from service.model.bundle import MANIFEST, Bundle, BundleError, load_bundle
 from service.model.embedded import resolve_bundle
 from service.model.input_rule import InputRejected
-from service.model.spelling import control_characters, spelling_problem
+from service.model.spelling import control_problem, spelling_problem
 from service.model.vocab import TextTokenizer, is_word_level, load_tokenizers
 
 AlignmentMode = Literal["none", "subword", "word"]
@@ -62,6 +62,9 @@ class TranslationHypothesis:
         None  # with return_alternatives: its first word after the prefix
     )
     replaced_unknowns: tuple[int, ...] = ()  # token indices of unknowns replaced by a source word
+    # a memory's target served as written: the tokens the vocabulary cannot spell (the forced pass
+    # read its unknown token), by index into tokens
+    unknown_tokens: tuple[int, ...] = ()
     # "memory": the model's memory gave it (service/decode/recall.py); "mixed": a segmented input
     # some of whose segments the memory gave
     origin: str = "model"
@@ -190,18 +193,18 @@ class Engine:
         """A memory file for this model (MemoryFileError naming the file and line of a line that
         does not parse). Each entry is checked as a hit would use it: its source through the input
         rule and within the source limit, the pair as the forced pass reads it (service/decode/
-        sides.py: each side within its limit), its target one the target vocabulary can spell
-        (service/model/spelling.py). An entry that fails is left out, named in `refused`."""
+        sides.py: each side within its limit), its target free of control characters. A target
+        the vocabulary cannot spell is kept: it is served as written, the unknown marked (a
+        memory holds what people wrote). An entry that fails is left out, named in `refused`."""
         reader = self.pair_reader
         # the same words recur (a one-word source is its own sentence; a dictionary's phonemes)
         encode_source = functools.lru_cache(maxsize=4096)(self.src_tok.encode)
         encode_target = functools.lru_cache(maxsize=65536)(self.tgt_tok.encode)
-        unk = self.tgt_tok.special_ids["unk"]
 
         def check(source: str, target: str) -> None:
-            ids = pair_ids(reader, source, target, encode_source, encode_target)
-            if unk in ids.tgt[0] or control_characters(target):
-                problem = spelling_problem(self.tgt_tok, target) or "unknown to the vocabulary"
+            pair_ids(reader, source, target, encode_source, encode_target)
+            problem = control_problem(target)
+            if problem is not None:
                 raise ValueError(f"target: {problem}")
 
         return mem.read_memory(path, self.normalize, check)
@@ -763,8 +766,11 @@ class Engine:
         first = parts[0]
         text, tokens, ids = first.text, list(first.tokens), list(first.token_ids)
         token_log_probs = list(first.token_log_probs)
+        unknown = list(first.unknown_tokens)
         for separator, part in zip(sentence.separators, parts[1:], strict=True):
             text += separator.target_text + part.text
+            start = len(tokens) + len(separator.target_pieces)
+            unknown += [start + i for i in part.unknown_tokens]
             tokens += separator.target_pieces + part.tokens
             ids += separator.target_ids + part.token_ids
             # a separator's tokens are written, not decoded: probability 1
@@ -783,6 +789,7 @@ class Engine:
                 mode,
                 self.joined_surfaces(parts, sentence),
                 source_text=sentence.text,
+                unknown=unknown,
             )
         scored = sum(len(p.token_ids) + (1 if p.finished else 0) for p in parts)
         log_prob = sum(p.log_prob for p in parts)
@@ -799,6 +806,7 @@ class Engine:
             low_confidence=confidence < self.min_confidence,
             segment_confidences=tuple(p.confidence for p in parts),
             token_log_probs=tuple(token_log_probs),
+            unknown_tokens=tuple(unknown),
         )
 
 
@@ -858,14 +866,19 @@ def make_alignment(
     mode: AlignmentMode,
     tgt_surfaces: list[str] | None = None,
     source_text: str | None = None,
+    unknown: Sequence[int] = (),
 ) -> Alignment | None:
     """tgt_surfaces: each target piece's text as the answer writes it (the tokenizer's
     `surfaces`), so that word mode's target words are the answer text's words. At word level the
     source words are the client's whitespace words of `source_text` (as sent: not lower-cased by
-    the input rule, no <unk> for unknown letters) whenever the pieces group into as many words."""
+    the input rule, no <unk> for unknown letters) whenever the pieces group into as many words.
+    unknown: the target pieces the vocabulary cannot spell (a memory's target as written), marked
+    on the rows that hold them."""
     if mode == "none" or matrix is None:
         return None
+    rows = tuple(unknown)
     if mode == "word":
+        rows = align.words_holding(tgt_pieces, unknown, tgt_surfaces)
         matrix, src_pieces, tgt_pieces = align.merge_subwords(
             matrix, src_pieces, tgt_pieces, tgt_surfaces=tgt_surfaces
         )
@@ -877,6 +890,7 @@ def make_alignment(
         source_tokens=src_pieces,
         target_tokens=tgt_pieces,
         pharaoh=align.pharaoh(matrix),
+        unknown_target_tokens=rows,
     )
 
 

@@ -60,7 +60,9 @@ def memory_hypothesis(
     alignment: AlignmentMode,
     target: str,
 ) -> TranslationHypothesis:
-    """A memory target as a hypothesis: the model's log-probabilities and matrices for it."""
+    """A memory target as a hypothesis: the model's log-probabilities and matrices for it. The
+    target is the memory's as written; what the vocabulary cannot spell is marked (the tokens'
+    unknown_tokens, the matrix's unknown_target_tokens), as Align marks it."""
     mode = engine.alignment_mode_for(alignment)
     matrix: Alignment | None = {"subword": aligned.subword, "word": aligned.word}.get(mode)
     steps = len(pair.tgt.ids) + 1  # the end of sentence included
@@ -75,6 +77,7 @@ def memory_hypothesis(
         confidence=aligned.confidence,
         low_confidence=aligned.confidence < engine.min_confidence,
         token_log_probs=tuple(aligned.token_log_probs),
+        unknown_tokens=tuple(aligned.unknown_target_tokens),
         origin="memory",
     )
 

@@ -8,9 +8,9 @@ are matched exactly after the model's own input rule (`normalize`: what `Transla
 text), so a file is read once the engine that normalizes is known. A line that does not parse (no
 tab, an empty side, not UTF-8) refuses the whole file, naming it and the line: it is not a memory
 file. An entry the model cannot use (the rule refuses its source, `check` refuses the pair: a side
-over the model's limits, a target its vocabulary cannot spell) is refused alone, named by file and
+over the model's limits, a target with control characters) is refused alone, named by file and
 line in `Memory.refused`, and the rest of the file is kept: no valid request may fail because of an
-entry.
+entry. A target the model's vocabulary cannot spell is kept: it is served as written.
 
 Two memories merge by source: a later one's targets replace an earlier one's (the server's file over
 the bundle's).

@@ -1,12 +1,14 @@
 """What a model's target side can write: text a client or a file gives for the output (a
-target_prefix, a suppress entry, a memory's target) is checked before it is used.
+target_prefix, a suppress entry, a glossary's target) is checked before it is used.
 
 A target vocabulary maps what it cannot spell to its unknown token: a prefix of snowmen would be
 forced as ⁇ and the answer would not start with what the client sent; a suppress entry would block
-the unknown token instead of the word; a memory's target would come back with ⁇ in it. So such text
-is refused, naming what the vocabulary lacks: the characters for a subword vocabulary (any word of
-them can be cut into pieces), the words for a word vocabulary (imported word-level models).
-Control characters (C0 and C1, tab, newline and carriage return aside) are refused first, by name.
+the unknown token instead of the word. So such text is refused, naming what the vocabulary lacks:
+the characters for a subword vocabulary (any word of them can be cut into pieces), the words for a
+word vocabulary (imported word-level models). Control characters (C0 and C1, tab, newline and
+carriage return aside) are refused first, by name. A memory's target is the exception: it is
+served as written, not decoded, so only its control characters are refused
+(service/decode/engine.py's read_memory); what the vocabulary cannot spell is marked instead.
 """
 
 from __future__ import annotations

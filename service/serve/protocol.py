@@ -341,6 +341,7 @@ def alignment_to_pb(a: Alignment) -> pb.Alignment:
         source_tokens=a.source_tokens,
         target_tokens=a.target_tokens,
         pharaoh=a.pharaoh,
+        unknown_target_tokens=a.unknown_target_tokens,
     )
 
 
@@ -386,6 +387,7 @@ def translation_to_pb(t: Translation) -> pb.Translation:
             replaced_unknowns=h.replaced_unknowns,
             origin=ORIGINS[h.origin],
             plain_text=h.plain_text,
+            unknown_tokens=h.unknown_tokens,
         )
         if h.alignment is not None:
             hyp.alignment.CopyFrom(alignment_to_pb(h.alignment))
@@ -474,6 +476,7 @@ class ClientHypothesis:
     replaced_unknowns: tuple[int, ...] = ()  # tokens replaced by a source word (replace_unknowns)
     origin: str = "model"  # "memory": the model's memory answered it
     plain_text: str = ""  # with markup: the translation without it (`text` has the markup)
+    unknown_tokens: tuple[int, ...] = ()  # a memory's target: tokens the vocabulary cannot spell
 
 
 @dataclass(frozen=True)
@@ -550,6 +553,7 @@ def alignment_from_pb(message: pb.Alignment) -> ClientAlignment | None:
         source_tokens=list(message.source_tokens),
         target_tokens=list(message.target_tokens),
         pharaoh=message.pharaoh,
+        unknown_target_tokens=tuple(message.unknown_target_tokens),
     )
 
 
@@ -573,6 +577,7 @@ def hypothesis_from_pb(message: pb.Hypothesis) -> ClientHypothesis:
         replaced_unknowns=tuple(message.replaced_unknowns),
         origin={v: k for k, v in ORIGINS.items()}.get(message.origin, "model"),
         plain_text=message.plain_text,
+        unknown_tokens=tuple(message.unknown_tokens),
     )
 
 

@@ -307,6 +307,8 @@ function hypothesisCard(h, ti, hi) {
       : "the model's memory answered some segments of this input, the model the others";
     head.append(origin);
   }
+  const unknown = unknownBadge(h);
+  if (unknown) head.append(unknown);
   card.append(head);
   if (h.plain_text) card.append(el("p", "muted plain-text", `plain text (the heatmap's): ${h.plain_text}`));
   if (h.low_confidence) {
@@ -320,7 +322,7 @@ function hypothesisCard(h, ti, hi) {
     card.append(el("p", "muted no-alignment", "no alignment (alignment mode none, or a model without attention)"));
     return card;
   }
-  const view = { rows: a.rows, cols: a.cols, weights: a.weights, src: a.source_tokens, tgt: a.target_tokens, pharaoh: a.pharaoh || "" };
+  const view = { rows: a.rows, cols: a.cols, weights: a.weights, src: a.source_tokens, tgt: a.target_tokens, pharaoh: a.pharaoh || "", unknownRows: a.unknown_target_tokens || [] };
   const heat = heatmap(view);
   const links = linksView(view);
   card.append(heat.node, links.node);
@@ -332,6 +334,19 @@ function hypothesisCard(h, ti, hi) {
   actions.append(png);
   card.append(actions);
   return card;
+}
+
+// A memory's target served as written: what the model's vocabulary cannot spell, named by the
+// alignment's rows (words or pieces) where there is one, else counted.
+function unknownBadge(h) {
+  const tokens = h.unknown_tokens || [];
+  if (!tokens.length) return null;
+  const a = h.alignment;
+  const rows = (a && a.unknown_target_tokens) || [];
+  const named = rows.length ? rows.map((i) => a.target_tokens[i]).join(" ") : `${tokens.length} token${tokens.length > 1 ? "s" : ""}`;
+  const badge = el("span", "badge unknown", `unknown to the vocabulary: ${named}`);
+  badge.title = "served as the memory wrote it; the model's vocabulary cannot spell this, so its scores and heatmap read it as the unknown token";
+  return badge;
 }
 
 function heatmap(v) {
@@ -351,7 +366,8 @@ function heatmap(v) {
   }
   for (let i = 0; i < v.rows; i++) {
     const y = top + i * CELL + CELL / 2 + 4;
-    const label = svg("text", { class: "label tgt-label", "data-row": i, x: left - 6, y, "text-anchor": "end" }, clip(v.tgt[i], 16));
+    const unknown = (v.unknownRows || []).includes(i) ? " unknown" : "";
+    const label = svg("text", { class: `label tgt-label${unknown}`, "data-row": i, x: left - 6, y, "text-anchor": "end" }, clip(v.tgt[i], 16));
     node.append(label);
     tgtLabels.push(label);
     const row = [];
