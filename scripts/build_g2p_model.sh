@@ -14,7 +14,7 @@ run=runs/g2p_stage3
 rule='{"lowercase": true, "alphabet": "abcdefghijklmnopqrstuvwxyz'"'"'", "max_chars": 40}'
 export_bundle() {
   s2s-export --checkpoint "$run/best.pt" --tokenizers "$run" --out models/g2p \
-    --name g2p-en-cmudict --version 1.1.0 --int8 --input-rule "$rule" "$@"
+    --name g2p-en-cmudict --version 1.2.0 --int8 --input-rule "$rule" "$@"
 }
 export_bundle
 s2s-evaluate g2p --checkpoint "$run/best.pt" --tokenizers "$run" --test "$run/data/test.tsv" \
@@ -34,3 +34,5 @@ PY
 export_bundle --info "$run/metrics_summary.json"
 # the memory consulted before the model: CMUdict, every word (docs/memory.md)
 python -m export.memory --bundle models/g2p --g2p-dictionary
+# New bytes are a new version: python -m export.versions --release models/g2p --change "..."
+# (models/versions.json records every released version; tests/test_versions.py checks it)

@@ -40,3 +40,5 @@ cp "$run-align/pipeline.json" docs/eval/grc-en-nt/pipeline.json
 cp "$run-align/eval/metrics.json" docs/eval/grc-en-nt/test_metrics.json
 cat "$run/train_log.jsonl" "$run-align/train_log.jsonl" > docs/eval/grc-en-nt/train_log.jsonl
 du -sh models/grc-en-nt
+# New bytes are a new version: python -m export.versions --release models/grc-en-nt --change "..."
+# (models/versions.json records every released version; tests/test_versions.py checks it)
