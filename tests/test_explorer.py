@@ -706,3 +706,30 @@ def test_a_memory_answer_as_written_marks_what_the_vocabulary_cannot_spell(
         assert [e.text for e in marked] == ["(TM)"]
     finally:
         srv.close()
+
+
+def test_each_text_lists_its_glossary_terms_kept_and_not_and_why(
+    ui: ServerThread,
+    browser: Any,
+    engine: Any,  # noqa: F811
+    texts: list[str],  # noqa: F811
+) -> None:
+    """Terms typed beside the texts: each text lists the terms that apply to it, as the API says,
+    kept or not and why (an overlap names the term kept instead); they stay in the URL."""
+    text = next(t for t in texts if len(t.split()) >= 3 and not engine.prepare(t).segments)
+    words = text.split()
+    first, second = " ".join(words[:2]), " ".join(words[1:3])
+    glossary = f"{first} ||| mille\n{second} ||| cent"
+    open_page(browser, page_url(ui, texts=text, beam=3, nbest=1, glossary=glossary))
+    wait_ready(browser)
+    items = browser.find_elements(By.CSS_SELECTOR, 'section.text[data-text="0"] ul.terms li')
+    assert [i.get_attribute("data-status") for i in items] == [
+        "TERM_STATUS_KEPT",
+        "TERM_STATUS_OVERLAPPED",
+    ]
+    assert items[0].text == f"{first} → mille kept"
+    assert items[1].text == (
+        f"{second} → cent not kept: its source overlaps the term kept instead ({first} → mille)"
+    )
+    state = urllib.parse.parse_qs(urllib.parse.urlparse(browser.current_url).fragment)
+    assert state["glossary"] == [glossary]

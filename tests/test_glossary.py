@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -312,3 +313,146 @@ def test_a_refused_term_is_invalid_argument_naming_it(
     )
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "glossary[0] ('un' → '日本')" in (err.details() or "")
+
+
+# --- which terms a text kept, and why not -----------------------------------------------------
+
+
+def three_words(engine: Engine, texts: list[str]) -> tuple[str, str, str]:  # noqa: F811
+    """A text decoded whole (one sentence) and two terms over its first three words that overlap
+    on the second."""
+    text = next(t for t in texts if len(t.split()) >= 3 and not engine.prepare(t).segments)
+    words = text.split()
+    return text, " ".join(words[:2]), " ".join(words[1:3])
+
+
+def test_each_text_says_which_terms_were_kept_and_which_not_and_why(
+    engine: Engine,  # noqa: F811
+    texts: list[str],  # noqa: F811
+) -> None:
+    text, first, second = three_words(engine, texts)
+    terms = ((first, "mille"), (second, "cent"), ("", "sept"), ("zzzz", "deux"))
+    (got,) = engine.translate([text], SearchOptions(beam_size=3, glossary=terms))
+    assert [(u.term.source, u.term.target, u.status, u.request_index) for u in got.glossary] == [
+        (first, "mille", "kept", 0),
+        (second, "cent", "overlapped", 1),  # the leftmost wins where two overlap
+        ("", "sept", "kept", 2),  # a term without a source applies to every text
+    ]  # ("zzzz" is in no text: it does not apply)
+    assert got.glossary[1].kept_instead == gl.Term(first, "mille")
+    assert has(got.hypotheses[0].tokens, "mille") and has(got.hypotheses[0].tokens, "sept")
+    # a maximum length of one token cannot hold a term of two: the answer is cut before it
+    options = SearchOptions(beam_size=3, max_length=1, glossary=((first, "mille sept"),))
+    (cut,) = engine.translate([text], options)
+    assert not cut.hypotheses[0].finished
+    assert [(u.term.target, u.status) for u in cut.glossary] == [("mille sept", "cut")]
+    # no terms, no report
+    assert engine.translate([text], SearchOptions(beam_size=3))[0].glossary == ()
+
+
+def test_the_standing_glossary_is_reported_as_the_models(tiny: TinyModel, tmp_path: Path) -> None:
+    text = next(t for t in tiny.sources if len(t.split()) >= 3)
+    words = text.split()
+    first, second = " ".join(words[:2]), " ".join(words[1:3])
+    path = bundle_with_glossary(tiny, tmp_path, f"{second}\tcent\n")
+    standing = Engine.load(path, CPU)
+    (got,) = standing.translate([text], SearchOptions(beam_size=3, glossary=((first, "mille"),)))
+    assert [(u.term.target, u.status, u.request_index) for u in got.glossary] == [
+        ("mille", "kept", 0),
+        ("cent", "overlapped", None),  # the model's own term: no request index
+    ]
+
+
+@pytest.mark.parametrize("second", ["{}", "  {} "], ids=["same", "same-after-the-input-rule"])
+def test_terms_with_the_same_source_in_one_request_are_refused_by_name(
+    engine: Engine,  # noqa: F811
+    server: ServerThread,  # noqa: F811
+    texts: list[str],  # noqa: F811
+    second: str,
+) -> None:
+    """Two terms for one source: a text could keep only one, silently. Refused, naming both."""
+    source = word_of(texts[0])
+    terms = ((source, "mille"), ("", "sept"), (second.format(source), "cent"))
+    expected = (
+        f"glossary[0] ({source!r} → 'mille') and glossary[2] ({second.format(source)!r} → 'cent') "
+        "have the same source"
+    )
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        engine.translate(texts[:1], SearchOptions(beam_size=3, glossary=terms))
+    message = pb.DecodingOptions(glossary=[pb.GlossaryTerm(source=s, target=t) for s, t in terms])
+    err = error_of(
+        lambda: server.stub.Translate(
+            pb.TranslateRequest(texts=texts[:1], options=message), timeout=30
+        )
+    )
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in (err.details() or "")
+
+
+def test_the_greek_model_refuses_two_targets_for_kai_and_reports_the_overlap() -> None:
+    """The issue's requests to grc-en-nt, text "καὶ εἶπεν αὐτοῖς"."""
+    from tests.conftest import REPO
+
+    greek = Engine.load(REPO / "models" / "grc-en-nt", CPU)
+    text = "καὶ εἶπεν αὐτοῖς"
+    both = SearchOptions(beam_size=3, glossary=(("καὶ", "and"), ("καὶ", "also")))
+    with pytest.raises(ValueError, match="glossary\\[0\\] \\('καὶ' → 'and'\\) and glossary\\[1\\]"):
+        greek.translate([text], both)
+    overlap = (("καὶ εἶπεν", "and said"), ("εἶπεν αὐτοῖς", "told them"))
+    (got,) = greek.translate([text], SearchOptions(beam_size=3, glossary=overlap))
+    assert [(u.term.source, u.status) for u in got.glossary] == [
+        ("καὶ εἶπεν", "kept"),
+        ("εἶπεν αὐτοῖς", "overlapped"),
+    ]
+    assert "and said" in got.hypotheses[0].text
+
+
+def test_grpc_http_the_client_and_the_cli_report_the_terms(
+    server: ServerThread,  # noqa: F811
+    http: ServerThread,  # noqa: F811
+    engine: Engine,  # noqa: F811
+    texts: list[str],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text, first, second = three_words(engine, texts)
+    terms = [(first, "mille"), (second, "cent")]
+    message = pb.DecodingOptions(
+        beam_size=3, glossary=[pb.GlossaryTerm(source=s, target=t) for s, t in terms]
+    )
+    got = server.stub.Translate(pb.TranslateRequest(texts=[text], options=message), timeout=30)
+    kept, overlapped = got.translations[0].glossary
+    assert (kept.term.source, kept.status, kept.request_index) == (first, pb.TERM_STATUS_KEPT, 0)
+    assert kept.HasField("request_index") and not kept.HasField("kept_instead")
+    assert (overlapped.status, overlapped.request_index) == (pb.TERM_STATUS_OVERLAPPED, 1)
+    assert (overlapped.kept_instead.source, overlapped.kept_instead.target) == (first, "mille")
+    body = {
+        "texts": [text],
+        "options": {"beam_size": 3, "glossary": [{"source": s, "target": t} for s, t in terms]},
+    }
+    answer = call(port_of(http), "/v1/Translate", body).body["translations"][0]["glossary"]
+    assert answer == [
+        {"term": {"source": first, "target": "mille"}, "status": "TERM_STATUS_KEPT",
+         "request_index": 0},
+        {"term": {"source": second, "target": "cent"}, "status": "TERM_STATUS_OVERLAPPED",
+         "request_index": 1, "kept_instead": {"source": first, "target": "mille"}},
+    ]  # fmt: skip
+    with TranslatorClient(f"127.0.0.1:{server.r.port}") as client:
+        (answered,) = client.translate([text], beam_size=3, glossary=terms)
+    assert [(u.term.source, u.status, u.request_index) for u in answered.glossary] == [
+        (first, "kept", 0),
+        (second, "overlapped", 1),
+    ]
+    reported = [
+        {"source": first, "target": "mille", "status": "kept", "request_index": 0},
+        {"source": second, "target": "cent", "status": "overlapped", "request_index": 1,
+         "kept_instead": {"source": first, "target": "mille"}},
+    ]  # fmt: skip
+    from service.cli.client import main as client_main
+
+    flags = ["--glossary", f"{first} ||| mille", "--glossary", f"{second} ||| cent", "--json"]
+    assert client_main(["--server", f"127.0.0.1:{server.r.port}", *flags, text]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["glossary"] == reported
+    monkeypatch.setattr("sys.stdin", io.StringIO(text + "\n"))
+    argv = ["--bundle", str(engine.bundle.path), "--beam", "3", *flags, "--threads", "1"]
+    assert translate_cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["glossary"] == reported

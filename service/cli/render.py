@@ -27,11 +27,29 @@ def alignment_to_json(a: Any) -> dict[str, Any] | None:
     }
 
 
+def term_use_to_json(use: Any) -> dict[str, Any]:
+    """A glossary term that applies to a text, and what became of it (service/model/glossary.py's
+    TermUse): its request index where the request sent it, the term kept over an overlapped one."""
+    out: dict[str, Any] = {
+        "source": use.term.source,
+        "target": use.term.target,
+        "status": use.status,
+    }
+    if use.request_index is not None:
+        out["request_index"] = use.request_index
+    if use.kept_instead is not None:
+        out["kept_instead"] = {"source": use.kept_instead.source, "target": use.kept_instead.target}
+    return out
+
+
 def translation_to_json(t: Any) -> dict[str, Any]:
-    """A JSON-ready dict; matrices as nested lists, floats rounded to DECIMALS places."""
+    """A JSON-ready dict; matrices as nested lists, floats rounded to DECIMALS places; the glossary
+    terms that apply to the text, where there are any."""
+    glossary = [term_use_to_json(u) for u in getattr(t, "glossary", ())]
     return {
         "source": t.source,
         "source_tokens": list(t.source_tokens),
+        **({"glossary": glossary} if glossary else {}),
         "hypotheses": [
             {
                 "text": h.text,

@@ -87,6 +87,8 @@ class Translation:
     source: str
     source_tokens: list[str]
     hypotheses: list[TranslationHypothesis]  # best first
+    # the glossary terms that apply to the text and what became of each (Engine.glossary_report)
+    glossary: tuple[gl.TermUse, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -323,13 +325,63 @@ class Engine:
                     f"a glossary cannot be combined with {name}: its terms are kept by the beam "
                     "search (lexically constrained), which a sample or an alternative does not run"
                 )
+        first: dict[str, int] = {}  # a source as the model reads it → its first term's index
         for i, (source, target) in enumerate(options.glossary):
             try:
-                if source.strip():
-                    self.normalize(source)
+                key = self.normalize(source).strip() if source.strip() else ""
                 self.term_tokens(target)
             except InvalidInput as err:
                 raise InvalidInput(f"glossary[{i}] ({source!r} → {target!r}): {err}") from err
+            if key and key in first:
+                j = first[key]
+                raise InvalidInput(
+                    f"glossary[{j}] ({options.glossary[j][0]!r} → {options.glossary[j][1]!r}) and "
+                    f"glossary[{i}] ({source!r} → {target!r}) have the same source (as the model "
+                    f"reads it: {key!r}): a text keeps one term per source; send one of them"
+                )
+            first.setdefault(key, i)
+
+    def glossary_report(
+        self, text: str, options: SearchOptions, best: TranslationHypothesis | None
+    ) -> tuple[gl.TermUse, ...]:
+        """The terms that apply to a text, the request's and the standing glossary's (its source
+        found in the text, or a request's term without one), and what became of each on the best
+        hypothesis: kept, overlapped (another term kept over its source) or cut (the hypothesis
+        ended at its maximum length before writing it: a finished one holds every term)."""
+        if not options.glossary and not self.standing_glossary(options):
+            return ()
+        sent = {  # the request's terms as the model reads them → (index, the term as sent)
+            gl.Term(self.normalize(s).strip(), t): (i, gl.Term(s, t))
+            for i, (s, t) in enumerate(options.glossary)
+            if s.strip()
+        }
+        glossary = self.request_glossary(options)
+        if self.standing_glossary(options):
+            glossary = glossary.over(self.glossary)
+        scan = glossary.scan(self.normalize(text))
+
+        def use(term: gl.Term, status: str, instead: gl.Term | None = None) -> gl.TermUse:
+            index, shown = sent.get(term, (None, term))
+            if status == gl.KEPT and not self.holds(best, term.target):
+                status = gl.CUT
+            over = None if instead is None else sent.get(instead, (None, instead))[1]
+            return gl.TermUse(shown, status, index, over)
+
+        uses = {m.term: use(m.term, gl.KEPT) for m in scan.kept}
+        for m, winner in scan.overlapped:
+            uses.setdefault(m.term, use(m.term, gl.OVERLAPPED, winner.term))
+        for i, (source, target) in enumerate(options.glossary):
+            if not source.strip():
+                term = gl.Term("", target)
+                uses[term] = replace(use(term, gl.KEPT), request_index=i)
+        return tuple(sorted(uses.values(), key=report_order))
+
+    def holds(self, hyp: TranslationHypothesis | None, target: str) -> bool:
+        """Whether a hypothesis holds a term's target tokens in a row (a finished one does)."""
+        if hyp is None or hyp.finished:
+            return hyp is not None
+        want, ids = self.term_tokens(target), hyp.token_ids
+        return any(tuple(ids[t : t + len(want)]) == want for t in range(len(ids) - len(want) + 1))
 
     def recall(self, text: str) -> tuple[str, ...]:
         """The memory's targets for a text (matched after the input rule), () for none."""
@@ -589,6 +641,9 @@ class Engine:
             source=request.sentence.text,
             source_tokens=request.sentence.pieces,
             hypotheses=hypotheses,
+            glossary=self.glossary_report(
+                request.sentence.text, request.options, hypotheses[0] if hypotheses else None
+            ),
         )
 
     def alternatives(
@@ -739,15 +794,17 @@ class Engine:
             for seg, hyps in zip(sentence.segments, parts, strict=True)
         ]
         n = max(len(hyps) for hyps in converted)
+        hypotheses = [
+            self.join_hypotheses(
+                [hyps[min(i, len(hyps) - 1)] for hyps in converted], sentence, mode
+            )
+            for i in range(n)
+        ]
         return Translation(
             source=sentence.text,
             source_tokens=sentence.pieces,
-            hypotheses=[
-                self.join_hypotheses(
-                    [hyps[min(i, len(hyps) - 1)] for hyps in converted], sentence, mode
-                )
-                for i in range(n)
-            ],
+            hypotheses=hypotheses,
+            glossary=self.glossary_report(sentence.text, request.options, hypotheses[0]),
         )
 
     def joined_surfaces(self, parts: list[TranslationHypothesis], sentence: Prepared) -> list[str]:
@@ -808,6 +865,11 @@ class Engine:
             token_log_probs=tuple(token_log_probs),
             unknown_tokens=tuple(unknown),
         )
+
+
+def report_order(use: gl.TermUse) -> tuple[bool, int]:
+    """A glossary report's order: the request's terms as it sent them, then the model's own."""
+    return (use.request_index is None, use.request_index or 0)
 
 
 def continuation_pieces(tokenizer: TextTokenizer, word_level: bool) -> np.ndarray | None:

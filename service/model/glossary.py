@@ -59,6 +59,31 @@ class Match:
     end: int
 
 
+@dataclass
+class Scan:
+    """A text's terms: the matches kept, and each match that overlapped one kept (with it)."""
+
+    kept: list[Match] = field(default_factory=list)
+    overlapped: list[tuple[Match, Match]] = field(default_factory=list)
+
+
+KEPT, OVERLAPPED, CUT = "kept", "overlapped", "cut"  # what became of a term (TermUse.status)
+
+
+@dataclass(frozen=True)
+class TermUse:
+    """What became of a term that applies to a text (its source found there, or none), judged on
+    the best hypothesis: kept (it holds the target); overlapped (its source overlaps a term kept
+    instead: the leftmost, then the longest); cut (the hypothesis reached its maximum length
+    before writing it). A request's term is as the request sent it, with its index there; a term
+    of the model's standing glossary has no index."""
+
+    term: Term
+    status: str
+    request_index: int | None = None
+    kept_instead: Term | None = None  # overlapped: the term kept where their sources overlap
+
+
 @dataclass(frozen=True)
 class Glossary:
     """Terms indexed by their first source word; a later term replaces an earlier one with the
@@ -85,23 +110,28 @@ class Glossary:
     def find(self, text: str) -> list[Match]:
         """The terms whose words occur in text's, leftmost first; where two overlap, the one
         starting first (the longer at the same start) wins."""
-        found: list[Match] = []
-        taken = -1
+        return self.scan(text).kept
+
+    def scan(self, text: str) -> Scan:
+        """The terms found in text: those kept (`find`'s) and those that lost an overlap, each
+        with the match kept over it."""
+        out = Scan()
         spans = [m.span() for m in WORD.finditer(text)]
         tokens = tuple(text[s:e] for s, e in spans)
         for i, token in enumerate(tokens):
-            if i <= taken:
+            here = [
+                Match(t, i, i + len(t.words) - 1, spans[i][0], spans[i + len(t.words) - 1][1])
+                for t in self._index.get(token, ())
+                if tokens[i : i + len(t.words)] == t.words
+            ]
+            if not here:
                 continue
-            best = None
-            for term in self._index.get(token, ()):
-                n = len(term.words)
-                if tokens[i : i + n] == term.words and (best is None or n > len(best.words)):
-                    best = term
-            if best is not None:
-                last = i + len(best.words) - 1
-                found.append(Match(best, i, last, spans[i][0], spans[last][1]))
-                taken = last
-        return found
+            holder = out.kept[-1] if out.kept and out.kept[-1].last >= i else None
+            if holder is None:  # the longest term starting here is kept
+                holder = max(here, key=lambda m: m.last)
+                out.kept.append(holder)
+            out.overlapped += [(m, holder) for m in here if m is not holder]
+        return out
 
 
 EMPTY = Glossary()

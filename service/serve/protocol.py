@@ -32,6 +32,7 @@ from service.decode.options import (
     merge_options,
     problems,
 )
+from service.model import glossary as gl
 
 if TYPE_CHECKING:  # the client imports this module: keep onnxruntime out of its imports
     from service.decode.engine import AlignmentMode, Engine, Prepared, Translation
@@ -370,10 +371,31 @@ def aligned_pair_to_pb(a: AlignedPair) -> pb.PairAlignment:
 
 
 ORIGINS = {"model": pb.ORIGIN_MODEL, "memory": pb.ORIGIN_MEMORY, "mixed": pb.ORIGIN_MIXED}
+TERM_STATUSES = {
+    gl.KEPT: pb.TERM_STATUS_KEPT,
+    gl.OVERLAPPED: pb.TERM_STATUS_OVERLAPPED,
+    gl.CUT: pb.TERM_STATUS_CUT,
+}
+
+
+def term_use_to_pb(use: gl.TermUse) -> pb.GlossaryTermResult:
+    out = pb.GlossaryTermResult(
+        term=pb.GlossaryTerm(source=use.term.source, target=use.term.target),
+        status=TERM_STATUSES[use.status],  # type: ignore[arg-type]
+    )
+    if use.request_index is not None:
+        out.request_index = use.request_index
+    if use.kept_instead is not None:
+        out.kept_instead.CopyFrom(
+            pb.GlossaryTerm(source=use.kept_instead.source, target=use.kept_instead.target)
+        )
+    return out
 
 
 def translation_to_pb(t: Translation) -> pb.Translation:
-    out = pb.Translation(source_tokens=t.source_tokens)
+    out = pb.Translation(
+        source_tokens=t.source_tokens, glossary=[term_use_to_pb(u) for u in t.glossary]
+    )
     for h in t.hypotheses:
         hyp = out.hypotheses.add(
             text=h.text,
@@ -491,6 +513,9 @@ class ClientTranslation:
     source: str  # the text sent
     source_tokens: list[str]
     hypotheses: list[ClientHypothesis]  # best first
+    glossary: tuple[
+        gl.TermUse, ...
+    ] = ()  # the terms that apply to the text, and what became of each
 
     @property
     def best(self) -> ClientHypothesis:
@@ -581,11 +606,23 @@ def hypothesis_from_pb(message: pb.Hypothesis) -> ClientHypothesis:
     )
 
 
+def term_use_from_pb(message: pb.GlossaryTermResult) -> gl.TermUse:
+    statuses = {v: k for k, v in TERM_STATUSES.items()}
+    instead = message.kept_instead if message.HasField("kept_instead") else None
+    return gl.TermUse(
+        term=gl.Term(message.term.source, message.term.target),
+        status=statuses.get(message.status, gl.KEPT),
+        request_index=message.request_index if message.HasField("request_index") else None,
+        kept_instead=None if instead is None else gl.Term(instead.source, instead.target),
+    )
+
+
 def translation_from_pb(message: pb.Translation, source: str = "") -> ClientTranslation:
     return ClientTranslation(
         source=source,
         source_tokens=list(message.source_tokens),
         hypotheses=[hypothesis_from_pb(h) for h in message.hypotheses],
+        glossary=tuple(term_use_from_pb(u) for u in message.glossary),
     )
 
 

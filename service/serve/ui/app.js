@@ -159,6 +159,7 @@ function readHash() {
   if (p.has("beam")) $("beam").value = p.get("beam");
   if (p.has("nbest")) $("nbest").value = p.get("nbest");
   $("prefix").value = p.get("prefix") || "";
+  $("glossary").value = p.get("glossary") || "";
   $("markup").value = ["xml", "html"].includes(p.get("markup")) ? p.get("markup") : "none";
   if (p.has("alignment") && ALIGNMENT[p.get("alignment")]) $("alignment").value = p.get("alignment");
   // A link without model= (or naming a model not served) means the server's default model.
@@ -172,6 +173,7 @@ function writeHash() {
     alignment: $("alignment").value, model: $("model").value,
   });
   if ($("prefix").value) p.set("prefix", $("prefix").value);
+  if ($("glossary").value.trim()) p.set("glossary", $("glossary").value);
   if ($("markup").value !== "none") p.set("markup", $("markup").value);
   history.replaceState(null, "", `#${p.toString()}`);
 }
@@ -190,11 +192,21 @@ function buildRequest() {
   const prefix = $("prefix").value;
   if (prefix.trim() !== "") request.options.target_prefix = texts.map(() => prefix);
   if ($("markup").value !== "none") request.options.markup = $("markup").value;
+  const terms = glossaryTerms($("glossary").value);
+  if (terms.length) request.options.glossary = terms;
   if (state.listed) {
     const m = state.models.find((x) => x.name === $("model").value);
     if (m) request.model = { name: m.name, version: m.version };
   }
   return request;
+}
+
+// "source ||| target" lines (a line without "|||" is a target-only term); blank lines skipped.
+function glossaryTerms(text) {
+  return text.split("\n").filter((line) => line.trim() !== "").map((line) => {
+    const at = line.indexOf("|||");
+    return at < 0 ? { source: "", target: line.trim() } : { source: line.slice(0, at).trim(), target: line.slice(at + 3).trim() };
+  });
 }
 
 async function translate() {
@@ -240,7 +252,9 @@ function alternativesRequest(request) {
   const maxAlternatives = (info.limits && info.limits.max_alternatives) || ALTERNATIVES;
   const k = Math.min(ALTERNATIVES, maxAlternatives, maxBeam);
   const beam = Math.min(maxBeam, Math.max(request.options.beam_size, k));
-  return { ...request, options: { ...request.options, beam_size: beam, n_best: 1, return_alternatives: k, alignment: ALIGNMENT.none } };
+  const options = { ...request.options, beam_size: beam, n_best: 1, return_alternatives: k, alignment: ALIGNMENT.none };
+  delete options.glossary; // a glossary is kept by the beam search, which alternatives do not run
+  return { ...request, options };
 }
 
 function alternativesList(t, ti) {
@@ -274,6 +288,7 @@ function render(request, response, alternatives) {
     const section = el("section", "text");
     section.dataset.text = ti;
     section.append(el("h2", "", `${ti + 1}. ${request.texts[ti]}`));
+    if ((t.glossary || []).length) section.append(glossaryList(t.glossary));
     if (alternatives) {
       section.append(el("p", "muted", "Next words after the start, with their probabilities and best continuations:"));
       section.append(alternativesList(alternatives.translations[ti], ti));
@@ -283,6 +298,30 @@ function render(request, response, alternatives) {
     section.append(hyps);
     results.append(section);
   });
+}
+
+// The glossary terms that apply to a text and what became of each on the best answer.
+const TERM_STATUS = {
+  TERM_STATUS_KEPT: "kept",
+  TERM_STATUS_OVERLAPPED: "not kept: its source overlaps the term kept instead",
+  TERM_STATUS_CUT: "not kept: the answer reached its maximum length before it",
+};
+function termText(term) {
+  return `${term.source || "(every text)"} → ${term.target}`;
+}
+function glossaryList(uses) {
+  const list = el("ul", "terms");
+  for (const u of uses) {
+    const kept = u.status === "TERM_STATUS_KEPT";
+    const item = el("li", kept ? "term kept" : "term not-kept");
+    item.dataset.status = u.status;
+    let why = TERM_STATUS[u.status] || u.status;
+    if (u.kept_instead) why += ` (${termText(u.kept_instead)})`;
+    item.append(el("span", "term-text", termText(u.term || {})), " ", el("span", "term-status", why));
+    if (u.request_index === undefined) item.append(" ", el("span", "badge", "the model's glossary"));
+    list.append(item);
+  }
+  return list;
 }
 
 function hypothesisCard(h, ti, hi) {
