@@ -49,9 +49,18 @@ BUFFERS: tuple[tuple[str, int, int], ...] = (
 NUMPY_TYPE: dict[int, type] = {FLOAT: np.float32, BOOL: np.bool_}
 
 
+ORT_TYPES: dict[str, type] = {
+    "tensor(float)": np.float32,
+    "tensor(bool)": np.bool_,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+}
+
+
 def _dtype(value: ort.OrtValue) -> type:
-    """The numpy type of a row buffer (float32, or bool for the mask)."""
-    return np.bool_ if value.data_type() == "tensor(bool)" else np.float32
+    """The numpy type of a device buffer (the row buffers': float32, or bool for the mask; the
+    search's: float64 and int64 too)."""
+    return ORT_TYPES[value.data_type()]
 
 
 class Device:
@@ -137,6 +146,29 @@ class Device:
         else:
             device_type, device_id = ("cpu", 0) if host else (self.type, self.id)
             getattr(binding, f"bind_{kind}")(name, device_type, device_id, dtype, dims, ptr)
+
+    def bind_value(self, binding: ort.IOBinding, name: str, value: Any) -> None:
+        """A device tensor (an OrtValue, or the C-level value `outputs` gives) as an input (no
+        copy). The public bind_ortvalue_input costs twice the C-level call (its checks)."""
+        if self.fast_binds:
+            binding._iobinding.bind_ortvalue_input(name, getattr(value, "_ortvalue", value))
+        else:
+            binding.bind_ortvalue_input(name, value)
+
+    def bind_new_output(self, binding: ort.IOBinding, name: str) -> None:
+        """An output that the next run allocates on the device (the public bind_output builds the
+        device anew at each call: 4 µs against 0.4)."""
+        if self.fast_binds:
+            binding._iobinding.bind_output(name, self.ort_device)
+        else:
+            binding.bind_output(name, self.type, self.id)
+
+    def outputs(self, binding: ort.IOBinding) -> Sequence[Any]:
+        """The last run's outputs (in the order first bound), as values `bind_value` takes: C-level
+        ones where this onnxruntime exposes them (not wrapped: 0.4 µs against 2.5 for all)."""
+        if self.fast_binds:
+            return binding._iobinding.get_outputs()  # type: ignore[no-any-return]
+        return binding.get_outputs()
 
     def output(self, binding: ort.IOBinding, index: int) -> ort.OrtValue:
         """Output `index` (in the order first bound) of the binding's last run. IOBinding.get_outputs
@@ -362,10 +394,10 @@ def host_view(value: ort.OrtValue, shape: Sequence[int]) -> np.ndarray:
     count = math.prod(shape)
     array = getattr(value, "_numpy_obj", None)  # set only for a contiguous array wrapped as is
     if array is None:
-        dtype = _dtype(value)
-        c_type = ctypes.c_float if dtype is np.float32 else ctypes.c_uint8
-        pointer = ctypes.cast(value.data_ptr(), ctypes.POINTER(c_type))
-        raw = np.ctypeslib.as_array(pointer, shape=(count,)) if count else np.zeros(0, c_type)
+        dtype = np.dtype(_dtype(value))
+        size = count * dtype.itemsize
+        pointer = ctypes.cast(value.data_ptr(), ctypes.POINTER(ctypes.c_uint8))
+        raw = np.ctypeslib.as_array(pointer, shape=(size,)) if size else np.zeros(0, np.uint8)
         return raw.view(dtype).reshape(tuple(shape))
     return array.reshape(-1)[:count].reshape(tuple(shape))
 

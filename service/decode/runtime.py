@@ -30,6 +30,13 @@ from service.decode.beam import StepOutput
 from service.decode.config import RuntimeConfig
 from service.decode.device import Device, HostRowOps, RowOps, make_row_ops
 from service.decode.providers import CUDA, check_model_providers, resolve_providers
+from service.decode.search_graph import (
+    SearchShape,
+    finished_graph,
+    graph_problem,
+    grow_graph,
+    search_step_graph,
+)
 from service.decode.transfers import TransferLedger
 from service.model.architecture import PAD_ID
 from service.model.bundle import Bundle, BundleError
@@ -289,6 +296,9 @@ class OnnxModel:
         self._forced: ort.InferenceSession | None = None
         self._forced_made = False
         self._forced_lock = threading.Lock()
+        # the device search's sessions (service/decode/device_search.py), made on first use
+        self._searches: dict[SearchShape, ort.InferenceSession] = {}
+        self._helpers: dict[str, ort.InferenceSession] = {}
         on_gpu = self.decoder.get_providers()[0] == CUDA
         self.device_type = "cuda" if on_gpu else "cpu"
         self.device_id = config.device_id if on_gpu else 0
@@ -298,6 +308,39 @@ class OnnxModel:
         self.row_ops = make_row_ops(
             self.device, providers, provider_options(providers, config), config.row_ops
         )
+
+    def search_session(
+        self, K: int, bos_id: int, eos_id: int, narrow_on_eos: bool, coverage: bool
+    ) -> ort.InferenceSession:
+        """The decoder step with the device search's step appended (service/decode/search_graph.py)
+        for beam K (and the coverage kept, or not), made on first use and shared by the running
+        batches of that beam; ValueError where the decoder graph cannot take it
+        (`graph_problem`)."""
+        V = self.bundle.architecture.tgt_vocab_size
+        shape = SearchShape(K, min(K + 1, V), bos_id, eos_id, narrow_on_eos, coverage)
+        with self._forced_lock:
+            session = self._searches.get(shape)
+            if session is None:
+                model = onnx.load(str(self.decoder_file))
+                problem = graph_problem(model, K)
+                if problem:
+                    raise ValueError(f"{self.decoder_file}: no device search: {problem}")
+                topk_reads_k_on_the_host(model)
+                graph = search_step_graph(model, shape).SerializeToString()
+                session = make_session(graph, self.config, self.config.intra_op_threads)
+                self._searches[shape] = session
+            return session
+
+    def search_helper(self, name: str) -> ort.InferenceSession:
+        """The device search's small graphs (`finished_graph`, `grow_graph`), on the model's device
+        with one thread, made on first use."""
+        with self._forced_lock:
+            session = self._helpers.get(name)
+            if session is None:
+                graph = {"finished": finished_graph, "grow": grow_graph}[name]()
+                session = make_session(graph, self.config, 1)
+                self._helpers[name] = session
+            return session
 
     def decoder_inputs(self) -> list[GraphInput]:
         """The decoder graph's inputs as its file declares them (the contract's), whatever
