@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 
 from benchmarks.decoding.instant import build_instant_bundle, instant_text
@@ -26,6 +27,7 @@ from benchmarks.sample_texts import bundle_texts
 from service.decode.config import RuntimeConfig
 from service.decode.engine import AlignmentMode, DecodeRequest, Engine, Translation
 from service.decode.options import SearchOptions, merge_options
+from service.decode.search_graph import controls_problem
 from tests.conftest import REPO
 
 SCORE_TOLERANCE = 1e-5
@@ -228,3 +230,72 @@ def test_the_device_graphs_row_ops_give_the_same_answers(graph_ops: Pair) -> Non
     want, got = churn(graph_ops.host, requests, 5), churn(graph_ops.device, requests, 5)
     for key, w in want.items():
         assert_same(w, got[key], f"graph ops churn, request {key}")
+
+
+# --- the decoding controls --------------------------------------------------------------------
+
+
+def control_cases(pair: Pair) -> list[tuple[str, dict[str, Any]]]:
+    """Each control alone, as options: a prefix (the first words of a translation, so that its
+    tokens are the model's), single suppressed tokens, a minimum length (on the device), and the
+    host's: n-gram blocking, a repetition penalty, a suppressed sequence, sampling, alternatives,
+    a glossary term."""
+    tok = pair.host.tgt_tok
+    first = pair.host.translate(pair.texts[:1], pair.options(beam_size=5))[0].hypotheses[0]
+    words = first.text.split()
+    singles = [w for w in dict.fromkeys(words) if len(tok.encode(w)) == 1][:2] or words[:1]
+    sequence = next((w for w in words if len(tok.encode(w)) > 1), None)
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("prefix", {"target_prefix": (" ".join(words[:2]),)}),
+        ("suppress", {"suppress": tuple(singles)}),
+        ("min_length", {"min_length": len(first.token_ids) + 3}),
+        ("ngram", {"no_repeat_ngram_size": 2}),
+        ("repetition", {"repetition_penalty": 1.3}),
+        ("sampling", {"sampling_topk": 5, "n_best": 2, "seed": 3}),
+        ("alternatives", {"return_alternatives": 3, "n_best": 3}),
+    ]
+    if sequence is not None:
+        cases.append(("suppress sequence", {"suppress": (sequence,)}))
+    if words:
+        cases.append(("glossary", {"glossary": (("", words[-1]),)}))
+    return cases
+
+
+def test_each_control_alone(pair: Pair) -> None:
+    for name, changes in control_cases(pair):
+        options = pair.options(beam_size=5, **{"n_best": 2, **changes})
+        texts = pair.texts[:1] if "target_prefix" in changes else pair.texts[:6]
+        compare(pair, texts, options, f"control {name}")
+
+
+def test_the_device_search_holds_the_mask_and_prefix_controls(pair: Pair) -> None:
+    """A prefix, single suppressed tokens and a minimum length decode on the device; the
+    controls that read a hypothesis's tokens, sample or keep constraints on the host."""
+    cases = dict(control_cases(pair))
+    batch = pair.device.new_batch(5)
+    assert batch.device is not None
+    # the graph must end in a TopK over its log-softmax row, which the masks go before (the
+    # exporter's do; the instant bundle's reads its top k from a table)
+    masks = controls_problem(onnx.load(str(pair.bundle / "decoder.onnx"))) is None
+    assert masks == (pair.bundle.name != "instant" and "instant" not in str(pair.bundle))
+    for name, device in [("prefix", True), ("min_length", True), ("ngram", False),
+                         ("repetition", False), ("sampling", False)]:  # fmt: skip
+        options = pair.options(beam_size=5, **{"n_best": 2, **cases[name]})
+        assert batch.device.takes(pair.device.controls(options)) == (device and masks), name
+
+
+def test_every_control_mixed_in_one_running_batch(pair: Pair) -> None:
+    """Sentences with each control, and without, joining one running batch: the device search
+    and the numpy search share it; every answer is the host search's."""
+    cases = control_cases(pair)
+    requests = []
+    for i in range(2 * len(pair.texts)):
+        changes = cases[i % len(cases)][1] if i % 3 else {}
+        text = pair.texts[0] if "target_prefix" in changes else pair.texts[i % len(pair.texts)]
+        options = pair.options(beam_size=5, **{"n_best": 2, **changes})
+        requests.append(DecodeRequest(i, pair.host.prepare(text), options, "subword"))
+    want = churn(pair.host, requests, seed=11)
+    got = churn(pair.device, requests, seed=11)
+    assert got.keys() == want.keys()
+    for key, w in want.items():
+        assert_same(w, got[key], f"{pair.bundle.name} mixed controls, request {key}")

@@ -174,6 +174,7 @@ def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batc
             # the done flags; when sentences joined or left, the batch's index arrays and the
             # joining sentences' fields
             step_bytes = running + (2 * 8 * running + n * W * 8 if changed else 0)
+            step_bytes += 2 * 2 * 8 * N  # the index buffers grown, when the batch outgrows them
             T = S + 8  # the longest a sentence of this workload decodes (max_length_a 1, b <= 8)
             done = B_before - len(device)  # entries (segments) done at this step
             assert moved.by_reason()["done"] == running == B_before  # one flag per sentence

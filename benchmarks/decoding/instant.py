@@ -132,19 +132,19 @@ def decoder_graph(seed: int = 0) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
     logits = rng.normal(0.0, 1.0, (VOCAB, VOCAB))  # (V, V) next-token logits by previous token
     logits[:, :EOS_ID] = -30.0  # never pad or BOS
-    words = np.delete(np.arange(VOCAB), EOS_ID)  # (V-1,) every token but the end of sentence
-    order = np.argsort(-logits[:, words], axis=1, kind="stable")  # (V, V-1)
-    sorted_ids = words[order]  # (V, V-1) best first
-    sorted_logits = np.take_along_axis(logits[:, words], order, axis=1)  # (V, V-1)
-    rest = np.exp(sorted_logits).sum(axis=1, keepdims=True)  # (V, 1)
-    # rows 0..V-1: before the sentence's step L (the end of sentence last, out of any top k);
-    # rows V..2V-1: from L on (the end of sentence first)
-    before = sorted_logits - np.log(rest + np.exp(-EOS_LOGIT))  # (V, V-1) log-probs
-    lse_after = np.log(rest + np.exp(EOS_LOGIT))  # (V, 1)
-    after = np.concatenate([EOS_LOGIT - lse_after, sorted_logits[:, :-1] - lse_after], axis=1)
-    table = np.concatenate([before, after]).astype(np.float32)  # (2V, V-1)
-    eos_first = np.concatenate([np.full((VOCAB, 1), EOS_ID), sorted_ids[:, :-1]], axis=1)
-    ids = np.concatenate([sorted_ids, eos_first]).astype(np.int64)  # (2V, V-1)
+    tables, ids = [], []
+    # rows 0..V-1: before the sentence's step L (the end of sentence at -EOS_LOGIT: last of the
+    # words); rows V..2V-1: past it (at +EOS_LOGIT: first); each row sorted, best first
+    for eos_logit in (-EOS_LOGIT, EOS_LOGIT):
+        row = logits.copy()
+        row[:, EOS_ID] = eos_logit
+        order = np.argsort(-row, axis=1, kind="stable")  # (V, V)
+        values = np.take_along_axis(row, order, axis=1)
+        lse = np.log(np.exp(values).sum(axis=1, keepdims=True))  # (V, 1)
+        tables.append(values - lse)  # log-softmax
+        ids.append(order)
+    table = np.concatenate(tables).astype(np.float32)  # (2V, V)
+    table_ids = np.concatenate(ids).astype(np.int64)  # (2V, V)
     n = helper.make_node
     nodes = [
         n("Gather", ["state", "reorder"], ["followed"], axis=0),  # (N, 2)
@@ -174,7 +174,7 @@ def decoder_graph(seed: int = 0) -> onnx.ModelProto:
     ]
     inits = [
         _const("table", table),
-        _const("ids", ids),
+        _const("ids", table_ids),
         _const("vocab", np.array(VOCAB, np.int64)),
         _const("one_f", np.array(1.0, np.float32)),
         _const("flat", np.array([-1], np.int64)),

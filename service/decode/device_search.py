@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,14 @@ from service.decode.controls import NO_CONTROLS, Controls
 from service.decode.device import HostRowOps, host_view
 from service.decode.options import SearchOptions
 from service.decode.runtime import EncodedSentence, EncoderRows, HostBuffer, OnnxModel
-from service.decode.search_graph import CODE, PARAMS, RULES, SENTENCE_FIELDS, sentence_width
+from service.decode.search_graph import (
+    CODE,
+    PARAMS,
+    RULES,
+    SENTENCE_FIELDS,
+    SearchShape,
+    sentence_width,
+)
 
 NEG_INF = -math.inf
 
@@ -48,10 +55,26 @@ class _Entry:
     src_len: int
     max_len: int
     pool: int  # its row of the history buffer
+    controls: Controls = NO_CONTROLS  # a prefix, single suppressed tokens, a minimum length
 
     @property
     def keep(self) -> int:
         return self.options.n_best
+
+
+def device_controls(controls: Controls) -> bool:
+    """Whether the device search applies a sentence's controls: a target prefix (forced), single
+    suppressed tokens and a minimum length (masks). What reads a hypothesis's own tokens (n-gram
+    blocking, a suppressed sequence, a repetition penalty), samples, alternatives and glossary
+    constraints stay with the numpy search."""
+    return (
+        all(len(seq) == 1 for seq in controls.suppress)
+        and not controls.no_repeat_ngram_size
+        and controls.repetition_penalty == 1.0
+        and not controls.alternatives
+        and not controls.sampling
+        and not controls.constraints
+    )
 
 
 def sentence_params(options: SearchOptions, max_len: int, pool: int) -> np.ndarray:
@@ -182,9 +205,11 @@ class DeviceSearch:
         self._beam_size = K = beam_size
         self.bos_id, self.eos_id = bos_id, eos_id
         self.narrow_on_eos = narrow_on_eos
-        # the step's graph without the coverage; with it while a sentence has a coverage penalty
-        self.coverage = False
-        self.session = model.search_session(K, bos_id, eos_id, narrow_on_eos, coverage=False)
+        # the step's graph for this batch; with the coverage while a sentence has a coverage
+        # penalty, with the controls while a sentence has controls (each costs the others)
+        self.shape = SearchShape(K, K + 1, bos_id, eos_id, narrow_on_eos)
+        self.session = model.search_session(self.shape)
+        self._takes_controls: bool | None = None  # whether the graph can apply them (`takes`)
         self.device = model.device
         self.rows = EncoderRows(
             model.row_ops, keys_follow_source=model.bundle.architecture.attention != "none"
@@ -211,6 +236,7 @@ class DeviceSearch:
         self._row_bases: Any = None
         self._no_join: Any = None
         self._penalized = 0  # sentences with a coverage penalty (the coverage is kept for them)
+        self._controlled: list[int] = []  # the batch's sentences with controls (indices)
 
     # --- BeamSearch's interface ----------------------------------------------------------------
 
@@ -242,15 +268,32 @@ class DeviceSearch:
                 f"sentence beam_size {options.beam_size} exceeds the batch's beam size "
                 f"{self._beam_size}"
             )
-        if controls.active:
-            raise ValueError("the device search takes sentences without decoding controls")
+        if controls.active and not self.takes(controls):
+            raise ValueError("the device search does not take these decoding controls")
         if sentence_id in self._ids:
             raise ValueError(f"sentence {sentence_id!r} is already decoding")
         src_len = encoded.length
-        max_len = min(options.max_length, options.max_len(src_len))
+        # a prefix is always decoded whole (cut only by max_length), as beam.py's add says
+        room = max(options.max_len(src_len), len(controls.prefix) + 1)
+        max_len = min(options.max_length, room)
         self._ids.add(sentence_id)
-        entry = _Entry(sentence_id, options, src_len, max_len, self.history.take())
+        entry = _Entry(sentence_id, options, src_len, max_len, self.history.take(), controls)
         self._joining.append((entry, encoded))
+
+    def takes(self, controls: Controls) -> bool:
+        """Whether the device search applies these controls (`device_controls`) on this model's
+        graph (the others stay with the numpy search: docs/decoding.md)."""
+        if not controls.active:
+            return True
+        if not device_controls(controls):
+            return False
+        if self._takes_controls is None:
+            try:
+                self.model.search_session(replace(self.shape, controls=True))
+                self._takes_controls = True
+            except ValueError:
+                self._takes_controls = False
+        return self._takes_controls
 
     def remove(self, sentence_ids: Collection[Hashable]) -> list[Hashable]:
         """Drop sentences before they finish; returns the ids removed."""
@@ -304,6 +347,7 @@ class DeviceSearch:
     def _reset(self) -> None:
         """The batch is empty: its device state goes."""
         self._state = None
+        self._controlled = []
         self._keep = None
         self._S_prev = 0
         self.history.clear()
@@ -320,9 +364,12 @@ class DeviceSearch:
         N_prev = 0 if self._state is None else int(self._state["new_state"].shape()[0])
         changed = bool(joining) or self._keep is not None or self._state is None
         self._penalized += sum(e.options.coverage_penalty > 0 for e, _ in joining)
-        coverage = self._penalized > 0
-        if coverage != self.coverage:  # the other graph: a new binding, every input bound again
-            self._switch(coverage)
+        if joining or self._keep is not None:
+            everyone = self._entries + [e for e, _ in joining]
+            self._controlled = [b for b, e in enumerate(everyone) if e.controls.active]
+        shape = replace(self.shape, coverage=self._penalized > 0, controls=bool(self._controlled))
+        if shape != self.shape:  # the other graph: a new binding, every input bound again
+            self._switch(shape)
             changed = True
         if self._state is None:
             self._D = self._D or int(joining[0][1].state.shape[0])
@@ -341,7 +388,7 @@ class DeviceSearch:
         if self.history.fit(int(self._steps.max(initial=0)) + 1, S) or "history" not in self._bound:
             self._bind_history()
         binding = self.binding
-        for name in ("sentences", "coverage") if self.coverage else ("sentences",):
+        for name in ("sentences", "coverage") if self.shape.coverage else ("sentences",):
             device.bind_value(binding, name, self._state[f"out_{name}"])
         device.bind_value(binding, "state", self._state["new_state"])
         if changed:
@@ -350,7 +397,7 @@ class DeviceSearch:
             n = len(joining)
             sent_select = np.concatenate([kept, B_prev + np.arange(n)]).astype(np.int64)  # (B,)
             self._upload("sent_select", sent_select, "indices")
-            if self.coverage:  # the rows of those sentences (joining ones: past N_prev)
+            if self.shape.coverage:  # the rows of those sentences (joining ones: past N_prev)
                 row_select = np.concatenate(
                     [(kept[:, None] * K + np.arange(K)).reshape(-1), N_prev + np.arange(n * K)]
                 ).astype(np.int64)  # (N,)
@@ -361,7 +408,7 @@ class DeviceSearch:
         elif not self._bound.get("identity"):
             self._bind_identity(B)
         if self._bound.get("S") != (self._S_prev, S, B):
-            if self.coverage:
+            if self.shape.coverage:
                 cut = min(self._S_prev, S)
                 device.bind_host_argument(binding, "coverage_ends", np.array([S], np.int64))
                 device.bind_host_argument(
@@ -373,6 +420,8 @@ class DeviceSearch:
         if rows_key != self._bound.get("encoder"):
             self.rows.bind(binding)
             self._bound["encoder"] = rows_key
+        if self.shape.controls:
+            self._bind_controls()
         for name in self._outputs:
             device.bind_new_output(binding, name)  # a new tensor: the inputs stay
         done = self.done.view((B,))
@@ -392,7 +441,7 @@ class DeviceSearch:
         K = self._beam_size
         aranges, _ = self._aranges(B)
         self.device.bind_device_input(self.binding, "sent_select", aranges, (B,))
-        if self.coverage:
+        if self.shape.coverage:
             self.device.bind_device_input(self.binding, "row_select", aranges, (B * K,))
         if self._no_join is None:
             self._no_join = self.device.upload(np.zeros((self.width, 0), np.float64), "search")
@@ -446,7 +495,7 @@ class DeviceSearch:
             "out_sentences": np.zeros((self.width, 0), np.float64),
             "new_state": np.zeros((0, self._D), np.float32),
         }
-        if self.coverage:
+        if self.shape.coverage:
             empty["out_coverage"] = np.zeros((0, 0), np.float32)
         return {name: self.device.upload(array, "state") for name, array in empty.items()}
 
@@ -474,22 +523,43 @@ class DeviceSearch:
     @property
     def _outputs(self) -> tuple[str, ...]:
         """The outputs a step makes for the next: new device tensors every step."""
-        if self.coverage:
+        if self.shape.coverage:
             return ("out_sentences", "new_state", "out_coverage")
         return ("out_sentences", "new_state")
 
-    def _switch(self, coverage: bool) -> None:
-        """To the step's graph with the coverage kept, or without: a batch whose last sentence
-        with a coverage penalty left stops paying for it. The coverage starts at zero: it matters
-        only to the sentences with the penalty, which join with the switch."""
-        self.coverage = coverage
+    def _bind_controls(self) -> None:
+        """This step's controls as the graph's inputs: each row's forced token (a prefix's, -1
+        for none) and the (row, token) pairs blocked (suppressed tokens; the end of sentence
+        before the minimum length), from the controlled sentences' own steps."""
         K = self._beam_size
-        self.session = self.model.search_session(
-            K, self.bos_id, self.eos_id, self.narrow_on_eos, coverage
-        )
+        forced = np.full(len(self._entries) * K, -1, np.int64)  # (N,)
+        pairs: list[np.ndarray] = []
+        for b in self._controlled:
+            controls, step = self._entries[b].controls, int(self._steps[b])
+            if step < len(controls.prefix):  # forced: nothing else applies
+                forced[b * K : (b + 1) * K] = controls.prefix[step]
+                continue
+            tokens = [seq[0] for seq in controls.suppress]
+            if step < controls.min_length:
+                tokens.append(self.eos_id)
+            if tokens:
+                rows = np.repeat(np.arange(b * K, (b + 1) * K), len(tokens))
+                pairs.append(np.stack([rows, np.tile(tokens, K)], axis=1))
+        blocked = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64)  # (P, 2)
+        self._upload("forced", forced, "tokens")
+        self._upload("blocked", blocked.astype(np.int64), "tokens")
+
+    def _switch(self, shape: SearchShape) -> None:
+        """To the step's graph with the coverage kept or not, with the controls or not: a batch
+        whose last sentence with a coverage penalty (controls) left stops paying for it. The
+        coverage starts at zero: it matters only to the sentences with the penalty, which join
+        with the switch."""
+        coverage = shape.coverage
+        self.shape = shape
+        self.session = self.model.search_session(shape)
         self.binding = self.session.io_binding()
         self._bound = {}
-        if self._state is not None:
+        if self._state is not None and coverage != ("out_coverage" in self._state):
             if coverage:
                 N = int(self._state["new_state"].shape()[0])
                 zeros = np.zeros((N, 0), np.float32)

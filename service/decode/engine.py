@@ -981,8 +981,8 @@ class RunningBatch(Generic[KeyT]):
             for key, length, part_controls, rows_k in zip(
                 keys, lengths, control, rows, strict=True
             ):
-                if self.device is not None and not part_controls.active:
-                    self.device.add(key, rows_k, options)
+                if self.device is not None and self.device.takes(part_controls):
+                    self.device.add(key, rows_k, options, part_controls)
                 else:
                     host.append((key, length, options, part_controls, rows_k))
             if parts:

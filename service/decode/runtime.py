@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,7 @@ from service.decode.device import Device, HostRowOps, RowOps, make_row_ops
 from service.decode.providers import CUDA, check_model_providers, resolve_providers
 from service.decode.search_graph import (
     SearchShape,
+    controls_problem,
     finished_graph,
     graph_problem,
     grow_graph,
@@ -309,20 +310,20 @@ class OnnxModel:
             self.device, providers, provider_options(providers, config), config.row_ops
         )
 
-    def search_session(
-        self, K: int, bos_id: int, eos_id: int, narrow_on_eos: bool, coverage: bool
-    ) -> ort.InferenceSession:
+    def search_session(self, shape: SearchShape) -> ort.InferenceSession:
         """The decoder step with the device search's step appended (service/decode/search_graph.py)
-        for beam K (and the coverage kept, or not), made on first use and shared by the running
-        batches of that beam; ValueError where the decoder graph cannot take it
-        (`graph_problem`)."""
+        for `shape` (its k: K + 1 or V, set here), made on first use and shared by the running
+        batches of its beam; ValueError where the decoder graph cannot take it (`graph_problem`,
+        and `controls_problem` for a shape with controls)."""
         V = self.bundle.architecture.tgt_vocab_size
-        shape = SearchShape(K, min(K + 1, V), bos_id, eos_id, narrow_on_eos, coverage)
+        shape = replace(shape, k=min(shape.K + 1, V))
         with self._forced_lock:
             session = self._searches.get(shape)
             if session is None:
                 model = onnx.load(str(self.decoder_file))
-                problem = graph_problem(model, K)
+                problem = graph_problem(model, shape.K)
+                if not problem and shape.controls:
+                    problem = controls_problem(model)
                 if problem:
                     raise ValueError(f"{self.decoder_file}: no device search: {problem}")
                 topk_reads_k_on_the_host(model)

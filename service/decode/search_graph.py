@@ -76,7 +76,7 @@ MIN_OPSET = 13
 SEARCH_NAMES = (
     "sentences", "join_sentences", "sent_select", "row_base", "history",
     "attention_history", "attention_shape", "out_sentences", "done", "out_history",
-    "out_attention_history", "row_select",
+    "out_attention_history", "row_select", "blocked", "forced",
 )  # fmt: skip
 
 
@@ -84,8 +84,10 @@ SEARCH_NAMES = (
 class SearchShape:
     """What a search graph is built for: K slots a sentence, k candidates a slot, the end of
     sentence, the start token, and the beam rule (narrow_on_eos: only the non-EOS candidates among
-    the top `width` continue, the imported toolkits' rule), and whether the coverage is kept (only
-    while a sentence with a coverage penalty is in the batch: it costs (N, S) work a step)."""
+    the top `width` continue, the imported toolkits' rule), whether the coverage is kept (only
+    while a sentence with a coverage penalty is in the batch: it costs (N, S) work a step), and
+    whether the step applies controls (only while a sentence with some is in the batch: they
+    touch the step's whole log-softmax row)."""
 
     K: int
     k: int
@@ -93,6 +95,7 @@ class SearchShape:
     eos_id: int
     narrow_on_eos: bool = False
     coverage: bool = False  # a sentence has a coverage penalty: the coverage is kept
+    controls: bool = False  # a sentence has controls the graph applies (`device_controls`)
 
     @property
     def M(self) -> int:
@@ -195,6 +198,19 @@ def opset_of(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
+def scores_topk(graph: onnx.GraphProto) -> onnx.NodeProto | None:
+    """The decoder's TopK over its log-softmax row (the contract's log_probs come from it)."""
+    return next((n for n in graph.node if n.op_type == "TopK" and "log_probs" in n.output), None)
+
+
+def controls_problem(model: onnx.ModelProto) -> str | None:
+    """Why the controls cannot be applied in this decoder graph: they mask its whole log-softmax
+    row before its TopK, which must be the one producing log_probs."""
+    if scores_topk(model.graph) is None:
+        return "no TopK produces the decoder graph's log_probs"
+    return None
+
+
 def graph_problem(model: onnx.ModelProto, K: int) -> str | None:
     """Why the search cannot be appended to this decoder graph (None when it can)."""
     opset = opset_of(model)
@@ -236,6 +252,8 @@ def search_step_graph(decoder: onnx.ModelProto, shape: SearchShape) -> onnx.Mode
     g = Nodes("search/", opset_of(decoder))
     batch = _select_batch(g, shape)
     g.mark_decoder()  # the decoder step reads search/tokens, search/reorder
+    if shape.controls:
+        _controls(g, shape)
     cands = _candidates(g, shape, batch)
     beam = _next_beam(g, shape, batch, cands)
     penalty = _coverage_penalties(g, shape, batch, cands, beam) if shape.coverage else None
@@ -317,6 +335,43 @@ def _select_batch(g: Nodes, shape: SearchShape) -> _Batch:
         p=p,
         coverage=coverage,
     )
+
+
+def _controls(g: Nodes, shape: SearchShape) -> None:
+    """2b. The masks and the forced tokens (service/decode/controls.py's, on the device): the
+    (row, token) pairs `blocked` (P, 2) set to -inf in the step's log-softmax row before its TopK
+    (suppressed tokens, the end of sentence before the minimum length); a row's `forced` (N,)
+    token (a prefix's, -1 for none) is its only candidate, at the model's log-prob."""
+    k = shape.k
+    blocked_count = g.op(
+        "Slice", g.op("Shape", "blocked"), g.const([0], np.int64), g.const([1], np.int64)
+    )  # (1,) P
+    minus_inf = helper.make_tensor("minus_inf", FLOAT, [1], [-np.inf])
+    masked = g.op(
+        "ScatterND",
+        "search/scores",
+        "blocked",
+        g.op("ConstantOfShape", blocked_count, value=minus_inf),
+        out="search/masked",
+    )  # (N, V): in place where ONNX Runtime can (the row has no other reader)
+    forced = g.reshape("forced", -1, 1)  # (N, 1)
+    is_forced = g.op("GreaterOrEqual", forced, g.const(0, np.int64))  # (N, 1)
+    token = g.op("Max", forced, g.const(0, np.int64))  # (N, 1) a valid index for every row
+    value = g.op("GatherElements", masked, token, axis=1)  # (N, 1) the model's log-prob
+    rest = g.op(
+        "Concat", g.op("Slice", g.op("Shape", forced), g.const([0], np.int64),
+                       g.const([1], np.int64)), g.const([k - 1], np.int64), axis=0,
+    )  # fmt: skip  # (2,) N, k - 1
+    no_values = g.op("ConstantOfShape", rest, value=minus_inf)  # (N, k - 1)
+    no_ids = g.op("ConstantOfShape", rest, value=helper.make_tensor("z", INT64, [1], [0]))
+    g.op(
+        "Where", is_forced, g.op("Concat", value, no_values, axis=1), "search/top_log_probs",
+        out="search/log_probs",
+    )  # fmt: skip  # (N, k)
+    g.op(
+        "Where", is_forced, g.op("Concat", token, no_ids, axis=1), "search/top_ids",
+        out="search/token_ids",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -592,6 +647,12 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onn
         "token_ids": "search/token_ids",
         "attention": "search/attention",
     }
+    if shape.controls:  # the TopK reads the masked row; the forced tokens follow it
+        topk = scores_topk(graph)
+        assert topk is not None, "controls_problem checks it first"
+        rename[topk.input[0]] = "search/scores"
+        topk.input[0] = "search/masked"
+        topk.output[:] = ["search/top_log_probs", "search/top_ids"]
     k_input = next(i for i in graph.input if i.name == "k")
     k_dims = len(k_input.type.tensor_type.shape.dim)
     taken = set(SEARCH_NAMES) | {"out_coverage", "coverage", "coverage_ends", "coverage_pads"}
@@ -637,6 +698,8 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onn
             vi("out_attention_history", FLOAT, ["P", "L", shape.K, "S"]),
         ]
     )
+    if shape.controls:
+        graph.input.extend([vi("blocked", INT64, ["P_blocked", 2]), vi("forced", INT64, ["N"])])
     if shape.coverage:
         graph.input.extend(
             [
