@@ -145,23 +145,15 @@ def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batc
         finished = batch.step()
         moved = ledger.snapshot().minus(before)
         D, Dk = rows.D, rows.Dk  # set by the first join, kept after the batch empties
-        D_state = engine.cfg.state_dim
         # each decoded part joins as a row: a segmented sentence's segments, else the sentence
         parts = [part for _, sentence in joining for part in sentence.parts]
         S_join = max((len(part.ids) for part in parts), default=0)
         N = running * BEAM
         n = len(parts)
-        join_bytes = (
-            n
-            * (
-                S_join * (D + Dk) * 4 * 2  # encoder outputs down, joining rows up
-                + S_join * (1 + 8)  # mask up, source ids up
-                + 8  # source length
-                + D_state * 4 * 2  # initial state down, then up
-                + 8  # its row index
-            )
-            + (16 + 4) * 8
-        )  # the pads of one append
+        # the encoder's outputs stay on the device from the encoder to the running batch
+        assert moved.by_reason()["encoder_rows"] == moved.by_reason()["state"] == 0
+        join_bytes = n * (S_join * 8 + 8 + 2 * 8)  # source ids and length up; 2 row indices
+        join_bytes += 4 * 8 * 8  # an empty initial state's shape, a refit's pads (by graph)
         if device is None:
             step_bytes = (
                 N * (8 + 8) + 8 + N * k * (4 + 8) + N * S * 4

@@ -372,15 +372,11 @@ class DeviceSearch:
             self._switch(shape)
             changed = True
         if self._state is None:
-            self._D = self._D or int(joining[0][1].state.shape[0])
+            self._D = self._D or joining[0][1].state_width
             self._state = self._empty_state()
         if joining:  # their encoder rows, and their initial states after the others'
-            encoded = [s for _, s in joining]
-            new_states = np.stack([s.state for s in encoded])  # (n, D)
             state = as_ortvalue(self._state["new_state"])
-            joined = self.rows.append(encoded, state, new_states)
-            assert joined is not None
-            self._state["new_state"] = joined
+            self._state["new_state"] = self.rows.append([s for _, s in joining], state)
             self._entries += [e for e, _ in joining]
             self._steps = np.concatenate([self._steps, np.zeros(len(joining), np.int64)])
         B, S = len(self._entries), self.rows.source_len

@@ -11,7 +11,7 @@ import functools
 import itertools
 import logging
 import math
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, cast
@@ -826,6 +826,20 @@ class Engine:
         )
 
 
+EntryT = TypeVar("EntryT")
+
+
+def by_encoder_call(
+    entries: Sequence[EntryT], encoded: Callable[[EntryT], EncodedSentence]
+) -> list[EntryT]:
+    """The entries with the sentences of each encoder call together, in order of first
+    appearance (stable)."""
+    calls: dict[int, int] = {}
+    for entry in entries:
+        calls.setdefault(id(encoded(entry).batch), len(calls))
+    return sorted(entries, key=lambda entry: calls[id(encoded(entry).batch)])
+
+
 def continuation_pieces(tokenizer: TextTokenizer, word_level: bool) -> np.ndarray | None:
     """(V,) bool: the target pieces that go on with the word before them (no word start, and a
     letter or digit first: a comma may follow a word); None for a word-level vocabulary."""
@@ -968,6 +982,7 @@ class RunningBatch(Generic[KeyT]):
                 )
         controls = [self.part_controls(r) for r in requests]  # InvalidInput before any join
         host: list[tuple[Hashable, int, SearchOptions, Controls, EncodedSentence]] = []
+        device: list[tuple[Hashable, EncodedSentence, SearchOptions, Controls]] = []
         for request, control, rows in zip(requests, controls, encoded, strict=True):
             options = request.options
             want_attention = request.alignment != "none" or options.replace_unknowns
@@ -982,13 +997,19 @@ class RunningBatch(Generic[KeyT]):
                 keys, lengths, control, rows, strict=True
             ):
                 if self.device is not None and self.device.takes(part_controls):
-                    self.device.add(key, rows_k, options, part_controls)
+                    device.append((key, rows_k, options, part_controls))
                 else:
                     host.append((key, length, options, part_controls, rows_k))
             if parts:
                 self.segments[request.key] = [None] * len(parts)
             self.requests[request.key] = request
+        # in the running batch, the sentences of one encoder call side by side: their rows join
+        # it in one device call (their order there is free: an answer does not depend on it)
+        if self.device is not None:
+            for key, rows_k, options, part_controls in by_encoder_call(device, lambda e: e[1]):
+                self.device.add(key, rows_k, options, part_controls)
         if host:
+            host = by_encoder_call(host, lambda e: e[4])
             row = self.decoder.add_sentences([e for *_, e in host])
             for i, (key, length, options, part_controls, _) in enumerate(host):
                 self.search.add(key, length, options, row + i, controls=part_controls)
