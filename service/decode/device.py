@@ -28,7 +28,6 @@ provider, by default: a graph run costs more there than the rows it writes); `ma
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -476,18 +475,33 @@ class RowOps:
         return list(binding.get_outputs())
 
 
-def host_view(value: ort.OrtValue, shape: Sequence[int]) -> np.ndarray:
-    """A numpy view (no copy) of the leading `shape` elements of a CPU OrtValue's memory; valid
-    while `value` lives. An OrtValue made from a numpy array keeps it (`_numpy_obj`, private to
-    onnxruntime's wrapper): viewing that array costs ~1 µs; other memory is viewed through ctypes."""
+class _Memory:
+    """Memory at an address, as numpy's array interface describes it (no copy, no ctypes)."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, address: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.__array_interface__ = {
+            "data": (address, False),
+            "shape": shape,
+            "typestr": dtype.str,
+            "version": 3,
+        }
+
+
+def host_view(value: Any, shape: Sequence[int]) -> np.ndarray:
+    """A numpy view (no copy) of the leading `shape` elements of a CPU OrtValue's memory (an
+    OrtValue, or the C-level value `Device.outputs` gives); valid while `value` lives. An OrtValue
+    made from a numpy array keeps it (`_numpy_obj`, private to onnxruntime's wrapper): viewing that
+    array costs ~1 µs; other memory is viewed through numpy's array interface (~1 µs as well:
+    ctypes' views took ~20)."""
     count = math.prod(shape)
     array = getattr(value, "_numpy_obj", None)  # set only for a contiguous array wrapped as is
     if array is None:
         dtype = np.dtype(_dtype(value))
-        size = count * dtype.itemsize
-        pointer = ctypes.cast(value.data_ptr(), ctypes.POINTER(ctypes.c_uint8))
-        raw = np.ctypeslib.as_array(pointer, shape=(size,)) if size else np.zeros(0, np.uint8)
-        return raw.view(dtype).reshape(tuple(shape))
+        if not count:
+            return np.zeros(tuple(shape), dtype)
+        return np.asarray(_Memory(value.data_ptr(), tuple(shape), dtype))
     return array.reshape(-1)[:count].reshape(tuple(shape))
 
 

@@ -107,12 +107,15 @@ def sentence_rules(options: SearchOptions) -> np.ndarray:
 class History:
     """The history buffers on the device, one row per sentence of the pool, one column per step:
     `fields` (P, L, 2, K) float32 (codes and log-probs) and `attention` (P, L, K, S) float32, on
-    the batch's source axis S. They grow (larger buffers, the old entries copied) when a sentence
-    needs a row or a step beyond them, follow S when it changes (cut columns are padding: every
-    sentence left has a shorter source), and go with the batch. `on_host`: the device's memory is
-    the host's (the CPU provider's host row ops): numpy copies instead of graph runs."""
+    the batch's source axis S: `shape` (P, L, K, S) is read over the leading elements of buffers
+    that may be larger. They grow (larger buffers, the live entries copied) when a sentence needs a
+    row or a step beyond them, follow S when it changes (cut columns are padding: every sentence
+    left has a shorter source); with no live entry (an emptied batch: under churn at small batches,
+    at every step) a new shape is read over the same buffers, nothing copied. `on_host`: the
+    device's memory is the host's (the CPU provider's host row ops): numpy instead of graph runs."""
 
     MIN_ROWS, MIN_STEPS = 16, 32
+    KEEP_BYTES = 16 << 20  # an emptied batch keeps history buffers up to this size
 
     def __init__(self, model: OnnxModel, K: int, on_host: bool) -> None:
         self.model = model
@@ -120,16 +123,16 @@ class History:
         self.on_host = on_host
         self.fields: ort.OrtValue | None = None
         self.attention: ort.OrtValue | None = None
+        self.shape: tuple[int, int, int, int] = (0, 0, K, 0)  # (P, L, K, S)
+        self.live = False  # entries of sentences still decoding are in the buffers
         self.free: list[int] = []
         self.used = 0  # rows handed out so far (free rows are reused first)
 
     @property
-    def shape(self) -> tuple[int, int, int, int]:
-        """(P, L, K, S)."""
-        if self.fields is None or self.attention is None:
-            return (0, 0, self.K, 0)
-        P, L, K, S = self.attention.shape()
-        return (P, L, K, S)
+    def fields_shape(self) -> tuple[int, int, int, int]:
+        """(P, L, 2, K)."""
+        P, L, K, _ = self.shape
+        return (P, L, 2, K)
 
     def take(self) -> int:
         if self.free:
@@ -142,38 +145,51 @@ class History:
 
     def fit(self, steps: int, source_len: int) -> bool:
         """Room for `used` rows and `steps` steps, on a source axis of `source_len`; True when the
-        buffers changed (a binding to the old ones is stale)."""
+        buffers or their shape changed (a binding to the old ones is stale)."""
         P, L, K, S = self.shape
         if self.fields is not None and self.used <= P and steps <= L and source_len == S:
             return False
-        new = (
+        shape = (
             P if self.used <= P else max(2 * P, self.used, self.MIN_ROWS),
             L if steps <= L else max(2 * L, steps, self.MIN_STEPS),
             K,
+            source_len,
         )
-        self.fields = self._refit(self.fields, (new[0], new[1], 2, K))
-        self.attention = self._refit(self.attention, (*new, source_len))
+        fields_shape = (shape[0], shape[1], 2, K)
+        if self.live:  # entries to keep: new buffers, the entries copied
+            self.fields = self._refit(self.fields, self.fields_shape, fields_shape)
+            self.attention = self._refit(self.attention, self.shape, shape)
+        elif not (fits(self.fields, fields_shape) and fits(self.attention, shape)):
+            self.fields = self._empty(fields_shape)
+            self.attention = self._empty(shape)
+        self.shape = shape
         return True
 
-    def _refit(self, old: ort.OrtValue | None, shape: tuple[int, ...]) -> ort.OrtValue:
-        """A buffer of `shape` holding old's entries (cut to its last axis where shorter)."""
+    def _empty(self, shape: tuple[int, ...]) -> ort.OrtValue:
+        if self.on_host:  # numpy's memory: `host_view` reads it without ctypes
+            return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+        return self.model.device.empty(shape, np.float32)
+
+    def _refit(
+        self, old: ort.OrtValue | None, have: tuple[int, ...], shape: tuple[int, ...]
+    ) -> ort.OrtValue:
+        """A buffer of `shape` holding old's entries (read as `have`; cut to its last axis where
+        shorter)."""
         device = self.model.device
+        if old is None:
+            return self._empty(shape)
         if self.on_host:
             new = np.zeros(shape, np.float32)
-            if old is not None:
-                P, L, Y, X = old.shape()
-                X = min(X, shape[3])
-                new[:P, :L, :Y, :X] = host_view(old, old.shape())[..., :X]
+            P, L, Y, X = have
+            X = min(X, shape[3])
+            new[:P, :L, :Y, :X] = host_view(old, have)[..., :X]
             return ort.OrtValue.ortvalue_from_numpy(new)
-        if old is None:
-            return device.empty(shape, np.float32)
-        have = old.shape()
         ends = np.array([*have[:3], min(have[3], shape[3])], np.int64)
         pads = np.zeros(8, np.int64)
         pads[4:] = np.subtract(shape, ends)
         session = self.model.search_helper("grow")
         binding = session.io_binding()
-        binding.bind_ortvalue_input("history", old)
+        device.bind_device_input(binding, "history", old, have)
         device.bind_host_argument(binding, "starts", np.zeros(4, np.int64))
         device.bind_host_argument(binding, "ends", ends)
         device.bind_host_argument(binding, "pads", pads)
@@ -181,10 +197,21 @@ class History:
         session.run_with_iobinding(binding)
         return binding.get_outputs()[0]
 
-    def clear(self) -> None:
-        self.fields = self.attention = None
+    def reset(self) -> None:
+        """No sentence holds a row any more: the buffers stay (the large ones go), with no live
+        entry."""
         self.free = []
         self.used = 0
+        self.live = False
+        P, L, K, S = self.shape
+        if P * L * K * (S + 2) * 4 > self.KEEP_BYTES:
+            self.fields = self.attention = None
+            self.shape = (0, 0, self.K, 0)
+
+
+def fits(buffer: ort.OrtValue | None, shape: tuple[int, ...]) -> bool:
+    """Whether a buffer holds at least the elements of `shape`."""
+    return buffer is not None and math.prod(buffer.shape()) >= math.prod(shape)
 
 
 class DeviceSearch:
@@ -235,6 +262,7 @@ class DeviceSearch:
         self._arange: Any = None
         self._row_bases: Any = None
         self._no_join: Any = None
+        self._empties: dict[tuple[int, bool], dict[str, Any]] = {}  # `_empty_state`'s, by shape
         self._penalized = 0  # sentences with a coverage penalty (the coverage is kept for them)
         self._controlled: list[int] = []  # the batch's sentences with controls (indices)
 
@@ -317,6 +345,7 @@ class DeviceSearch:
             return []
         self._bind_batch()
         self.session.run_with_iobinding(self.binding)
+        self.history.live = True
         self._take_outputs()
         B = len(self._entries)
         done = self.device.fetched(self.done.view((B,)), "done")  # (B,) bool
@@ -345,14 +374,16 @@ class DeviceSearch:
         self.rows.keep(keep)
 
     def _reset(self) -> None:
-        """The batch is empty: its device state goes."""
+        """The batch is empty: its device state goes. The binding and the history's buffers stay
+        for the next sentences (under churn at small batches a batch empties at every step),
+        unless the history has grown large."""
         self._state = None
         self._controlled = []
         self._keep = None
         self._S_prev = 0
-        self.history.clear()
-        self._bound = {}
-        self.binding = self.session.io_binding()
+        self.history.reset()
+        if self.history.fields is None:
+            self._bound.pop("history", None)
 
     def _bind_batch(self) -> None:
         """Bind this step's inputs: the joins and leaves since the last step as index arrays, the
@@ -486,14 +517,19 @@ class DeviceSearch:
         self._upload("join_sentences", rows.T, "search")
 
     def _empty_state(self) -> dict[str, Any]:
-        """The outputs of a step of no sentences: what the first step continues."""
-        empty: dict[str, np.ndarray] = {
-            "out_sentences": np.zeros((self.width, 0), np.float64),
-            "new_state": np.zeros((0, self._D), np.float32),
-        }
-        if self.shape.coverage:
-            empty["out_coverage"] = np.zeros((0, 0), np.float32)
-        return {name: self.device.upload(array, "state") for name, array in empty.items()}
+        """The outputs of a step of no sentences: what the first step continues (made once a
+        shape: they are read, never written)."""
+        key = (self._D, self.shape.coverage)
+        if key not in self._empties:
+            empty: dict[str, np.ndarray] = {
+                "out_sentences": np.zeros((self.width, 0), np.float64),
+                "new_state": np.zeros((0, self._D), np.float32),
+            }
+            if self.shape.coverage:
+                empty["out_coverage"] = np.zeros((0, 0), np.float32)
+            values = {name: self.device.upload(a, "state") for name, a in empty.items()}
+            self._empties[key] = values
+        return dict(self._empties[key])
 
     @property
     def width(self) -> int:
@@ -501,13 +537,14 @@ class DeviceSearch:
         return sentence_width(self._beam_size)
 
     def _bind_history(self) -> None:
-        fields, attention = self.history.fields, self.history.attention
+        history = self.history
+        fields, attention = history.fields, history.attention
         assert fields is not None and attention is not None
-        self.device.bind_in_place(self.binding, "history", fields, np.float32, fields.shape())
+        self.device.bind_in_place(self.binding, "history", fields, np.float32, history.fields_shape)
         self.device.bind_in_place(
-            self.binding, "attention_history", attention, np.float32, attention.shape()
+            self.binding, "attention_history", attention, np.float32, history.shape
         )
-        self._bound["history"] = fields
+        self._bound["history"] = (fields, history.shape)
 
     def _take_outputs(self) -> None:
         """This step's outputs become the next step's inputs. The binding's outputs are in the
@@ -600,8 +637,8 @@ class DeviceSearch:
         T = int(self._steps[rows].max())
         if self.on_host:  # the ledger counts what the finished gather would copy down
             columns = host_view(self._state["out_sentences"], (self.width, len(self._entries)))
-            meta = host_view(history.fields, history.fields.shape())
-            attention = host_view(history.attention, history.attention.shape())
+            meta = host_view(history.fields, history.fields_shape)
+            attention = host_view(history.attention, history.shape)
             _, _, K, S = attention.shape
             moved = len(rows) * (self.width * 8 + T * K * (2 + S) * 4)
             self.device.ledger.record("device_to_host", "hypotheses", moved)
@@ -609,8 +646,10 @@ class DeviceSearch:
         session = self.model.search_helper("finished")
         binding = session.io_binding()
         self.device.bind_value(binding, "sentences", self._state["out_sentences"])
-        self.device.bind_value(binding, "history", history.fields)
-        self.device.bind_value(binding, "attention_history", history.attention)
+        self.device.bind_device_input(binding, "history", history.fields, history.fields_shape)
+        self.device.bind_device_input(
+            binding, "attention_history", history.attention, history.shape
+        )
         self.device.bind_host_input(binding, "rows", rows.astype(np.int64), "indices")
         self.device.bind_host_input(binding, "pools", pools, "indices")
         for name, value in (("steps", T), ("zero", 0), ("one", 1)):

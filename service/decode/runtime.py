@@ -361,8 +361,10 @@ class OnnxModel:
         self._forced: ort.InferenceSession | None = None
         self._forced_made = False
         self._forced_lock = threading.Lock()
-        # the device search's sessions (service/decode/device_search.py), made on first use
+        # the device search's sessions (service/decode/device_search.py), made on first use; with
+        # a profile prefix, under ONNX Runtime's profiler (benchmarks/placement.py)
         self._searches: dict[SearchShape, ort.InferenceSession] = {}
+        self.profile_prefix: str | None = None
         self._helpers: dict[str, ort.InferenceSession] = {}
         on_gpu = self.decoder.get_providers()[0] == CUDA
         self.device_type = "cuda" if on_gpu else "cpu"
@@ -392,9 +394,22 @@ class OnnxModel:
                     raise ValueError(f"{self.decoder_file}: no device search: {problem}")
                 topk_reads_k_on_the_host(model)
                 graph = search_step_graph(model, shape).SerializeToString()
-                session = make_session(graph, self.config, self.config.intra_op_threads)
+                threads = self.config.intra_op_threads
+                session = make_session(graph, self.config, threads, self.profile_prefix)
                 self._searches[shape] = session
             return session
+
+    def search_graph(self, shape: SearchShape) -> onnx.ModelProto:
+        """The graph `search_session(shape)` runs (for inspection: benchmarks/placement.py)."""
+        V = self.bundle.architecture.tgt_vocab_size
+        model = onnx.load(str(self.decoder_file))
+        topk_reads_k_on_the_host(model)
+        return search_step_graph(model, replace(shape, k=min(shape.K + 1, V)))
+
+    @property
+    def search_sessions(self) -> dict[SearchShape, ort.InferenceSession]:
+        """The device search's sessions made so far, by shape."""
+        return dict(self._searches)
 
     def search_helper(self, name: str) -> ort.InferenceSession:
         """The device search's small graphs (`finished_graph`, `grow_graph`), on the model's device
