@@ -299,3 +299,30 @@ def test_every_control_mixed_in_one_running_batch(pair: Pair) -> None:
     assert got.keys() == want.keys()
     for key, w in want.items():
         assert_same(w, got[key], f"{pair.bundle.name} mixed controls, request {key}")
+
+
+def test_sentences_removed_mid_decode_leave_the_others_their_answers(pair: Pair) -> None:
+    """Cancelled sentences (RunningBatch.remove) leave between steps, joining ones among them:
+    the others' answers are the host search's, and sentences joining after them reuse their
+    history rows."""
+    requests = [
+        DecodeRequest(i, pair.host.prepare(t), pair.options(n_best=2), "subword")
+        for i, t in enumerate(pair.texts * 2)
+    ]
+    want = churn(pair.host, requests, seed=2)
+    batch = pair.device.new_batch(5)
+    rng = random.Random(4)
+    pending = list(requests)
+    removed: set[int] = set()
+    got: dict[int, Translation] = {}
+    while pending or len(batch):
+        batch.add([pending.pop(0) for _ in range(min(len(pending), rng.choice([0, 1, 2, 3])))])
+        if rng.random() < 0.3 and batch.requests:
+            key = rng.choice(sorted(int(k) for k in batch.requests))  # type: ignore[call-overload]
+            assert batch.remove([key]) == [key]
+            removed.add(key)
+        if len(batch):
+            got.update(batch.step())
+    assert got.keys() == want.keys() - removed and removed
+    for key, translation in got.items():
+        assert_same(want[key], translation, f"{pair.bundle.name} removals, request {key}")

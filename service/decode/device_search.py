@@ -8,15 +8,17 @@ appended to the decoder step at load. What a step costs the host:
 
 - a step binds the previous step's outputs as its inputs (device tensors: nothing crosses), runs,
   and reads `done` (B,) bool: the only per-step transfer;
-- when sentences join or leave, the index arrays that pick the batch's rows and the joining
-  sentences' settings and initial rows go up once (a few small arrays; the encoder rows through
-  `EncoderRows`, as before);
+- when sentences join or leave, the index array that picks the batch's sentences and the joining
+  sentences' settings and initial fields go up once (a few small arrays; their encoder rows and
+  initial states are copied device to device by `EncoderRows`);
 - when a sentence finishes, its n-best entries and its block of the history (tokens, back-pointers,
-  log-probs, attention rows) come down in one gather (`Finished`), and the host back-traces its
-  n-best paths (L steps of Python over small lists: cheaper than a device loop of L graph runs).
+  log-probs, attention rows) come down in one gather, and the host back-traces its n-best paths (a
+  step back per step, over small lists: cheaper than a device loop of one graph run a step).
 
-Only sentences without decoding controls decode here (RunningBatch routes the others to the
-numpy search: docs/decoding.md says which control takes which path and what it costs).
+Sentences with the controls the graph applies (a target prefix, single suppressed tokens, a
+minimum length: `device_controls`) decode here too, in a variant of the graph used while one is in
+the batch; RunningBatch gives the others to the numpy search (docs/decoding.md says which control
+takes which path and what it costs).
 """
 
 from __future__ import annotations
@@ -326,15 +328,13 @@ class DeviceSearch:
     def remove(self, sentence_ids: Collection[Hashable]) -> list[Hashable]:
         """Drop sentences before they finish; returns the ids removed."""
         removed = [e.id for e, _ in self._joining if e.id in sentence_ids]
-        gone = [e.pool for e, _ in self._joining if e.id in sentence_ids]
+        self.history.give_back([e.pool for e, _ in self._joining if e.id in sentence_ids])
         self._joining = [(e, s) for e, s in self._joining if e.id not in sentence_ids]
+        self._ids.difference_update(removed)
         drop = np.array([e.id in sentence_ids for e in self._entries], bool)  # (B,)
         if drop.any():
             removed += [e.id for e, d in zip(self._entries, drop, strict=True) if d]
-            gone += [e.pool for e, d in zip(self._entries, drop, strict=True) if d]
-            self._drop(drop)
-        self._ids.difference_update(removed)
-        self.history.give_back(gone)
+            self._drop(drop)  # their history rows go back with them
         if not len(self):
             self._reset()
         return removed
