@@ -14,6 +14,9 @@ always, CUDA when present), at beam 5 and each batch size B (sentences; 5·B hyp
   with B sentences running (each lives B steps): hypothesis-steps/s over --steps steps, the best
   of --repeats runs;
 
+with --rounds R, each (static, churn) figure is the median of R rounds in which the searches take
+turns (on a shared machine a single run drifts by ±10%);
+
 each under both searches, side by side (`--searches`): "host", the numpy search over the step's
 top k (service/decode/beam.py), and "device", the search in the step's graph
 (service/decode/device_search.py, the default); with the host↔device bytes per step from the
@@ -359,20 +362,31 @@ def model_rows(
             continue
         pool = model.encode_sentences(sources)
         for B in args.batches:
-            for kind in getattr(args, "searches", ["host"]):
-                rows.append(
-                    {
-                        "provider": provider,
-                        "search": kind,
-                        "sentences": B,
-                        "hypotheses": BEAM * B,
-                        "static": static(model, pool[:B], args.repeats, kind).__dict__,
-                        "churn": max(
+            searches = getattr(args, "searches", ["host"])
+            samples: dict[str, dict[str, list[Figures]]] = {
+                kind: {"static": [], "churn": []} for kind in searches
+            }
+            for _ in range(getattr(args, "rounds", 1)):  # the searches interleaved, round by round
+                for kind in searches:
+                    samples[kind]["static"].append(static(model, pool[:B], args.repeats, kind))
+                    samples[kind]["churn"].append(
+                        max(
                             (churn(model, pool, B, args.steps, kind) for _ in range(args.repeats)),
                             key=lambda f: f.hyp_steps_per_s,
-                        ).__dict__,
-                    }
-                )
+                        )
+                    )
+            for kind in searches:
+                row: dict[str, Any] = {
+                    "provider": provider,
+                    "search": kind,
+                    "sentences": B,
+                    "hypotheses": BEAM * B,
+                }
+                for part, runs in samples[kind].items():
+                    ranked = sorted(runs, key=lambda f: f.hyp_steps_per_s)
+                    row[part] = ranked[len(ranked) // 2].__dict__  # the median round's
+                    row[part]["rounds"] = [round(f.hyp_steps_per_s) for f in runs]
+                rows.append(row)
                 print_row(name, rows[-1])
         if getattr(args, "profile", False) and (provider == "cuda" or "cuda" not in providers):
             B = max(args.batches)
@@ -458,7 +472,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=SEARCHES,
         help="the searches measured, each beside the others in the same run",
     )
-    p.add_argument("--repeats", type=int, default=3, help="runs timed (the best counts)")
+    p.add_argument("--repeats", type=int, default=3, help="runs timed a round (the best counts)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds, the searches interleaved in each; a row gives the median round's figures",
+    )
     p.add_argument("--steps", type=int, default=60, help="churn steps timed")
     p.add_argument("--json", type=Path, help="also write the figures as JSON")
     p.add_argument(
