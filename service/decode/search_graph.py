@@ -3,35 +3,39 @@ result takes the previous beam to the next one, on the session's device.
 
 `service/decode/beam.py` says what a step decides (it stays the reference and the host path); this
 module writes the same decisions as a graph, and `service/decode/device_search.py` drives it. One
-run of `search_step_graph(decoder, K, ...)`:
+run of `search_step_graph(decoder, shape)`:
 
-1. **The batch's membership** — rows and sentences are picked (`row_select`, `sent_select`) from the
-   previous step's outputs and the joining sentences' initial rows (the compaction when sentences
-   leave, the join when they arrive: index arrays, on the device);
-2. **the decoder step** — the model's own graph, its `tokens`, `state`, `reorder` and `k` now fed
-   by the nodes above (k is a constant: K + 1, or V);
+1. **The batch's membership** — the sentences are picked (`sent_select`) from the previous step's
+   outputs and the joining sentences' initial fields (the compaction when sentences leave, the
+   join when they arrive: an index array, on the device); the decoder's tokens and back-pointers
+   are unpacked from them;
+2. **the decoder step** — the model's own graph, its `tokens`, `reorder` and `k` now fed by the
+   nodes above (k is a constant: K + 1, or V); with the `controls` shape, its log-softmax row
+   masked before its TopK and the prefix's forced tokens put in its place (`_controls`);
 3. **the candidates** — the K·k extensions of each sentence scored (float64, as the numpy search:
    the same sums, the same ties), the best 2K of them sorted (ONNX TopK: lower indices first on
    ties, like numpy's stable argsort; 2K suffice, as each slot has one end of sentence at most);
 4. **the next beam** — the end-of-sentence candidates among each sentence's top `width` finish,
    the `width` best others continue (or, for imported toolkits' rule, those among the top
-   `width`), their back-pointers, scores, model log-probs and coverage gathered;
+   `width`), their back-pointers, scores and model log-probs (and, with the `coverage` shape, the
+   coverage) gathered;
 5. **the n-best lists** — finished hypotheses scored (GNMT's length and coverage penalties,
    Marian's normalization and word penalty) and merged into each sentence's best `keep`; at the
    maximum length the live slots finish as they are;
 6. **the stopping rules** — exact, first, patience, narrowing: a `done` flag per sentence, the one
    thing the host reads after a step;
 7. **the history** — each slot's token and back-pointer, its token's log-prob and the attention row
-   that produced it, written in place into a preallocated buffer (one row per sentence of the pool,
+   that produced it, written in place into preallocated buffers (one row per sentence of a pool,
    one column per step): nothing of it crosses to the host until the sentence finishes.
 
-State between steps is packed in a few tensors (a tensor is a binding, and a binding costs the
-host more than the nodes that unpack it): `rows` (4, N) float64 (token, back-pointer, score,
-log-prob: integers are exact in float64), `coverage` (N, S) float32 and `sentences`
-(B, 3 + 3K) float64 (steps, ended, top ended, then the n-best's scores, log-probs and codes).
-The history is two buffers, one row per sentence of a pool, one column per step: (P, L, K, 2)
-float32 (code = token * CODE + back-pointer, the token's log-prob) and (P, L, K, S) float32 (the
-attention rows, on the batch's source axis).
+A sentence's state between steps is one column of `sentences` (W, B) float64 (`sentence_width`: its
+steps, ended and top-ended counts, its n-best's scores, log-probs and codes, its slots' tokens,
+back-pointers, scores and log-probs, its settings and stopping rule; integers are exact in
+float64): one tensor is one binding, and a binding costs the host more than the nodes that unpack
+it. Per-sentence work is laid out sentence-last ((M, B), (K, B), (1, B)), which ONNX Runtime's CPU
+kernels broadcast cheaply. The history is two buffers: (P, L, 2, K) float32 (code = token * CODE +
+back-pointer, the token's log-prob) and (P, L, K, S) float32 (the attention rows, on the batch's
+source axis).
 """
 
 from __future__ import annotations
