@@ -1,6 +1,7 @@
 """The decode loop against batch size, on every execution provider this onnxruntime has.
 
-    python -m benchmarks.gpu [--batches 1 4 16 64 256] [--models default grc realistic] [--json PATH]
+    python -m benchmarks.gpu [--batches 1 4 16 64 256] [--models default grc realistic]
+        [--searches host device] [--json PATH]
 
 Runs anywhere; meaningful on a GPU (onnxruntime-gpu with the CUDA provider, `pip install --no-deps
 onnxruntime-gpu`). For each model (the default bundle; the realistic configuration, V 8k, E 256,
@@ -10,9 +11,16 @@ always, CUDA when present), at beam 5 and each batch size B (sentences; 5·B hyp
 - static: B sentences decode 30 target tokens together (EOS is never chosen, so every provider
   does the same work): hypothesis-steps/s = 5·B·30 / seconds, best of --repeats;
 - churn: continuous batching's busiest case, one sentence leaving and one joining at every step
-  with B sentences running (each lives B steps): hypothesis-steps/s over --steps steps;
+  with B sentences running (each lives B steps): hypothesis-steps/s over --steps steps, the best
+  of --repeats runs;
 
-with the host↔device bytes per step from the model's transfer ledger (encoder calls excluded:
+with --rounds R, each (static, churn) figure is the median of R rounds in which the searches take
+turns (on a shared machine a single run drifts by ±10%);
+
+each under both searches, side by side (`--searches`): "host", the numpy search over the step's
+top k (service/decode/beam.py), and "device", the search in the step's graph
+(service/decode/device_search.py, the default); with the host↔device bytes per step from the
+model's transfer ledger (encoder calls excluded:
 sentences are encoded before the clock starts, as the server's encode-ahead thread does), and each
 provider's speed-up over the CPU provider, measured side by side in the same run on the same
 machine. Each row also gives the share of the step's wall time spent outside ONNX Runtime's
@@ -41,7 +49,8 @@ import numpy as np
 from benchmarks.configs import REALISTIC
 from benchmarks.sample_texts import bundle_texts
 from service.decode.beam import BeamSearch, SearchOptions
-from service.decode.config import RuntimeConfig
+from service.decode.config import SEARCHES, RuntimeConfig
+from service.decode.device_search import DeviceSearch
 from service.decode.runtime import CUDA, EncodedSentence, OnnxDecoder, OnnxModel
 from service.model.bundle import Bundle, load_bundle
 from service.model.tokenizer import Tokenizer
@@ -63,6 +72,10 @@ class Figures:
     measured_h2d_copies_per_step: float | None = None
 
 
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+clock = CLOCKS["wall"]  # --clock: "cpu" counts this thread's CPU time (one decoder thread only)
+
+
 class TimedRuns:
     """A decoder session whose `run_with_iobinding` calls are timed; everything else passes through."""
 
@@ -71,9 +84,9 @@ class TimedRuns:
         self.seconds = 0.0
 
     def run_with_iobinding(self, binding: Any, run_options: Any = None) -> None:
-        started = time.perf_counter()
+        started = clock()
         self.session.run_with_iobinding(binding, run_options)
-        self.seconds += time.perf_counter() - started
+        self.seconds += clock() - started
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.session, name)
@@ -83,6 +96,44 @@ def timed(decoder: OnnxDecoder) -> TimedRuns:
     runs = TimedRuns(decoder.main.session)
     decoder.main.session = runs  # type: ignore[assignment]
     return runs
+
+
+class Search:
+    """A running batch's search under test: `BeamSearch` over an OnnxDecoder ("host"), or the
+    `DeviceSearch` ("device"), joined and stepped as RunningBatch does; its decoder calls timed."""
+
+    def __init__(self, model: OnnxModel, kind: str) -> None:
+        vocab = model.bundle.architecture.tgt_vocab_size
+        self.device: DeviceSearch | None = None
+        if kind == "device":
+            self.device = DeviceSearch(model, BEAM, bos_id=1, eos_id=NEVER, vocab_size=vocab)
+            self.runs = TimedRuns(self.device.session)
+            self.device.session = self.runs  # type: ignore[assignment]
+        else:
+            self.decoder = model.new_decoder()
+            self.search = BeamSearch(self.decoder, BEAM, bos_id=1, eos_id=NEVER, vocab_size=vocab)
+            self.runs = timed(self.decoder)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.device.is_empty if self.device is not None else self.search.is_empty
+
+    def add(
+        self, keys: list[int], sentences: list[EncodedSentence], options: SearchOptions
+    ) -> None:
+        if self.device is not None:
+            for key, sentence in zip(keys, sentences, strict=True):
+                self.device.add(key, sentence, options)
+            return
+        row = self.decoder.add_sentences(sentences)
+        for i, (key, sentence) in enumerate(zip(keys, sentences, strict=True)):
+            self.search.add(key, sentence.length, options, state_row=row + i)
+
+    def step(self) -> None:
+        if self.device is not None:
+            self.device.step()
+        else:
+            self.search.step()
 
 
 class CopyCounter:
@@ -135,28 +186,25 @@ def fixed_length(steps: int) -> SearchOptions:
     return SearchOptions(beam_size=BEAM, max_length_a=0.0, max_length_b=steps, max_length=steps)
 
 
-def static(model: OnnxModel, encoded: list[EncodedSentence], repeats: int) -> Figures:
+def static(
+    model: OnnxModel, encoded: list[EncodedSentence], repeats: int, kind: str = "host"
+) -> Figures:
     """B sentences, TARGET_LEN steps together; the best of `repeats` runs after a warm-up."""
-    vocab = model.bundle.architecture.tgt_vocab_size
     best: Figures | None = None
     for run in range(repeats + 1):
         before, copied = model.transfers.snapshot(), COUNTER.snapshot()
-        started = time.perf_counter()
-        decoder = model.new_decoder()
-        runs = timed(decoder)
-        decoder.add_sentences(encoded)
-        search = BeamSearch(decoder, BEAM, bos_id=1, eos_id=NEVER, vocab_size=vocab)
-        for b, sentence in enumerate(encoded):
-            search.add(b, sentence.length, fixed_length(TARGET_LEN), state_row=b)
+        started = clock()
+        search = Search(model, kind)
+        search.add(list(range(len(encoded))), encoded, fixed_length(TARGET_LEN))
         while not search.is_empty:
             search.step()
-        seconds = time.perf_counter() - started
+        seconds = clock() - started
         row = figures(
             BEAM * len(encoded) * TARGET_LEN,
             seconds,
             TARGET_LEN,
             model.transfers.snapshot().minus(before),
-            runs.seconds,
+            search.runs.seconds,
             copies_since(copied),
         )
         if run and (best is None or row.hyp_steps_per_s > best.hyp_steps_per_s):
@@ -165,40 +213,40 @@ def static(model: OnnxModel, encoded: list[EncodedSentence], repeats: int) -> Fi
     return best
 
 
-def churn(model: OnnxModel, pool: list[EncodedSentence], B: int, steps: int) -> Figures:
+def churn(
+    model: OnnxModel, pool: list[EncodedSentence], B: int, steps: int, kind: str = "host"
+) -> Figures:
     """B sentences running, each living B steps, one joining at every step: after B warm-up steps
     one leaves and one joins at each of the `steps` timed ones."""
-    vocab = model.bundle.architecture.tgt_vocab_size
-    decoder = model.new_decoder()
-    search = BeamSearch(decoder, BEAM, bos_id=1, eos_id=NEVER, vocab_size=vocab)
+    search = Search(model, kind)
     sentences = itertools.cycle(pool)
     keys = itertools.count()
 
     def join_and_step() -> None:
-        sentence = next(sentences)
-        row = decoder.add_sentences([sentence])
-        search.add(next(keys), sentence.length, fixed_length(B), state_row=row)
+        search.add([next(keys)], [next(sentences)], fixed_length(B))
         search.step()
 
     for _ in range(B):
         join_and_step()
-    runs = timed(decoder)
+    search.runs.seconds = 0.0
     before, copied = model.transfers.snapshot(), COUNTER.snapshot()
-    started = time.perf_counter()
+    started = clock()
     for _ in range(steps):
         join_and_step()
-    seconds = time.perf_counter() - started
+    seconds = clock() - started
     return figures(
         BEAM * B * steps,
         seconds,
         steps,
         model.transfers.snapshot().minus(before),
-        runs.seconds,
+        search.runs.seconds,
         copies_since(copied),
     )
 
 
-def churn_profile(model: OnnxModel, pool: list[EncodedSentence], B: int, steps: int) -> list[str]:
+def churn_profile(
+    model: OnnxModel, pool: list[EncodedSentence], B: int, steps: int, kind: str = "device"
+) -> list[str]:
     """Where a churn step's time goes: cProfile over a churn run at B sentences (after the timed
     runs, not timed itself): the profiled total a step, then the 20 functions of most own time and
     the 12 of most cumulative time, in microseconds a step."""
@@ -208,7 +256,7 @@ def churn_profile(model: OnnxModel, pool: list[EncodedSentence], B: int, steps: 
     profiler = cProfile.Profile()
     started = time.perf_counter()
     profiler.enable()
-    churn(model, pool, B, steps)
+    churn(model, pool, B, steps, kind)
     profiler.disable()
     per = 1e6 / (B + steps)  # churn runs B warm-up steps and `steps` timed ones
     total = (time.perf_counter() - started) * per
@@ -314,16 +362,32 @@ def model_rows(
             continue
         pool = model.encode_sentences(sources)
         for B in args.batches:
-            rows.append(
-                {
+            searches = getattr(args, "searches", ["host"])
+            samples: dict[str, dict[str, list[Figures]]] = {
+                kind: {"static": [], "churn": []} for kind in searches
+            }
+            for _ in range(getattr(args, "rounds", 1)):  # the searches interleaved, round by round
+                for kind in searches:
+                    samples[kind]["static"].append(static(model, pool[:B], args.repeats, kind))
+                    samples[kind]["churn"].append(
+                        max(
+                            (churn(model, pool, B, args.steps, kind) for _ in range(args.repeats)),
+                            key=lambda f: f.hyp_steps_per_s,
+                        )
+                    )
+            for kind in searches:
+                row: dict[str, Any] = {
                     "provider": provider,
+                    "search": kind,
                     "sentences": B,
                     "hypotheses": BEAM * B,
-                    "static": static(model, pool[:B], args.repeats).__dict__,
-                    "churn": churn(model, pool, B, args.steps).__dict__,
                 }
-            )
-            print_row(name, rows[-1])
+                for part, runs in samples[kind].items():
+                    ranked = sorted(runs, key=lambda f: f.hyp_steps_per_s)
+                    row[part] = ranked[len(ranked) // 2].__dict__  # the median round's
+                    row[part]["rounds"] = [round(f.hyp_steps_per_s) for f in runs]
+                rows.append(row)
+                print_row(name, rows[-1])
         if getattr(args, "profile", False) and (provider == "cuda" or "cuda" not in providers):
             B = max(args.batches)
             profile = churn_profile(model, pool, B, B)
@@ -335,10 +399,10 @@ def model_rows(
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> None:
-    """Each row's hypothesis-steps/s over the CPU provider's at the same batch size."""
-    cpu = {r["sentences"]: r for r in rows if r["provider"] == "cpu"}
+    """Each row's hypothesis-steps/s over the CPU provider's at the same batch size and search."""
+    cpu = {(r["sentences"], r.get("search")): r for r in rows if r["provider"] == "cpu"}
     for r in rows:
-        base = cpu.get(r["sentences"])
+        base = cpu.get((r["sentences"], r.get("search")))
         for kind in ("static", "churn"):
             r[kind]["speedup_over_cpu"] = (
                 r[kind]["hyp_steps_per_s"] / base[kind]["hyp_steps_per_s"] if base else None
@@ -348,7 +412,8 @@ def add_speedups(rows: list[dict[str, Any]]) -> None:
 def print_row(model: str, r: dict[str, Any]) -> None:
     s, c = r["static"], r["churn"]
     print(
-        f"{model:9s} {r['provider']:4s} B {r['sentences']:4d} ({r['hypotheses']:4d} hyps): "
+        f"{model:9s} {r['provider']:4s} {r.get('search', 'host'):6s} B {r['sentences']:4d} "
+        f"({r['hypotheses']:4d} hyps): "
         f"static {s['hyp_steps_per_s']:9,.0f} hyp-steps/s {s['bytes_per_step']:10,.0f} B/step | "
         f"churn {c['hyp_steps_per_s']:9,.0f} hyp-steps/s {c['bytes_per_step']:10,.0f} B/step | "
         f"outside run {s['outside_run_share']:.0%}/{c['outside_run_share']:.0%} | "
@@ -375,15 +440,15 @@ def print_tables(report: dict[str, Any]) -> None:
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """One model's rows as a Markdown table (also benchmarks/gpu_check.py's)."""
     lines = [
-        "| provider | sentences (hyps) | static hyp-steps/s | ×CPU | static H2D B/step: ledger "
-        "/ measured | static outside run | churn hyp-steps/s | ×CPU | churn H2D B/step: ledger "
-        "/ measured | churn outside run |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| provider | search | sentences (hyps) | static hyp-steps/s | ×CPU | static H2D B/step: "
+        "ledger / measured | static outside run | churn hyp-steps/s | ×CPU | churn H2D B/step: "
+        "ledger / measured | churn outside run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s, c = r["static"], r["churn"]
         lines.append(
-            f"| {r['provider']} | {r['sentences']} ({r['hypotheses']}) "
+            f"| {r['provider']} | {r.get('search', 'host')} | {r['sentences']} ({r['hypotheses']}) "
             f"| {s['hyp_steps_per_s']:,.0f} | {ratio(s)} "
             f"| {s['h2d_bytes_per_step']:,.0f} / {measured(s)} | {s['outside_run_share']:.0%} "
             f"| {c['hyp_steps_per_s']:,.0f} | {ratio(c)} "
@@ -400,16 +465,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=list(PROVIDERS))
     p.add_argument("--threads", type=int, default=0, help="CPU provider threads; 0 = one a core")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--repeats", type=int, default=3, help="static runs timed (best counts)")
+    p.add_argument(
+        "--searches",
+        nargs="+",
+        default=["host", "device"],
+        choices=SEARCHES,
+        help="the searches measured, each beside the others in the same run",
+    )
+    p.add_argument("--repeats", type=int, default=3, help="runs timed a round (the best counts)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds, the searches interleaved in each; a row gives the median round's figures",
+    )
     p.add_argument("--steps", type=int, default=60, help="churn steps timed")
     p.add_argument("--json", type=Path, help="also write the figures as JSON")
+    p.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default="wall",
+        help="wall time, or this thread's CPU time (with --threads 1 on a shared CPU machine)",
+    )
     p.add_argument(
         "--profile",
         action="store_true",
         help="also profile a churn run at the largest batch (CUDA's, where it is here)",
     )
     args = p.parse_args(argv)
+    global clock
+    clock = CLOCKS[args.clock]
     report = run(args)
+    report["clock"] = args.clock
     if args.json:  # first: a table that cannot print must not lose the figures
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

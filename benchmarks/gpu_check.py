@@ -7,11 +7,13 @@ run that is stopped keeps what came before) and summed up in OUT/gpu_check.md:
 
 1. providers: the onnxruntime installed, whether the CUDA provider makes a session, and if not why
    (service/decode/providers.py's diagnosis: the library that did not load, the versions found);
-2. placement: every bundle's encoder and decoder-step graphs, translated through the engine under
+2. placement: every bundle's encoder, decoder-step and search-step graphs (the decoder step with the
+   device search appended: service/decode/search_graph.py), translated through the engine under
    ONNX Runtime's profiler: nodes per provider, any node off CUDA, any Memcpy node;
 3. tests: the CUDA-provider tests (skipped on a machine without CUDA) and the provider tests;
 4. decode: benchmarks.gpu, static and churn, beam 5, 1 to 256 sentences, on the default bundle, the
-   Greek bundle and the realistic configuration, CUDA beside the CPU provider, with the CUDA
+   Greek bundle and the realistic configuration, CUDA beside the CPU provider, the numpy search
+   beside the device search (judged against issue 43's aims: DEVICE_AIMS), with the CUDA
    runtime's own host-to-device bytes (benchmarks/native/cuda_copy_counter.so, preloaded) beside
    the ledger's, and the share of each step outside ONNX Runtime's run;
 5. served: benchmarks.served on the Greek bundle, the CUDA server then the CPU one, 32 and 256
@@ -56,6 +58,9 @@ SERVED_BUNDLE = REPO / "models" / "grc-en-nt"
 GPU_BATCHING = "--max-batch-hypotheses 1280 --max-batch-sentences 256"
 H2D_TOLERANCE = 0.10  # the aim: the CUDA runtime's host-to-device bytes within 10% of the ledger's
 SERVED_AIM = 10.0  # the aim: served sentences/s on CUDA >= 10x the CPU provider's
+# issue 43's aims for the device search at 256 sentences x beam 5 on grc-en-nt, on CUDA:
+# hypothesis-steps/s static and churn, and the share of a step outside ONNX Runtime's run
+DEVICE_AIMS = {"static": 1_000_000.0, "churn": 800_000.0, "outside_run_share": 0.25}
 
 
 @dataclass(frozen=True)
@@ -279,7 +284,7 @@ def verdicts(data: dict[str, Any]) -> list[str]:
             f"{b} {g['graph']}: {', '.join(g['elsewhere'])}" for b, g in graphs if g["elsewhere"]
         ]
         copies = [f"{b} {g['graph']}: {', '.join(g['memcpy'])}" for b, g in graphs if g["memcpy"]]
-        in_step = [c for c in copies if " decoder_step: " in c]
+        in_step = [c for c in copies if " decoder_step: " in c or " search_step: " in c]
         shapes = sum(len(g["shape_arithmetic"]) for _, g in graphs)
         lines.append(
             "- every computing node on CUDA: "
@@ -321,6 +326,7 @@ def verdicts(data: dict[str, Any]) -> list[str]:
                 else f"(**not within 10%**: worst {worst[0]} B {worst[1]} {worst[2]})"
             )
         )
+    lines += device_search_verdicts(decode)
     served_rows = ((stages.get("served") or {}).get("result") or {}).get("rows", [])
     for r in served_rows:
         if r["provider"] == "cuda" and r.get("x_cpu") is not None:
@@ -328,6 +334,31 @@ def verdicts(data: dict[str, Any]) -> list[str]:
             lines.append(
                 f"- served ×CPU at {r['users']} clients: {r['x_cpu']:.1f} (aim ≥ 10: {met})"
             )
+    return lines
+
+
+def device_search_verdicts(decode: dict[str, Any]) -> list[str]:
+    """Issue 43's aims for the device search on CUDA, grc-en-nt at 256 sentences (DEVICE_AIMS),
+    and the numpy search's figures of the same run beside them."""
+    rows = {
+        r.get("search", "host"): r
+        for r in decode.get("models", {}).get("grc", [])
+        if r["provider"] == "cuda" and r["sentences"] == 256
+    }
+    device, host = rows.get("device"), rows.get("host")
+    if device is None:
+        return []
+    lines = []
+    for kind in ("static", "churn"):
+        got, aim = device[kind]["hyp_steps_per_s"], DEVICE_AIMS[kind]
+        outside = device[kind]["outside_run_share"]
+        before = f" (numpy search: {host[kind]['hyp_steps_per_s']:,.0f})" if host else ""
+        lines.append(
+            f"- device search, grc-en-nt, 256 x 5, {kind}: {got:,.0f} hypothesis-steps/s{before} "
+            f"(aim >= {aim:,.0f}: {'met' if got >= aim else '**not met**'}); outside run "
+            f"{outside:.0%} (aim <= {DEVICE_AIMS['outside_run_share']:.0%}: "
+            f"{'met' if outside <= DEVICE_AIMS['outside_run_share'] else '**not met**'})"
+        )
     return lines
 
 

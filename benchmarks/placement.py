@@ -97,26 +97,41 @@ def read_profile(
 
 
 def profile_bundle(bundle: str | Path, provider: str, texts: list[str]) -> list[GraphPlacement]:
-    """Translate `texts` with the bundle's encoder and decoder sessions profiled; their placements."""
-    config = RuntimeConfig(providers=PROVIDERS[provider], intra_op_threads=1)
-    engine = Engine.load(bundle, config)
-    model = engine.model
-    with tempfile.TemporaryDirectory() as tmp:
-        prefix = str(Path(tmp) / "profile")
-        model.encoder = make_session(
-            str(model.bundle.file("encoder.onnx")), config, config.encoder_threads, prefix
-        )
-        graph, _ = decoder_graph(model.decoder_file)
-        assert graph is not None
-        model.decoder = make_session(graph, config, config.intra_op_threads, prefix)
-        engine.translate(texts, SearchOptions(beam_size=5, n_best=2), "subword")
-        wanted = PROVIDERS[provider][0]
-        encoder_shapes = shape_arithmetic(onnx.load(str(model.bundle.file("encoder.onnx"))))
-        decoder_shapes = shape_arithmetic(onnx.load(str(model.decoder_file)))
-        return [
-            read_profile(model.encoder.end_profiling(), "encoder", wanted, encoder_shapes),
-            read_profile(model.decoder.end_profiling(), "decoder_step", wanted, decoder_shapes),
-        ]
+    """Translate `texts` with the bundle's encoder, decoder and search sessions profiled: the
+    numpy search's decoder step ("decoder_step"), the device search's step graph, the decoder step
+    with the search appended ("search_step": service/decode/search_graph.py); their placements."""
+    placements = []
+    for search in ("host", "device"):
+        config = RuntimeConfig(providers=PROVIDERS[provider], intra_op_threads=1, search=search)
+        engine = Engine.load(bundle, config)
+        model = engine.model
+        with tempfile.TemporaryDirectory() as tmp:
+            prefix = str(Path(tmp) / "profile")
+            model.encoder = make_session(
+                str(model.bundle.file("encoder.onnx")), config, config.encoder_threads, prefix
+            )
+            graph, _ = decoder_graph(model.decoder_file)
+            assert graph is not None
+            model.decoder = make_session(graph, config, config.intra_op_threads, prefix)
+            model.profile_prefix = prefix
+            engine.translate(texts, SearchOptions(beam_size=5, n_best=2), "subword")
+            wanted = PROVIDERS[provider][0]
+            if search == "host":
+                encoder_shapes = shape_arithmetic(onnx.load(str(model.bundle.file("encoder.onnx"))))
+                decoder_shapes = shape_arithmetic(onnx.load(str(model.decoder_file)))
+                placements += [
+                    read_profile(model.encoder.end_profiling(), "encoder", wanted, encoder_shapes),
+                    read_profile(
+                        model.decoder.end_profiling(), "decoder_step", wanted, decoder_shapes
+                    ),
+                ]
+                continue
+            for shape, session in model.search_sessions.items():  # the one a batch of beam 5 ran
+                shapes = shape_arithmetic(model.search_graph(shape))
+                placements.append(
+                    read_profile(session.end_profiling(), "search_step", wanted, shapes)
+                )
+    return placements
 
 
 def main(argv: list[str] | None = None) -> int:

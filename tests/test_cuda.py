@@ -46,11 +46,13 @@ def test_every_computing_node_runs_on_cuda_and_the_step_copies_nothing_inside(bu
     """Shape arithmetic (sizes computed from Shape outputs) is ONNX Runtime's to place on the CPU,
     where shapes live (benchmarks/placement.py); every other node runs on CUDA, and no Memcpy node
     sits inside the decoder step."""
-    encoder, step = profile_bundle(bundle, "cuda", bundle_texts(bundle)[:6])
-    for graph in (encoder, step):
+    encoder, *steps = profile_bundle(bundle, "cuda", bundle_texts(bundle)[:6])
+    assert [g.graph for g in steps] == ["decoder_step", "search_step"]  # both searches' steps
+    for graph in (encoder, *steps):
         assert graph.nodes > 0
         assert not graph.elsewhere, f"{bundle.name} {graph.graph}: not on CUDA {graph.elsewhere}"
-    assert not step.memcpy, f"{bundle.name} decoder step: Memcpy nodes {step.memcpy}"
+    for step in steps:
+        assert not step.memcpy, f"{bundle.name} {step.graph}: Memcpy nodes {step.memcpy}"
 
 
 def ties(a: Translation, b: Translation) -> bool:
@@ -88,3 +90,23 @@ def test_answers_served_from_cuda_are_the_cpu_providers(bundle: Path) -> None:
                 h.alignment.matrix, other.alignment.matrix, atol=ATTENTION_TOL, rtol=0
             )
     assert len(differing) <= len(texts) // 10, f"best answers differ on {differing}"
+
+
+@pytest.mark.parametrize("bundle", BUNDLES, ids=lambda p: p.name)
+def test_the_device_search_on_cuda_is_the_numpy_searchs(bundle: Path) -> None:
+    """On the GPU, the search in the step's graph (float64 scores, ONNX Runtime's CUDA TopK)
+    against the numpy search over the same decoder step: the same answers, where ties aside."""
+    texts = bundle_texts(bundle)[:48]
+    answers = {
+        search: Engine.load(
+            bundle, RuntimeConfig(providers=(CUDA, CPU), require_provider="cuda", search=search)
+        ).translate(texts, OPTIONS, "subword")
+        for search in ("host", "device")
+    }
+    for text, h, d in zip(texts, answers["host"], answers["device"], strict=True):
+        if h.hypotheses[0].text != d.hypotheses[0].text:
+            assert ties(h, d) and ties(d, h), f"{text!r}: {h.hypotheses[0]} vs {d.hypotheses[0]}"
+            continue
+        for a, b in zip(h.hypotheses, d.hypotheses, strict=False):
+            if a.text == b.text:
+                assert abs(a.score - b.score) < 1e-5 and abs(a.log_prob - b.log_prob) < 1e-5

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2
 
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from service.decode.device_search import DeviceSearch
 from service.decode.engine import Engine
 from service.decode.runtime import OnnxDecoder
 from service.model.bundle import sha256_of
@@ -78,6 +78,7 @@ def long_texts(engine: Engine) -> list[str]:
 def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
     g = Gate()
     monkeypatch.setattr(OnnxDecoder, "step", g.wrap(OnnxDecoder.step))
+    monkeypatch.setattr(DeviceSearch, "step", g.wrap_search(DeviceSearch.step))
     yield g
     g.open.set()
 
@@ -312,27 +313,27 @@ def test_an_onnx_runtime_failure_mid_batch_fails_only_that_batch(
     running, gate = server.r, Gate()
     ahead = running.worker.ahead  # a sentence joins a running batch once this thread encoded it
     assert ahead is not None
-    session = engine.model.decoder  # the one decoder session every running batch calls
-    original_run, original_step = session.run_with_iobinding, OnnxDecoder.step
-    rows: list[int] = []  # hypotheses of the step being run, from the decode thread
+    original_step = DeviceSearch.step  # the step of every running batch (search "device")
     failed_while: list[set[int]] = []  # the beam sizes running when the failure was injected
 
-    def step(decoder: OnnxDecoder, tokens: np.ndarray, reorder: np.ndarray, k: int) -> Any:
+    def step(search: DeviceSearch) -> Any:
         # No step before the encoder thread has encoded every sentence handed to it: the victim
         # joins at the step after its encoding, while the survivor (14 steps) still runs. Without
         # this, a loaded machine let the survivor finish before the victim was encoded.
         wait_for(lambda: len(ahead) == len(ahead.ready_keys()), "the victim's encoding")
-        rows.append(len(tokens))
-        return original_step(decoder, tokens, reorder, k)
-
-    def run_with_iobinding(*args: Any, **kwargs: Any) -> Any:
-        if rows[-1] == 4 and not failed_while:  # the beam-2 batch of two sentences, once
+        # the beam-2 batch of two sentences, once: its session's run fails
+        if len(search) * search.beam_size == 4 and not failed_while:
             failed_while.append({key.beam for key in running.worker.batches})
-            raise RuntimeError("injected ONNX Runtime failure: device lost")
-        return original_run(*args, **kwargs)
+            original_run = search.session.run_with_iobinding
 
-    monkeypatch.setattr(OnnxDecoder, "step", gate.wrap(step))
-    monkeypatch.setattr(session, "run_with_iobinding", run_with_iobinding)
+            def run_with_iobinding(*args: Any, **kwargs: Any) -> Any:
+                monkeypatch.setattr(search.session, "run_with_iobinding", original_run)
+                raise RuntimeError("injected ONNX Runtime failure: device lost")
+
+            monkeypatch.setattr(search.session, "run_with_iobinding", run_with_iobinding)
+        return original_step(search)
+
+    monkeypatch.setattr(DeviceSearch, "step", gate.wrap_search(step))
     internal = requests_done(running, "INTERNAL")
     survivor_o, victim_o = LONG, Opts(beam=2, max_length=32)
     gate.open.clear()

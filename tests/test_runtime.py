@@ -13,11 +13,13 @@ from service.decode.config import RuntimeConfig
 from service.decode.device import Device, HostRowOps, RowOps, make_row_ops
 from service.decode.runtime import (
     CALL_COST_SENTENCES,
+    Encoded,
     EncodedSentence,
     EncoderRows,
     cuda_provider_options,
     length_buckets,
     provider_options,
+    split_sentences,
 )
 from service.decode.transfers import TransferLedger
 from tests.conftest import needs_cuda
@@ -243,3 +245,49 @@ def test_public_binds_give_the_same_translations_as_the_fast_ones(
         for ha, hb in zip(a.hypotheses, b.hypotheses, strict=True):
             assert ha.alignment is not None and hb.alignment is not None
             np.testing.assert_array_equal(ha.alignment.matrix, hb.alignment.matrix)
+
+
+def device_rows(
+    ops: RowOps | HostRowOps, values: np.ndarray, keys: np.ndarray, mask: np.ndarray
+) -> list[EncodedSentence]:
+    """Padded (n, S, ·) rows as an encoder call leaves them on the device: one EncodedSentence
+    per row of its outputs (the padding past a sentence's length holds what the encoder wrote)."""
+    device = ops.device
+    state = np.arange(len(mask) * 2, dtype=np.float32).reshape(-1, 2)  # (n, 2)
+    batch = Encoded(
+        values=device.upload(values, "encoder_rows"),
+        keys=device.upload(keys, "encoder_rows"),
+        mask=device.upload(mask, "encoder_rows"),
+        state=device.upload(state, "state"),
+        device=device,
+    )
+    return split_sentences(batch, mask.sum(axis=1), keys_follow_source=True)
+
+
+def test_a_join_of_rows_left_on_the_device_copies_them_there(ops: RowOps | HostRowOps) -> None:
+    """Sentences whose encoder outputs never left the device join with indices alone: the buffers
+    and the state hold what the same rows joined from the host would give, on every position a
+    sentence has (past its length a row holds what the encoder wrote there, or zeros past the
+    encoder call's longest: the mask covers both, and the attention gives them weight 0)."""
+    rng = np.random.default_rng(5)
+    host = EncoderRows(ops, keys_follow_source=True)
+    on_device = EncoderRows(ops, keys_follow_source=True)
+    first = sentence_rows(rng, [6, 4])
+    values, keys, mask = sentence_rows(rng, [3, 7, 2])
+    garbage = (~mask[..., None]).astype(np.float32)  # an encoder's outputs past a sentence's end
+    values, keys = values + 5.0 * garbage, keys - 3.0 * garbage
+    sentences = device_rows(ops, values, keys, mask)
+    host_state = host.append(as_sentences(*first))
+    host_state = host.append([EncodedSentence(*s.arrays()) for s in sentences], host_state)
+    device_state = on_device.append(as_sentences(*first))
+    before = ops.device.ledger.snapshot()
+    device_state = on_device.append(sentences, device_state)
+    moved = ops.device.ledger.snapshot().minus(before)
+    assert moved.total_bytes == moved.by_reason()["indices"]  # no row, no state crosses
+    (got_v, got_k, got_m), (want_v, want_k, want_m) = on_device.to_host(), host.to_host()
+    assert np.array_equal(got_m, want_m)
+    assert np.array_equal(got_v[got_m], want_v[want_m])
+    assert np.array_equal(got_k[got_m], want_k[want_m])
+    assert not want_v[~want_m].any()  # the host's rows are zero-padded
+    assert np.array_equal(device_state.numpy(), host_state.numpy())
+    assert on_device.lengths[: on_device.count].tolist() == [6, 4, 3, 7, 2]

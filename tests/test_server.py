@@ -37,6 +37,7 @@ from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli.client import TranslatorClient
 from service.cli.client import main as client_main
 from service.decode.beam import SearchOptions
+from service.decode.device_search import DeviceSearch
 from service.decode.engine import AlignmentMode, Engine, Translation
 from service.decode.runtime import OnnxDecoder
 from service.serve.config import load_settings
@@ -251,7 +252,9 @@ def health_status(channel: grpc.Channel, service: str = "") -> int:
 
 
 class Gate:
-    """Wraps OnnxDecoder.step: every decoder step waits for `open` and then sleeps `delay` seconds."""
+    """Wraps the decoder step (OnnxDecoder.step, and DeviceSearch.step, whose graph holds the
+    decoder's: search "device", the default): every step waits for `open` and then sleeps `delay`
+    seconds."""
 
     def __init__(self) -> None:
         self.open = threading.Event()
@@ -264,6 +267,15 @@ class Gate:
             if self.delay:
                 time.sleep(self.delay)
             return original(decoder, tokens, reorder, k)
+
+        return step
+
+    def wrap_search(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def step(search: DeviceSearch) -> Any:
+            assert self.open.wait(WAIT_S), "the test left the decode gate closed"
+            if self.delay:
+                time.sleep(self.delay)
+            return original(search)
 
         return step
 
@@ -309,6 +321,7 @@ def start_server(bundle: Path, engine: Engine) -> Iterator[Callable[..., ServerT
 def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
     g = Gate()
     monkeypatch.setattr(OnnxDecoder, "step", g.wrap(OnnxDecoder.step))
+    monkeypatch.setattr(DeviceSearch, "step", g.wrap_search(DeviceSearch.step))
     yield g
     g.open.set()
 

@@ -63,18 +63,35 @@ def test_metrics_export_every_series_from_zero_and_sum_the_watched_ledgers() -> 
     assert value("s2s_device_transfers_total", labels) == 2.0
 
 
-@pytest.fixture(scope="module", params=["graph", "host", pytest.param("cuda", marks=needs_cuda)])
+ENGINES = [
+    "device search, graph row ops",
+    "device search, host row ops",
+    "host search, graph row ops",
+    "host search, host row ops",
+    pytest.param("device search, cuda", marks=needs_cuda),
+    pytest.param("host search, cuda", marks=needs_cuda),
+]
+
+
+@pytest.fixture(scope="module", params=ENGINES)
 def engine(request: pytest.FixtureRequest) -> Engine:
-    """The default model with each kind of row ops (service/decode/device.py): the device graphs a GPU
-    runs, and the numpy writes the CPU provider uses by default; on a GPU host, the CUDA provider
-    itself (its ledger must count the same bytes)."""
-    if request.param == "cuda":
+    """The default model under each search (service/decode/device_search.py's, the default, and
+    the numpy search over the step's top k) with each kind of row ops (service/decode/device.py):
+    the device graphs a GPU runs, and the numpy writes the CPU provider uses by default; on a GPU
+    host, the CUDA provider itself (its ledger must count the same bytes)."""
+    search, where = request.param.split(" search, ")
+    if where == "cuda":
         config = RuntimeConfig(
-            providers=("CUDAExecutionProvider", "CPUExecutionProvider"), require_provider="cuda"
+            providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
+            require_provider="cuda",
+            search=search,
         )
         return Engine.load(DEFAULT_BUNDLE, config)
     config = RuntimeConfig(
-        providers=("CPUExecutionProvider",), intra_op_threads=1, row_ops=request.param
+        providers=("CPUExecutionProvider",),
+        intra_op_threads=1,
+        row_ops=where.removesuffix(" row ops"),
+        search=search,
     )
     return Engine.load(DEFAULT_BUNDLE, config)
 
@@ -104,7 +121,7 @@ def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batc
     rng = random.Random(0)
     pending = list(enumerate(sources))
     records: list[StepRecord] = []
-    D = Dk = D_state = 0
+    left_before = 0  # entries that left at the last step (the batch changed since)
     while pending or len(batch):
         joining = [pending.pop(0) for _ in range(min(len(pending), rng.choice([0, 1, 1, 2, 3])))]
         before = ledger.snapshot()
@@ -121,36 +138,45 @@ def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batc
         running = len(batch)
         if not running:
             continue
-        S = batch.decoder.rows.source_len  # the attention row's width at this step
+        device = batch.device
+        rows = batch.decoder.rows if device is None else device.rows
+        S = rows.source_len  # the attention row's width at this step
+        B_before = 0 if device is None else len(device)
         finished = batch.step()
-        moved = ledger.snapshot().minus(before).total_bytes
-        rows = batch.decoder.rows
+        moved = ledger.snapshot().minus(before)
         D, Dk = rows.D, rows.Dk  # set by the first join, kept after the batch empties
-        if batch.decoder.state is not None:
-            D_state = batch.decoder.state.shape()[1]
         # each decoded part joins as a row: a segmented sentence's segments, else the sentence
         parts = [part for _, sentence in joining for part in sentence.parts]
         S_join = max((len(part.ids) for part in parts), default=0)
         N = running * BEAM
         n = len(parts)
-        join_bytes = (
-            n
-            * (
-                S_join * (D + Dk) * 4 * 2  # encoder outputs down, joining rows up
-                + S_join * (1 + 8)  # mask up, source ids up
-                + 8  # source length
-                + D_state * 4 * 2  # initial state down, then up
-                + 8  # its row index
-            )
-            + (16 + 4) * 8
-        )  # the pads of one append
-        step_bytes = (
-            N * (8 + 8) + 8 + N * k * (4 + 8) + N * S * 4
-        )  # tokens, back-pointers, k, top-k, attention
-        leave_bytes = 2 * 8 * len(finished) + 32 * 8  # moved rows' indices, a refit's pads
+        # the encoder's outputs stay on the device from the encoder to the running batch
+        assert moved.by_reason()["encoder_rows"] == moved.by_reason()["state"] == 0
+        join_bytes = n * (S_join * 8 + 8 + 2 * 8)  # source ids and length up; 2 row indices
+        join_bytes += 4 * 8 * 8  # an empty initial state's shape, a refit's pads (by graph)
+        if device is None:
+            step_bytes = (
+                N * (8 + 8) + 8 + N * k * (4 + 8) + N * S * 4
+            )  # tokens, back-pointers, k, top-k, attention
+            leave_bytes = 2 * 8 * len(finished) + 32 * 8  # moved rows' indices, a refit's pads
+        else:
+            W = device.width
+            assert moved.by_reason()["topk"] == moved.by_reason()["attention"] == 0
+            changed = bool(n or left_before)
+            # the done flags; when sentences joined or left, the batch's index arrays and the
+            # joining sentences' fields
+            step_bytes = running + (2 * 8 * running + n * W * 8 if changed else 0)
+            step_bytes += 2 * 2 * 8 * N  # the index buffers grown, when the batch outgrows them
+            T = S + 8  # the longest a sentence of this workload decodes (max_length_a 1, b <= 8)
+            done = B_before - len(device)  # entries (segments) done at this step
+            assert moved.by_reason()["done"] == running == B_before  # one flag per sentence
+            if not changed and not done:  # nobody joined, left or finished: the flags, nothing else
+                assert moved.total_bytes == running, moved.bytes
+            leave_bytes = done * (W * 8 + T * BEAM * (2 + S) * 4 + 2 * 8) + 32 * 8
+        left_before = 0 if device is None else B_before - len(device)  # entries (segments) done
         records.append(
             StepRecord(
-                bytes=moved,
+                bytes=moved.total_bytes,
                 bound=join_bytes + step_bytes + leave_bytes,
                 batch_bound=running * rows.source_len * (D + Dk) * 4,
                 joined=n,

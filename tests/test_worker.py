@@ -12,6 +12,7 @@ import pytest
 
 from service.decode.beam import SearchOptions
 from service.decode.config import RuntimeConfig
+from service.decode.device_search import DeviceSearch
 from service.decode.engine import AlignmentMode, Engine, RunningBatch, Translation
 from service.decode.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
 from service.decode.runtime import OnnxDecoder, OnnxModel
@@ -96,7 +97,9 @@ def assert_same(got: list[Translation] | None, want: list[Translation]) -> None:
 
 
 class StepSpy:
-    """Wraps OnnxDecoder.step: records each call's hypothesis rows, can raise or pause on a chosen call."""
+    """Wraps the decoder step (OnnxDecoder.step, and DeviceSearch.step, whose graph holds the
+    decoder's: search "device", the default): records each call's hypothesis rows, can raise or
+    pause on a chosen call."""
 
     def __init__(self) -> None:
         self.rows: list[int] = []
@@ -121,11 +124,22 @@ class StepSpy:
 
         return step
 
+    def wrap_search(self, original: Callable[..., object]) -> Callable[..., object]:
+        """DeviceSearch.step as a decoder call of its B·K rows and k = K + 1."""
+        step = self.wrap(lambda search, tokens, reorder, k: original(search))
+
+        def search_step(search: DeviceSearch) -> object:
+            rows = len(search) * search.beam_size
+            return step(search, np.zeros(rows, np.int64), np.zeros(rows), search.beam_size + 1)
+
+        return search_step
+
 
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> StepSpy:
     s = StepSpy()
     monkeypatch.setattr(OnnxDecoder, "step", s.wrap(OnnxDecoder.step))
+    monkeypatch.setattr(DeviceSearch, "step", s.wrap_search(DeviceSearch.step))
     return s
 
 

@@ -11,6 +11,7 @@ CUDA_ARENA_EXTEND: tuple[str, ...] = ("kSameAsRequested", "kNextPowerOfTwo")
 ROW_OPS: tuple[str, ...] = ("auto", "graph", "host")
 REQUIRE_PROVIDER: tuple[str, ...] = ("", "cuda")  # --require-provider's values ("": none)
 AUTO = "auto"  # --providers auto: the GPU (CUDA) where one is usable, else the CPU
+SEARCHES: tuple[str, ...] = ("device", "host")  # where a running batch's beam search runs
 
 
 def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
@@ -72,6 +73,14 @@ class RuntimeConfig:
     cuda_tf32: bool = setting(
         False, "TF32 matrix products on the GPU (faster on Ampere and later, not fp32 rounding)"
     )
+    # service/decode/device_search.py: the step's graph ends with the next beam; "host" is the
+    # numpy search over the step's top k (service/decode/beam.py), kept as the reference.
+    search: str = setting(
+        "device",
+        "where a running batch's beam search runs: device (each decoder call returns the next "
+        "beam, the history stays on the device) or host (numpy over the step's top k)",
+        SEARCHES,
+    )
 
     def __post_init__(self) -> None:
         if not self.providers:
@@ -92,6 +101,8 @@ class RuntimeConfig:
             raise ValueError(
                 f"cuda_arena_extend must be one of {CUDA_ARENA_EXTEND}, got {self.cuda_arena_extend!r}"
             )
+        if self.search not in SEARCHES:
+            raise ValueError(f"search must be one of {SEARCHES}, got {self.search!r}")
         if self.row_ops not in ROW_OPS:
             raise ValueError(f"row_ops must be one of {ROW_OPS}, got {self.row_ops!r}")
         if self.cuda_mem_limit_mb < 0:

@@ -1,7 +1,7 @@
 """The model's device: the one place host↔device copies are made, and the in-place row updates.
 
 `Device` makes every copy between host numpy and device OrtValues and records it in the
-`TransferLedger`. `RowOps` runs four tiny ONNX graphs on the same device (built with onnx.helper
+`TransferLedger`. `RowOps` runs five tiny ONNX graphs on the same device (built with onnx.helper
 when the model loads) that change the running batch's device buffers without a round trip through
 the host:
 
@@ -12,7 +12,10 @@ the host:
 - `move`: gather rows and scatter them into other rows (the compaction when sentences leave), in
   place;
 - `refit`: copy the live rows into new buffers of another capacity or source length (growth, and
-  the shrink when long sentences have left).
+  the shrink when long sentences have left);
+- `gather_join`: the join of sentences whose encoder outputs stayed on the device: their rows
+  gathered from the encoder call's outputs, cut or padded, written in place, and their initial
+  states after the decoder state, in one run (only the indices cross).
 
 In place means that the ScatterND's output is bound to the same device memory as its input:
 ONNX Runtime's ScatterND (CPU and CUDA) skips its input→output copy when the two are one buffer,
@@ -25,7 +28,6 @@ provider, by default: a graph run costs more there than the rows it writes); `ma
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -49,9 +51,18 @@ BUFFERS: tuple[tuple[str, int, int], ...] = (
 NUMPY_TYPE: dict[int, type] = {FLOAT: np.float32, BOOL: np.bool_}
 
 
+ORT_TYPES: dict[str, type] = {
+    "tensor(float)": np.float32,
+    "tensor(bool)": np.bool_,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+}
+
+
 def _dtype(value: ort.OrtValue) -> type:
-    """The numpy type of a row buffer (float32, or bool for the mask)."""
-    return np.bool_ if value.data_type() == "tensor(bool)" else np.float32
+    """The numpy type of a device buffer (the row buffers': float32, or bool for the mask; the
+    search's: float64 and int64 too)."""
+    return ORT_TYPES[value.data_type()]
 
 
 class Device:
@@ -138,6 +149,29 @@ class Device:
             device_type, device_id = ("cpu", 0) if host else (self.type, self.id)
             getattr(binding, f"bind_{kind}")(name, device_type, device_id, dtype, dims, ptr)
 
+    def bind_value(self, binding: ort.IOBinding, name: str, value: Any) -> None:
+        """A device tensor (an OrtValue, or the C-level value `outputs` gives) as an input (no
+        copy). The public bind_ortvalue_input costs twice the C-level call (its checks)."""
+        if self.fast_binds:
+            binding._iobinding.bind_ortvalue_input(name, getattr(value, "_ortvalue", value))
+        else:
+            binding.bind_ortvalue_input(name, value)
+
+    def bind_new_output(self, binding: ort.IOBinding, name: str) -> None:
+        """An output that the next run allocates on the device (the public bind_output builds the
+        device anew at each call: 4 µs against 0.4)."""
+        if self.fast_binds:
+            binding._iobinding.bind_output(name, self.ort_device)
+        else:
+            binding.bind_output(name, self.type, self.id)
+
+    def outputs(self, binding: ort.IOBinding) -> Sequence[Any]:
+        """The last run's outputs (in the order first bound), as values `bind_value` takes: C-level
+        ones where this onnxruntime exposes them (not wrapped: 0.4 µs against 2.5 for all)."""
+        if self.fast_binds:
+            return binding._iobinding.get_outputs()  # type: ignore[no-any-return]
+        return binding.get_outputs()
+
     def output(self, binding: ort.IOBinding, index: int) -> ort.OrtValue:
         """Output `index` (in the order first bound) of the binding's last run. IOBinding.get_outputs
         wraps every output, the ones written in place too; this wraps the one wanted."""
@@ -209,6 +243,51 @@ def append_graph(with_state: bool = False) -> bytes:
     return _model(nodes, inputs, outputs, "join_rows" if with_state else "append_rows")
 
 
+def gather_join_graph() -> bytes:
+    """buffers (C, S, ·) bound in place, an encoder call's outputs src_* (Be, Se, ·) and its
+    initial states src_state (Be, D), index (n,) of the joining sentences among them, rows (n, 1)
+    of the buffers to write, ends (1,) and pads (2·rank,) per buffer, the decoder state (R, D) →
+    the sentences' rows cut to S and zero-padded, written at `rows`; out_state (R + n, D): the
+    state with theirs after it. The join of sentences whose encoder outputs never left the device."""
+    nodes, inputs, outputs = [], [], []
+    inputs += [
+        helper.make_tensor_value_info("rows", INT64, ["n", 1]),
+        helper.make_tensor_value_info("index", INT64, ["n"]),
+        helper.make_tensor_value_info("starts", INT64, [1]),
+        helper.make_tensor_value_info("axes", INT64, [1]),
+    ]
+    for name, dtype, rank in BUFFERS:
+        inputs += [
+            helper.make_tensor_value_info(name, dtype, _dims(f"{name}_c", rank)),
+            helper.make_tensor_value_info(f"src_{name}", dtype, _dims(f"{name}_e", rank)),
+            helper.make_tensor_value_info(f"ends_{name}", INT64, [1]),
+            helper.make_tensor_value_info(f"pads_{name}", INT64, [2 * rank]),
+        ]
+        nodes += [
+            helper.make_node("Gather", [f"src_{name}", "index"], [f"picked_{name}"], axis=0),
+            helper.make_node(
+                "Slice", [f"picked_{name}", "starts", f"ends_{name}", "axes"], [f"cut_{name}"]
+            ),
+        ]
+        nodes += _pad(dtype, f"cut_{name}", f"pads_{name}", f"padded_{name}")
+        nodes.append(
+            helper.make_node("ScatterND", [name, "rows", f"padded_{name}"], [f"out_{name}"])
+        )
+        outputs.append(
+            helper.make_tensor_value_info(f"out_{name}", dtype, _dims(f"{name}_c", rank))
+        )
+    inputs += [
+        helper.make_tensor_value_info("state", FLOAT, ["R", "D"]),
+        helper.make_tensor_value_info("src_state", FLOAT, ["Be", "D"]),
+    ]
+    nodes += [
+        helper.make_node("Gather", ["src_state", "index"], ["new_state"], axis=0),
+        helper.make_node("Concat", ["state", "new_state"], ["out_state"], axis=0),
+    ]
+    outputs.append(helper.make_tensor_value_info("out_state", FLOAT, ["M", "D"]))
+    return _model(nodes, inputs, outputs, "gather_join_rows")
+
+
 def move_graph() -> bytes:
     """buffers (B, S, ·), src (m,), dst (m, 1) → the buffers with rows src copied into rows dst
     (gathered before any write; outputs bound to the inputs' memory)."""
@@ -270,6 +349,7 @@ class RowOps:
         self.join_session = session(append_graph(with_state=True))
         self.move_session = session(move_graph())
         self.refit_session = session(refit_graph())
+        self.gather_join_session = session(gather_join_graph())
 
     # --- the encoder buffers -------------------------------------------------------------------
 
@@ -315,6 +395,46 @@ class RowOps:
         session.run_with_iobinding(binding)
         return self.device.output(binding, len(BUFFERS))  # after the buffers' outputs
 
+    def gather_append(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        shapes: Sequence[tuple[int, ...]],
+        first_row: int,
+        sources: Sequence[Any],
+        index: np.ndarray,
+        state: Any,
+    ) -> ort.OrtValue:
+        """Write rows index (n,) of an encoder call's outputs sources (values (Be, Se, D), keys
+        (Be, Se or 1, Dk), mask (Be, Se), initial states (Be, D)), on the device, into rows
+        first_row.. of the buffers of full `shapes`, cut or zero-padded to their source axis; returns
+        the decoder `state` (R, D) with their states after it. Only the indices cross.
+
+        Past a sentence's own length a row holds what the encoder wrote there (the mask says so,
+        and the attention gives those positions weight 0: the answers are those of zeroed rows,
+        tests/test_transfers.py's host reference checks it exactly)."""
+        n = len(index)
+        binding = self.gather_join_session.io_binding()
+        rows = np.arange(first_row, first_row + n, dtype=np.int64)[:, None]  # (n, 1)
+        self.device.bind_host_input(binding, "rows", rows, "indices")
+        self.device.bind_host_input(binding, "index", index.astype(np.int64), "indices")
+        self.device.bind_host_argument(binding, "starts", np.zeros(1, np.int64))
+        self.device.bind_host_argument(binding, "axes", np.ones(1, np.int64))
+        for (name, dtype, rank), buffer, shape, source in zip(
+            BUFFERS, buffers, shapes, sources[:3], strict=True
+        ):
+            width = min(int(source.shape()[1]), shape[1])
+            pads = np.zeros(2 * rank, np.int64)
+            pads[rank + 1] = shape[1] - width  # pad the source axis at its end
+            self.device.bind_in_place(binding, name, buffer, NUMPY_TYPE[dtype], shape)
+            self.device.bind_value(binding, f"src_{name}", source)
+            self.device.bind_host_argument(binding, f"ends_{name}", np.array([width], np.int64))
+            self.device.bind_host_argument(binding, f"pads_{name}", pads)
+        self.device.bind_value(binding, "state", state)
+        self.device.bind_value(binding, "src_state", sources[3])
+        binding.bind_output("out_state", self.device.type, self.device.id)
+        self.gather_join_session.run_with_iobinding(binding)
+        return self.device.output(binding, len(BUFFERS))  # after the buffers' outputs
+
     def move(
         self,
         buffers: Sequence[ort.OrtValue],
@@ -355,18 +475,33 @@ class RowOps:
         return list(binding.get_outputs())
 
 
-def host_view(value: ort.OrtValue, shape: Sequence[int]) -> np.ndarray:
-    """A numpy view (no copy) of the leading `shape` elements of a CPU OrtValue's memory; valid
-    while `value` lives. An OrtValue made from a numpy array keeps it (`_numpy_obj`, private to
-    onnxruntime's wrapper): viewing that array costs ~1 µs; other memory is viewed through ctypes."""
+class _Memory:
+    """Memory at an address, as numpy's array interface describes it (no copy, no ctypes)."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, address: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.__array_interface__ = {
+            "data": (address, False),
+            "shape": shape,
+            "typestr": dtype.str,
+            "version": 3,
+        }
+
+
+def host_view(value: Any, shape: Sequence[int]) -> np.ndarray:
+    """A numpy view (no copy) of the leading `shape` elements of a CPU OrtValue's memory (an
+    OrtValue, or the C-level value `Device.outputs` gives); valid while `value` lives. An OrtValue
+    made from a numpy array keeps it (`_numpy_obj`, private to onnxruntime's wrapper): viewing that
+    array costs ~1 µs; other memory is viewed through numpy's array interface (~1 µs as well:
+    ctypes' views took ~20)."""
     count = math.prod(shape)
     array = getattr(value, "_numpy_obj", None)  # set only for a contiguous array wrapped as is
     if array is None:
-        dtype = _dtype(value)
-        c_type = ctypes.c_float if dtype is np.float32 else ctypes.c_uint8
-        pointer = ctypes.cast(value.data_ptr(), ctypes.POINTER(c_type))
-        raw = np.ctypeslib.as_array(pointer, shape=(count,)) if count else np.zeros(0, c_type)
-        return raw.view(dtype).reshape(tuple(shape))
+        dtype = np.dtype(_dtype(value))
+        if not count:
+            return np.zeros(tuple(shape), dtype)
+        return np.asarray(_Memory(value.data_ptr(), tuple(shape), dtype))
     return array.reshape(-1)[:count].reshape(tuple(shape))
 
 
@@ -412,6 +547,28 @@ class HostRowOps:
         old = state.numpy()  # (R, D): read only (a view or a copy, by onnxruntime release)
         joined = np.concatenate([old, new_state.astype(np.float32, copy=False)])  # (R + n, D)
         return ort.OrtValue.ortvalue_from_numpy(joined)
+
+    def gather_append(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        shapes: Sequence[tuple[int, ...]],
+        first_row: int,
+        sources: Sequence[Any],
+        index: np.ndarray,
+        state: Any,
+    ) -> ort.OrtValue:
+        """RowOps.gather_append's contract, with numpy over views of the encoder's outputs (they
+        are in host memory: nothing is copied but the rows written)."""
+        n = len(index)
+        for buffer, shape, source in zip(buffers, shapes, sources[:3], strict=True):
+            rows = host_view(buffer, shape)[first_row : first_row + n]  # (n, S, ·)
+            picked = host_view(source, source.shape())[index]  # (n, Se, ·)
+            width = min(picked.shape[1], shape[1])
+            rows[:, :width] = picked[:, :width]
+            rows[:, width:] = 0
+        states = host_view(sources[3], sources[3].shape())[index]  # (n, D)
+        old = host_view(state, state.shape())  # (R, D)
+        return ort.OrtValue.ortvalue_from_numpy(np.concatenate([old, states]))  # (R + n, D)
 
     def move(
         self,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import math
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, cast
@@ -22,6 +23,7 @@ from service.decode.alignment import Alignment
 from service.decode.beam import BeamSearch, Hypothesis, SearchOptions
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.controls import Controls
+from service.decode.device_search import DeviceSearch
 from service.decode.errors import InvalidInput
 from service.decode.link_head import load_link_head
 from service.decode.options import OPTIONS
@@ -37,6 +39,8 @@ from service.model.embedded import resolve_bundle
 from service.model.input_rule import InputRejected
 from service.model.spelling import control_problem, spelling_problem
 from service.model.vocab import TextTokenizer, is_word_level, load_tokenizers
+
+log = logging.getLogger(__name__)
 
 AlignmentMode = Literal["none", "subword", "word"]
 ALIGNMENT_MODES: tuple[str, ...] = ("none", "subword", "word")
@@ -154,6 +158,7 @@ class Engine:
             else bundle.confidence_threshold or 0.0
         )
         self._separators: dict[tuple[str, str], Separator] = {}
+        self._device_search_refused: str | None = None  # why this model's search runs on the host
         self.decoding_defaults = check_decoding_defaults(bundle)
         # Align's supervised word aligner, where the bundle ships one (service/decode/link_head.py)
         self.link_head = load_link_head(bundle)
@@ -575,6 +580,25 @@ class Engine:
     def new_batch(self, beam_size: int) -> RunningBatch[Any]:
         return RunningBatch(self, beam_size)
 
+    def device_search(self, beam_size: int) -> DeviceSearch | None:
+        """A running batch's device search, or None where the decoder graph cannot take one (its
+        reason logged once: the batch then decodes on the host, as with search "host")."""
+        cfg = self.cfg
+        try:
+            return DeviceSearch(
+                self.model,
+                beam_size,
+                cfg.bos_id,
+                cfg.eos_id,
+                cfg.tgt_vocab_size,
+                narrow_on_eos=cfg.toolkit != "native",
+            )
+        except ValueError as err:
+            if self._device_search_refused is None:
+                log.warning("%s: the beam search runs on the host: %s", self.bundle.name, err)
+            self._device_search_refused = str(err)
+            return None
+
     def translate(
         self,
         texts: Sequence[str],
@@ -872,6 +896,20 @@ def report_order(use: gl.TermUse) -> tuple[bool, int]:
     return (use.request_index is None, use.request_index or 0)
 
 
+EntryT = TypeVar("EntryT")
+
+
+def by_encoder_call(
+    entries: Sequence[EntryT], encoded: Callable[[EntryT], EncodedSentence]
+) -> list[EntryT]:
+    """The entries with the sentences of each encoder call together, in order of first
+    appearance (stable)."""
+    calls: dict[int, int] = {}
+    for entry in entries:
+        calls.setdefault(id(encoded(entry).batch), len(calls))
+    return sorted(entries, key=lambda entry: calls[id(encoded(entry).batch)])
+
+
 def continuation_pieces(tokenizer: TextTokenizer, word_level: bool) -> np.ndarray | None:
     """(V,) bool: the target pieces that go on with the word before them (no word start, and a
     letter or digit first: a comma may follow a word); None for a word-level vocabulary."""
@@ -959,21 +997,31 @@ def make_alignment(
 class RunningBatch(Generic[KeyT]):
     """Sentences decoding together with K hypothesis slots each; sentences join and leave between
     steps. Sentences are known by their requests' keys. A segmented sentence decodes as one search
-    entry per segment (keyed (key, k)) and leaves when its last segment finishes, joined."""
+    entry per segment (keyed (key, k)) and leaves when its last segment finishes, joined.
+
+    Two searches share the batch: the device search (service/decode/device_search.py, RuntimeConfig
+    search "device"), where the sentences without decoding controls decode, and the numpy search
+    over the step's top k (service/decode/beam.py), for the sentences with controls (and every
+    sentence under search "host"). A step runs each that holds sentences: a batch without controls
+    makes one device call a step (docs/decoding.md says which control takes which path)."""
 
     def __init__(self, engine: Engine, beam_size: int) -> None:
         self.engine = engine
         self.decoder: OnnxDecoder = engine.model.new_decoder()
         cfg = engine.cfg
+        narrow = cfg.toolkit != "native"  # imported models: the toolkit's beam rule
         self.search = BeamSearch(
             self.decoder,
             beam_size,
             cfg.bos_id,
             cfg.eos_id,
             vocab_size=cfg.tgt_vocab_size,
-            narrow_on_eos=cfg.toolkit != "native",  # imported models: the toolkit's beam rule
+            narrow_on_eos=narrow,
             continues_word=engine.continues_word,
         )
+        self.device: DeviceSearch | None = None
+        if engine.model.config.search == "device":
+            self.device = engine.device_search(beam_size)
         self.requests: dict[Hashable, DecodeRequest[KeyT]] = {}
         # segmented sentences: key → each segment's n-best list, None while it decodes
         self.segments: dict[Hashable, list[list[Hypothesis] | None]] = {}
@@ -984,11 +1032,11 @@ class RunningBatch(Generic[KeyT]):
 
     def __len__(self) -> int:
         """The sentences (segments) the decoder steps: what the batch limits count."""
-        return len(self.search)
+        return len(self.search) + (len(self.device) if self.device is not None else 0)
 
     @property
     def num_hypotheses(self) -> int:
-        return len(self.search) * self.search.beam_size
+        return len(self) * self.search.beam_size
 
     def add(
         self,
@@ -1009,24 +1057,38 @@ class RunningBatch(Generic[KeyT]):
                     f"{len(request.sentence.parts)} segments but {len(rows)} encoded rows"
                 )
         controls = [self.part_controls(r) for r in requests]  # InvalidInput before any join
-        row = self.decoder.add_sentences([e for rows in encoded for e in rows])
-        for request, control in zip(requests, controls, strict=True):
+        host: list[tuple[Hashable, int, SearchOptions, Controls, EncodedSentence]] = []
+        device: list[tuple[Hashable, EncodedSentence, SearchOptions, Controls]] = []
+        for request, control, rows in zip(requests, controls, encoded, strict=True):
             options = request.options
             want_attention = request.alignment != "none" or options.replace_unknowns
             if options.return_attention != want_attention:
                 options = replace(options, return_attention=want_attention)
             parts = request.sentence.segments
-            if not parts:
-                self.search.add(
-                    request.key, len(request.sentence.ids), options, row, controls=control[0]
-                )
-                row += 1
-            else:
-                for k, part in enumerate(parts):
-                    self.search.add((request.key, k), len(part.ids), options, row, control[k])
-                    row += 1
+            keys: list[Hashable] = (
+                [request.key] if not parts else [(request.key, k) for k in range(len(parts))]
+            )
+            lengths = [len(p.ids) for p in request.sentence.parts]
+            for key, length, part_controls, rows_k in zip(
+                keys, lengths, control, rows, strict=True
+            ):
+                if self.device is not None and self.device.takes(part_controls):
+                    device.append((key, rows_k, options, part_controls))
+                else:
+                    host.append((key, length, options, part_controls, rows_k))
+            if parts:
                 self.segments[request.key] = [None] * len(parts)
             self.requests[request.key] = request
+        # in the running batch, the sentences of one encoder call side by side: their rows join
+        # it in one device call (their order there is free: an answer does not depend on it)
+        if self.device is not None:
+            for key, rows_k, options, part_controls in by_encoder_call(device, lambda e: e[1]):
+                self.device.add(key, rows_k, options, part_controls)
+        if host:
+            host = by_encoder_call(host, lambda e: e[4])
+            row = self.decoder.add_sentences([e for *_, e in host])
+            for i, (key, length, options, part_controls, _) in enumerate(host):
+                self.search.add(key, length, options, row + i, controls=part_controls)
 
     def part_controls(self, request: DecodeRequest[KeyT]) -> list[Controls]:
         """The controls of each part of a request's sentence (its segments, or itself): a prefix,
@@ -1049,12 +1111,18 @@ class RunningBatch(Generic[KeyT]):
             parts = self.segments.pop(key, None)
             entries += [key] if parts is None else [(key, k) for k in range(len(parts))]
         self.search.remove(entries)
+        if self.device is not None:
+            self.device.remove(entries)
         return [self.requests.pop(key).key for key in present]
 
     def step(self) -> list[tuple[KeyT, Translation]]:
-        """One decoder call for every hypothesis; returns the sentences that finished at this step."""
+        """One decoder call for every hypothesis (one per search holding sentences); returns the
+        sentences that finished at this step."""
         out: list[tuple[KeyT, Translation]] = []
-        for entry, hyps in self.search.step():
+        finished = self.device.step() if self.device is not None else []
+        if not self.search.is_empty:
+            finished += self.search.step()
+        for entry, hyps in finished:
             if entry in self.requests and entry not in self.segments:
                 request = self.requests.pop(entry)
                 out.append((request.key, self.engine.to_translation(request, hyps)))

@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,14 @@ from service.decode.beam import StepOutput
 from service.decode.config import RuntimeConfig
 from service.decode.device import Device, HostRowOps, RowOps, make_row_ops
 from service.decode.providers import CUDA, check_model_providers, resolve_providers
+from service.decode.search_graph import (
+    SearchShape,
+    controls_problem,
+    finished_graph,
+    graph_problem,
+    grow_graph,
+    search_step_graph,
+)
 from service.decode.transfers import TransferLedger
 from service.model.architecture import PAD_ID
 from service.model.bundle import Bundle, BundleError
@@ -178,7 +186,7 @@ class GraphInput:
     shape: list[int | str | None]
 
 
-@dataclass
+@dataclass(eq=False)
 class Encoded:
     """Encoder outputs for a group of sentences, as OrtValues on the session's device."""
 
@@ -186,39 +194,103 @@ class Encoded:
     keys: ort.OrtValue  # (B, S, Dk), or (B, 1, D) for attention "none"
     mask: ort.OrtValue  # (B, S) bool
     state: ort.OrtValue  # (B, D_state) initial decoder states
+    device: Device
+
+    @property
+    def tensors(self) -> tuple[ort.OrtValue, ort.OrtValue, ort.OrtValue, ort.OrtValue]:
+        """values, keys, mask, state: what `RowOps.gather_append` reads rows of."""
+        return self.values, self.keys, self.mask, self.state
 
     @property
     def batch_size(self) -> int:
         return int(self.mask.shape()[0])
 
 
-@dataclass(frozen=True)
 class EncodedSentence:
-    """One sentence's encoder outputs on the host, cut to its own length: the unit that waits between
-    an encoder call and the sentence joining a running batch."""
+    """One sentence's encoder outputs: the unit that waits between an encoder call and the sentence
+    joining a running batch (on another thread, the encode-ahead's, maybe).
 
-    values: np.ndarray  # (S_i, D)
-    keys: np.ndarray  # (S_i, Dk), or (1, D) for attention "none"
-    state: np.ndarray  # (D_state,) initial decoder state
+    Either its row of an encoder call's outputs, left on the device where the encoder wrote them
+    (`EncodedSentence.row_of`: the running batch copies the row device to device when the sentence
+    joins, `RowOps.gather_append`; nothing crosses to the host), or host arrays cut to its own
+    length, values (S_i, D), keys (S_i, Dk) or (1, D) for attention "none", state (D_state,) (as
+    tests and host references build them). `values`, `keys` and `state` read a device row to the
+    host (a copy, counted): the decode loop never does."""
+
+    __slots__ = ("_arrays", "batch", "keys_follow_source", "length", "row")
+
+    def __init__(self, values: np.ndarray, keys: np.ndarray, state: np.ndarray) -> None:
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = (values, keys, state)
+        self.batch: Encoded | None = None
+        self.row = 0
+        self.length = int(values.shape[0])
+        self.keys_follow_source = True
+
+    @classmethod
+    def row_of(
+        cls, batch: Encoded, row: int, length: int, keys_follow_source: bool
+    ) -> EncodedSentence:
+        """Row `row` (of `length` positions) of an encoder call's outputs, left on the device."""
+        sentence = cls.__new__(cls)
+        sentence._arrays = None
+        sentence.batch, sentence.row, sentence.length = batch, row, length
+        sentence.keys_follow_source = keys_follow_source
+        return sentence
 
     @property
-    def length(self) -> int:
-        return int(self.values.shape[0])
+    def on_device(self) -> bool:
+        return self.batch is not None
+
+    @property
+    def state_width(self) -> int:
+        """D_state: its initial decoder state's width."""
+        if self.batch is not None:
+            return int(self.batch.state.shape()[1])
+        return len(self.state)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(values, keys, state) on the host: a device row is downloaded (once, counted)."""
+        if self._arrays is None:
+            batch = self.batch
+            assert batch is not None
+            n, b = self.length, self.row
+            values = batch.device.download(batch.values, "encoder_rows")[b, :n]
+            keys = batch.device.download(batch.keys, "encoder_rows")[b]
+            keys = keys[:n] if self.keys_follow_source else keys
+            state = batch.device.download(batch.state, "state")[b]
+            self._arrays = (values.copy(), keys.copy(), state.copy())
+        return self._arrays
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.arrays()[0]
+
+    @property
+    def keys(self) -> np.ndarray:
+        return self.arrays()[1]
+
+    @property
+    def state(self) -> np.ndarray:
+        return self.arrays()[2]
 
 
 def split_sentences(
-    encoded: Encoded, lengths: np.ndarray, keys_follow_source: bool, device: Device
+    encoded: Encoded, lengths: np.ndarray, keys_follow_source: bool
 ) -> list[EncodedSentence]:
-    """A batch's encoder outputs → one EncodedSentence per sentence on the host (copies: the rows
-    outlive the batch, and wait there for their running batch, which may be on another thread)."""
-    values = device.download(encoded.values, "encoder_rows")  # (B, S, D)
-    keys = device.download(encoded.keys, "encoder_rows")  # (B, S or 1, Dk)
-    state = device.download(encoded.state, "state")  # (B, D_state)
-    out = []
-    for b, n in enumerate(lengths.tolist()):
-        key_rows = keys[b, :n] if keys_follow_source else keys[b]
-        out.append(EncodedSentence(values[b, :n].copy(), key_rows.copy(), state[b].copy()))
-    return out
+    """A batch's encoder outputs → one EncodedSentence per sentence, each its row of them, left on
+    the device until it joins a running batch (the rows hold the batch's tensors alive)."""
+    return [
+        EncodedSentence.row_of(encoded, b, n, keys_follow_source)
+        for b, n in enumerate(lengths.tolist())
+    ]
+
+
+def first_widths(sentence: EncodedSentence) -> tuple[int, int, int]:
+    """(D, Dk, key_len) of a sentence's encoder outputs: the running batch's buffers' widths."""
+    if sentence.batch is not None:
+        values, keys = sentence.batch.values.shape(), sentence.batch.keys.shape()
+        return int(values[2]), int(keys[2]), sentence.length if sentence.keys_follow_source else 1
+    return sentence.values.shape[1], sentence.keys.shape[1], sentence.keys.shape[0]
 
 
 def pad_ids(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -290,6 +362,11 @@ class OnnxModel:
         self._forced: ort.InferenceSession | None = None
         self._forced_made = False
         self._forced_lock = threading.Lock()
+        # the device search's sessions (service/decode/device_search.py), made on first use; with
+        # a profile prefix, under ONNX Runtime's profiler (benchmarks/placement.py)
+        self._searches: dict[SearchShape, ort.InferenceSession] = {}
+        self.profile_prefix: str | None = None
+        self._helpers: dict[str, ort.InferenceSession] = {}
         on_gpu = self.decoder.get_providers()[0] == CUDA
         self.device_type = "cuda" if on_gpu else "cpu"
         self.device_id = config.device_id if on_gpu else 0
@@ -299,6 +376,52 @@ class OnnxModel:
         self.row_ops = make_row_ops(
             self.device, providers, provider_options(providers, config), config.row_ops
         )
+
+    def search_session(self, shape: SearchShape) -> ort.InferenceSession:
+        """The decoder step with the device search's step appended (service/decode/search_graph.py)
+        for `shape` (its k: K + 1 or V, set here), made on first use and shared by the running
+        batches of its beam; ValueError where the decoder graph cannot take it (`graph_problem`,
+        and `controls_problem` for a shape with controls)."""
+        V = self.bundle.architecture.tgt_vocab_size
+        shape = replace(shape, k=min(shape.K + 1, V))
+        with self._forced_lock:
+            session = self._searches.get(shape)
+            if session is None:
+                model = onnx.load(str(self.decoder_file))
+                problem = graph_problem(model, shape.K)
+                if not problem and shape.controls:
+                    problem = controls_problem(model)
+                if problem:
+                    raise ValueError(f"{self.decoder_file}: no device search: {problem}")
+                topk_reads_k_on_the_host(model)
+                graph = search_step_graph(model, shape).SerializeToString()
+                threads = self.config.intra_op_threads
+                session = make_session(graph, self.config, threads, self.profile_prefix)
+                self._searches[shape] = session
+            return session
+
+    def search_graph(self, shape: SearchShape) -> onnx.ModelProto:
+        """The graph `search_session(shape)` runs (for inspection: benchmarks/placement.py)."""
+        V = self.bundle.architecture.tgt_vocab_size
+        model = onnx.load(str(self.decoder_file))
+        topk_reads_k_on_the_host(model)
+        return search_step_graph(model, replace(shape, k=min(shape.K + 1, V)))
+
+    @property
+    def search_sessions(self) -> dict[SearchShape, ort.InferenceSession]:
+        """The device search's sessions made so far, by shape."""
+        return dict(self._searches)
+
+    def search_helper(self, name: str) -> ort.InferenceSession:
+        """The device search's small graphs (`finished_graph`, `grow_graph`), on the model's device
+        with one thread, made on first use."""
+        with self._forced_lock:
+            session = self._helpers.get(name)
+            if session is None:
+                graph = {"finished": finished_graph, "grow": grow_graph}[name]()
+                session = make_session(graph, self.config, 1)
+                self._helpers[name] = session
+            return session
 
     def decoder_inputs(self) -> list[GraphInput]:
         """The decoder graph's inputs as its file declares them (the contract's), whatever
@@ -322,18 +445,17 @@ class OnnxModel:
             binding.bind_output(name, self.device_type, self.device_id)
         self.encoder.run_with_iobinding(binding)
         values, keys, mask, state = binding.get_outputs()
-        return Encoded(values=values, keys=keys, mask=mask, state=state)
+        return Encoded(values=values, keys=keys, mask=mask, state=state, device=self.device)
 
     def encode_sentences(self, id_lists: Sequence[Sequence[int]]) -> list[EncodedSentence]:
-        """Source id lists → one host EncodedSentence each, in order. Sentences of similar length
-        are encoded together (`length_buckets`): the encoder's cost follows batch × longest source."""
+        """Source id lists → one EncodedSentence each, in order, its row of its encoder call's
+        outputs left on the device. Sentences of similar length are encoded together
+        (`length_buckets`): the encoder's cost follows batch × longest source."""
         keys_follow_source = self.bundle.architecture.attention != "none"
         out: list[EncodedSentence | None] = [None] * len(id_lists)
         for bucket in length_buckets([len(ids) for ids in id_lists]):
             src, lengths = pad_ids([id_lists[i] for i in bucket])
-            encoded = split_sentences(
-                self.encode(src, lengths), lengths, keys_follow_source, self.device
-            )
+            encoded = split_sentences(self.encode(src, lengths), lengths, keys_follow_source)
             for i, sentence in zip(bucket, encoded, strict=True):
                 out[i] = sentence
         return [s for s in out if s is not None]
@@ -391,23 +513,18 @@ class EncoderRows:
         return [(rows, S, self.D), (rows, key_len, self.Dk), (rows, S)]
 
     def append(
-        self,
-        sentences: Sequence[EncodedSentence],
-        state: ort.OrtValue | None = None,
-        new_state: np.ndarray | None = None,
-    ) -> ort.OrtValue | None:
-        """Write joining sentences' rows after the current ones; only these rows cross to the device.
+        self, sentences: Sequence[EncodedSentence], state: ort.OrtValue | None = None
+    ) -> ort.OrtValue:
+        """Write joining sentences' rows after the current ones, and return the decoder `state`
+        (R, D) on the device (None: none yet) with the sentences' initial states after it.
 
-        Given the decoder `state` (R, D) on the device and the sentences' initial states
-        `new_state` (n, D), returns state + new_state from the same device call."""
+        Rows left on the device by the encoder are copied there (`RowOps.gather_append`, one call
+        per run of sentences of the same encoder call): only indices cross. Host rows cross at
+        their own length (the device pads them)."""
         n, S_new = len(sentences), max(s.length for s in sentences)
         first = sentences[0]
         if self.buffers is None:
-            self.D, self.Dk, self.key_len = (
-                first.values.shape[1],
-                first.keys.shape[1],
-                first.keys.shape[0],
-            )
+            self.D, self.Dk, self.key_len = first_widths(first)
             capacity = max(16, 2 * n)
             self.buffers = [
                 self.ops.empty(shape, dtype)
@@ -419,6 +536,42 @@ class EncoderRows:
         elif self.count + n > self.capacity or S_new > self.source_len:
             self.refit(max(self.capacity, 2 * (self.count + n)), max(self.source_len, S_new))
         assert self.buffers is not None
+        if state is None:
+            empty = np.zeros((0, first.state_width), np.float32)  # (0, D_state)
+            state = self.ops.device.upload(empty, "state")
+        if all(s.on_device for s in sentences):
+            return self._gather(sentences, state)
+        joined = self._upload(sentences, state)
+        assert joined is not None
+        return joined
+
+    def _gather(self, sentences: Sequence[EncodedSentence], state: ort.OrtValue) -> ort.OrtValue:
+        """Device rows: one gather per run of sentences of the same encoder call."""
+        assert self.buffers is not None
+        start = 0
+        while start < len(sentences):
+            batch = sentences[start].batch
+            end = start
+            while end < len(sentences) and sentences[end].batch is batch:
+                end += 1
+            assert batch is not None
+            run = sentences[start:end]
+            index = np.array([s.row for s in run], np.int64)  # (r,)
+            self.lengths[self.count : self.count + len(run)] = [s.length for s in run]
+            state = self.ops.gather_append(
+                self.buffers, self.shapes(self.capacity), self.count, batch.tensors, index, state
+            )
+            self.count += len(run)
+            start = end
+        return state
+
+    def _upload(
+        self, sentences: Sequence[EncodedSentence], state: ort.OrtValue
+    ) -> ort.OrtValue | None:
+        """Host rows, uploaded at their own length, their initial states after `state`."""
+        assert self.buffers is not None
+        n, S_new = len(sentences), max(s.length for s in sentences)
+        first = sentences[0]
         if n == 1:  # one sentence (the usual join under load): its own arrays, no padding
             values, keys = first.values[None], first.keys[None]  # (1, S_i, D), (1, S_i or 1, Dk)
             mask = np.ones((1, first.length), np.bool_)  # (1, S_i)
@@ -433,6 +586,7 @@ class EncoderRows:
                 keys[i, : sentence.keys.shape[0]] = sentence.keys
                 mask[i, : sentence.length] = True
                 self.lengths[self.count + i] = sentence.length
+        new_state = np.stack([s.state for s in sentences])  # (n, D_state)
         joined = self.ops.append(
             self.buffers,
             self.shapes(self.capacity),
@@ -558,12 +712,7 @@ class OnnxDecoder:
     def add_sentences(self, sentences: Sequence[EncodedSentence]) -> int:
         """Append sentences (at the end of the sentence order); returns the state-buffer row of the first one."""
         offset = self.state_rows
-        new_state = np.stack([s.state for s in sentences])  # (n, D_state)
-        if self.state is None:  # the first join: nothing on the device to append to
-            self.rows.append(sentences)
-            self.state = self.device.upload(new_state, "state")
-        else:  # rows and state in one device call
-            self.state = self.rows.append(sentences, self.state, new_state)
+        self.state = self.rows.append(sentences, self.state)  # rows and states in one device call
         return offset
 
     def keep_sentences(self, keep: np.ndarray) -> None:

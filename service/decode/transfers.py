@@ -24,6 +24,9 @@ REASONS: tuple[str, ...] = (
     "indices",  # row indices and pads for the in-place row updates on the device
     "topk",  # the step's top-k log-probs and token ids
     "attention",  # the step's attention row per hypothesis
+    "search",  # the device search's settings per sentence, and its joining sentences' fields
+    "done",  # the device search's per-step flags: which sentences are done
+    "hypotheses",  # a finished sentence's n-best entries and history (tokens, attention rows)
 )
 
 Key = tuple[str, str]  # (direction, reason)
