@@ -102,6 +102,22 @@ class ServerConfig:
     tls_client_ca: str = setting(
         "", "PEM CA certificates; set, clients must present a certificate they signed (mTLS)"
     )
+    fronts: int = setting(
+        -1,
+        "front processes (gRPC and HTTP, parsing, tokenizing, responses), sharing the ports; "
+        "0 = one process for fronts and engine (the single-process mode); -1 = by the cores: "
+        "the single-process mode on one core, else one front per 4 cores (at least 1)",
+    )
+    engines: int = setting(
+        0,
+        "engine processes (the decode loop): 0 = one per device (one on the CPU); more on a CPU "
+        "host split its cores (set --intra-op-threads to cores / engines)",
+    )
+    engine_hang_s: float = setting(
+        30.0,
+        "an engine whose decode loop spends this many seconds in one iteration is hung: its "
+        "requests are answered UNAVAILABLE and it is restarted",
+    )
     log_level: str = setting("INFO", "logging level of the JSON log lines", LOG_LEVELS)
     warmup: bool = setting(True, "decode a few sentences before reporting SERVING")
     reflection: bool = setting(
@@ -134,6 +150,8 @@ class ServerConfig:
         VersionPolicy(self.version_policy, self.pinned_versions)  # raises on a bad one
         if not 0 <= self.reload_interval_s < math.inf:
             raise ValueError("reload_interval_s must be a finite number >= 0 (0: no polling)")
+        if self.fronts < -1 or self.engines < 0 or not self.engine_hang_s > 0:
+            raise ValueError("fronts must be >= -1, engines >= 0, engine_hang_s > 0")
         if self.max_texts < 1 or self.max_text_chars < 1 or self.grace_s < 0:
             raise ValueError("max_texts and max_text_chars must be >= 1, grace_s >= 0")
 

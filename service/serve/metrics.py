@@ -53,6 +53,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "cancelled",
     "shutting_down",
     "not_ready",
+    "engine_unavailable",
     "internal",
 )
 
@@ -346,28 +347,33 @@ class Metrics:
     def model_loaded(
         self, name: str, version: str, attention: str, provider: str, resident_bytes: int
     ) -> None:
-        """A version loaded: its info series, memory gauge and zeroed counters."""
+        """A version loaded by the engine: its info series, memory gauge and zeroed decode
+        counters (the requests' series are the front's: `model_served`)."""
         self.model_info.labels(
             name=name, version=version, attention=attention, provider=provider
         ).set(1)
         self.model_resident_memory.labels(name, version).set(resident_bytes)
-        self.model_request_duration.labels(name, version)
-        for code in CODES:  # every code's series from the start, as s2s_request_duration_seconds
-            self.model_requests.labels(name, version, code)
         self.model_queue_depth.labels(name, version).set(0)
         self.model_running.labels(name, version).set(0)
         self.model_steps.labels(name, version)
         self.model_hypothesis_steps.labels(name, version)
         self.model_load_failures.labels(name)
+
+    def model_served(self, name: str, version: str) -> None:
+        """A version a front serves: its request series, zeroed."""
+        self.model_request_duration.labels(name, version)
+        for code in CODES:  # every code's series from the start, as s2s_request_duration_seconds
+            self.model_requests.labels(name, version, code)
+        self.model_load_failures.labels(name)
         self._model_series.setdefault((name, version), set()).update(CODES)
 
     def model_unloaded(self, name: str, version: str) -> None:
-        """A version unloaded: every series labelled with it goes (label sets stay bounded)."""
+        """A version the engine unloaded: every decode series labelled with it goes (label sets
+        stay bounded)."""
         for labels in list(self.model_info._metrics):  # (name, version, attention, provider)
             if labels[:2] == (name, version):
                 self.model_info.remove(*labels)
         for metric in (
-            self.model_request_duration,
             self.model_queue_depth,
             self.model_running,
             self.model_steps,
@@ -376,6 +382,11 @@ class Metrics:
         ):
             with suppress(KeyError):  # a series never created (e.g. no queue seen)
                 metric.remove(name, version)
+
+    def model_unserved(self, name: str, version: str) -> None:
+        """A version a front no longer serves: its request series go."""
+        with suppress(KeyError):
+            self.model_request_duration.remove(name, version)
         for code in self._model_series.pop((name, version), set()):
             self.model_requests.remove(name, version, code)
 
