@@ -57,7 +57,7 @@ from service.serve.protocol import (
 )
 from service.serve.repository import Events, ModelVersion, ReloadReport, Repository
 from service.serve.status import status_for
-from service.serve.supervisor import layout, supervise
+from service.serve.supervisor import die_with_parent, layout, supervise
 from service.serve.tracing import traced
 from service.serve.translator import TranslatorCore
 from service.serve.worker import Worker
@@ -659,6 +659,7 @@ def split_role(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--channel", default="")
     parser.add_argument("--engine-index", type=int, default=0)
     parser.add_argument("--front-index", type=int, default=0)
+    parser.add_argument("--parent", type=int, default=0)
     return parser.parse_known_args(argv)
 
 
@@ -684,6 +685,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """s2s-serve: the single-process server (--fronts 0, or one core), else the supervisor and its
     engine and front processes (service/serve/supervisor.py); and those processes themselves."""
     role, rest = split_role(sys.argv[1:] if argv is None else argv)
+    if role.role is not None:
+        die_with_parent(role.parent)
     try:
         settings = load_settings(rest)
     except ValueError as err:

@@ -69,6 +69,21 @@ def available_cores() -> int:
     return max(1, cores or 1)
 
 
+def die_with_parent(parent: int) -> None:
+    """A front or engine process ends when its supervisor does, even killed (SIGKILL gives it
+    no chance to stop them): Linux's parent-death signal. Elsewhere, nothing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the supervisor died before the call (PID 1 may be the supervisor)
+        os._exit(1)
+
+
 def layout(settings: Settings, cores: int | None = None) -> tuple[int, int]:
     """(fronts, engines): --fronts -1 follows the cores (0: the single-process mode)."""
     cores = available_cores() if cores is None else cores
@@ -149,7 +164,8 @@ class Supervisor:
             Child(
                 "front",
                 i,
-                ["--channel", channels, "--port", str(port), "--http-port", str(http_port)],
+                ["--channel", channels, "--front-index", str(i), "--port", str(port),
+                 "--http-port", str(http_port)],  # fmt: skip
             )
             for i in range(fronts)
         ]
@@ -169,6 +185,8 @@ class Supervisor:
             child.role,
             "--run-dir",
             str(self.run_dir),
+            "--parent",
+            str(os.getpid()),
             *self.argv,
             *child.argv,  # after the server's flags: its own port, channel
             stdin=asyncio.subprocess.DEVNULL,
@@ -190,7 +208,7 @@ class Supervisor:
             if self.stopping:
                 return
             if child.role == "engine" and not child.served and not child.restarts:
-                log.critical("engine %d exited with status %d before serving", child.index, code)
+                log.error("engine %d exited with status %d before serving", child.index, code)
                 self.failed_start = True
                 self.stop_event.set()
                 return
