@@ -8,7 +8,7 @@ front connects one DEALER socket to it. A message is one frame: a list whose fir
 it is.
 
 front -> engine                                  engine -> front
-  HELLO  name                                      VERSIONS  generation, engine id, versions, default
+  HELLO  name, engine id, generation it follows    VERSIONS  generation, engine id, versions
   JOB    id, kind, model, version, deadline,       BEAT      engine id, busy seconds, queued, decoding
          trace carrier, request id, work          DONE      id, results (raw: service/serve/results.py)
   CANCEL id                                        FAILED    id, error name, message
@@ -242,8 +242,10 @@ class Peer:
         self.reader = asyncio.get_running_loop().create_task(self.read())
         self.hello()
 
-    def hello(self) -> None:
-        self.send((HELLO, self.name))
+    def hello(self, engine: str = "", generation: int = 0) -> None:
+        """Introduce this front (again: once a second, a ping) with the engine life and the
+        generation of versions it follows: the engine sends VERSIONS where it follows an older."""
+        self.send((HELLO, self.name, engine, generation))
 
     def send(self, message: Sequence[Any]) -> None:
         """Queue a message (never waits: ZeroMQ queues it while the engine is away)."""

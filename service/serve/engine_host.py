@@ -163,9 +163,10 @@ class EngineHost:
         self.seen[peer] = time.monotonic()
         kind = message[0]
         if kind == ch.HELLO:
-            if peer not in self.acked:
+            _, _, engine, generation = message
+            if engine != self.name or generation < self.generation:
                 self.endpoint.send(peer, self.versions_message())
-                self.acked[peer] = 0
+            self.acked.setdefault(peer, 0)
         elif kind == ch.ACK:
             self.acked[peer] = message[1]
             self.release_left(time.monotonic())

@@ -160,11 +160,8 @@ class EngineLink:
             engine = self.engines[index]
             _, name, busy_s, _, _ = message
             engine.last_beat, engine.busy_s = self.clock(), busy_s
-            if name != engine.name:  # a new engine process: introduce ourselves again
-                if engine.name:
-                    self.down(engine, "restarted")
-                engine.name, engine.generation = name, 0
-                engine.peer.hello()
+            if name != engine.name:  # a new engine process: follow its versions
+                self.new_life(engine, name)
 
         return beat
 
@@ -179,18 +176,27 @@ class EngineLink:
     async def take_versions(self, index: int, message: Sequence[Any]) -> None:
         _, generation, name, entries = message
         engine = self.engines[index]
+        if name != engine.name:
+            self.new_life(engine, name)
         try:
             await self.follow(index, entries)
         except Exception:
             log.exception("could not follow the versions of engine %d", index)
             return
-        if name != engine.name and engine.name:
-            return  # a message of the engine's previous life
-        engine.name, engine.generation, engine.versions = name, generation, entries
+        if name != engine.name or generation < engine.generation:
+            return  # overtaken meanwhile
+        engine.generation, engine.versions = generation, entries
         engine.served = {(e[0], e[1]) for e in entries}
         engine.peer.send((ch.ACK, generation))
         self.check(engine)
         self.on_change()
+
+    def new_life(self, engine: EngineState, name: str) -> None:
+        """The engine's process is another one (restarted): what the old one held is lost."""
+        if engine.name:
+            self.down(engine, "restarted")
+        engine.name, engine.generation, engine.served = name, 0, set()
+        engine.peer.hello(name, 0)
 
     async def watch(self) -> None:
         """Every 0.1 s: each engine up or down by its heartbeat; a front's ping (HELLO, once a
@@ -202,7 +208,7 @@ class EngineLink:
             for engine in self.engines:
                 self.check(engine)
                 if now - pinged >= 1.0:
-                    engine.peer.hello()
+                    engine.peer.hello(engine.name, engine.generation)
             pinged = pinged if now - pinged < 1.0 else now
 
     def check(self, engine: EngineState) -> None:

@@ -42,6 +42,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, ProcessCollector, start_http_server
 
+from service.decode.providers import require_provider
 from service.serve import channel as ch
 from service.serve.config import Settings
 from service.serve.pod_metrics import GATHER_S, PodCollector, Retired
@@ -120,6 +121,7 @@ class Child:
     beat: float = 0.0  # an engine: its last heartbeat (monotonic)
     busy_s: float = 0.0
     name: str = ""  # an engine: its life, from its heartbeat
+    generation: int = 0  # an engine: the generation of versions it published last
     peer: ch.Peer | None = None
     exits: list[int] = field(default_factory=list)
 
@@ -164,8 +166,16 @@ class Supervisor:
             Child(
                 "front",
                 i,
-                ["--channel", channels, "--front-index", str(i), "--port", str(port),
-                 "--http-port", str(http_port)],  # fmt: skip
+                [
+                    "--channel",
+                    channels,
+                    "--front-index",
+                    str(i),
+                    "--port",
+                    str(port),
+                    "--http-port",
+                    str(http_port),
+                ],
             )
             for i in range(fronts)
         ]
@@ -192,7 +202,7 @@ class Supervisor:
             stdin=asyncio.subprocess.DEVNULL,
         )
         child.started = time.monotonic()
-        child.name, child.served, child.beat = "", False, time.monotonic()
+        child.name, child.served, child.beat, child.generation = "", False, time.monotonic(), 0
         log.info(
             "process started",
             extra={"role": child.role, "index": child.index, "pid": child.process.pid},
@@ -208,7 +218,9 @@ class Supervisor:
             if self.stopping:
                 return
             if child.role == "engine" and not child.served and not child.restarts:
-                log.error("engine %d exited with status %d before serving", child.index, code)
+                log.warning(
+                    "engine %d exited with status %d before serving: stopping", child.index, code
+                )
                 self.failed_start = True
                 self.stop_event.set()
                 return
@@ -242,14 +254,11 @@ class Supervisor:
     def watch_engine(self, child: Child) -> None:
         def beat(message: Sequence[Any]) -> None:
             _, name, busy_s, _, _ = message
-            if name != child.name:
-                child.name = name
-                assert child.peer is not None
-                child.peer.hello()
+            child.name = name
             child.beat, child.busy_s = time.monotonic(), busy_s
 
         def versions(message: Sequence[Any]) -> None:
-            child.served = True
+            child.served, child.generation = True, message[1]
             assert child.peer is not None
             child.peer.send((ch.ACK, message[1]))
 
@@ -284,7 +293,7 @@ class Supervisor:
                 pinged = now
                 for child in self.engines:
                     if child.peer is not None:
-                        child.peer.hello()
+                        child.peer.hello(child.name, child.generation)
             if now - gathered >= GATHER_S:
                 gathered = now
                 await asyncio.get_running_loop().run_in_executor(None, self.pod.gather)
@@ -375,4 +384,7 @@ class Supervisor:
 
 
 def supervise(settings: Settings, argv: Sequence[str], fronts: int, engines: int) -> int:
+    """Run the server as processes; a provider --require-provider asks that did not load is
+    refused before any starts, with the single-process server's own message."""
+    require_provider(settings.runtime.require_provider, settings.runtime.device_id)
     return asyncio.run(Supervisor(settings, argv, fronts, engines).run())
