@@ -348,18 +348,20 @@ def test_deadlines_cancellation_and_a_full_queue_across_processes(
     pods: list[Pod], tmp_path: Path
 ) -> None:
     """On the Greek model, one sentence at a time (a sentence takes tens of milliseconds)."""
-    greek = (REPO / "loadtest" / "grc_sources.txt").read_text("utf-8").split("\n")[:12]
+    greek = [t for t in (REPO / "loadtest" / "grc_sources.txt").read_text("utf-8").split("\n") if t]
+    greek = (greek * 4)[:32]
     pod = start(
         pods, tmp_path, "--bundle", str(REPO / "models" / "grc-en-nt"),
-        "--max-batch-sentences", "1", "--max-queue-sentences", "12",
+        "--max-batch-sentences", "1", "--max-queue-sentences", "32",
     )  # fmt: skip
     stub = pod.stub()
     o = Opts(beam=5, max_length=64)
     translated = pod.sample("s2s_translated_sentences_total")
-    held = stub.Translate.future(o.request(greek), timeout=WAIT_S)  # 1 decoding, 11 waiting
+    held = stub.Translate.future(o.request(greek), timeout=WAIT_S)  # 1 decoding, 31 waiting
+    wait_for(lambda: pod.sample("s2s_queue_depth_sentences") >= 20, "the queue to fill")
     # a full queue: refused at once
     began = time.monotonic()
-    full = error_of(lambda: stub.Translate(o.request(greek[:3]), timeout=WAIT_S))
+    full = error_of(lambda: stub.Translate(o.request(greek[:13]), timeout=WAIT_S))
     assert full.code() == Code.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
     assert time.monotonic() - began < 0.1
     # the client cancels: the engine drops its sentences, decoded or waiting

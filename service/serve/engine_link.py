@@ -178,6 +178,9 @@ class EngineLink:
         engine = self.engines[index]
         if name != engine.name:
             self.new_life(engine, name)
+        # the engine serves the new versions already, and the old ones until this front's ACK:
+        # requests the front admits to either while it takes them up go to it
+        engine.served |= {(e[0], e[1]) for e in entries}
         try:
             await self.follow(index, entries)
         except Exception:
