@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (RunFailed, OSError) as err:
                 errors[name] = f"{type(err).__name__}: {err}"
                 print(f"{name}: failed: {err}", flush=True)
-    report = {"bundle": str(args.bundle), "cores": os.cpu_count(), "runs": rows,
+    report: dict[str, Any] = {"bundle": str(args.bundle), "cores": os.cpu_count(), "runs": rows,
               "summary": summary(rows), "errors": errors}  # fmt: skip
     for row in report["summary"]:
         print(json.dumps(row))
