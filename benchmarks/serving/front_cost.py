@@ -2,7 +2,7 @@
 at once behind the real channel (benchmarks/serving/instant_engine.py).
 
     python -m benchmarks.serving.front_cost --bundle models/grc-en-nt --users 16 --seconds 10 \
-        [--repeat 3] [--channels 16|1] [--profile OUT.prof] [--json PATH]
+        [--repeat 3] [--channels 16 1] [--log-level INFO] [--profile OUT.prof] [--json PATH]
 
 The front is started exactly as the supervisor starts one (`python -m service.serve.server --role
 front`), on one engine: the instant one. The request is benchmarks.served's: one text of the
@@ -92,7 +92,13 @@ def clients(
 
 
 def measure(
-    bundle: str, users: int, channels: int, seconds: float, profile: str | None, tokens: int
+    bundle: str,
+    users: int,
+    channels: int,
+    seconds: float,
+    profile: str | None,
+    tokens: int,
+    log_level: str = "WARNING",
 ) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="s2s-front-cost-"))
     (run_dir / "metrics").mkdir()
@@ -110,7 +116,7 @@ def measure(
         [*prefix, "-m", "service.serve.server", "--role", "front", "--run-dir", str(run_dir),
          "--channel", address, "--parent", str(os.getpid()), "--bundle", bundle,
          "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
-         "--log-level", "WARNING"],
+         "--log-level", log_level],
         cwd=REPO, env=env,
     )  # fmt: skip
     target = f"127.0.0.1:{port}"
@@ -140,6 +146,7 @@ def measure(
     return {
         "users": users,
         "channels": channels,
+        "log_level": log_level,
         "seconds": round(t1 - t0, 2),
         "requests": ok,
         "errors": errors,
@@ -158,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=16, help="target tokens per hypothesis")
     parser.add_argument("--profile", help="cProfile the front into this file (one run)")
+    parser.add_argument(
+        "--log-level", default="WARNING", help="the front's (INFO writes a line per request)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     rows = []
@@ -165,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for channels in args.channels:
             for _ in range(args.repeat):
                 row = measure(args.bundle, users, min(channels, users), args.seconds,
-                              args.profile, args.tokens)  # fmt: skip
+                              args.profile, args.tokens, args.log_level)  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if args.json:

@@ -57,6 +57,8 @@ REJECT_REASONS: tuple[str, ...] = (
     "internal",
 )
 
+ROLES: tuple[str, ...] = ("engine", "front")  # the processes of a server (service/serve/supervisor.py)
+
 # --- buckets ----------------------------------------------------------------------------------
 
 # fmt: off
@@ -250,6 +252,16 @@ class Metrics:
         self.model_reloads = Counter(
             "s2s_model_reloads_total", "Repository reloads (SIGHUP or polling).", registry=r
         )
+        # processes (the supervisor counts; every process exports the series, at zero here, so
+        # that the merged /metrics and a single-process server have it alike)
+        self.process_restarts = Counter(
+            "s2s_process_restarts",
+            "Front and engine processes started again after they exited or hung, by role.",
+            ["role"],
+            registry=r,
+        )
+        for role in ROLES:
+            self.process_restarts.labels(role)
         self._model_series: dict[tuple[str, str], set[str]] = {}  # version → its codes seen
         self._create_labelled_series()
 

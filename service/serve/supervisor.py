@@ -45,6 +45,7 @@ from prometheus_client import CollectorRegistry, Counter, ProcessCollector, star
 from service.decode.providers import require_provider
 from service.serve import channel as ch
 from service.serve.config import Settings
+from service.serve.metrics import ROLES
 from service.serve.pod_metrics import GATHER_S, PodCollector, Retired
 
 log = logging.getLogger("s2s.supervisor")
@@ -140,13 +141,13 @@ class Supervisor:
         self.failed_start = False
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
-        self.restarts = Counter(
+        self.restarts = Counter(  # as Metrics.process_restarts, which every process exports at 0
             "s2s_process_restarts",
             "Front and engine processes started again after they exited or hung, by role.",
             ["role"],
             registry=self.registry,
         )
-        for role in ("engine", "front"):
+        for role in ROLES:
             self.restarts.labels(role)
         self.pod = PodCollector(self.registry, self.run_dir, Retired())
         s = settings.server
