@@ -110,8 +110,8 @@ class ServerConfig:
     )
     engines: int = setting(
         0,
-        "engine processes (the decode loop): 0 = one per device (one on the CPU); more on a CPU "
-        "host split its cores (set --intra-op-threads to cores / engines)",
+        "engine processes (the decode loop; 0 = one): one per GPU (engine i decodes on "
+        "--device-id + i); on a CPU host, engines x --intra-op-threads split its cores",
     )
     engine_hang_s: float = setting(
         30.0,

@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -358,10 +358,15 @@ def build_engine_host(
 # --- an engine process ----------------------------------------------------------------------------
 
 
-def run_engine_process(settings: Settings, address: str, name: str, run_dir: Path) -> int:
+def run_engine_process(
+    settings: Settings, address: str, name: str, run_dir: Path, index: int = 0
+) -> int:
     """An engine process (started by the supervisor): load, serve its fronts over `address` until
-    SIGTERM, reload on SIGHUP and every --reload-interval-s. Its metrics on 127.0.0.1, the port in
+    SIGTERM, reload on SIGHUP and every --reload-interval-s. Engine `index` decodes on device
+    --device-id + index (one engine per GPU). Its metrics on 127.0.0.1, the port in
     RUN/metrics/NAME.port, its final reading in NAME.final."""
+    runtime = replace(settings.runtime, device_id=settings.runtime.device_id + index)
+    settings = replace(settings, runtime=runtime)
     metrics = Metrics()
     try:
         require_provider(settings.runtime.require_provider, settings.runtime.device_id)

@@ -57,7 +57,10 @@ REJECT_REASONS: tuple[str, ...] = (
     "internal",
 )
 
-ROLES: tuple[str, ...] = ("engine", "front")  # the processes of a server (service/serve/supervisor.py)
+ROLES: tuple[str, ...] = (
+    "engine",
+    "front",
+)  # the processes of a server (service/serve/supervisor.py)
 
 # --- buckets ----------------------------------------------------------------------------------
 

@@ -696,8 +696,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if role.role == "engine":
             return run_engine_process(
-                settings, role.channel, f"engine-{role.engine_index}", role.run_dir
-            )
+                settings, role.channel, f"engine-{role.engine_index}", role.run_dir,
+                role.engine_index,
+            )  # fmt: skip
         if role.role == "front":
             asyncio.run(serve_front(settings, role))
             return 0
