@@ -404,6 +404,7 @@ def run_engine_process(
     log.info("shutting down", extra={"engine": name})
     host.close_intake()
     host.stop(settings.server.grace_s)
+    host.tracing().shutdown()  # the spans still buffered
     (run_dir / "metrics" / f"{name}.final").write_bytes(generate_latest(metrics.registry))
     server.shutdown()
     log.info("stopped", extra={"engine": name})

@@ -307,7 +307,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
-        metrics_http = None
+        metrics_http, metrics_port = None, None
         s = self.settings.server
         if s.metrics_port >= 0:
             registry = CollectorRegistry()
@@ -315,10 +315,12 @@ class Supervisor:
             metrics_http, _ = start_http_server(
                 s.metrics_port, addr=s.metrics_host, registry=registry
             )
+            metrics_port = metrics_http.server_address[1]
         log.info(
             "starting",
             extra={"engines": len(self.engines), "fronts": len(self.fronts), "port": self.port,
-                   "http_port": self.http_port, "run_dir": str(self.run_dir)},
+                   "http_port": self.http_port, "metrics_port": metrics_port,
+                   "run_dir": str(self.run_dir)},
         )  # fmt: skip
         keepers: list[asyncio.Task[None]] = []
         watcher = loop.create_task(self.watch())
