@@ -88,9 +88,15 @@ class Follower:
         self.settings = settings
         self.loader = loader
         self.lock = asyncio.Lock()  # one generation at a time
+        self.published: dict[int, Sequence[Entry]] = {}  # each engine's latest versions
 
     async def follow(self, index: int, entries: Sequence[Entry]) -> None:
-        by_key = {(e[0], e[1]): e for e in entries}
+        """Serve the versions engine `index` now publishes with every other engine's: the union
+        (engines load the same repository; one that refused a version must not take it from the
+        others, nor one a step behind in a reload undo it)."""
+        self.published[index] = entries
+        by_key = {(e[0], e[1]): e for each in self.published.values() for e in each}
+        entries = list(by_key.values())
         loop = asyncio.get_running_loop()
         async with self.lock:
             await loop.run_in_executor(

@@ -317,8 +317,9 @@ class Running:
         host = self.host
         loop = asyncio.get_running_loop()
         report = await loop.run_in_executor(None, host.reload)
-        while self.link.engines[0].generation < host.generation:
-            await asyncio.sleep(0.005)
+        deadline = loop.time() + 60.0
+        while self.link.engines[0].generation < host.generation and loop.time() < deadline:
+            await asyncio.sleep(0.005)  # the front takes up the new generation
         self.metrics.reloaded()
         await self.set_model_health()
         log.info(
