@@ -213,6 +213,30 @@ def test_an_engine_killed_mid_batch_fails_its_requests_unavailable_and_is_restar
     assert pod.stop() == 0
 
 
+def test_with_two_engines_one_killed_leaves_the_other_serving(
+    pods: list[Pod], tmp_path: Path
+) -> None:
+    """Engines x threads on a CPU host: both decode; one killed fails only the requests it held,
+    the model stays SERVING on the other, and new requests are answered meanwhile."""
+    pod = start(pods, tmp_path, "--engines", "2")
+    stub = pod.stub()
+    calls = [stub.Translate.future(long_request(), timeout=WAIT_S) for _ in range(64)]
+    wait_for(lambda: pod.sample("s2s_running_sentences") > 0, "sentences decoding")
+    engines = pod.pids("engine")
+    assert len(engines) == 2
+    os.kill(engines[0], signal.SIGKILL)
+    refused = outcomes(calls)
+    answered = len(calls) - len(refused)
+    assert answered > 0  # the other engine's (and those done before)
+    channel = pod.channel()
+    assert health_status(channel, f"{SERVICE_NAME}/numbers-en-fr") == SERVING
+    for _ in range(5):  # served by the engine left while the other restarts
+        assert stub.Translate(Opts(beam=2).request(["one"]), timeout=WAIT_S).translations
+    wait_for(lambda: pod.pids("engine")[0] != engines[0], "the engine to be started again")
+    assert pod.sample("s2s_process_restarts_total", role="engine") == 1
+    assert pod.stop() == 0
+
+
 def test_a_hung_engine_is_told_by_its_heartbeat_killed_and_restarted(
     pods: list[Pod], tmp_path: Path
 ) -> None:
