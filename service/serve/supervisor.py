@@ -42,7 +42,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, ProcessCollector, start_http_server
 
-from service.decode.providers import require_provider
 from service.serve import channel as ch
 from service.serve.config import Settings
 from service.serve.metrics import ROLES
@@ -387,7 +386,8 @@ class Supervisor:
 
 
 def supervise(settings: Settings, argv: Sequence[str], fronts: int, engines: int) -> int:
-    """Run the server as processes; a provider --require-provider asks that did not load is
-    refused before any starts, with the single-process server's own message."""
-    require_provider(settings.runtime.require_provider, settings.runtime.device_id)
+    """Run the server as processes. What stops an engine's start (a bad bundle, a provider
+    --require-provider asks that did not load) is its own "cannot start" line, and the exit status
+    1 here; the supervisor itself never loads a provider (a CUDA context of its own would hold GPU
+    memory for nothing)."""
     return asyncio.run(Supervisor(settings, argv, fronts, engines).run())
