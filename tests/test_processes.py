@@ -404,16 +404,27 @@ def test_deadlines_cancellation_and_a_full_queue_across_processes(
 
 
 def test_one_metrics_endpoint_holds_every_processes_series(pods: list[Pod], tmp_path: Path) -> None:
-    pod = start(pods, tmp_path, fronts=2)
+    pod = start(pods, tmp_path, "--http-port", "0", fronts=2)
     for stub in [pod.stub() for _ in range(10)]:
         stub.Translate(Opts(beam=2).request(["one", "two"]), timeout=WAIT_S)
+    http_port = next(e["http_port"] for e in pod.lines() if e.get("message") == "starting")
+    for _ in range(4):  # HTTP/JSON on the same fronts, the port shared as gRPC's is
+        body = json.dumps({"texts": ["three"]}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http_port}/v1/Translate", body,
+            {"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            assert json.loads(reply.read())["translations"][0]["hypotheses"][0]["text"]
     text = pod.metrics()
-    ok = 'method="Translate",protocol="grpc"'
-    assert pod.sample("s2s_request_duration_seconds_count", code="OK", method="Translate") == 10
-    assert pod.sample("s2s_translated_sentences_total") == 20  # the engine's
+    grpc_ok = 'method="Translate",protocol="grpc"'
+    ok = {"code": "OK", "method": "Translate"}
+    assert pod.sample("s2s_request_duration_seconds_count", **ok, protocol="grpc") == 10
+    assert pod.sample("s2s_request_duration_seconds_count", **ok, protocol="http") == 4
+    assert pod.sample("s2s_translated_sentences_total") == 24  # the engine's
     assert pod.sample("s2s_model_info", name="numbers-en-fr") == 1  # one engine: info once
     assert pod.sample("process_resident_memory_bytes") > 3 * 50e6  # supervisor, engine, fronts
-    assert f's2s_request_duration_seconds_bucket{{code="OK",le="+Inf",{ok}}}' in text
+    assert f's2s_request_duration_seconds_bucket{{code="OK",le="+Inf",{grpc_ok}}}' in text
     # the merged exposition parses as one (promtool reads the same text: tests/test_deploy.py)
     assert merge_texts([text]).count("# TYPE s2s_request_duration_seconds histogram") == 1
     assert pod.stop() == 0
