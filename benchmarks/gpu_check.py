@@ -16,7 +16,7 @@ run that is stopped keeps what came before) and summed up in OUT/gpu_check.md:
    beside the device search (judged against issue 43's aims: DEVICE_AIMS), with the CUDA
    runtime's own host-to-device bytes (benchmarks/native/cuda_copy_counter.so, preloaded) beside
    the ledger's, and the share of each step outside ONNX Runtime's run;
-5. served: benchmarks.served on the Greek bundle, the CUDA server then the CPU one, 32 and 256
+5. served: benchmarks.served on the Greek bundle, the CUDA server then the CPU one, 256 and 1,024
    closed-loop clients, beam 5, with GPU utilization.
 
 Without a GPU the CUDA rows do not run, the report says so, and the exit status is still 0.
@@ -84,7 +84,7 @@ class Plan:
             return cls(("default",), TESTS[:2], ("default",), (1, 4), 4,
                        REPO / "models" / "default", (4,), 2.0, 1.0, 300.0)  # fmt: skip
         return cls(BUNDLES, TESTS, ("default", "grc", "realistic"), (1, 4, 16, 64, 256), 30,
-                   SERVED_BUNDLE, (32, 256), 12.0, 4.0, 240.0)  # fmt: skip
+                   SERVED_BUNDLE, (256, 1024), 12.0, 4.0, 420.0)  # fmt: skip
 
 
 class Report:
@@ -250,14 +250,27 @@ def decode_stage(plan: Plan, out: Path, cuda: bool) -> dict[str, Any]:
     return result
 
 
+def layouts(cores: int) -> tuple[str, str]:
+    """The served stage's processes (docs/architecture.md, "The processes"): on CUDA one engine
+    and a front per 4 cores; on the CPU provider the same fronts and the other cores split between
+    engines of 3 ONNX Runtime threads (engines x threads)."""
+    fronts = max(1, cores // 4)
+    engines = max(1, (cores - fronts) // 3)
+    threads = max(1, (cores - fronts) // engines)
+    cuda = f"{GPU_BATCHING} --fronts {fronts} --engines 1 --intra-op-threads 1"
+    cpu = f"--fronts {fronts} --engines {engines} --intra-op-threads {threads}"
+    return cuda, cpu
+
+
 def served_stage(plan: Plan, out: Path, cuda: bool) -> dict[str, Any]:
     report = out / "served.json"
     providers = ["cuda", "cpu"] if cuda else ["cpu"]
+    cuda_flags, cpu_flags = layouts(os.cpu_count() or 1)
     run_logged(
         [sys.executable, "-m", "benchmarks.served", "--bundle", str(plan.served_bundle),
          "--providers", *providers, "--users", *map(str, plan.users),
          "--seconds", str(plan.seconds), "--warmup-s", str(plan.warmup_s),
-         "--server-args", f"cuda={GPU_BATCHING}", "--json", str(report)],
+         "--server-args", f"cuda={cuda_flags}", f"cpu={cpu_flags}", "--json", str(report)],
         out / "served.log", plan.timeout_s,
     )  # fmt: skip
     if not report.exists():

@@ -47,12 +47,13 @@ PROVIDER_FLAGS = {
 
 
 def client_process(
-    target: str, texts: list[str], users: int, seconds: float, seed: int, out: Any
+    target: str, texts: list[str], users: int, seconds: float, seed: int, out: Any, model: str = ""
 ) -> None:
-    """One process's share of the users: run for `seconds`, send back (start, seconds, code)."""
+    """One process's share of the users: run for `seconds`, send back (start, seconds, code);
+    `model`: the model asked for ("" the server's default)."""
     from loadtest.closed_loop import ClosedLoop, translate_kind
 
-    loop = ClosedLoop(target, [translate_kind("translate", 1, "", texts)], users, seed=seed)
+    loop = ClosedLoop(target, [translate_kind("translate", 1, model, texts)], users, seed=seed)
     loop.start()
     time.sleep(seconds)
     loop.stop()
@@ -117,7 +118,13 @@ class GpuSampler:
 
 
 def measure(
-    target: str, texts: list[str], users: int, processes: int, warmup_s: float, seconds: float
+    target: str,
+    texts: list[str],
+    users: int,
+    processes: int,
+    warmup_s: float,
+    seconds: float,
+    model: str = "",
 ) -> dict[str, Any]:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
@@ -125,7 +132,7 @@ def measure(
     workers = [
         context.Process(
             target=client_process,
-            args=(target, texts, share, warmup_s + seconds, i + 1, queue),
+            args=(target, texts, share, warmup_s + seconds, i + 1, queue, model),
         )
         for i, share in enumerate(shares)
         if share

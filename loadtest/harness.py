@@ -92,9 +92,11 @@ class LocalServer:
         models: str = "",
         extra: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> LocalServer:
         """Serve one bundle, or with `models` a model repository folder (service/serve/repository.py);
-        `extra`: more server flags; `env`: the server's environment (default: this process's)."""
+        `extra`: more server flags; `env`: the server's environment (default: this process's);
+        `cwd`: the checkout whose server runs (default: this one; a benchmark's baseline is another)."""
         port, metrics_port = free_port(), free_port()
         log = out / "server.log"
         source = ["--models", models] if models else ["--bundle", bundle]
@@ -105,7 +107,7 @@ class LocalServer:
         ]  # fmt: skip
         with open(log, "wb") as f:
             process = subprocess.Popen(
-                command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env
+                command, cwd=cwd or REPO, stdout=f, stderr=subprocess.STDOUT, env=env
             )
         server = cls(process, f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", log)
         deadline = time.monotonic() + ready_timeout_s

@@ -33,6 +33,7 @@ import csv
 import importlib.util
 import json
 import math
+import os
 import statistics
 import sys
 import threading
@@ -151,16 +152,34 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 # --- sampling ----------------------------------------------------------------------------------
 
 
+def process_tree(pid: int) -> list[int]:
+    """The process and its descendants (a server's supervisor, its fronts and engines)."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children", encoding="ascii") as f:
+                    todo += [int(child) for child in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
 def read_rss(pid: int) -> int | None:
-    """The process's resident memory in bytes (VmRSS of /proc/PID/status), None when unreadable."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024  # reported in kB
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    """The server's resident memory in bytes: VmRSS of /proc/PID/status summed over the process and
+    its children (the supervisor's fronts and engines); None when unreadable."""
+    total, found = 0, False
+    for member in process_tree(pid):
+        try:
+            with open(f"/proc/{member}/status", encoding="ascii", errors="replace") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total, found = total + int(line.split()[1]) * 1024, True  # in kB
+        except (OSError, ValueError, IndexError):
+            continue
+    return total if found else None
 
 
 def read_series(text: str) -> dict[str, float]:

@@ -136,10 +136,14 @@ def model_texts(target: str) -> dict[str, Sequence[str]]:
 
 
 def open_fds(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
+    """Open file descriptors of the server: the process and its children summed."""
+    counts = []
+    for member in soak.process_tree(pid):
+        try:
+            counts.append(len(os.listdir(f"/proc/{member}/fd")))
+        except OSError:
+            continue
+    return sum(counts) if counts else None
 
 
 @dataclass

@@ -440,8 +440,12 @@ def test_deployment_runs_locked_down(rendered: dict[str, list[dict[str, Any]]], 
     assert "emptyDir" in volumes[mounts["/tmp"]]  # the only writable path
     for kind in ("requests", "limits"):
         assert {"cpu", "memory"} <= set(c["resources"][kind]), kind
-    threads = env_of(rendered[name])["S2S_INTRA_OP_THREADS"]
-    assert threads == str(c["resources"]["limits"]["cpu"])  # ONNX Runtime threads = CPU limit
+    env, cpus = env_of(rendered[name]), int(c["resources"]["limits"]["cpu"])
+    engines, fronts = int(env["S2S_ENGINES"]), int(env["S2S_FRONTS"])
+    # the processes fit the CPU limit: each engine's ONNX Runtime threads, and a core per front
+    # where the engines' threads leave one (ONNX Runtime would size its pool by the node's cores)
+    assert engines * int(env["S2S_INTRA_OP_THREADS"]) <= cpus and fronts >= 1
+    assert engines * int(env["S2S_INTRA_OP_THREADS"]) + fronts <= cpus + 1
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert selects(deployment["spec"]["selector"]["matchLabels"], pod_labels)
     terms = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]

@@ -23,6 +23,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+import service.serve.engine_host
 import service.serve.server
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
@@ -353,14 +354,14 @@ def test_a_new_version_takes_requests_only_once_warmed_up(
 ) -> None:
     """While the new version warms up (held here), requests keep going to the old one, answered."""
     warming, release = threading.Event(), threading.Event()
-    warm_up = service.serve.server.warm_up
+    warm_up = service.serve.engine_host.warm_up
 
     def held_warm_up(engine: Engine) -> None:
         warming.set()
         assert release.wait(WAIT_S)
         warm_up(engine)
 
-    monkeypatch.setattr(service.serve.server, "warm_up", held_warm_up)
+    monkeypatch.setattr(service.serve.engine_host, "warm_up", held_warm_up)
     add_version(repo, "numbers", "3", bundle)
     reloading = served.submit(served.r.reload())
     assert warming.wait(WAIT_S)

@@ -31,6 +31,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
+import service.serve.engine_host
 import service.serve.server
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
@@ -497,7 +498,7 @@ def test_health_follows_the_life_cycle(
 ) -> None:
     """NOT_SERVING while the model loads and while it warms up, SERVING after, NOT_SERVING once stop begins."""
     loading, loaded, warming, warmed = (threading.Event() for _ in range(4))
-    load, warm_up = Engine.load, service.serve.server.warm_up
+    load, warm_up = Engine.load, service.serve.engine_host.warm_up
 
     def slow_load(*args: Any) -> Engine:
         loading.set()
@@ -510,7 +511,7 @@ def test_health_follows_the_life_cycle(
         warm_up(e)
 
     monkeypatch.setattr(Engine, "load", slow_load)
-    monkeypatch.setattr(service.serve.server, "warm_up", slow_warm_up)
+    monkeypatch.setattr(service.serve.engine_host, "warm_up", slow_warm_up)
     port = free_port()
     srv = ServerThread()
     try:

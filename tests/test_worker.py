@@ -442,7 +442,7 @@ def test_each_decoder_call_and_encoder_call_holds_one_model_versions_sentences(
     mine = ModelVersion("tiny", "1", engine)
     steps: list[tuple[object, set[object]]] = []  # (the batch's engine, its sentences' engines)
     encodes: list[tuple[object, int]] = []  # (the OnnxModel called, sentences)
-    original_step, original_encode = RunningBatch.step, OnnxModel.encode_sentences
+    original_step, original_encode = RunningBatch.step_raw, OnnxModel.encode_sentences
 
     def step(batch: RunningBatch[SentenceKey]) -> object:
         keys = [r.key for r in batch.requests.values() if isinstance(r.key, SentenceKey)]
@@ -455,7 +455,7 @@ def test_each_decoder_call_and_encoder_call_holds_one_model_versions_sentences(
             encodes.append((model, len(id_lists)))
         return original_encode(model, id_lists)
 
-    monkeypatch.setattr(RunningBatch, "step", step)
+    monkeypatch.setattr(RunningBatch, "step_raw", step)
     monkeypatch.setattr(OnnxModel, "encode_sentences", encode)
     worker = make_worker(BatchingConfig(encode_ahead=encode_ahead))
     worker.start()

@@ -280,16 +280,35 @@ class ForcedBatch(Generic[KeyT]):
 
     def step(self) -> list[tuple[KeyT, AlignedPair]]:
         """One decoder call for every pair; returns the pairs that finished at this step."""
+        return [
+            (request.key, aligned_of(self.engine, request, forced, logits))
+            for request, forced, logits in self.step_raw()
+        ]
+
+    def step_raw(self) -> list[tuple[ForcedRequest[KeyT], Forced, np.ndarray | None]]:
+        """As `step`, each finished pair's forced pass and link head scores (T_w, S_w) (None
+        without links "head") left as they are: a front process reads them (`aligned_of`). Each
+        request's options have the model's link mode filled in."""
         out = []
         for key, forced in self.search.step():
             request = self.requests.pop(key)
             states = self.states.pop(key, None)
-            head = None
-            if states is not None:
-                logits = head_logits(self.engine, request.pair, states)
-                head = HeadReading(logits, self.engine.link_head.links(logits))  # type: ignore[union-attr]
-            out.append((request.key, aligned_pair(request.pair, forced, request.options, head)))
+            logits = None if states is None else head_logits(self.engine, request.pair, states)
+            out.append((request, forced, logits))
         return out
+
+
+def aligned_of(
+    engine: Engine, request: ForcedRequest[KeyT], forced: Forced, logits: np.ndarray | None
+) -> AlignedPair:
+    """One pair's answer from its forced pass and its link head scores (`ForcedBatch.step_raw`);
+    `engine` may be the text side alone (the head's thresholds read the links)."""
+    head = None
+    if logits is not None:
+        assert engine.link_head is not None
+        head = HeadReading(logits, engine.link_head.links(logits))
+    options = resolve_links(engine, request.options)
+    return aligned_pair(request.pair, forced, options, head)
 
 
 def align(

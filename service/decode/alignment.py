@@ -7,6 +7,7 @@ token's attention over the source (rows sum to 1). Pure numpy and string ops.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -84,6 +85,20 @@ def word_spans(text: str) -> list[tuple[int, int]]:
 
 
 def word_membership(surfaces: list[str]) -> tuple[list[str], np.ndarray]:
+    """As `_word_membership` (below), cached: every hypothesis of an answer has the same source
+    side, and a server sees the same texts again. The matrix is read-only."""
+    words, member = _cached_membership(tuple(surfaces))
+    return list(words), member
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_membership(surfaces: tuple[str, ...]) -> tuple[tuple[str, ...], np.ndarray]:
+    words, member = _word_membership(list(surfaces))
+    member.flags.writeable = False
+    return tuple(words), member
+
+
+def _word_membership(surfaces: list[str]) -> tuple[list[str], np.ndarray]:
     """The words of the text the pieces write ("".join(surfaces).split()) and which pieces make each.
 
     Returns (words, member) with member (W, P) bool: piece p writes part of word w. The words are

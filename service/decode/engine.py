@@ -136,10 +136,20 @@ class DecodeRequest(Generic[KeyT]):
     sentence: Prepared
     options: SearchOptions
     alignment: AlignmentMode = "subword"
+    # each part's controls, computed by the caller (a front process: `RunningBatch.part_controls`
+    # on its text side); None: the batch computes them from the options
+    controls: tuple[Controls, ...] | None = None
+
+
+RawParts = list[list[Hypothesis]]  # a sentence's search results: each part's n-best list
 
 
 class Engine:
-    def __init__(self, bundle: Bundle, model: OnnxModel, limits: EngineLimits) -> None:
+    def __init__(
+        self, bundle: Bundle, model: OnnxModel, limits: EngineLimits, graphs: bool = True
+    ) -> None:
+        """graphs False: the text side alone (`Engine.text_side`): `model` stands in for the ONNX
+        Runtime model and runs nothing; the link head is its thresholds alone."""
         self.bundle = bundle
         self.model = model
         self.limits = limits
@@ -147,7 +157,8 @@ class Engine:
         self.word_level = is_word_level(self.src_tok) and is_word_level(self.tgt_tok)
         self.cfg = bundle.architecture
         self._keys = itertools.count()
-        check_loaded_bundle(bundle, model, self.src_tok, self.tgt_tok)
+        if graphs:
+            check_loaded_bundle(bundle, model, self.src_tok, self.tgt_tok)
         # The longest piece of either vocabulary in UTF-8 bytes: bounds a response's size up front.
         self.max_piece_bytes = max(self.src_tok.max_piece_bytes, self.tgt_tok.max_piece_bytes)
         # Hypotheses below it are marked low_confidence: the server's --min-confidence when set
@@ -161,7 +172,7 @@ class Engine:
         self._device_search_refused: str | None = None  # why this model's search runs on the host
         self.decoding_defaults = check_decoding_defaults(bundle)
         # Align's supervised word aligner, where the bundle ships one (service/decode/link_head.py)
-        self.link_head = load_link_head(bundle)
+        self.link_head = load_link_head(bundle, graph=graphs)
         # The memory consulted before the model (service/model/memory.py): the bundle's, under the
         # server's file for this model (`user_memory`, set and reloaded by the server)
         self.bundle_memory = (
@@ -408,6 +419,14 @@ class Engine:
         bundle = load_bundle(resolve_bundle(path))
         return cls(bundle, OnnxModel(bundle, runtime or RuntimeConfig()), limits or EngineLimits())
 
+    @classmethod
+    def text_side(cls, path: str | Path, model: Any, limits: EngineLimits | None = None) -> Engine:
+        """A bundle's text side with no ONNX Runtime session (a front process's): tokenizers, input
+        rule, memory, glossary, controls and `translation_of`; `model` stands in for the ONNX
+        Runtime model (its providers and transfer ledger, for ModelInfo and the metrics)."""
+        bundle = load_bundle(resolve_bundle(path))
+        return cls(bundle, model, limits or EngineLimits(), graphs=False)
+
     @property
     def supports_alignment(self) -> bool:
         return self.cfg.attention != "none"
@@ -575,6 +594,17 @@ class Engine:
             seed=options.seed,
         )
 
+    def sentence_controls(self, sentence: Prepared, options: SearchOptions) -> list[Controls]:
+        """The controls of each part of a sentence (its segments, or itself): a prefix, and
+        alternatives after it, belong to the first segment; each part has its own glossary terms
+        (the request's target-only ones on the first)."""
+        control = self.controls(options)
+        out = []
+        for k, constraints in enumerate(self.part_constraints(sentence, options)):
+            part = replace(control, constraints=constraints)
+            out.append(replace(part, prefix=(), alternatives=0) if k else part)
+        return out
+
     # --- decoding -----------------------------------------------------------------------------
 
     def new_batch(self, beam_size: int) -> RunningBatch[Any]:
@@ -656,6 +686,13 @@ class Engine:
         self.decode_prepared(
             [sentence(3), sentence(1)], SearchOptions(beam_size=4, max_length_b=4), alignment
         )
+
+    def translation_of(self, request: DecodeRequest[Any], parts: RawParts) -> Translation:
+        """A sentence's search results (`RunningBatch.step_raw`) as its Translation: one part's
+        hypotheses converted, a segmented sentence's segments joined."""
+        if request.sentence.segments:
+            return self.join_translation(request, parts)
+        return self.to_translation(request, parts[0])
 
     def to_translation(self, request: DecodeRequest[Any], hyps: list[Hypothesis]) -> Translation:
         hypotheses = [self.to_hypothesis(request, h) for h in hyps]
@@ -1056,7 +1093,10 @@ class RunningBatch(Generic[KeyT]):
                 raise ValueError(
                     f"{len(request.sentence.parts)} segments but {len(rows)} encoded rows"
                 )
-        controls = [self.part_controls(r) for r in requests]  # InvalidInput before any join
+        # InvalidInput before any join
+        controls = [
+            list(r.controls) if r.controls is not None else self.part_controls(r) for r in requests
+        ]
         host: list[tuple[Hashable, int, SearchOptions, Controls, EncodedSentence]] = []
         device: list[tuple[Hashable, EncodedSentence, SearchOptions, Controls]] = []
         for request, control, rows in zip(requests, controls, encoded, strict=True):
@@ -1091,17 +1131,8 @@ class RunningBatch(Generic[KeyT]):
                 self.search.add(key, length, options, row + i, controls=part_controls)
 
     def part_controls(self, request: DecodeRequest[KeyT]) -> list[Controls]:
-        """The controls of each part of a request's sentence (its segments, or itself): a prefix,
-        and alternatives after it, belong to the first segment; each part has its own glossary
-        terms (the request's target-only ones on the first)."""
-        control = self.engine.controls(request.options)
-        out = []
-        for k, constraints in enumerate(
-            self.engine.part_constraints(request.sentence, request.options)
-        ):
-            part = replace(control, constraints=constraints)
-            out.append(replace(part, prefix=(), alternatives=0) if k else part)
-        return out
+        """The controls of each part of a request's sentence (`Engine.sentence_controls`)."""
+        return self.engine.sentence_controls(request.sentence, request.options)
 
     def remove(self, keys: Collection[KeyT]) -> list[KeyT]:
         """Drop sentences mid-decode (their client went away); returns the keys that were here."""
@@ -1118,21 +1149,26 @@ class RunningBatch(Generic[KeyT]):
     def step(self) -> list[tuple[KeyT, Translation]]:
         """One decoder call for every hypothesis (one per search holding sentences); returns the
         sentences that finished at this step."""
-        out: list[tuple[KeyT, Translation]] = []
+        return [
+            (request.key, self.engine.translation_of(request, parts))
+            for request, parts in self.step_raw()
+        ]
+
+    def step_raw(self) -> list[tuple[DecodeRequest[KeyT], RawParts]]:
+        """As `step`, the finished sentences' search results left as they are (each part's n-best
+        list): a front process turns them into Translations (`Engine.translation_of`)."""
+        out: list[tuple[DecodeRequest[KeyT], RawParts]] = []
         finished = self.device.step() if self.device is not None else []
         if not self.search.is_empty:
             finished += self.search.step()
         for entry, hyps in finished:
             if entry in self.requests and entry not in self.segments:
-                request = self.requests.pop(entry)
-                out.append((request.key, self.engine.to_translation(request, hyps)))
+                out.append((self.requests.pop(entry), [hyps]))
                 continue
             key, k = cast(tuple[Hashable, int], entry)  # a segment of a segmented sentence
             parts = self.segments[key]
             parts[k] = hyps
             if all(p is not None for p in parts):
                 del self.segments[key]
-                request = self.requests.pop(key)
-                done = [p for p in parts if p is not None]
-                out.append((request.key, self.engine.join_translation(request, done)))
+                out.append((self.requests.pop(key), [p for p in parts if p is not None]))
         return out

@@ -37,3 +37,8 @@ class DecodeFailed(Exception):
 
 class ModelNotFound(LookupError):
     """The request names a model or version that is not served; the message lists what is."""
+
+
+class EngineUnavailable(NotReady):
+    """The engine process that decodes for this model stopped or stopped answering (a supervisor
+    restarts it): the request was not answered and may be retried."""

@@ -105,11 +105,22 @@ def head_inputs(
 
 
 class LinkHead:
-    """A bundle's link head on the CPU: word-level link probabilities for one pair at a time."""
+    """A bundle's link head on the CPU: word-level link probabilities for one pair at a time.
+    Without its graph (`session` None: a front process's text side) it reads links from scores
+    computed elsewhere (`links`) and computes none."""
 
     def __init__(
-        self, session: ort.InferenceSession, lexicon: Lexicon, thresholds: Thresholds, where: Path
+        self,
+        session: ort.InferenceSession | None,
+        lexicon: Lexicon | None,
+        thresholds: Thresholds,
+        where: Path,
     ) -> None:
+        self.session = session
+        self.lexicon = lexicon
+        self.thresholds = thresholds
+        if session is None:
+            return
         names = {i.name for i in session.get_inputs()}
         if names != set(INPUTS) or OUTPUT not in {o.name for o in session.get_outputs()}:
             raise LinkHeadError(
@@ -122,9 +133,6 @@ class LinkHead:
                 f"{where / GRAPH} reads {features} cell features; this server computes "
                 f"{NUM_FEATURES} (re-train the link head)"
             )
-        self.session = session
-        self.lexicon = lexicon
-        self.thresholds = thresholds
 
     @classmethod
     def load(cls, directory: Path, thresholds: Thresholds) -> LinkHead:
@@ -154,6 +162,8 @@ class LinkHead:
         tgt_word_of: np.ndarray,
     ) -> np.ndarray:
         """(T_w, S_w) float32 scores of every (target word, source word) cell."""
+        if self.session is None or self.lexicon is None:
+            raise RuntimeError("this link head has no graph: its scores are computed elsewhere")
         features = self.lexicon.features(src_words, tgt_words)  # (T_w, S_w, F)
         word_states = mean_pool(src_word_of, len(src_words)) @ states  # (S_w, D)
         inputs = head_inputs(word_states, src_ids, src_word_of, tgt_ids, tgt_word_of, features)
@@ -164,10 +174,13 @@ class LinkHead:
         return head_links(logits, *self.thresholds)
 
 
-def load_link_head(bundle: Bundle) -> LinkHead | None:
-    """The bundle's link head, None when it has none; BundleError when its files are not one."""
+def load_link_head(bundle: Bundle, graph: bool = True) -> LinkHead | None:
+    """The bundle's link head, None when it has none; BundleError when its files are not one.
+    graph False: its thresholds alone (no session, no lexicon)."""
     if not bundle.has_link_head or bundle.link_head_thresholds is None:
         return None
+    if not graph:
+        return LinkHead(None, None, bundle.link_head_thresholds, bundle.path)
     try:
         return LinkHead.load(bundle.path, bundle.link_head_thresholds)
     except LinkHeadError as err:

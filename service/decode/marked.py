@@ -91,20 +91,35 @@ def attention_weights(engine: Engine, plain: str, hyp: TranslationHypothesis) ->
 # --- putting the markup back ----------------------------------------------------------------------
 
 
+HeadTexts = list[tuple[str, list[str]]]  # (plain source, its hypotheses' texts), per text
+HeadWeights = list[list[np.ndarray] | None]  # aligner.head_weights_for's answer
+
+
+def head_texts(marked: Sequence[Marked], translations: Sequence[Translation]) -> HeadTexts:
+    """What the link head reads for `restore`: each text with markup, and its hypotheses."""
+    return [
+        (m.plain, [h.text for h in t.hypotheses])
+        for m, t in zip(marked, translations, strict=True)
+        if m.nodes
+    ]
+
+
 def restore(
     engine: Engine,
     marked: Sequence[Marked],
     translations: Sequence[Translation],
     alignment: str,
+    found: HeadWeights | None = None,
 ) -> list[Translation]:
     """Each translation's hypotheses with their text's markup put back (`text`), the translation
-    of the plain text kept as `plain_text`; alignments dropped where the request asked none."""
+    of the plain text kept as `plain_text`; alignments dropped where the request asked none.
+    found: the link head's weights of `head_texts` computed elsewhere (an engine process's); None:
+    computed here with the engine's link head, where it has one."""
     heads: list[list[np.ndarray] | None] = [None] * len(marked)
     if engine.link_head is not None:
         todo = [i for i, m in enumerate(marked) if m.nodes]
-        found = head_weights_for(
-            engine, [(marked[i].plain, [h.text for h in translations[i].hypotheses]) for i in todo]
-        )
+        if found is None:
+            found = head_weights_for(engine, head_texts(marked, translations))
         for i, weights in zip(todo, found, strict=True):
             heads[i] = weights
     out = []

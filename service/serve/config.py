@@ -110,6 +110,22 @@ class ServerConfig:
         "text when stderr is a terminal, else json",
         LOG_FORMATS,
     )
+    fronts: int = setting(
+        -1,
+        "front processes (gRPC and HTTP, parsing, tokenizing, responses), sharing the ports; "
+        "0 = one process for fronts and engine (the single-process mode); -1 = by the cores: "
+        "the single-process mode on one core, else one front per 4 cores (at least 1)",
+    )
+    engines: int = setting(
+        0,
+        "engine processes (the decode loop; 0 = one): one per GPU (engine i decodes on "
+        "--device-id + i); on a CPU host, engines x --intra-op-threads split its cores",
+    )
+    engine_hang_s: float = setting(
+        30.0,
+        "an engine whose decode loop spends this many seconds in one iteration is hung: its "
+        "requests are answered UNAVAILABLE and it is restarted",
+    )
     warmup: bool = setting(True, "decode a few sentences before reporting SERVING")
     reflection: bool = setting(
         True, "gRPC server reflection (lists the services and their schemas, as grpcurl uses)"
@@ -143,6 +159,8 @@ class ServerConfig:
             raise ValueError("reload_interval_s must be a finite number >= 0 (0: no polling)")
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {self.log_format!r}")
+        if self.fronts < -1 or self.engines < 0 or not self.engine_hang_s > 0:
+            raise ValueError("fronts must be >= -1, engines >= 0, engine_hang_s > 0")
         if self.max_texts < 1 or self.max_text_chars < 1 or self.grace_s < 0:
             raise ValueError("max_texts and max_text_chars must be >= 1, grace_s >= 0")
 

@@ -236,8 +236,12 @@ def to_json(message: Message) -> str:
 class HttpFace:
     """The aiohttp application and its site; `start` binds the port, `stop` drains and closes."""
 
-    def __init__(self, core: TranslatorCore, status_for: StatusFor) -> None:
+    def __init__(
+        self, core: TranslatorCore, status_for: StatusFor, reuse_port: bool = False
+    ) -> None:
+        """reuse_port: the front processes of one server share the port (SO_REUSEPORT)."""
         self.core = core
+        self.reuse_port = reuse_port
         self.status_for = status_for
         self.settings: Settings = core.settings
         server = self.settings.server
@@ -391,7 +395,7 @@ class HttpFace:
             server.host,
             server.http_port,
             ssl_context=ssl_context(self.settings),
-            reuse_port=False,
+            reuse_port=self.reuse_port,
         )
         await site.start()
         self.port = int(self.runner.addresses[0][1])

@@ -53,8 +53,14 @@ REJECT_REASONS: tuple[str, ...] = (
     "cancelled",
     "shutting_down",
     "not_ready",
+    "engine_unavailable",
     "internal",
 )
+
+ROLES: tuple[str, ...] = (
+    "engine",
+    "front",
+)  # the processes of a server (service/serve/supervisor.py)
 
 # --- buckets ----------------------------------------------------------------------------------
 
@@ -249,6 +255,16 @@ class Metrics:
         self.model_reloads = Counter(
             "s2s_model_reloads_total", "Repository reloads (SIGHUP or polling).", registry=r
         )
+        # processes (the supervisor counts; every process exports the series, at zero here, so
+        # that the merged /metrics and a single-process server have it alike)
+        self.process_restarts = Counter(
+            "s2s_process_restarts",
+            "Front and engine processes started again after they exited or hung, by role.",
+            ["role"],
+            registry=r,
+        )
+        for role in ROLES:
+            self.process_restarts.labels(role)
         self._model_series: dict[tuple[str, str], set[str]] = {}  # version → its codes seen
         self._create_labelled_series()
 
@@ -346,28 +362,33 @@ class Metrics:
     def model_loaded(
         self, name: str, version: str, attention: str, provider: str, resident_bytes: int
     ) -> None:
-        """A version loaded: its info series, memory gauge and zeroed counters."""
+        """A version loaded by the engine: its info series, memory gauge and zeroed decode
+        counters (the requests' series are the front's: `model_served`)."""
         self.model_info.labels(
             name=name, version=version, attention=attention, provider=provider
         ).set(1)
         self.model_resident_memory.labels(name, version).set(resident_bytes)
-        self.model_request_duration.labels(name, version)
-        for code in CODES:  # every code's series from the start, as s2s_request_duration_seconds
-            self.model_requests.labels(name, version, code)
         self.model_queue_depth.labels(name, version).set(0)
         self.model_running.labels(name, version).set(0)
         self.model_steps.labels(name, version)
         self.model_hypothesis_steps.labels(name, version)
         self.model_load_failures.labels(name)
+
+    def model_served(self, name: str, version: str) -> None:
+        """A version a front serves: its request series, zeroed."""
+        self.model_request_duration.labels(name, version)
+        for code in CODES:  # every code's series from the start, as s2s_request_duration_seconds
+            self.model_requests.labels(name, version, code)
+        self.model_load_failures.labels(name)
         self._model_series.setdefault((name, version), set()).update(CODES)
 
     def model_unloaded(self, name: str, version: str) -> None:
-        """A version unloaded: every series labelled with it goes (label sets stay bounded)."""
+        """A version the engine unloaded: every decode series labelled with it goes (label sets
+        stay bounded)."""
         for labels in list(self.model_info._metrics):  # (name, version, attention, provider)
             if labels[:2] == (name, version):
                 self.model_info.remove(*labels)
         for metric in (
-            self.model_request_duration,
             self.model_queue_depth,
             self.model_running,
             self.model_steps,
@@ -376,6 +397,11 @@ class Metrics:
         ):
             with suppress(KeyError):  # a series never created (e.g. no queue seen)
                 metric.remove(name, version)
+
+    def model_unserved(self, name: str, version: str) -> None:
+        """A version a front no longer serves: its request series go."""
+        with suppress(KeyError):
+            self.model_request_duration.remove(name, version)
         for code in self._model_series.pop((name, version), set()):
             self.model_requests.remove(name, version, code)
 

@@ -10,6 +10,7 @@ option's name is its DecodingOptions field, so both directions loop over `OPTION
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -163,7 +164,25 @@ def parse_options(
 ) -> SearchOptions:
     """The set fields of DecodingOptions over the defaults (service/decode/options.py's
     merge_options: a default stopping rule follows the penalties in force), checked against the
-    engine's limits."""
+    engine's limits. Cached by the message's bytes: clients send the same options again and
+    again, and checking every option is a tenth of a front's work on a request."""
+    defaults = tuple(sorted((model_defaults or {}).items()))
+    try:
+        return _parse_cached(o.SerializeToString(deterministic=True), settings, defaults)
+    except TypeError:  # a default that is not hashable: parse it here
+        return _parse_options(o, settings, model_defaults)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_cached(
+    data: bytes, settings: Settings, defaults: tuple[tuple[str, Any], ...]
+) -> SearchOptions:
+    return _parse_options(pb.DecodingOptions.FromString(data), settings, dict(defaults))
+
+
+def _parse_options(
+    o: pb.DecodingOptions, settings: Settings, model_defaults: Mapping[str, Any] | None = None
+) -> SearchOptions:
     given: dict[str, Any] = {}
     for spec in OPTIONS:
         if spec.kind is tuple:  # a repeated field: empty is unset
@@ -332,18 +351,41 @@ def align_response_bytes(pairs: Sequence[tuple[int, int, int, int, int]], piece_
 # --- server side: results out ------------------------------------------------------------------
 
 
+WEIGHTS_TAG = bytes(
+    [pb.Alignment.WEIGHTS_FIELD_NUMBER << 3 | 2]
+)  # a packed field: length-delimited
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def packed_weights(matrix: np.ndarray) -> bytes:
+    """The `weights` field's encoding, straight from the matrix's bytes: a packed repeated float
+    is its little-endian float32 values, so no float becomes a Python object on the way."""
+    data = np.ascontiguousarray(matrix, dtype="<f4").tobytes()  # (rows * cols,)
+    return WEIGHTS_TAG + varint(len(data)) + data
+
+
 def alignment_to_pb(a: Alignment) -> pb.Alignment:
-    matrix = np.asarray(a.matrix, dtype=np.float32)  # (rows, cols)
+    matrix = np.asarray(a.matrix)  # (rows, cols)
     rows, cols = matrix.shape
-    return pb.Alignment(
+    out = pb.Alignment(
         rows=rows,
         cols=cols,
-        weights=matrix.reshape(-1).tolist(),
         source_tokens=a.source_tokens,
         target_tokens=a.target_tokens,
         pharaoh=a.pharaoh,
         unknown_target_tokens=a.unknown_target_tokens,
     )
+    if rows * cols:
+        out.MergeFromString(packed_weights(matrix))
+    return out
 
 
 def aligned_pair_to_pb(a: AlignedPair) -> pb.PairAlignment:

@@ -172,9 +172,12 @@ class Repository:
         self.errors: list[Exception] = []  # the latest reload's load failures
 
     @classmethod
-    def of(cls, *versions: ModelVersion, default_model: str = "") -> Repository:
-        """A fixed repository of versions loaded elsewhere (no folder: reload changes nothing)."""
-        repo = cls(None, lambda path: Engine.load(path), default_model=default_model)
+    def of(
+        cls, *versions: ModelVersion, default_model: str = "", events: Events | None = None
+    ) -> Repository:
+        """A repository of versions loaded elsewhere (no folder: reload changes nothing; `follow`
+        changes them)."""
+        repo = cls(None, lambda path: Engine.load(path), default_model=default_model, events=events)
         for v in versions:
             repo.models.setdefault(v.name, {})[v.version] = v
         return repo
@@ -213,6 +216,11 @@ class Repository:
             model = self._resolve(name, version)
             model.in_flight += 1
             return model
+
+    def hold(self, model: ModelVersion) -> None:
+        """Hold this very version (retired or not) until `release`: not unloaded meanwhile."""
+        with self.lock:
+            model.in_flight += 1
 
     def release(self, model: ModelVersion) -> None:
         with self.lock:
@@ -277,6 +285,39 @@ class Repository:
             self.errors = []
             fresh = self._load_new(wanted, report)
             retired = self._swap(wanted, fresh)
+        self._retire(retired, report)
+        return report
+
+    def follow(
+        self, wanted: dict[str, dict[str, Found]], make: Callable[[Found], ModelVersion]
+    ) -> ReloadReport:
+        """Serve exactly the versions `wanted` (another repository's: a front follows its engine
+        processes'); a version not served yet is made by `make`, one that fails is refused and
+        left out (logged, an event), the others as `reload` does."""
+        report = ReloadReport()
+        with self.reload_lock:
+            fresh: dict[str, dict[str, ModelVersion]] = {}
+            for name, versions in wanted.items():
+                for version, found in versions.items():
+                    with self.lock:
+                        current = self.models.get(name, {}).get(version)
+                    if current is not None and current.path == found.path:
+                        continue
+                    try:
+                        model = make(found)
+                    except Exception as err:
+                        report.failed.append(f"{name}:{version}")
+                        log.error("model version refused: %s", err, extra={"model": name})
+                        self.events.failed(name, version, err)
+                        continue
+                    fresh.setdefault(name, {})[version] = model
+                    report.loaded.append(str(model))
+                    self.events.loaded(model)
+            retired = self._swap(wanted, fresh)
+        self._retire(retired, report)
+        return report
+
+    def _retire(self, retired: list[ModelVersion], report: ReloadReport) -> None:
         for model in retired:
             report.retired.append(str(model))
             log.info("model version retired", extra={"model": model.name, "version": model.version})
@@ -284,7 +325,6 @@ class Repository:
                 unload = self._take_unload(model)
             if unload:
                 self._unloaded(model)
-        return report
 
     def _load_new(
         self, wanted: dict[str, dict[str, Found]], report: ReloadReport

@@ -45,6 +45,10 @@ class RequestTrace:
     def decoded(self, error: Exception | None) -> None:
         """The worker answered the job."""
 
+    def carrier(self) -> dict[str, str]:
+        """The trace's context as W3C headers (traceparent), for the engine process's spans."""
+        return {}
+
 
 NO_TRACE = RequestTrace()
 _CURRENT: contextvars.ContextVar[RequestTrace] = contextvars.ContextVar(

@@ -17,41 +17,47 @@ interval reload the repository off the event loop; health has a service name per
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import generate_latest
 
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.decode.engine import Engine
 from service.decode.errors import ModelNotFound, NotReady
 from service.decode.providers import require_provider
-from service.model.embedded import resolve_bundle, resolve_repository
-from service.serve import glossary_files, memory_files
-from service.serve.config import Settings, VersionPolicy, load_settings
+from service.serve.config import Settings, load_settings
+from service.serve.engine_host import EngineHost, build_engine_host, run_engine_process
+from service.serve.engine_link import EngineLink
 from service.serve.http_api import HttpFace
 from service.serve.logs import configure_logging
 from service.serve.metrics import Metrics, start_metrics_http_server
+from service.serve.mirror import Follower, shared_engines, text_sides
 from service.serve.protocol import (
     MAX_REQUEST_ID_CHARS,
     MalformedRequest,
     deserialize_align_request,
     deserialize_translate_request,
 )
-from service.serve.repository import Events, ModelVersion, ReloadReport, Repository, single
+from service.serve.repository import Events, ModelVersion, ReloadReport, Repository
 from service.serve.status import status_for
+from service.serve.supervisor import die_with_parent, layout, supervise
 from service.serve.tracing import traced
 from service.serve.translator import TranslatorCore
 from service.serve.worker import Worker
@@ -248,61 +254,72 @@ def add_translator_servicer(servicer: TranslatorServicer, server: grpc.aio.Serve
 
 @dataclass
 class Running:
-    """A started server and what it owns."""
+    """A started server and what it owns: the front (gRPC, HTTP, the servicer, its versions) and,
+    in the single-process mode, the engine half beside it (`host`)."""
 
     server: grpc.aio.Server
     port: int
-    worker: Worker
     health: health.aio.HealthServicer
-    engine: Engine  # the default model's, at start
     metrics: Metrics
     settings: Settings
-    repository: Repository
-    servicer: TranslatorServicer | None = None
+    repository: Repository  # the front's versions (service/serve/mirror.py)
+    servicer: TranslatorServicer
+    link: EngineLink
+    host: EngineHost | None = None  # the single-process mode's engine half
     metrics_port: int | None = None
     metrics_http: Any = None
     health_names: set[str] = field(default_factory=set)  # per-model names set so far
-    http: HttpFace | None = (
-        None  # the HTTP/JSON face (service/serve/http_api.py), when --http-port >= 0
-    )
+    http: HttpFace | None = None  # the HTTP/JSON face (service/serve/http_api.py), --http-port >= 0
+    serving: bool = False
+    health_task: asyncio.Task[None] | None = None
 
     @property
     def http_port(self) -> int | None:
         return None if self.http is None else self.http.port
 
+    @property
+    def worker(self) -> Worker:
+        """The single-process mode's decode loop."""
+        assert self.host is not None, "a front process has no decode loop"
+        return self.host.worker
+
+    @property
+    def engine(self) -> Engine:
+        """The default model's engine (a front process's: its text side)."""
+        return self.repository.get().engine
+
     async def set_serving(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, status)
+        self.serving = serving
         await self.set_model_health()
 
     async def set_model_health(self) -> None:
-        """SERVING for each model with a loaded version, NOT_SERVING for models gone since."""
-        served = {model_health_name(name) for name in self.repository.names()}
-        for name in sorted(served | self.health_names):
-            await self.health.set(
-                name,
-                health_pb2.HealthCheckResponse.SERVING
-                if name in served
-                else health_pb2.HealthCheckResponse.NOT_SERVING,
-            )
+        """SERVING for each model with a version an engine that is up serves, NOT_SERVING for the
+        others and models gone since; the server as a whole SERVING while any is ("" stays SERVING
+        while the front lives and is not stopping: the liveness probe's)."""
+        up = self.link.serving()
+        served = {
+            model_health_name(m.name)
+            for m in self.repository.loaded()
+            if (m.name, m.version) in up and self.serving
+        }
+        for name in sorted(
+            served | self.health_names | {model_health_name(n) for n in self.repository.names()}
+        ):
+            await self.health.set(name, SERVING if name in served else NOT_SERVING)
         self.health_names |= served
+        await self.health.set(SERVICE_NAME, SERVING if served else NOT_SERVING)
+        await self.health.set("", SERVING if self.serving else NOT_SERVING)
 
     async def reload(self) -> ReloadReport:
-        """Reload the repository off the event loop (loads and warm-ups are slow), then health."""
+        """The single-process mode's reload: the engine half reloads (off the event loop: loads and
+        warm-ups are slow) and publishes, the front follows; then health."""
+        assert self.host is not None, "a front process follows its engines' reloads"
+        host = self.host
         loop = asyncio.get_running_loop()
-        report = await loop.run_in_executor(None, self.repository.reload)
-        engines = [m.engine for m in self.repository.loaded()]
-        await loop.run_in_executor(
-            None, memory_files.refresh, engines, self.settings.server.memory_dir
-        )
-        await loop.run_in_executor(
-            None, glossary_files.refresh, engines, self.settings.server.glossary_dir
-        )
+        report = await loop.run_in_executor(None, host.reload)
+        deadline = loop.time() + 60.0
+        while self.link.engines[0].generation < host.generation and loop.time() < deadline:
+            await asyncio.sleep(0.005)  # the front takes up the new generation
         self.metrics.reloaded()
         await self.set_model_health()
         log.info(
@@ -315,29 +332,38 @@ class Running:
         """NOT_SERVING, refuse new work, finish accepted requests within the grace period, stop.
 
         The gRPC server goes on taking requests until the handlers are done (new ones answered
-        UNAVAILABLE, logged and counted, since the worker's intake is closed): stopping it at once
-        would have gRPC core answer CANCELLED the requests that reached it but no handler yet, and
+        UNAVAILABLE, logged and counted, since the intake is closed): stopping it at once would
+        have gRPC core answer CANCELLED the requests that reached it but no handler yet, and
         cancel at the end of the grace the ones it did hand over. It stops once no handler has run
         for QUIET_S, with what is left of the grace for the answers still being sent."""
         grace = self.settings.server.grace_s if grace is None else grace
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
+        self.serving = False
         await self.health.enter_graceful_shutdown()
-        self.worker.close_intake()
-        if self.servicer is not None:
-            while loop.time() < deadline and self.servicer.handlers.idle_for() < QUIET_S:
-                await asyncio.sleep(0.02)
+        self.link.close_intake()
+        if self.host is not None:
+            self.host.close_intake()
+        while loop.time() < deadline and self.servicer.handlers.idle_for() < QUIET_S:
+            await asyncio.sleep(0.02)
         remaining = max(0.0, deadline - loop.time())
         if self.http is not None:  # stops listening, then waits for its answers in progress
             await asyncio.gather(self.http.stop(), self.server.stop(remaining))
         else:
             await self.server.stop(remaining)
-        await loop.run_in_executor(None, self.worker.stop, 5.0)
+        if self.health_task is not None:
+            self.health_task.cancel()
+        if self.host is not None:
+            await loop.run_in_executor(None, self.host.stop, 5.0)
+        await self.link.stop()
         if self.metrics_http is not None:
             self.metrics_http.shutdown()
             self.metrics_http.server_close()  # release the port: shutdown() only ends the serving loop
-        if self.servicer is not None:  # export the spans still buffered
-            await loop.run_in_executor(None, self.servicer.tracing.shutdown)
+        await loop.run_in_executor(None, self.servicer.tracing.shutdown)  # spans still buffered
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def model_health_name(name: str) -> str:
@@ -345,53 +371,17 @@ def model_health_name(name: str) -> str:
     return f"{SERVICE_NAME}/{name}"
 
 
-class MetricEvents(Events):
-    """Repository events → metrics (per-version series come and go with the versions)."""
+class FrontEvents(Events):
+    """The front's versions -> its request series (the engine's: engine_host.EngineEvents)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
     def loaded(self, model: ModelVersion) -> None:
-        engine = model.engine
-        # every version's host<->device bytes, not only the default model's (a ledger stays
-        # watched after its version unloads: the counters it fed must not go down)
-        self.metrics.watch_transfers(engine.model.transfers)
-        self.metrics.model_loaded(
-            model.name,
-            model.version,
-            engine.cfg.attention,
-            engine.model.providers[0],
-            model.resident_bytes,
-        )
+        self.metrics.model_served(model.name, model.version)
 
     def unloaded(self, model: ModelVersion) -> None:
-        self.metrics.model_unloaded(model.name, model.version)
-
-    def failed(self, name: str, version: str, error: Exception) -> None:
-        self.metrics.model_load_failed(name)
-
-
-def build_repository(settings: Settings, metrics: Metrics) -> Repository:
-    """The repository the settings name: one bundle (--bundle) or a folder (--models). Each
-    version is loaded and, unless --no-warmup, warmed up before it takes requests."""
-    s = settings.server
-
-    def load(path: Path) -> Engine:
-        engine = Engine.load(path, settings.runtime, settings.limits)
-        memory_files.attach(engine, s.memory_dir)  # a file that does not parse refuses it
-        glossary_files.attach(engine, s.glossary_dir)
-        if s.warmup:
-            warm_up(engine)
-        return engine
-
-    return Repository(
-        resolve_bundle(s.bundle) if s.bundle else resolve_repository(s.models),
-        load,
-        VersionPolicy(s.version_policy, s.pinned_versions),
-        s.default_model,
-        MetricEvents(metrics),
-        single=bool(s.bundle),
-    )
+        self.metrics.model_unserved(model.name, model.version)
 
 
 def connection_age_options(seconds: float) -> list[tuple[str, int]]:
@@ -447,26 +437,33 @@ def start_metrics_endpoint(settings: Settings, metrics: Metrics) -> tuple[Any, i
         ) from err
 
 
-async def create_server(
-    settings: Settings, engine: Engine | None = None, metrics: Metrics | None = None
-) -> Running:
-    """Load (unless given) and warm the model, bind the port, start everything; port 0 picks a free one.
+@dataclass
+class Faces:
+    """A front's started faces: gRPC (with health and reflection) and HTTP, and the servicer."""
 
-    With --require-provider, a provider that did not load stops it here, before any port is bound."""
-    require_provider(settings.runtime.require_provider, settings.runtime.device_id)
-    metrics = metrics or Metrics()
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    servicer: TranslatorServicer
+    http: HttpFace | None
+
+
+async def start_front(settings: Settings, metrics: Metrics, reuse_port: bool = False) -> Faces:
+    """The front's faces, bound and started: health NOT_SERVING and Translate UNAVAILABLE until
+    the servicer is attached. reuse_port: the front processes share the ports (SO_REUSEPORT)."""
     health_servicer = health.aio.HealthServicer()
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", settings.server.max_message_bytes),
             ("grpc.max_send_message_length", settings.server.max_message_bytes),
-            ("grpc.so_reuseport", 0),
+            # fronts of one server share the port (the kernel spreads connections over them)
+            ("grpc.so_reuseport", int(reuse_port)),
             *connection_age_options(settings.server.max_connection_age_s),
         ]
     )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await health_servicer.set(name, NOT_SERVING)
     if settings.server.reflection:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -494,71 +491,150 @@ async def create_server(
     http: HttpFace | None = None
     try:
         if settings.server.http_port >= 0:
-            http = HttpFace(servicer, status_for)
+            http = HttpFace(servicer, status_for, reuse_port)
             await http.start()
-        loop = asyncio.get_running_loop()
-        if engine is None:
-            repository = build_repository(settings, metrics)
-            await loop.run_in_executor(None, repository.load_all)
+    except BaseException:
+        await server.stop(None)
+        raise
+    return Faces(server, port, health_servicer, servicer, http)
+
+
+async def create_server(
+    settings: Settings,
+    engine: Engine | None = None,
+    metrics: Metrics | None = None,
+    engines: Sequence[str] | None = None,
+    name: str = "front",
+) -> Running:
+    """A server: the front and, unless `engines` names the engine processes' channel addresses,
+    the engine half in this process (the single-process mode: it loads the models, or takes
+    `engine`, and warms them up); port 0 picks a free one. Returns once the models are served.
+
+    The single-process mode binds its ports first (health NOT_SERVING while the models load); a
+    front process binds them once it follows its engines' versions, so that a front (re)started
+    beside others never takes a connection it cannot serve."""
+    require_provider(settings.runtime.require_provider, settings.runtime.device_id)
+    metrics = metrics or Metrics()
+    loop = asyncio.get_running_loop()
+    host: EngineHost | None = None
+    link: EngineLink | None = None
+    faces: Faces | None = None
+    try:
+        if engines is None:
+            faces = await start_front(settings, metrics)
+            host = await loop.run_in_executor(
+                None, start_engine_half, settings, metrics, engine, faces.servicer
+            )
+            follower = Follower(
+                Repository.of(events=FrontEvents(metrics)),
+                settings,
+                partial(shared_engines, host.repository),
+            )
+            engines = [host.endpoint.address]
         else:
-            if settings.server.warmup:
-                await loop.run_in_executor(None, warm_up, engine)
-            repository = Repository.of(single(engine))
-            MetricEvents(metrics).loaded(repository.get())
-        default = repository.get()
-        worker = Worker(default.engine, settings.batching, metrics)
-        servicer.attach(repository, worker)
+            follower = Follower(
+                Repository.of(events=FrontEvents(metrics)), settings, partial(text_sides, settings)
+            )
+        repository = follower.repository
+        repository.default_name = settings.server.default_model
+        changed = asyncio.Event()
+        link = EngineLink(
+            engines, name, follower.follow, changed.set, hang_s=settings.server.engine_hang_s
+        )
+        await link.start()
+        while not link.serving():
+            await asyncio.sleep(0.005)
+        if faces is None:
+            faces = await start_front(settings, metrics, reuse_port=True)
+        faces.servicer.attach(repository, link)
         running = Running(
-            server,
-            port,
-            worker,
-            health_servicer,
-            default.engine,
+            faces.server,
+            faces.port,
+            faces.health,
             metrics,
             settings,
             repository,
-            servicer,
-            http=http,
+            faces.servicer,
+            link,
+            host,
+            http=faces.http,
         )
-        if settings.server.metrics_port >= 0:
+        running.health_task = loop.create_task(follow_health(running, changed))
+        if settings.server.metrics_port >= 0 and host is not None:
             running.metrics_http, running.metrics_port = start_metrics_endpoint(settings, metrics)
-        worker.start()
         await running.set_serving(True)
         log.info(
             "serving",
             extra={
-                "port": port,
+                "port": running.port,
                 "metrics_port": running.metrics_port,
                 "http_port": running.http_port,
                 "model": repository.default(),
                 "models": [str(m) for m in repository.loaded()],
-                "providers": default.engine.model.providers,
+                "providers": running.engine.model.providers,
+                "engines": len(engines),
+                "front": name,
             },
         )
     except BaseException:  # a bad bundle, a failed warm-up: release the port before raising
-        if http is not None:
-            await http.stop()
-        await server.stop(None)
+        if faces is not None:
+            if faces.http is not None:
+                await faces.http.stop()
+            await faces.server.stop(None)
+        if link is not None:
+            await link.stop()
+        if host is not None:
+            await loop.run_in_executor(None, host.stop, 0.0)
         raise
     return running
 
 
-def warm_up(engine: Engine) -> None:
-    """Decode once at several batch shapes so the first real request pays no first-run costs."""
-    engine.warm_up()
+async def follow_health(running: Running, changed: asyncio.Event) -> None:
+    """Health follows the engines: their versions, up or down."""
+    while True:
+        await changed.wait()
+        changed.clear()
+        await running.set_model_health()
+
+
+def start_engine_half(
+    settings: Settings, metrics: Metrics, engine: Engine | None, servicer: TranslatorServicer
+) -> EngineHost:
+    """The single-process mode's engine half, over an in-process channel; traced with the front's
+    tracer (whatever it is when a request comes)."""
+    host = build_engine_host(
+        settings, metrics, f"inproc://engine-{uuid.uuid4().hex}", engine, lambda: servicer.tracing
+    )
+    host.start()
+    return host
 
 
 async def serve(settings: Settings) -> None:
+    """The single-process server (--fronts 0), or one front process (the supervisor gives it its
+    engines' addresses: service/serve/supervisor.py)."""
     running = await create_server(settings)
+    await run_until_stopped(running, settings)
+
+
+async def run_until_stopped(running: Running, settings: Settings) -> None:
+    """Serve until SIGTERM or SIGINT, then stop; SIGHUP and the polling interval reload (the
+    single-process mode's; a front process follows its engines)."""
     stop = asyncio.Event()
     reload = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, reload.set)
-    reloader = asyncio.create_task(reload_loop(running, reload, settings.server.reload_interval_s))
+    reloader = None
+    if running.host is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload.set)
+        reloader = asyncio.create_task(
+            reload_loop(running, reload, settings.server.reload_interval_s)
+        )
+    else:
+        loop.add_signal_handler(signal.SIGHUP, lambda: None)  # the supervisor's engines reload
     await stop.wait()
-    reloader.cancel()
+    if reloader is not None:
+        reloader.cancel()
     log.info("shutting down", extra={"grace_s": settings.server.grace_s})
     await running.stop()
     log.info("stopped")
@@ -576,14 +652,60 @@ async def reload_loop(running: Running, asked: asyncio.Event, interval_s: float)
             log.exception("reload failed")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def split_role(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The supervisor's flags for the processes it starts (not settings: no S2S_ variable)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--role", choices=("front", "engine"))
+    parser.add_argument("--run-dir", type=Path)
+    parser.add_argument("--channel", default="")
+    parser.add_argument("--engine-index", type=int, default=0)
+    parser.add_argument("--front-index", type=int, default=0)
+    parser.add_argument("--parent", type=int, default=0)
+    return parser.parse_known_args(argv)
+
+
+async def serve_front(settings: Settings, role: argparse.Namespace) -> None:
+    """A front process: gRPC and HTTP for the supervisor's engines; its metrics on 127.0.0.1 (the
+    supervisor's /metrics merges them), its final reading written at exit."""
+    metrics = Metrics()
+    name = f"front-{role.front_index}-{os.getpid()}"
+    running = await create_server(
+        settings, metrics=metrics, engines=role.channel.split(","), name=name
+    )
+    server, port = start_metrics_http_server(0, "127.0.0.1", metrics.registry)
+    label = f"front-{role.front_index}"
+    (role.run_dir / "metrics" / f"{label}.port").write_text(str(port))
     try:
-        settings = load_settings(argv)
+        await run_until_stopped(running, settings)
+    finally:
+        (role.run_dir / "metrics" / f"{label}.final").write_bytes(generate_latest(metrics.registry))
+        server.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """s2s-serve: the single-process server (--fronts 0, or one core), else the supervisor and its
+    engine and front processes (service/serve/supervisor.py); and those processes themselves."""
+    role, rest = split_role(sys.argv[1:] if argv is None else argv)
+    if role.role is not None:
+        die_with_parent(role.parent)
+    try:
+        settings = load_settings(rest)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     configure_logging(settings.server.log_level, settings.server.log_format)
     try:
+        if role.role == "engine":
+            return run_engine_process(
+                settings, role.channel, f"engine-{role.engine_index}", role.run_dir,
+                role.engine_index,
+            )  # fmt: skip
+        if role.role == "front":
+            asyncio.run(serve_front(settings, role))
+            return 0
+        fronts, engines = layout(settings)
+        if fronts > 0:
+            return supervise(settings, rest, fronts, engines)
         asyncio.run(serve(settings))
     except Exception as err:  # a bad bundle, a busy port: one clear line, not a traceback
         log.critical("cannot start: %s", err)

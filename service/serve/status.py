@@ -9,6 +9,7 @@ from service.decode.errors import (
     Cancelled,
     DeadlineExceeded,
     DecodeFailed,
+    EngineUnavailable,
     InvalidInput,
     ModelNotFound,
     NotReady,
@@ -40,7 +41,9 @@ REJECT_REASON: dict[grpc.StatusCode, str] = {
 
 def reject_reason(code: grpc.StatusCode, error: Exception | None = None) -> str:
     """The `reason` label of s2s_rejected_requests_total: by status code, but a model still loading
-    is told apart from a server shutting down (both UNAVAILABLE)."""
+    and an engine process gone are told apart from a server shutting down (all UNAVAILABLE)."""
+    if isinstance(error, EngineUnavailable):
+        return "engine_unavailable"
     if isinstance(error, NotReady):
         return "not_ready"
     return REJECT_REASON.get(code, "internal")

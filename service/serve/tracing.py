@@ -156,6 +156,21 @@ class SpanTrace(RequestTrace):
                 decode.set_status(Status(StatusCode.ERROR, type(error).__name__))
             decode.end()
 
+    def carrier(self) -> dict[str, str]:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=self.context)
+        return carrier
+
+
+class RemoteTrace(SpanTrace):
+    """An engine process's part of a request's trace: its "queue", "encode" and "decode" spans,
+    children of the front process's RPC span, whose context came over the channel."""
+
+    def __init__(self, tracer: trace.Tracer, carrier: Mapping[str, str]) -> None:
+        parent = trace.get_current_span(propagate.extract(dict(carrier)))
+        super().__init__(tracer, parent, False)
+        self.recording = parent.get_span_context().trace_flags.sampled
+
 
 class Tracing:
     """The server's tracer: `rpc(...)` opens a request's span (or yields NO_TRACE when off)."""
@@ -206,6 +221,12 @@ class Tracing:
         finally:
             request.decoded(None)  # children a cancelled request left open
             span.end()
+
+    def remote(self, carrier: Mapping[str, str]) -> RequestTrace:
+        """The engine's part of the trace whose context `carrier` holds (NO_TRACE when off)."""
+        if self.tracer is None or not carrier:
+            return NO_TRACE
+        return RemoteTrace(self.tracer, carrier)
 
     def shutdown(self) -> None:
         """Export what is buffered (on stop)."""

@@ -12,20 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
 from proto.translation.v1 import translation_pb2 as pb
 from service.decode import marked, recall
-from service.decode.aligner import PreparedPair, check_aligner, prepare_pair
-from service.decode.engine import AlignmentMode, Engine, Prepared, Translation
+from service.decode.aligner import (
+    ForcedRequest,
+    PreparedPair,
+    aligned_of,
+    check_aligner,
+    prepare_pair,
+)
+from service.decode.engine import AlignmentMode, DecodeRequest, Engine, Prepared, Translation
 from service.decode.errors import InvalidInput, NotReady
 from service.decode.forced import AlignedPair
 from service.decode.options import SearchOptions
 from service.serve.config import Settings
+from service.serve.engine_link import EngineLink
 from service.serve.metrics import Metrics
 from service.serve.protocol import (
     MalformedRequest,
@@ -42,7 +50,7 @@ from service.serve.repository import ModelVersion, Repository
 from service.serve.request_trace import current_trace
 from service.serve.status import reject_reason
 from service.serve.tracing import Tracing
-from service.serve.worker import Job, Worker
+from service.serve.worker import Job
 
 log = logging.getLogger("s2s.server")
 
@@ -57,9 +65,11 @@ class TranslatorCore:
         self.metrics = metrics
         self.tracing = Tracing(settings.tracing)
         self._repository: Repository | None = None
-        self._worker: Worker | None = None
+        self._worker: EngineLink | None = None
+        self.checked: set[tuple[Engine, SearchOptions, str, int]] = set()
 
-    def attach(self, repository: Repository, worker: Worker) -> None:
+    def attach(self, repository: Repository, worker: EngineLink) -> None:
+        """The front's versions (service/serve/mirror.py) and its link to the engines."""
         self._repository, self._worker = repository, worker
 
     def use_tracing(self, tracing: Tracing) -> None:
@@ -78,7 +88,7 @@ class TranslatorCore:
         return self.repository.get().engine
 
     @property
-    def worker(self) -> Worker:
+    def worker(self) -> EngineLink:
         if self._worker is None:
             raise NotReady("the model is still loading: retry in a few seconds")
         return self._worker
@@ -112,7 +122,7 @@ class TranslatorCore:
         parsed = parse_request(request, self.settings, engine.decoding_defaults)
         trace.set(texts=len(parsed.texts), input_chars=sum(len(t) for t in parsed.texts))
         trace.texts("input.texts", parsed.texts)
-        engine.check_options(parsed.options, parsed.alignment, len(parsed.texts))
+        self.check_options(engine, parsed.options, parsed.alignment, len(parsed.texts))
         marks = marked.read_texts(parsed.texts, parsed.options)  # the model reads the plain text
         texts = [m.plain for m in marks]
         prepared = []
@@ -142,9 +152,12 @@ class TranslatorCore:
             request_id,
             deadline,
         )
-        if parsed.options.marked:  # the link head's encoder and graph calls: off the event loop
+        if parsed.options.marked:
+            heads = None  # the link head reads each text with markup (an engine's encoder, graph)
+            if engine.link_head is not None and any(m.nodes for m in marks):
+                heads = await self.worker.heads(model, marked.head_texts(marks, results))
             results = await asyncio.to_thread(
-                marked.restore, engine, marks, results, parsed.alignment
+                marked.restore, engine, marks, results, parsed.alignment, heads
             )
         self.metrics.add_low_confidence(
             sum(1 for t in results if t.hypotheses and t.hypotheses[0].low_confidence)
@@ -165,6 +178,19 @@ class TranslatorCore:
                 "send fewer texts, or ask for a smaller n_best or no alignment"
             )
         return response
+
+    def check_options(
+        self, engine: Engine, options: SearchOptions, alignment: str, texts: int
+    ) -> None:
+        """engine.check_options, remembered for options it passed (they pass again: a model's
+        controls and limits do not change while it is loaded)."""
+        key = (engine, options, alignment, texts)
+        if key in self.checked:
+            return
+        engine.check_options(options, alignment, texts)
+        if len(self.checked) >= 1024:
+            self.checked.clear()
+        self.checked.add(key)
 
     async def align(
         self,
@@ -197,9 +223,13 @@ class TranslatorCore:
             bound_texts = [(s + s, t + t) for s, t in parsed.pairs]
         self.check_align_bound(pairs, engine.max_piece_bytes, bound_texts)
         deadline = None if remaining is None else self.worker.clock() + remaining
-        results = await self.run_job(
+        raw = await self.run_job(
             lambda done: Job.align(request_id, pairs, parsed.options, done, deadline, model)
         )
+        results = [
+            aligned_of(engine, ForcedRequest(i, pair, parsed.options), forced, logits)
+            for i, (pair, (forced, logits)) in enumerate(zip(pairs, raw, strict=True))
+        ]
         response = pb.AlignResponse(
             alignments=[aligned_pair_to_pb(a) for a in results],
             request_id=request_id,
@@ -263,34 +293,50 @@ class TranslatorCore:
         ) -> list[Translation]:
             if not sentences:
                 return []
-            return await self.run_job(
-                lambda done: Job(request_id, sentences, o, a, done, deadline, model)
+            requests = [DecodeRequest(i, s, o.for_text(i), a) for i, s in enumerate(sentences)]
+            controls = [tuple(engine.sentence_controls(r.sentence, r.options)) for r in requests]
+            raw = await self.run_job(
+                lambda done: Job(
+                    request_id, sentences, o, a, done, deadline, model, controls=controls
+                )
             )
+            return [engine.translation_of(r, parts) for r, parts in zip(requests, raw, strict=True)]
 
         async def force(pairs: list[PreparedPair]) -> list[AlignedPair]:
             if not pairs:
                 return []
-            return await self.run_job(
+            raw = await self.run_job(
                 lambda done: Job.align(request_id, pairs, recall.FORCED, done, deadline, model)
             )
+            return [
+                aligned_of(engine, ForcedRequest(i, pair, recall.FORCED), forced, logits)
+                for i, (pair, (forced, logits)) in enumerate(zip(pairs, raw, strict=True))
+            ]
 
-        whole, segments, aligned = await asyncio.gather(
-            decode([prepared[i] for i in todo.whole], options.for_texts(todo.whole), alignment),
-            decode(todo.segment_sentences(prepared), options, recall.raw(alignment)),
-            force([f.pair for f in todo.forced]),
+        sentences = [prepared[i] for i in todo.whole]
+        parts, pairs = todo.segment_sentences(prepared), [f.pair for f in todo.forced]
+        whole, segments, aligned = await together(
+            (bool(sentences), lambda: decode(sentences, options.for_texts(todo.whole), alignment)),
+            (bool(parts), lambda: decode(parts, options, recall.raw(alignment))),
+            (bool(pairs), lambda: force(pairs)),
         )
         return recall.assemble(
             engine, todo, texts, prepared, whole, segments, aligned, options, alignment
         )
 
     async def run_job(self, make_job: Callable[[OnDone], Job]) -> list[Any]:
-        """Submit the job `make_job` builds around its completion callback and wait for its
-        results; cancelling the awaiting task cancels the job."""
+        """Submit the job `make_job` builds around its completion callback to the engines and wait
+        for its raw results (a sentence's parts' hypotheses, a pair's forced pass); cancelling the
+        awaiting task cancels the job."""
         loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
         future: asyncio.Future[list[Any]] = loop.create_future()
 
         def on_done(results: list[Any] | None, error: Exception | None) -> None:
-            loop.call_soon_threadsafe(resolve, future, results, error)
+            if threading.get_ident() == loop_thread:  # the engine link answers on the loop
+                resolve(future, results, error)
+            else:
+                loop.call_soon_threadsafe(resolve, future, results, error)
 
         job = make_job(on_done)
         job.trace = current_trace()  # the request's spans (service/serve/tracing.py)
@@ -351,6 +397,19 @@ class TranslatorCore:
                 **({"trace_id": trace.trace_id} if trace.trace_id else {}),
             },
         )
+
+
+async def together(*jobs: tuple[bool, Callable[[], Awaitable[list[Any]]]]) -> list[list[Any]]:
+    """The results of the jobs that have work (the flag), in order ([] for the others), decoding
+    at once: awaited in place when only one has work (asyncio.gather would make a task of each,
+    a tenth of a request's time on a front)."""
+    busy = [make for has_work, make in jobs if has_work]
+    if len(busy) == 1:
+        done = [await busy[0]()]
+    else:
+        done = list(await asyncio.gather(*(make() for make in busy)))
+    results = iter(done)
+    return [next(results) if has_work else [] for has_work, _ in jobs]
 
 
 def resolve(

@@ -17,19 +17,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from service.decode.aligner import ForcedBatch, ForcedRequest, PreparedPair
+import numpy as np
+
+from service.decode.aligner import ForcedBatch, ForcedRequest, PreparedPair, aligned_of
 from service.decode.beam import SearchOptions
+from service.decode.controls import Controls
 from service.decode.encode_ahead import EncodeAhead
 from service.decode.engine import (
     AlignmentMode,
     DecodeRequest,
     Engine,
     Prepared,
+    RawParts,
     RunningBatch,
     Translation,
 )
 from service.decode.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
-from service.decode.forced import AlignedPair, AlignOptions
+from service.decode.forced import AlignedPair, AlignOptions, Forced
 from service.decode.runtime import EncodedSentence
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion, single
@@ -42,6 +46,7 @@ Clock = Callable[[], float]
 
 
 Result = Translation | AlignedPair  # a Translate sentence's, an Align pair's
+RawResult = RawParts | tuple[Forced, np.ndarray | None]  # a raw job's result per sentence or pair
 
 
 @dataclass(eq=False)
@@ -56,11 +61,16 @@ class Job:
     on_done: Callable[[list[Any] | None, Exception | None], None]
     deadline: float | None = None  # clock reading
     model: ModelVersion | None = None  # None: the worker's default model
-    results: dict[int, Result] = field(default_factory=dict)
+    results: dict[int, Result | RawResult] = field(default_factory=dict)
     finished: bool = False
     trace: RequestTrace = NO_TRACE  # the request's spans (service/serve/tracing.py)
     pairs: Sequence[PreparedPair] = ()  # Align: teacher-forced, one result per pair
     align_options: AlignOptions | None = None  # set for an Align job
+    # results left as the search gives them (an engine process's: its front converts them):
+    # a sentence's RawParts, a pair's (Forced, link head scores or None)
+    raw: bool = False
+    # each sentence's parts' controls, computed by the front (None: the batch computes them)
+    controls: Sequence[tuple[Controls, ...]] | None = None
 
     @classmethod
     def align(
@@ -135,6 +145,10 @@ class Worker:
         # (model, beam, forced) → batch: beam searches, and Align's teacher-forced batches
         self.batches: dict[BatchKey, RunningBatch[SentenceKey] | ForcedBatch[SentenceKey]] = {}
         self.last_stepped: BatchKey | None = None
+        # liveness, read by an engine process's heartbeat: the clock when the loop last began an
+        # iteration, and whether it is waiting for work now (a wait is not a hang)
+        self.beat = clock()
+        self.idle = False
         self.last_admitted: ModelVersion | None = None
         self.queued_per_model: dict[ModelVersion, int] = {}  # waiting sentences (loop thread)
         self.thread = threading.Thread(target=self.run, name="decode-loop", daemon=True)
@@ -197,6 +211,7 @@ class Worker:
 
     def run(self) -> None:
         while True:
+            self.beat = self.clock()
             with self.cond:
                 jobs, self.inbox = self.inbox, []
                 cancelled, self.cancelled = self.cancelled, set()
@@ -254,7 +269,16 @@ class Worker:
             ):
                 return
             timeout = None if wake_at is None else max(0.0, wake_at - self.clock())
-            self.cond.wait(timeout)
+            self.idle = True
+            try:
+                self.cond.wait(timeout)
+            finally:
+                self.idle = False
+
+    def busy_for(self) -> float:
+        """Seconds the loop has been in one iteration (0 while it waits for work): a decode loop
+        stuck in a model call shows here while the process lives on."""
+        return 0.0 if self.idle else max(0.0, self.clock() - self.beat)
 
     def apply(self, decision: Decision) -> None:
         if decision.expire:
@@ -329,7 +353,7 @@ class Worker:
         traced = {r.key.job.trace for r in batch.requests.values() if r.key.job.trace.recording}
         started = time.perf_counter()
         try:
-            finished = batch.step()
+            finished = finished_results(batch)
         except Exception:
             log.exception("decoder step failed; failing the batch of %s beam %d", model, key.beam)
             self.fail_batch(key, set())
@@ -354,11 +378,13 @@ class Worker:
             per_model[model] = per_model.get(model, 0) + len(batch)
         self.metrics.set_model_running({(m.name, m.version): n for m, n in per_model.items()})
 
-    def deliver(self, key: SentenceKey, result: Result) -> None:
+    def deliver(self, key: SentenceKey, result: Result | RawResult) -> None:
         job = key.job
         if isinstance(result, Translation):  # an Align pair's tokens were given, not generated
             best = result.hypotheses[0] if result.hypotheses else None
             self.metrics.add_generated(len(best.token_ids) if best else 0, 1)
+        elif isinstance(result, list):  # RawParts: each part's best
+            self.metrics.add_generated(sum(len(p[0].tokens) for p in result if p), 1)
         job.results[key.index] = result
         if len(job.results) == len(job.sentences):
             job.complete()
@@ -406,7 +432,24 @@ def sentence_request(key: SentenceKey) -> DecodeRequest[SentenceKey]:
     """The engine's request for one queued sentence of a job."""
     job = key.job
     options = job.options.for_text(key.index)  # its own target prefix
-    return DecodeRequest(key, job.sentences[key.index], options, job.alignment)
+    controls = None if job.controls is None else job.controls[key.index]
+    return DecodeRequest(key, job.sentences[key.index], options, job.alignment, controls)
+
+
+def finished_results(
+    batch: RunningBatch[SentenceKey] | ForcedBatch[SentenceKey],
+) -> list[tuple[SentenceKey, Result | RawResult]]:
+    """One step of `batch`: its finished sentences' results, raw for a raw job's."""
+    engine = batch.engine
+    if isinstance(batch, ForcedBatch):
+        return [
+            (r.key, (forced, logits) if r.key.job.raw else aligned_of(engine, r, forced, logits))
+            for r, forced, logits in batch.step_raw()
+        ]
+    return [
+        (r.key, parts if r.key.job.raw else engine.translation_of(r, parts))
+        for r, parts in batch.step_raw()
+    ]
 
 
 def forced_request(key: SentenceKey) -> ForcedRequest[SentenceKey]:

@@ -1,0 +1,123 @@
+"""service/serve/channel.py: the wire format both ways, and a front's peer against an engine's
+endpoint over inproc://, with no server around them."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.decode import errors
+from service.decode.aligner import PreparedPair
+from service.decode.beam import Hypothesis
+from service.decode.controls import Controls
+from service.decode.engine import Prepared
+from service.decode.forced import AlignOptions, Forced
+from service.decode.options import SearchOptions
+from service.decode.sides import Side
+from service.serve import channel as ch
+
+
+def test_translate_work_crosses_as_token_ids_options_and_controls() -> None:
+    whole = Prepared("one two", [5, 6, 7], ["▁one", "▁two", ""])
+    segmented = Prepared(
+        "a. b.", [8, 9, 10, 11], [], (Prepared("a.", [8, 9], []), Prepared("b.", [10, 11], []))
+    )
+    options = SearchOptions(beam_size=4, n_best=2, target_prefix=("x", ""), suppress=("y",))
+    controls = [
+        (Controls(prefix=(3, 4), suppress=((7, 8),), constraints=((9,), (10, 11))),),
+        (Controls(min_length=2), Controls()),
+    ]
+    message = (ch.JOB, 7, ch.TRANSLATE, "m", "1", 12.5, {"traceparent": "t"}, "rid",
+               ch.translate_work([whole, segmented], options, "word", controls))  # fmt: skip
+    got = ch.unpack(ch.pack(message))
+    assert got[:8] == [ch.JOB, 7, ch.TRANSLATE, "m", "1", 12.5, {"traceparent": "t"}, "rid"]
+    sentences, search, alignment, read_controls = ch.read_translate(got[8])
+    assert search == options and hash(search) == hash(options)  # tuples again: hashable
+    assert alignment == "word" and read_controls == controls
+    assert sentences[0].ids == [5, 6, 7] and not sentences[0].segments
+    assert [p.ids for p in sentences[1].parts] == [[8, 9], [10, 11]]
+    assert sentences[1].ids == [8, 9, 10, 11]  # what the engine needs: ids, no text
+
+
+def test_results_cross_as_arrays_and_errors_as_their_class() -> None:
+    attention = np.random.default_rng(0).random((3, 4), np.float32)  # (T, S)
+    hyp = Hypothesis([5, 6, 7], -1.5, -2.25, attention, True, np.array([-0.5, -1.0, -0.75]))
+    raw = [[[hyp, hyp]], [[hyp], [hyp]]]  # a sentence with n-best 2; a segmented one
+    got = ch.results_in(ch.TRANSLATE, ch.unpack(ch.pack((ch.DONE, 1, ch.results_out(1, raw))))[2])
+    back = got[1][1][0]
+    assert back.tokens == [5, 6, 7] and (back.score, back.log_prob) == (-1.5, -2.25)
+    assert back.attention.dtype == np.float32 and np.array_equal(back.attention, attention)
+    assert hyp.token_log_probs is not None
+    assert np.array_equal(back.token_log_probs, hyp.token_log_probs)
+    forced = Forced(np.array([-0.1, -0.2]), attention[:2])
+    pairs = ch.results_in(ch.ALIGN, ch.unpack(ch.pack(ch.results_out(ch.ALIGN, [(forced, None)]))))
+    assert np.array_equal(pairs[0][0].attention, forced.attention) and pairs[0][1] is None
+    error = ch.error_from(*ch.error_message(errors.QueueFull("full")))
+    assert isinstance(error, errors.QueueFull) and str(error) == "full"
+    assert isinstance(ch.error_from(*ch.error_message(KeyError("x"))), errors.DecodeFailed)
+    with pytest.raises(TypeError):
+        ch.pack((object(),))
+
+
+def test_align_work_keeps_what_the_link_head_reads() -> None:
+    side = Side(["a", "b"], [4, 5, 6], ["▁a", "▁b", "c"], np.array([0, 1, 1]), [])
+    pair = PreparedPair(Prepared("a b", [4, 5, 6], []), side, side)
+    options = AlignOptions(links="head", matrices="word")
+    pairs, read = ch.read_align(ch.unpack(ch.pack(ch.align_work([pair], options))))
+    assert read == options
+    assert pairs[0].src.words == ["a", "b"] and pairs[0].tgt.ids == [4, 5, 6]
+    assert np.array_equal(pairs[0].src.word_of, [0, 1, 1])
+
+
+def test_a_peer_and_an_endpoint_over_inproc() -> None:
+    """A front's Peer gets the answer of its request, the heartbeats and the versions; a request
+    the engine refuses raises its error on the front."""
+    received: list[Any] = []
+
+    def handle(peer: bytes, message: Any) -> None:
+        received.append(message)
+        if message[0] == ch.HELLO:
+            endpoint.send(peer, (ch.VERSIONS, 1, "engine", (("m", "1", "/m", ("CPU",), 0),)))
+        elif message[0] == ch.JOB:
+            reply = (ch.DONE, message[1], "raw") if message[3] == "ok" else (
+                ch.FAILED, message[1], "QueueFull", "the queue is full")  # fmt: skip
+            endpoint.send(peer, reply)
+
+    endpoint = ch.Endpoint("inproc://test-channel", handle, lambda: endpoint.broadcast(
+        (ch.BEAT, "engine", 0.0, 0, 0)), 0.05)  # fmt: skip
+    endpoint.start()
+    beats, versions = threading.Event(), threading.Event()
+
+    async def front() -> list[Any]:
+        peer = ch.Peer("inproc://test-channel", "front", lambda m: versions.set(),
+                       lambda m: beats.set())  # fmt: skip
+        peer.start()
+        loop = asyncio.get_running_loop()
+        answers: list[Any] = []
+        for model in ("ok", "full"):
+            done: asyncio.Future[Any] = loop.create_future()
+
+            def build(i: int, model: str = model) -> tuple[Any, ...]:
+                return (ch.JOB, i, 0, model, "1", None, {}, "r", ())
+
+            def answer(r: Any, e: Exception | None, done: asyncio.Future[Any] = done) -> None:
+                done.set_result((r, e))
+
+            peer.request(0, build, answer)
+            answers.append(await asyncio.wait_for(done, 5))
+        while not beats.is_set():
+            await asyncio.sleep(0.01)
+        await peer.close()
+        return answers
+
+    try:
+        (ok, ok_error), (full, full_error) = asyncio.run(front())
+    finally:
+        endpoint.stop()
+    assert ok == "raw" and ok_error is None
+    assert full is None and isinstance(full_error, errors.QueueFull)
+    assert versions.is_set() and received[0][0] == ch.HELLO
