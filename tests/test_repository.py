@@ -195,3 +195,17 @@ def test_nothing_loadable_is_an_error_at_start_with_the_bundles_own_message(
     empty, _, _ = repo_at(tmp_path / "nowhere")
     with pytest.raises(ModelNotFound, match="no model could be loaded"):
         empty.load_all()
+
+
+def test_a_version_reports_at_least_its_graphs_bytes_when_the_process_did_not_grow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An allocator that reuses memory freed earlier (an unloaded version, a long-lived test
+    # process) may load a version without growing the process: its size is then its graphs'.
+    folder = fake_bundle(tmp_path / "m" / "1")
+    (folder / "decoder.onnx").write_bytes(b"\0" * 3000)
+    (folder / "encoder.onnx").write_bytes(b"\0" * 1000)
+    monkeypatch.setattr("service.serve.repository.resident_bytes", lambda: 10**9)
+    repo, _, _ = repo_at(tmp_path)
+    repo.reload()
+    assert repo.get("m").resident_bytes == 4000

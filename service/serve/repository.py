@@ -44,7 +44,9 @@ class ModelVersion:
     version: str
     engine: Engine
     path: Path | None = None
-    resident_bytes: int = 0  # the process's resident memory growth while it loaded and warmed up
+    resident_bytes: int = (
+        0  # the process's resident memory growth while it loaded (at least its graphs' bytes)
+    )
     in_flight: int = 0  # requests admitted to it and not yet answered (guarded by the repository)
     retired: bool = False  # no new requests: unloaded once in_flight reaches 0
     unloaded: bool = False
@@ -115,6 +117,11 @@ def flat_bundle(folder: Path) -> Found:
     except ValueError:
         name, version = folder.name, "0"
     return Found(name, version, folder, signature(folder))
+
+
+def graph_bytes(folder: Path) -> int:
+    """The bytes of a bundle's ONNX graphs: what its sessions hold in memory at the least."""
+    return sum(f.stat().st_size for f in folder.glob("*.onnx") if f.is_file())
 
 
 def resident_bytes() -> int:
@@ -353,9 +360,10 @@ class Repository:
                     self.events.failed(name, version, err)
                     continue
                 self.refused.pop((name, version), None)
-                model = ModelVersion(
-                    name, version, engine, bundle.path, max(0, resident_bytes() - before)
-                )
+                # the process's growth, at least the graphs' bytes: an allocator that reuses memory
+                # freed earlier (a reload, an unloaded version) may grow nothing for a new version
+                grown = max(resident_bytes() - before, graph_bytes(bundle.path))
+                model = ModelVersion(name, version, engine, bundle.path, grown)
                 fresh.setdefault(name, {})[version] = model
                 report.loaded.append(str(model))
                 log.info(
