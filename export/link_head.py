@@ -29,6 +29,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,21 @@ def dev_aer(logits: list[np.ndarray], examples: Sequence[Example]) -> float:
     return best_thresholds(logits, examples)[1]
 
 
+def head_figures(cfg: LinkHeadConfig, histories: list[list[dict[str, float]]]) -> dict[str, Any]:
+    """What the manifest says of how a head (or its teacher) was made: its shape and losses, and
+    each member's best dev AER."""
+    figures: dict[str, Any] = {
+        "hidden": cfg.hidden,
+        "passes": cfg.passes,
+        "span_loss": cfg.span_loss,
+        "members": cfg.members,
+        "member_dev_aer": [round(min(e["dev_aer"] for e in h), 4) for h in histories],
+    }
+    if cfg.distil:
+        figures["distil"] = cfg.distil
+    return figures
+
+
 def served_dev_aer(bundle: Path, pairs: Sequence[tuple[str, str, list[Link]]]) -> float:
     """Dev aligned through the bundle as served, links "head"."""
     engine = load_engine(bundle, 1)
@@ -199,9 +215,15 @@ def train_link_head(
     lexicon = Lexicon.from_links((e.src_words, e.tgt_words, e.gold) for e in train)
     for e in dev:
         e.features = lexicon.features(e.src_words, e.tgt_words)
-    cfg = engine.cfg
+    vocab = (engine.cfg.src_vocab_size, engine.cfg.tgt_vocab_size)
+    teacher, taught = None, {}
+    if head_cfg.teacher is not None:
+        teacher, teacher_histories = fit_members(head_cfg.teacher, train, dev, dev_aer, *vocab)
+        taught = {"teacher": head_figures(head_cfg.teacher, teacher_histories)}
+        taught["teacher"]["dev_aer"] = round(dev_aer(predict(teacher, dev), dev), 4)
+        log.info("link head: the teacher's dev AER %.4f", taught["teacher"]["dev_aer"])
     net, histories = fit_members(
-        head_cfg, train, dev, dev_aer, cfg.src_vocab_size, cfg.tgt_vocab_size
+        head_cfg, train, dev, dev_aer, *vocab, partial(predict, teacher) if teacher else None
     )
     logits = predict(net, dev)
     thresholds, best_aer = best_thresholds(logits, dev)
@@ -223,10 +245,9 @@ def train_link_head(
         "minutes": round((time.monotonic() - start) / 60, 1),
         "links_source": source or recorded_source(corpus_cfg.splits["train"].alignments),
         "labels": head_cfg.labels,
-        "passes": head_cfg.passes,
-        "span_loss": head_cfg.span_loss,
-        "members": head_cfg.members,
-        "member_dev_aer": [round(min(e["dev_aer"] for e in h), 4) for h in histories],
+        **head_figures(head_cfg, histories),
+        "graph_mb": round((bundle / GRAPH).stat().st_size / 1e6, 1),
+        **taught,
         "history": histories[0] if len(histories) == 1 else histories,
     }
     add_files(
