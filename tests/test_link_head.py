@@ -10,6 +10,7 @@ links stay inside each pair and do not depend on the batch; a model without a he
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -82,6 +83,31 @@ def test_lexicon_features_are_link_count_ratios() -> None:
     assert f[0, 1, 4] == pytest.approx(2 / 3)  # λόγῳ shares the stem
     # frequencies, capped at 50: λογος 2, λογω 1; word 2, said 1
     assert np.allclose(f[0, :, 6], [2 / 50, 1 / 50]) and np.allclose(f[:, 0, 7], [2 / 50, 1 / 50])
+
+
+def test_lexicon_conditionals_are_one_lookup_per_cell() -> None:
+    """The cells looked up at once equal a dictionary lookup per cell, for repeated and unknown
+    words, before and after more counts come in (the lookup table is rebuilt)."""
+    rng = random.Random(0)
+    src_vocab, tgt_vocab = [f"σ{i}" for i in range(12)], [f"w{i}" for i in range(9)]
+    counts = Lexicon.from_links([]).forms
+    for _ in range(2):
+        for _ in range(30):
+            src = rng.choices(src_vocab, k=rng.randint(1, 6))
+            tgt = rng.choices(tgt_vocab, k=rng.randint(1, 6))
+            pairs = [(i, j) for i in range(len(src)) for j in range(len(tgt))]
+            counts.update(src, tgt, [p for p in pairs if rng.random() < 0.3])
+        src = [*rng.choices(src_vocab, k=7), "unknown"]
+        tgt = [*rng.choices(tgt_vocab, k=5), "unseen"]
+        given_src, given_tgt = counts.conditionals(src, tgt)  # (T, S)
+        for t, e in enumerate(tgt):
+            for s, g in enumerate(src):
+                c = counts.pairs.get((g, e), 0)
+                assert given_src[t, s] == np.float32(c / counts.source[g] if c else 0.0)
+                assert given_tgt[t, s] == np.float32(c / counts.target[e] if c else 0.0)
+        assert given_src.any() and not given_src[:, -1].any() and not given_tgt[-1].any()
+    empty = Lexicon.from_links([]).forms.conditionals(["a"], ["b", "c"])
+    assert [x.shape for x in empty] == [(2, 1), (2, 1)] and not empty[0].any()
 
 
 def test_lexicon_survives_save_and_load(tmp_path: Path) -> None:
