@@ -45,7 +45,7 @@ from service.decode.projection import head_weights
 from service.model.bundle import BundleError, load_bundle
 from service.serve.config import load_settings
 from service.serve.protocol import default_link_mode, parse_align_request
-from tests.conftest import TinyModel
+from tests.conftest import REPO, TinyModel
 from tests.test_parallel_corpus import toy_config
 
 CPU = RuntimeConfig(providers=("CPUExecutionProvider",))
@@ -283,6 +283,15 @@ def test_a_batch_carries_the_teachers_scores_padded() -> None:
     assert np.array_equal(batch.soft[1, :4, :1].numpy(), soft[1])
     assert float(batch.soft[1, :, 1:].abs().sum()) == 0.0
     assert batch.inside.sum() == 2 * 3 + 4 * 1
+
+
+def test_the_greek_bundle_ships_one_small_head() -> None:
+    """grc-en-nt's head is one head distilled from the two-member ensemble it replaced (34.6 MB,
+    four times the computation of the one before it), within the old head's size."""
+    bundle = REPO / "models" / "grc-en-nt"
+    assert (bundle / "link_head.onnx").stat().st_size <= 10_000_000
+    info = json.loads((bundle / "manifest.json").read_text(encoding="utf-8"))["info"]["link_head"]
+    assert info["members"] == 1 and info["distil"] > 0 and info["teacher"]["members"] == 2
 
 
 def test_config_refuses_bad_passes_span_loss_and_members() -> None:
