@@ -3,7 +3,10 @@
     python -m export.link_head --config configs/grc-en-nt-align.toml --bundle models/grc-en-nt
 
 The config's [corpus] train split must have gold alignments (Pharaoh, over whitespace words); its
-dev split, with gold too, chooses the epoch (lowest AER). With `[alignment] teacher = "eflomal"`
+dev split, with gold too, chooses the epoch (lowest AER). With a `[link_head.teacher]` table (a
+bigger head to learn from, not `[alignment]`'s teacher of the links) and `distil` > 0, that head is
+trained first and the head learns its scores beside the links (export/train/link_head.py); the
+manifest's info.link_head records both. With `[alignment] teacher = "eflomal"`
 (or a corpus without alignment files) the links are eflomal's over [corpus]'s text instead
 (export/train/teacher.py, written under <out>/silver; no gold file opened). `[link_head]` (optional) sets the
 sizes and schedule (export/train/link_head.py's LinkHeadConfig). The translation model is not
