@@ -3,7 +3,10 @@
     python -m export.link_head --config configs/grc-en-nt-align.toml --bundle models/grc-en-nt
 
 The config's [corpus] train split must have gold alignments (Pharaoh, over whitespace words); its
-dev split, with gold too, chooses the epoch (lowest AER). With `[alignment] teacher = "eflomal"`
+dev split, with gold too, chooses the epoch (lowest AER). With a `[link_head.teacher]` table (a
+bigger head to learn from, not `[alignment]`'s teacher of the links) and `distil` > 0, that head is
+trained first and the head learns its scores beside the links (export/train/link_head.py); the
+manifest's info.link_head records both. With `[alignment] teacher = "eflomal"`
 (or a corpus without alignment files) the links are eflomal's over [corpus]'s text instead
 (export/train/teacher.py, written under <out>/silver; no gold file opened). `[link_head]` (optional) sets the
 sizes and schedule (export/train/link_head.py's LinkHeadConfig). The translation model is not
@@ -29,6 +32,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +163,21 @@ def dev_aer(logits: list[np.ndarray], examples: Sequence[Example]) -> float:
     return best_thresholds(logits, examples)[1]
 
 
+def head_figures(cfg: LinkHeadConfig, histories: list[list[dict[str, float]]]) -> dict[str, Any]:
+    """What the manifest says of how a head (or its teacher) was made: its shape and losses, and
+    each member's best dev AER."""
+    figures: dict[str, Any] = {
+        "hidden": cfg.hidden,
+        "passes": cfg.passes,
+        "span_loss": cfg.span_loss,
+        "members": cfg.members,
+        "member_dev_aer": [round(min(e["dev_aer"] for e in h), 4) for h in histories],
+    }
+    if cfg.distil:
+        figures["distil"] = cfg.distil
+    return figures
+
+
 def served_dev_aer(bundle: Path, pairs: Sequence[tuple[str, str, list[Link]]]) -> float:
     """Dev aligned through the bundle as served, links "head"."""
     engine = load_engine(bundle, 1)
@@ -199,9 +218,15 @@ def train_link_head(
     lexicon = Lexicon.from_links((e.src_words, e.tgt_words, e.gold) for e in train)
     for e in dev:
         e.features = lexicon.features(e.src_words, e.tgt_words)
-    cfg = engine.cfg
+    vocab = (engine.cfg.src_vocab_size, engine.cfg.tgt_vocab_size)
+    teacher, taught = None, {}
+    if head_cfg.teacher is not None:
+        teacher, teacher_histories = fit_members(head_cfg.teacher, train, dev, dev_aer, *vocab)
+        taught = {"teacher": head_figures(head_cfg.teacher, teacher_histories)}
+        taught["teacher"]["dev_aer"] = round(dev_aer(predict(teacher, dev), dev), 4)
+        log.info("link head: the teacher's dev AER %.4f", taught["teacher"]["dev_aer"])
     net, histories = fit_members(
-        head_cfg, train, dev, dev_aer, cfg.src_vocab_size, cfg.tgt_vocab_size
+        head_cfg, train, dev, dev_aer, *vocab, partial(predict, teacher) if teacher else None
     )
     logits = predict(net, dev)
     thresholds, best_aer = best_thresholds(logits, dev)
@@ -223,10 +248,9 @@ def train_link_head(
         "minutes": round((time.monotonic() - start) / 60, 1),
         "links_source": source or recorded_source(corpus_cfg.splits["train"].alignments),
         "labels": head_cfg.labels,
-        "passes": head_cfg.passes,
-        "span_loss": head_cfg.span_loss,
-        "members": head_cfg.members,
-        "member_dev_aer": [round(min(e["dev_aer"] for e in h), 4) for h in histories],
+        **head_figures(head_cfg, histories),
+        "graph_mb": round((bundle / GRAPH).stat().st_size / 1e6, 1),
+        **taught,
         "history": histories[0] if len(histories) == 1 else histories,
     }
     add_files(

@@ -7,7 +7,8 @@
 # (export/train/average.py).
 # Stage 1 (configs/grc-en-nt.toml): 2,000 steps, 55 minutes here on a shared 2-core machine
 # (1 torch thread); stage 2 (configs/grc-en-nt-align.toml): 750 steps, ~16 minutes; evaluation ~5;
-# the link head (stage 2's [link_head]): 10 epochs, 1.5-4 minutes each (contention).
+# the link head (stage 2's [link_head]): a teacher of two members (10 epochs each), then one head
+# distilled from it (12 epochs), 1.5-7 minutes an epoch (contention): 101 minutes here.
 # Needs the train extra: bash scripts/install.sh dev,train
 #   RUN=runs/grc-en-nt (default) stage 1's run folder (stage 2's is $RUN-align; stage 2's config
 #   reads stage 1 from runs/grc-en-nt); SKIP_TRAIN=1 exports and evaluates the runs already

@@ -10,6 +10,7 @@ links stay inside each pair and do not depend on the batch; a model without a he
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -26,7 +27,9 @@ from export.train.link_head import (
     LinkHeadConfig,
     LinkHeadEnsemble,
     LinkHeadNet,
+    distil_loss,
     link_loss,
+    make_batch,
     predict,
     span_loss,
 )
@@ -42,7 +45,7 @@ from service.decode.projection import head_weights
 from service.model.bundle import BundleError, load_bundle
 from service.serve.config import load_settings
 from service.serve.protocol import default_link_mode, parse_align_request
-from tests.conftest import TinyModel
+from tests.conftest import REPO, TinyModel
 from tests.test_parallel_corpus import toy_config
 
 CPU = RuntimeConfig(providers=("CPUExecutionProvider",))
@@ -80,6 +83,31 @@ def test_lexicon_features_are_link_count_ratios() -> None:
     assert f[0, 1, 4] == pytest.approx(2 / 3)  # λόγῳ shares the stem
     # frequencies, capped at 50: λογος 2, λογω 1; word 2, said 1
     assert np.allclose(f[0, :, 6], [2 / 50, 1 / 50]) and np.allclose(f[:, 0, 7], [2 / 50, 1 / 50])
+
+
+def test_lexicon_conditionals_are_one_lookup_per_cell() -> None:
+    """The cells looked up at once equal a dictionary lookup per cell, for repeated and unknown
+    words, before and after more counts come in (the lookup table is rebuilt)."""
+    rng = random.Random(0)
+    src_vocab, tgt_vocab = [f"σ{i}" for i in range(12)], [f"w{i}" for i in range(9)]
+    counts = Lexicon.from_links([]).forms
+    for _ in range(2):
+        for _ in range(30):
+            src = rng.choices(src_vocab, k=rng.randint(1, 6))
+            tgt = rng.choices(tgt_vocab, k=rng.randint(1, 6))
+            pairs = [(i, j) for i in range(len(src)) for j in range(len(tgt))]
+            counts.update(src, tgt, [p for p in pairs if rng.random() < 0.3])
+        src = [*rng.choices(src_vocab, k=7), "unknown"]
+        tgt = [*rng.choices(tgt_vocab, k=5), "unseen"]
+        given_src, given_tgt = counts.conditionals(src, tgt)  # (T, S)
+        for t, e in enumerate(tgt):
+            for s, g in enumerate(src):
+                c = counts.pairs.get((g, e), 0)
+                assert given_src[t, s] == np.float32(c / counts.source[g] if c else 0.0)
+                assert given_tgt[t, s] == np.float32(c / counts.target[e] if c else 0.0)
+        assert given_src.any() and not given_src[:, -1].any() and not given_tgt[-1].any()
+    empty = Lexicon.from_links([]).forms.conditionals(["a"], ["b", "c"])
+    assert [x.shape for x in empty] == [(2, 1), (2, 1)] and not empty[0].any()
 
 
 def test_lexicon_survives_save_and_load(tmp_path: Path) -> None:
@@ -201,6 +229,71 @@ def test_span_loss_trains_the_weights_toward_the_spans() -> None:
     assert weights[1, 1:3].sum() > 0.5 and weights[1, 0] < 0.5 and weights[1, 3] < 0.5
 
 
+def test_distil_loss_is_zero_at_the_teacher_and_ignores_padding() -> None:
+    """0 where the scores are the teacher's, more the further they are, in every reading (a
+    changed cell moves the sigmoid, the row and the column terms); a padded batch's extra cells
+    change nothing."""
+    torch.manual_seed(0)
+    teacher = torch.randn(1, 3, 4) * 3  # (B=1, T=3, S=4)
+    inside = torch.ones(1, 3, 4, dtype=torch.bool)
+    assert float(distil_loss(teacher, teacher, inside)) == pytest.approx(0.0, abs=1e-6)
+    near, far = teacher.clone(), teacher.clone()
+    near[0, 1, 2] += 0.5
+    far[0, 1, 2] += 3.0
+    assert 0 < float(distil_loss(near, teacher, inside)) < float(distil_loss(far, teacher, inside))
+    shifted = teacher + 2.0  # the same softmaxes, other sigmoids: the cells' term alone
+    assert float(distil_loss(shifted, teacher, inside)) > 0.1
+    padded = torch.cat([teacher, torch.randn(1, 3, 4) * 5], -1)  # (1, 3, 8): 4 padded columns
+    pad_inside = torch.cat([inside, torch.zeros(1, 3, 4, dtype=torch.bool)], -1)
+    pad_teacher = torch.cat([teacher, torch.randn(1, 3, 4)], -1)
+    assert float(distil_loss(padded, pad_teacher, pad_inside)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_distil_loss_trains_the_scores_toward_the_teacher() -> None:
+    """Gradient steps on free scores from zero reach the teacher's links, softmaxes and
+    projection weights (what Align and markup read)."""
+    torch.manual_seed(0)
+    teacher = torch.randn(2, 5, 6) * 3  # (B, T, S)
+    inside = torch.ones(2, 5, 6, dtype=torch.bool)
+    inside[1, 3:], inside[1, :, 4:] = False, False  # pair 2 is 3 x 4
+    logits = torch.zeros(2, 5, 6, requires_grad=True)
+    optimizer = torch.optim.Adam([logits], lr=0.1)
+    before = float(distil_loss(logits.detach(), teacher, inside))
+    for _ in range(300):
+        optimizer.zero_grad()
+        distil_loss(logits, teacher, inside).backward()
+        optimizer.step()
+    assert float(distil_loss(logits.detach(), teacher, inside)) < before / 100
+    for b, (T, S) in enumerate(((5, 6), (3, 4))):
+        ours, theirs = logits.detach()[b, :T, :S].numpy(), teacher[b, :T, :S].numpy()
+        assert np.array_equal(ours.argmax(1), theirs.argmax(1))
+        assert np.allclose(head_weights(ours), head_weights(theirs), atol=0.02)
+        assert np.array_equal(ours > 0, theirs > 0)
+
+
+def test_a_batch_carries_the_teachers_scores_padded() -> None:
+    rng = np.random.default_rng(2)
+    examples = [random_example(rng, s, t) for s, t in ((3, 2), (1, 4))]
+    assert make_batch(examples).soft is None
+    soft = [rng.normal(size=e.shape).astype(np.float32) for e in examples]
+    for e, logits in zip(examples, soft, strict=True):
+        e.soft = logits
+    batch = make_batch(examples)
+    assert batch.soft is not None and batch.soft.shape == (2, 4, 3)
+    assert np.array_equal(batch.soft[1, :4, :1].numpy(), soft[1])
+    assert float(batch.soft[1, :, 1:].abs().sum()) == 0.0
+    assert batch.inside.sum() == 2 * 3 + 4 * 1
+
+
+def test_the_greek_bundle_ships_one_small_head() -> None:
+    """grc-en-nt's head is one head distilled from the two-member ensemble it replaced (34.6 MB,
+    four times the computation of the one before it), within the old head's size."""
+    bundle = REPO / "models" / "grc-en-nt"
+    assert (bundle / "link_head.onnx").stat().st_size <= 10_000_000
+    info = json.loads((bundle / "manifest.json").read_text(encoding="utf-8"))["info"]["link_head"]
+    assert info["members"] == 1 and info["distil"] > 0 and info["teacher"]["members"] == 2
+
+
 def test_config_refuses_bad_passes_span_loss_and_members() -> None:
     with pytest.raises(ValueError, match="passes must be 1 or 2"):
         LinkHeadConfig.from_dict({"passes": 3})
@@ -208,6 +301,23 @@ def test_config_refuses_bad_passes_span_loss_and_members() -> None:
         LinkHeadConfig.from_dict({"span_loss": -1.0})
     with pytest.raises(ValueError, match="members and workers must be >= 1"):
         LinkHeadConfig.from_dict({"members": 0})
+
+
+def test_config_reads_a_teacher_table_and_refuses_half_a_distillation() -> None:
+    cfg = LinkHeadConfig.from_dict(
+        {"hidden": 64, "distil": 1.0, "teacher": {"members": 2, "passes": 2}}
+    )
+    assert cfg.teacher == LinkHeadConfig(members=2, passes=2)
+    with pytest.raises(ValueError, match=r"distil > 0 needs a \[link_head.teacher\] table"):
+        LinkHeadConfig.from_dict({"distil": 1.0})
+    with pytest.raises(ValueError, match="a teacher needs distil > 0"):
+        LinkHeadConfig.from_dict({"teacher": {"members": 2}})
+    with pytest.raises(ValueError, match="cannot have a teacher of its own"):
+        LinkHeadConfig.from_dict(
+            {"distil": 1.0, "teacher": {"distil": 1.0, "teacher": {"members": 2}}}
+        )
+    with pytest.raises(ValueError, match=r"unknown keys \['hiden'\]"):
+        LinkHeadConfig.from_dict({"distil": 1.0, "teacher": {"hiden": 3}})
 
 
 # --- trained through s2s-train, served -------------------------------------------------------------
@@ -219,7 +329,8 @@ def toy_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = toy_config(folder, steps=120)
     config.write_text(
         config.read_text()
-        + "\n[link_head]\nepochs = 6\nhidden = 32\npasses = 2\nspan_loss = 2.0\n"
+        + "\n[link_head]\nepochs = 6\nhidden = 16\npasses = 2\nspan_loss = 2.0\ndistil = 1.0\n"
+        + "\n[link_head.teacher]\nepochs = 6\nhidden = 32\npasses = 2\nspan_loss = 2.0\n"
         + "members = 2\nworkers = 2\n"
     )
     assert pipeline.main(["--config", str(config), "--out", str(folder / "run")]) == 0
@@ -238,11 +349,16 @@ def test_pipeline_adds_a_head_that_the_server_uses_by_default(toy_head: Path) ->
     assert figures["served_dev_aer"] == pytest.approx(figures["dev_aer"], abs=1e-4)
     # the toy language pairs every content word with one word: the head learns it
     assert figures["dev_aer"] < 0.15
-    assert (figures["passes"], figures["span_loss"], figures["members"]) == (2, 2.0, 2)
-    assert len(figures["member_dev_aer"]) == 2 and len(figures["history"]) == 2
+    # one head of 16 units distilled from two members of 32 trained first
+    assert (figures["hidden"], figures["passes"], figures["members"]) == (16, 2, 1)
+    assert (figures["span_loss"], figures["distil"]) == (2.0, 1.0)
+    teacher = figures["teacher"]
+    assert (teacher["hidden"], teacher["members"], len(teacher["member_dev_aer"])) == (32, 2, 2)
+    assert teacher["dev_aer"] < 0.15
     bundle = load_bundle(toy_head / "bundle")
     assert bundle.has_link_head
-    assert bundle.info["link_head"]["passes"] == 2  # the manifest says how the head was trained
+    # the manifest says how the head was trained
+    assert bundle.info["link_head"]["teacher"]["members"] == 2
     engine = Engine.load(toy_head / "bundle", CPU)
     assert engine.link_head is not None
     assert default_link_mode(engine) == pb.LINK_MODE_HEAD  # what ModelInfo tells clients

@@ -18,6 +18,11 @@ training, which is the one the bundle ships.
 With `members` > 1, that many heads are trained with consecutive seeds (their own halves, their own
 best epoch), in parallel processes when `workers` > 1, and the exported graph averages their
 scores.
+
+With a `[link_head.teacher]` table and `distil` > 0, the teacher it describes (such an ensemble of
+bigger heads) is trained first, and the head then learns its scores on the same training pairs
+beside the gold links (`distil_loss`): one small head with most of the ensemble's quality, at a
+fraction of its cost per pair.
 """
 
 from __future__ import annotations
@@ -76,6 +81,11 @@ class LinkHeadConfig:
     # in processes of `threads` threads each
     members: int = 1
     workers: int = 1
+    # > 0: the weight of the distillation loss (distil_loss) against the scores of `teacher`, a
+    # head ([link_head.teacher]: any of these keys but a teacher of its own) trained first on the
+    # same pairs; both or neither
+    distil: float = 0.0
+    teacher: LinkHeadConfig | None = None
 
     def __post_init__(self) -> None:
         if self.labels not in ("links", "agreement"):
@@ -90,6 +100,16 @@ class LinkHeadConfig:
             raise ValueError(
                 f"[link_head] members and workers must be >= 1, got {self.members}, {self.workers}"
             )
+        if self.distil < 0:
+            raise ValueError(f"[link_head] distil must be >= 0, got {self.distil!r}")
+        if (self.distil > 0) != (self.teacher is not None):
+            raise ValueError(
+                "[link_head] distil > 0 needs a [link_head.teacher] table, and a teacher needs "
+                f"distil > 0 (got distil {self.distil!r}, "
+                f"{'a' if self.teacher else 'no'} teacher)"
+            )
+        if self.teacher is not None and self.teacher.teacher is not None:
+            raise ValueError("[link_head.teacher] cannot have a teacher of its own")
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> LinkHeadConfig:
@@ -97,6 +117,8 @@ class LinkHeadConfig:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ValueError(f"[link_head] has unknown keys {unknown} (known: {sorted(known)})")
+        if isinstance(raw.get("teacher"), dict):
+            raw = {**raw, "teacher": cls.from_dict(raw["teacher"])}
         return cls(**raw)
 
 
@@ -114,6 +136,7 @@ class Example:
     src_words: list[str]
     tgt_words: list[str]
     unlabeled: list[Link] = field(default_factory=list)  # cells left out of the loss
+    soft: np.ndarray | None = None  # (T_w, S_w) a teacher's logits, when distilling
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -254,6 +277,8 @@ class Batch:
     tgt_lengths: Tensor  # (B,)
     gold: Tensor  # (B, T_w, S_w) 1 on gold links
     valid: Tensor  # (B, T_w, S_w) bool, inside both sentences and labelled
+    inside: Tensor  # (B, T_w, S_w) bool, inside both sentences
+    soft: Tensor | None = None  # (B, T_w, S_w) the teacher's logits, when every example has them
 
 
 def make_batch(examples: Sequence[Example]) -> Batch:
@@ -269,6 +294,7 @@ def make_batch(examples: Sequence[Example]) -> Batch:
     features = np.zeros((B, T, S, NUM_FEATURES), np.float32)
     gold = np.zeros((B, T, S), np.float32)
     unlabeled = np.zeros((B, T, S), bool)
+    soft = np.zeros((B, T, S), np.float32)
     for b, e in enumerate(examples):
         t, s = e.shape
         states[b, :s] = e.states
@@ -280,16 +306,22 @@ def make_batch(examples: Sequence[Example]) -> Batch:
             gold[b, ti, si] = 1.0
         for si, ti in e.unlabeled:
             unlabeled[b, ti, si] = True
+        if e.soft is not None:
+            soft[b, :t, :s] = e.soft
     src_len = torch.tensor([e.shape[1] for e in examples])
     tgt_len = torch.tensor([e.shape[0] for e in examples])
-    valid = (
-        (torch.arange(T)[None, :, None] < tgt_len[:, None, None])
-        & (torch.arange(S)[None, None, :] < src_len[:, None, None])
-        & ~torch.from_numpy(unlabeled)
+    inside = (torch.arange(T)[None, :, None] < tgt_len[:, None, None]) & (
+        torch.arange(S)[None, None, :] < src_len[:, None, None]
     )
     arrays = (states, src_ids, src_pool, tgt_ids, tgt_pool, features)
     return Batch(
-        tuple(torch.from_numpy(a) for a in arrays), src_len, tgt_len, torch.from_numpy(gold), valid
+        tuple(torch.from_numpy(a) for a in arrays),
+        src_len,
+        tgt_len,
+        torch.from_numpy(gold),
+        inside & ~torch.from_numpy(unlabeled),
+        inside,
+        torch.from_numpy(soft) if all(e.soft is not None for e in examples) else None,
     )
 
 
@@ -336,6 +368,27 @@ def span_loss(logits: Tensor, gold: Tensor, valid: Tensor) -> Tensor:
     return loss
 
 
+def distil_loss(logits: Tensor, teacher: Tensor, inside: Tensor) -> Tensor:
+    """How far the scores (B, T, S) are from a teacher's in the three readings link_loss trains,
+    each a KL divergence of the teacher's distribution from ours (0 where they agree): every
+    cell's sigmoid (link / no link), every target word's softmax over the source words and every
+    source word's over the target words, unlinked words included (the projection reads their
+    rows too); weighted 4, 1 and 0.5 as link_loss weighs them. `inside`: the cells inside both
+    sentences."""
+    cells = nn.functional.binary_cross_entropy_with_logits(
+        logits, torch.sigmoid(teacher), reduction="none"
+    ) - nn.functional.binary_cross_entropy_with_logits(
+        teacher, torch.sigmoid(teacher), reduction="none"
+    )  # (B, T, S) each cell's Bernoulli KL
+    loss = 4.0 * cells[inside].mean()
+    ours, theirs = logits.masked_fill(~inside, -1e9), teacher.masked_fill(~inside, -1e9)
+    for axis, weight in ((-1, 1.0), (1, 0.5)):  # rows: target words; columns: source words
+        log_p, log_q = torch.log_softmax(theirs, axis), torch.log_softmax(ours, axis)
+        kl = torch.where(inside, log_p.exp() * (log_p - log_q), 0.0).sum(axis)  # (B, T) / (B, S)
+        loss = loss + weight * kl[inside.any(axis)].mean()
+    return loss
+
+
 # --- training -----------------------------------------------------------------------------------
 
 
@@ -368,6 +421,7 @@ def predict(net: nn.Module, examples: Sequence[Example], batch_size: int = 64) -
 
 
 Scorer = Callable[[list[np.ndarray], Sequence[Example]], float]
+Teacher = Callable[[Sequence[Example]], list[np.ndarray]]  # examples → their (T_w, S_w) logits
 
 
 def fit(
@@ -377,10 +431,17 @@ def fit(
     score: Scorer,
     src_vocab: int,
     tgt_vocab: int,
+    teacher: Teacher | None = None,
 ) -> tuple[LinkHeadNet, list[dict[str, float]]]:
     """Train for cfg.epochs, the training pairs' lexicon features from jackknife halves drawn with
-    cfg.seed; returns the net of the epoch with the lowest dev score (AER) and the per-epoch log."""
+    cfg.seed (and, with cfg.distil, the teacher's logits read over those features); returns the
+    net of the epoch with the lowest dev score (AER) and the per-epoch log."""
     jackknife_features(train, cfg.seed)
+    if cfg.distil:
+        if teacher is None:
+            raise ValueError("[link_head] distil > 0 needs a teacher's scores")
+        for e, logits in zip(train, teacher(train), strict=True):
+            e.soft = logits
     train = list(train)  # shuffled below; the caller's order stays (the next member's halves)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -398,6 +459,9 @@ def fit(
             batch = make_batch(train[i : i + cfg.batch_size])
             logits = net(*batch.inputs, batch.src_lengths, batch.tgt_lengths)
             loss = link_loss(logits, batch.gold, batch.valid, cfg.span_loss)
+            if cfg.distil:
+                assert batch.soft is not None
+                loss = loss + cfg.distil * distil_loss(logits, batch.soft, batch.inside)
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(net.parameters(), 5.0)
@@ -458,18 +522,23 @@ def fit_members(
     score: Scorer,
     src_vocab: int,
     tgt_vocab: int,
+    teacher: Teacher | None = None,
 ) -> tuple[LinkHeadNet | LinkHeadEnsemble, list[list[dict[str, float]]]]:
     """cfg.members heads (seeds cfg.seed, cfg.seed + 1, ...), cfg.workers at a time in their own
-    processes; one head is returned as it is, several as their ensemble. Each member's log."""
+    processes; one head is returned as it is, several as their ensemble. Each member's log.
+    `teacher`: the scores each member distils, with cfg.distil (picklable with workers > 1)."""
     rounds = -(-cfg.members // min(cfg.workers, cfg.members))  # members one worker trains
     budget = cfg.max_minutes / rounds  # max_minutes is the whole head's, split among the rounds
     configs = [replace(cfg, seed=cfg.seed + i, max_minutes=budget) for i in range(cfg.members)]
     if cfg.workers == 1 or cfg.members == 1:
-        done = [fit(c, train, dev, score, src_vocab, tgt_vocab) for c in configs]
+        done = [fit(c, train, dev, score, src_vocab, tgt_vocab, teacher) for c in configs]
     else:
         context = multiprocessing.get_context("spawn")  # no fork of a process torch has threaded
         with ProcessPoolExecutor(min(cfg.workers, cfg.members), mp_context=context) as pool:
-            jobs = [pool.submit(fit, c, train, dev, score, src_vocab, tgt_vocab) for c in configs]
+            jobs = [
+                pool.submit(fit, c, train, dev, score, src_vocab, tgt_vocab, teacher)
+                for c in configs
+            ]
             done = [job.result() for job in jobs]
     nets = [net for net, _ in done]
     head = nets[0] if len(nets) == 1 else LinkHeadEnsemble(nets).eval()
