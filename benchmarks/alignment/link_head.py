@@ -103,7 +103,9 @@ def head_calls(engine: Engine, pairs: list[tuple[str, str]]) -> list[HeadCall]:
             states = rows[0].values  # (P_s, D)
             src, tgt = p.src, p.tgt
             args = (states, src.words, src.ids, src.word_of, tgt.words, tgt.ids, tgt.word_of)
-            features = head.lexicon.features(src.words, tgt.words)
+            lexicon = head.lexicon
+            assert lexicon is not None, "the link head is shipped with its lexicon"
+            features = lexicon.features(src.words, tgt.words)
             word_states = mean_pool(src.word_of, len(src.words)) @ states
             inputs = head_inputs(word_states, src.ids, src.word_of, tgt.ids, tgt.word_of, features)
             calls.append((partial(head.logits, *args), inputs))
