@@ -270,3 +270,32 @@ def test_the_g2p_model_keeps_a_tag_around_the_phonemes_of_its_word() -> None:
     (got,) = marked.translate(model, ["<b>hello</b>"], options, "none")
     h = got.hypotheses[0]
     assert h.text == f"<b>{h.plain_text}</b>" and len(h.plain_text.split()) >= 3
+
+
+def test_the_translate_cli_pipelines_markup_and_answers_each_line_as_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """s2s-translate puts a batch's markup back while the next batch decodes, and the link head
+    reads the decode's own encoder rows: each line's answer is still the one it gets alone, and a
+    line with bad markup costs only its own answer (an empty line, exit status 1)."""
+    lines = [
+        "<b>Ἐν ἀρχῇ</b> ἦν ὁ λόγος",
+        "καὶ ὁ λόγος ἦν <i>πρὸς τὸν θεόν</i>",
+        "οὗτος ἦν ἐν ἀρχῇ <b>πρὸς τὸν θεόν</b>",
+        "πάντα δι' <b>αὐτοῦ ἐγένετο",  # unclosed: refused
+        "<a href='#x'>ἐν αὐτῷ</a> ζωὴ ἦν",
+        "καὶ ἡ ζωὴ ἦν τὸ φῶς <b>τῶν ἀνθρώπων</b>",
+    ]
+    argv = ["--bundle", str(REPO / "models" / "grc-en-nt"), "--beam", "3", "--markup", "xml"]
+    flags = ["--providers", "CPUExecutionProvider", "--threads", "1"]
+
+    def cli(given: list[str], *more: str) -> tuple[int, list[str]]:
+        monkeypatch.setattr("sys.stdin", io.StringIO("".join(line + "\n" for line in given)))
+        code = translate_cli.main([*argv, *flags, *more])
+        return code, capsys.readouterr().out.splitlines()
+
+    alone = [cli([line])[1][0] for i, line in enumerate(lines) if i != 3]
+    code, out = cli(lines, "--batch-size", "2")
+    assert code == 1
+    assert out[3] == ""
+    assert out[:3] + out[4:] == alone

@@ -14,7 +14,7 @@ vocabulary does not know is fed as the unknown token and listed in `unknown_*`, 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
@@ -131,12 +131,17 @@ def head_logits(engine: Engine, pair: PreparedPair, states: np.ndarray) -> np.nd
     )
 
 
+SourceRows = Mapping[tuple[int, ...], EncodedSentence]  # encoder rows, by the ids they read
+
+
 def head_weights_for(
-    engine: Engine, texts: Sequence[tuple[str, Sequence[str]]]
+    engine: Engine, texts: Sequence[tuple[str, Sequence[str]]], encoded: SourceRows | None = None
 ) -> list[list[np.ndarray] | None]:
     """For each (plain source, its targets): (T, S) projection weights (service/decode/projection.py)
-    of every target from the link head, the sources encoded in one call; None for a text whose
-    pairs cannot be read as Align reads them (the caller reads the attention instead)."""
+    of every target from the link head; None for a text whose pairs cannot be read as Align reads
+    them (the caller reads the attention instead). encoded: encoder rows already computed (the
+    decode's, in the same process), by the ids they read; the sources not among them are encoded
+    here, in one call."""
     prepared: list[dict[int, PreparedPair] | None] = []
     for plain, targets in texts:
         try:
@@ -145,8 +150,7 @@ def head_weights_for(
             )
         except InvalidInput:
             prepared.append(None)
-    firsts = [next(iter(p.values())) for p in prepared if p]
-    encoded = iter(engine.encode([pair.source for pair in firsts]) if firsts else [])
+    rows = source_rows(engine, [next(iter(p.values())).source for p in prepared if p], encoded)
     out: list[list[np.ndarray] | None] = []
     for (plain, targets), pairs in zip(texts, prepared, strict=True):
         if pairs is None:
@@ -155,11 +159,24 @@ def head_weights_for(
         S = len(word_spans(plain))
         weights = [np.zeros((0, S)) for _ in targets]
         if pairs:
-            states = next(encoded)[0].values  # (P_s, D)
+            states = rows[tuple(next(iter(pairs.values())).source.ids)].values  # (P_s, D)
             for i, pair in pairs.items():
                 weights[i] = head_weights(head_logits(engine, pair, states))
         out.append(weights)
     return out
+
+
+def source_rows(
+    engine: Engine, sources: Sequence[Prepared], encoded: SourceRows | None
+) -> SourceRows:
+    """Every source's encoder rows by its ids: those of `encoded` that read the same ids (the same
+    encoder input), the rest encoded in one call."""
+    known = encoded or {}
+    rows = {key: known[key] for key in (tuple(s.ids) for s in sources) if key in known}
+    missing = [s for s in sources if tuple(s.ids) not in rows]
+    fresh = engine.encode(missing) if missing else []
+    rows.update((tuple(s.ids), r[0]) for s, r in zip(missing, fresh, strict=True))
+    return rows
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,9 @@ class DecodeRequest(Generic[KeyT]):
 
 
 RawParts = list[list[Hypothesis]]  # a sentence's search results: each part's n-best list
+# Engine.encode's signature: each sentence's parts' encoder rows, in order (a caller may pass one
+# that also keeps them: service/decode/marked.py's link head reads the decode's rows again)
+Encoder = Callable[[Sequence[Prepared]], list[list[EncodedSentence]]]
 
 
 class Engine:
@@ -634,8 +637,10 @@ class Engine:
         texts: Sequence[str],
         options: SearchOptions | None = None,
         alignment: AlignmentMode = "subword",
+        encode: Encoder | None = None,
     ) -> list[Translation]:
-        """Decode a static batch: every sentence and beam advance together; results in input order."""
+        """Decode a static batch: every sentence and beam advance together; results in input order.
+        encode: what encodes the sentences (default `Engine.encode`)."""
         options = options or SearchOptions(beam_size=5)
         if not texts:
             raise InvalidInput("no texts to translate")
@@ -643,7 +648,7 @@ class Engine:
         prepared = [self.prepare(t) for t in texts]
         for i, sentence in enumerate(prepared):
             self.check_constraints(sentence, options.for_text(i), f"texts[{i}]")
-        return self.decode_prepared(prepared, options, alignment)
+        return self.decode_prepared(prepared, options, alignment, encode)
 
     def check_constraints(self, sentence: Prepared, options: SearchOptions, where: str) -> None:
         """The glossary terms of each part of a sentence are within the limit (InvalidInput
@@ -659,12 +664,18 @@ class Engine:
             )
 
     def decode_prepared(
-        self, prepared: Sequence[Prepared], options: SearchOptions, alignment: AlignmentMode
+        self,
+        prepared: Sequence[Prepared],
+        options: SearchOptions,
+        alignment: AlignmentMode,
+        encode: Encoder | None = None,
     ) -> list[Translation]:
-        """A static batch of sentences already tokenized and checked; results in input order."""
+        """A static batch of sentences already tokenized and checked, encoded in one call by
+        `encode` (default `Engine.encode`); results in input order."""
         batch: RunningBatch[int] = self.new_batch(options.beam_size)
         batch.add(
-            [DecodeRequest(i, p, options.for_text(i), alignment) for i, p in enumerate(prepared)]
+            [DecodeRequest(i, p, options.for_text(i), alignment) for i, p in enumerate(prepared)],
+            (self.encode if encode is None else encode)(prepared) if prepared else [],
         )
         results: dict[int, Translation] = {}
         while len(batch):

@@ -17,6 +17,7 @@ from service.decode.alignment import Alignment
 from service.decode.beam import normalized_score
 from service.decode.engine import (
     AlignmentMode,
+    Encoder,
     Engine,
     Prepared,
     Translation,
@@ -220,21 +221,27 @@ def join_segments(
 
 
 def translate(
-    engine: Engine, texts: Sequence[str], options: SearchOptions, alignment: AlignmentMode
+    engine: Engine,
+    texts: Sequence[str],
+    options: SearchOptions,
+    alignment: AlignmentMode,
+    encode: Encoder | None = None,
 ) -> list[Translation]:
     """`Engine.translate` with the memory consulted first (s2s-translate; the server does the same
-    through its worker: service/serve/translator.py)."""
+    through its worker: service/serve/translator.py). encode: what encodes the sentences the
+    model decodes (default `Engine.encode`)."""
     if not texts or not consulted(engine, options):
-        return engine.translate(texts, options, alignment)  # (and its own refusals)
+        return engine.translate(texts, options, alignment, encode)  # (and its own refusals)
     engine.check_options(options, alignment, len(texts))
     prepared = [engine.prepare(t) for t in texts]
     todo = plan(engine, texts, prepared, options)
     whole: list[Translation] = []
     if todo.whole:  # (a memory is not consulted under a prefix: then every text is here)
         sentences = [prepared[i] for i in todo.whole]
-        whole = engine.decode_prepared(sentences, options.for_texts(todo.whole), alignment)
+        whole = engine.decode_prepared(sentences, options.for_texts(todo.whole), alignment, encode)
     segments: list[Translation] = []
     if todo.segments:
-        segments = engine.decode_prepared(todo.segment_sentences(prepared), options, raw(alignment))
+        sentences = todo.segment_sentences(prepared)
+        segments = engine.decode_prepared(sentences, options, raw(alignment), encode)
     aligned = align_prepared(engine, [f.pair for f in todo.forced], FORCED) if todo.forced else []
     return assemble(engine, todo, texts, prepared, whole, segments, aligned, options, alignment)
