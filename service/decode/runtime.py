@@ -37,6 +37,7 @@ from service.decode.search_graph import (
     graph_problem,
     grow_graph,
     search_step_graph,
+    select_graph,
 )
 from service.decode.transfers import TransferLedger
 from service.model.architecture import PAD_ID
@@ -413,12 +414,17 @@ class OnnxModel:
         return dict(self._searches)
 
     def search_helper(self, name: str) -> ort.InferenceSession:
-        """The device search's small graphs (`finished_graph`, `grow_graph`), on the model's device
-        with one thread, made on first use."""
+        """The device search's small graphs (`select_graph`, `finished_graph` with or without the
+        attention rows, `grow_graph`), on the model's device with one thread, made on first use."""
         with self._forced_lock:
             session = self._helpers.get(name)
             if session is None:
-                graph = {"finished": finished_graph, "grow": grow_graph}[name]()
+                graph = {
+                    "select": select_graph,
+                    "finished": finished_graph,
+                    "finished_plain": lambda: finished_graph(attention=False),
+                    "grow": grow_graph,
+                }[name]()
                 session = make_session(graph, self.config, 1)
                 self._helpers[name] = session
             return session
