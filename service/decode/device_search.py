@@ -97,17 +97,18 @@ def sentence_params(options: SearchOptions, max_len: int) -> list[float]:
     values = {
         "beam": beam,
         "keep": keep,
-        "max_len": max_len,
         "alpha": options.length_penalty,
         "beta": options.coverage_penalty,
         "normalize": options.normalize,
         "word_penalty": options.word_penalty,
         "narrowing": float(rule == "narrowing"),
-        "stop_ends": stop_ends,
-        "stop_first": BIG + keep if rule == "first" else INF,
-        "exact_off": 0.0 if rule == "exact" and options.word_penalty >= 0 else INF,
         "max_lp": length_penalty(max_len, options.length_penalty) * max_len**options.normalize,
         "pool": 0,
+        "max_len": max_len,
+        "exact_at": 0.0 if rule == "exact" and options.word_penalty >= 0 else INF,
+        "stop_ends": stop_ends,
+        "stop_first": BIG + keep if rule == "first" else INF,
+        "stop_len": max_len,
     }
     return [float(values[name]) for name in PARAMS]
 

@@ -62,19 +62,23 @@ SENTENCE_FIELDS = 3  # a sentence's steps, ended, top ended; then its n-best's a
 PARAMS = (
     "beam",  # the sentence's beam size (<= K): its width
     "keep",  # hypotheses it returns (n_best, <= beam)
-    "max_len",  # its maximum length in steps
     "alpha",  # GNMT's length penalty
     "beta",  # GNMT's coverage penalty
     "normalize",  # Marian's length normalization
     "word_penalty",  # Marian's word penalty
     "narrowing",  # 1: the beam narrows by the hypotheses ended
-    "stop_ends",  # stop when this many ended (patience, narrowing: >= keep), else +inf
-    "stop_first",  # stop when top_ended * BIG + ended reaches it (first: BIG + keep), else +inf
-    "exact_off",  # 0: the exact rule applies, +inf: not (another rule, or a word reward)
     "max_lp",  # lp(max_len) * max_len ** normalize: the exact rule's bound
     "pool",  # the sentence's row of the history buffers
+    "max_len",  # its maximum length in steps
+    # the stopping rules, each a threshold that one of the sentence's values reaches (STOP)
+    "exact_at",  # the worst kept score minus the bound: 0 (the exact rule), or +inf (not)
+    "stop_ends",  # ended: patience and narrowing (>= keep), else +inf
+    "stop_first",  # top_ended · BIG + ended: first (BIG + keep), else +inf
+    "stop_len",  # steps: its maximum length
 )
-BIG = 1e9  # stop_first's weight of top_ended: more than any count of ended hypotheses
+STOP = 4  # the last rows of PARAMS: the stopping rules' thresholds
+BIG = 1e9  # stop_first's weight of top_ended (more than any count of ended hypotheses), and a
+# floor for a finished score (a normalized score is far above -BIG)
 MIN_OPSET = 13
 # the names the search's inputs and outputs take in the merged graph (besides the decoder's own
 # tokens, reorder, state, values, keys, mask and new_state)
@@ -205,6 +209,19 @@ def topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     return out
 
 
+def used(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
+    """The nodes (in topological order) that `outputs` depend on: the decoder's values nothing
+    reads (its attention, where no sentence of the batch needs it and it does not feed the
+    rest) are not computed."""
+    needed = set(outputs)
+    kept = []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(node.input)
+    return kept[::-1]
+
+
 def opset_of(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
@@ -298,9 +315,12 @@ def _unpack(g: Nodes, shape: SearchShape) -> _Batch:
     nbest = fields[3:-1]
     if len(nb) == 6:  # firsts, then the others
         nbest = [nbest[0], nbest[2], nbest[4], nbest[1], nbest[3], nbest[5]]
-    rows = g.split("settings", len(PARAMS), axis=0)  # (1, B) each
+    singles = len(PARAMS) - STOP
+    counts = g.const([1] * singles + [STOP], np.int64)
+    rows = g.ops("Split", "settings", counts, outputs=singles + 1, axis=0)  # (1, B) each; (4, B)
     steps, ended, top_ended = fields[:3]
-    settings = dict(zip(PARAMS, rows, strict=True))
+    settings = dict(zip(PARAMS[:singles], rows[:singles], strict=True))
+    settings["stop"] = rows[-1]
     return _Batch(steps, ended, top_ended, nbest, fields[-1], settings)
 
 
@@ -376,18 +396,11 @@ def _candidates(g: Nodes, shape: SearchShape, batch: _Batch) -> _Candidates:
     return _Candidates(top, index, token, is_eos, head_slot)
 
 
-def _width(g: Nodes, p: dict[str, str], ended: str) -> str:
-    """(1, B) the slots a sentence uses: its beam, narrowed by the hypotheses ended under the
-    narrowing rule (beam.py's _Sentence.width): beam - narrowing · min(ended, beam)."""
-    return g.op("Sub", p["beam"], g.op("Mul", p["narrowing"], g.op("Min", ended, p["beam"])))
-
-
 @dataclass(frozen=True)
 class _Beam:
     """The next beam: (K, B) each."""
 
     scores: str  # f64, -inf for dead slots
-    live: str  # bool
     slot: str  # int64 the previous slot each continues
     token: str  # int64
     log_prob: str  # f32 the model's log-prob of its token
@@ -400,8 +413,10 @@ def _next_beam(g: Nodes, shape: SearchShape, batch: _Batch, c: _Candidates) -> _
     keys that put the non-EOS ones first, in rank order (distinct keys, so no tie decides); it
     lives within the sentence's width (beam.py's _continuations: its wanted candidates are the
     first `width` of these, or, under the imported toolkits' rule, those ranked within the top
-    `width`) with a finite score. Its token and back-pointer are the decoder's next inputs."""
+    `width`) with a finite score: a dead slot's score is -inf. Its token and back-pointer are the
+    decoder's next inputs."""
     K, M, k = shape.K, shape.M, shape.k
+    p = batch.p
     ranks = np.arange(M, dtype=np.float32)[:, None]  # (M, 1)
     key = g.op("Where", c.is_eos, g.const(ranks + M, np.float32), g.const(ranks, np.float32))
     _, pick = g.ops("TopK", key, g.const([K], np.int64), outputs=2, axis=0, largest=0)  # (K, B)
@@ -418,16 +433,20 @@ def _next_beam(g: Nodes, shape: SearchShape, batch: _Batch, c: _Candidates) -> _
             axis=1,
         ),
     )  # fmt: skip  # (K, B) f32
-    width = _width(g, batch.p, batch.ended)  # (1, B)
-    in_width = g.op("Less", g.const(np.arange(K, dtype=np.float64)[:, None]), width)  # (K, B)
-    within = g.op("Less", g.cast(pick, DOUBLE), width) if shape.narrow_on_eos else in_width
-    live = g.op("And", within, g.op("Greater", scores, g.const(-np.inf)))
+    # rank j within the width: j < beam - narrowing · min(ended, beam) (beam.py's
+    # _Sentence.width), that is j + narrowing · ended < beam
+    narrowed = g.op("Mul", p["narrowing"], batch.ended)  # (1, B)
+    in_width = g.op(
+        "Less", g.op("Add", g.const(np.arange(K, dtype=np.float64)[:, None]), narrowed), p["beam"]
+    )  # (K, B)
+    within = in_width
+    if shape.narrow_on_eos:  # the candidate's own rank within the width
+        within = g.op("Less", g.op("Add", g.cast(pick, DOUBLE), narrowed), p["beam"])
     parents = g.op("Add", slot, "row_base")  # (K, B) rows of this step's output
     rows = g.op("Reshape", g.op("Transpose", parents), g.const([-1], np.int64), out="out_reorder")
     g.op("Reshape", g.op("Transpose", token), g.const([-1], np.int64), out="out_tokens")  # (N,)
     return _Beam(
-        scores=g.op("Where", live, scores, g.const(-np.inf)),
-        live=live,
+        scores=g.op("Where", within, scores, g.const(-np.inf)),
         slot=slot,
         token=token,
         log_prob=log_prob,
@@ -491,7 +510,8 @@ class _Ends:
     nbest: list[str]  # out_sentences' rows between top_ended and the slots' scores
     worst: str  # (1, B) f64 the keep-th best finished score (-inf until keep finished)
     steps: str  # (1, B) f64 steps taken, this one included
-    at_max: str  # (1, B) bool the sentence reached its maximum length
+    spent: str  # (1, B) f64 the word penalty of those steps
+    best_live: str  # (1, B) f64 the first slot's score: the best live one (-inf: none)
 
 
 def _finished(
@@ -516,7 +536,7 @@ def _finished(
     )  # (1, B) GNMT's lp times Marian's length^normalize
     spent = g.op("Mul", p["word_penalty"], steps)  # (1, B)
 
-    def normalized(scores: str, cp: str | None) -> str:
+    def normalized(scores: str, cp: str | None = None) -> str:
         score = g.op("Div", g.op("Sub", scores, spent), lp)
         return score if cp is None else g.op("Add", score, cp)
 
@@ -525,26 +545,27 @@ def _finished(
     head_scores = g.op("Slice", c.scores, first, upto_K, axis0)  # (K, B)
     head_eos = g.op("Slice", c.is_eos, first, upto_K, axis0)
     ends = g.op(
-        "And", g.op("And", head_eos, g.op("Greater", head_scores, neg_inf)), beam.in_width
-    )  # (K, B): EOS, finite, among the top width
-    eos_scores = g.op(
-        "Where", ends, normalized(head_scores, penalty and penalty[0]), neg_inf
-    )  # (K, B)
-    at_max = g.op("GreaterOrEqual", steps, p["max_len"])  # (1, B)
-    max_scores = g.op(
-        "Where",
-        g.op("And", at_max, beam.live),
-        normalized(beam.scores, penalty and penalty[1]),
-        neg_inf,
-    )  # (K, B)
-    eos_base = g.op("Add", g.op("Mul", batch.steps, g.const(2.0 * CODE)), g.const(1.0 * CODE))
-    max_base = g.op("Mul", steps, g.const(2.0 * CODE))  # (1, B): CODE·(2·prefix + by_eos)
+        "And", g.op("And", head_eos, beam.in_width), g.op("Greater", head_scores, neg_inf)
+    )  # (K, B): EOS among the top width, finite
     ends_f = g.cast(ends, DOUBLE)
     ended = g.op("Add", batch.ended, g.reduce_sum(ends_f, 0))  # (1, B)
-    top_eos = g.op("Slice", ends_f, first, one, axis0)
-    top_ended = g.op("Max", batch.top_ended, top_eos)  # (1, B)
+    top_ended = g.op("Max", batch.top_ended, g.op("Slice", ends_f, first, one, axis0))  # (1, B)
+    at_max = g.op("GreaterOrEqual", steps, p["max_len"])  # (1, B)
+    best_live = g.op("Slice", beam.scores, first, one, axis0)  # (1, B) slots are in rank order
+    eos_base = g.op("Add", g.op("Mul", batch.steps, g.const(2.0 * CODE)), g.const(1.0 * CODE))
+    max_base = g.op("Mul", steps, g.const(2.0 * CODE))  # (1, B): CODE·(2·prefix + by_eos)
     nb_scores, nb_log_probs, nb_codes = batch.nbest[:3]
     if shape.wide or shape.coverage:  # the K best of the kept, the ends and the cut, by TopK
+        eos_scores = g.op(
+            "Where", ends, normalized(head_scores, penalty and penalty[0]), neg_inf
+        )  # (K, B)
+        live = g.op("Greater", beam.scores, neg_inf)
+        max_scores = g.op(
+            "Where",
+            g.op("And", at_max, live),
+            normalized(beam.scores, penalty and penalty[1]),
+            neg_inf,
+        )  # (K, B)
         eos_codes = g.op("Add", g.cast(c.head_slot, DOUBLE), eos_base)
         max_codes = g.op("Add", g.const(np.arange(K, dtype=np.float64)[:, None]), max_base)
         merged = g.op("Concat", nb_scores, eos_scores, max_scores, axis=0)  # (3K, B)
@@ -561,19 +582,19 @@ def _finished(
     else:  # every sentence keeps one: the best of its best, this step's best end and best cut
         # without a coverage penalty a step's normalized scores follow its cumulative ones: the
         # first end in rank order and the first live slot are this step's best (ties: the first)
-        eos_best = g.reduce("ReduceMax", eos_scores, 0)  # (1, B)
         ranks = g.const(np.arange(K, dtype=np.float64)[:, None])  # (K, 1)
         j = g.reduce("ReduceMin", g.op("Where", ends, ranks, g.const(K - 1.0)), 0)  # (1, B)
         j = g.cast(j, INT64)  # the first end's rank (any, without one: its score is -inf)
-        eos_log_prob = g.op("GatherElements", head_scores, j, axis=0)  # (1, B)
+        eos_log_prob = g.op(
+            "GatherElements", g.op("Where", ends, head_scores, neg_inf), j, axis=0
+        )  # (1, B)
         eos_slot = g.op("Div", g.op("GatherElements", c.index, j, axis=0), g.const(k, np.int64))
         eos_code = g.op("Add", g.cast(eos_slot, DOUBLE), eos_base)
-        max_best = g.op("Slice", max_scores, first, one, axis0)  # (1, B) slot 0's
-        max_log_prob = g.op("Slice", beam.scores, first, one, axis0)
+        max_best = g.op("Where", at_max, normalized(best_live), neg_inf)  # (1, B) slot 0's
         best, best_log_prob, best_code = nb_scores, nb_log_probs, nb_codes
         for score, log_prob, code in (
-            (eos_best, eos_log_prob, eos_code),
-            (max_best, max_log_prob, max_base),
+            (normalized(eos_log_prob), eos_log_prob, eos_code),
+            (max_best, best_live, max_base),
         ):
             better = g.op("Greater", score, best)  # strictly: the earlier stays on ties
             best = g.op("Where", better, score, best)
@@ -582,29 +603,35 @@ def _finished(
         rest = batch.nbest[3:]  # the kept hypotheses past the first (K > 1): as they were
         nbest = [best, *rest[:1], best_log_prob, *rest[1:2], best_code, *rest[2:3]]
         worst = best
-    return _Ends(ended, top_ended, nbest, worst, steps, at_max)
+    return _Ends(ended, top_ended, nbest, worst, steps, spent, best_live)
 
 
 def _stopping(g: Nodes, batch: _Batch, beam: _Beam, e: _Ends) -> None:
     """5. done (B,): dead (no live slot), at the maximum length, or its stopping rule met with its
-    n-best full (beam.py's _Sentence.done), each rule a threshold (PARAMS): patience and narrowing
-    count the ended hypotheses, first adds whether a best candidate ended, exact compares the best
-    a live hypothesis can still score with the keep-th finished one."""
-    p, neg_inf = batch.p, g.const(-np.inf)
-    best_live = g.reduce("ReduceMax", beam.scores, 0)  # (1, B)
-    dead = g.op("Equal", best_live, neg_inf)
-    steps_next = g.op("Add", e.steps, g.const(1.0))  # one more step at least
+    n-best full (beam.py's _Sentence.done), each rule a threshold its value reaches (PARAMS'
+    last STOP rows): exact compares the keep-th finished score with the best a live hypothesis
+    can still score (a dead sentence's bound is -inf: it stops under any rule), patience and
+    narrowing count the ended hypotheses, first adds whether a best candidate ended, and the
+    steps reach the maximum length."""
+    p = batch.p
     bound = g.op(
-        "Div", g.op("Sub", best_live, g.op("Mul", p["word_penalty"], steps_next)), p["max_lp"]
-    )  # (1, B) the best a live hypothesis can still score
-    exact = g.op("LessOrEqual", g.op("Add", bound, p["exact_off"]), e.worst)
-    by_ends = g.op("GreaterOrEqual", e.ended, p["stop_ends"])
-    first = g.op("Add", g.op("Mul", e.top_ended, g.const(BIG)), e.ended)
-    by_first = g.op("GreaterOrEqual", first, p["stop_first"])
-    done = g.op(
-        "Or", g.op("Or", dead, e.at_max), g.op("Or", exact, g.op("Or", by_ends, by_first))
-    )  # (1, B)
-    g.op("Reshape", done, g.const([-1], np.int64), out="done")  # (B,)
+        "Div", g.op("Sub", g.op("Sub", e.best_live, e.spent), p["word_penalty"]), p["max_lp"]
+    )  # (1, B) the best a live hypothesis can still score: one more step at least
+    values = g.op(
+        "Concat",
+        g.op("Sub", g.op("Max", e.worst, g.const(-BIG)), bound),
+        e.ended,
+        g.op("Add", g.op("Mul", e.top_ended, g.const(BIG)), e.ended),
+        e.steps,
+        axis=0,
+    )  # (STOP, B)
+    met = g.cast(g.op("GreaterOrEqual", values, p["stop"]), FLOAT)  # (STOP, B)
+    stop = (
+        g.op("ReduceMax", met, g.const([0], np.int64), keepdims=0)
+        if g.opset >= 18
+        else g.op("ReduceMax", met, axes=[0], keepdims=0)
+    )  # (B,)
+    g.op("Cast", stop, to=BOOL, out="done")
     g.op(
         "Concat", e.steps, e.ended, e.top_ended, *e.nbest, beam.scores, axis=0,
         out="out_sentences",
@@ -666,10 +693,19 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onn
     new_state = next(o for o in graph.output if o.name == "new_state")
     del graph.output[:]
     W = sentence_width(shape.K)
-    nodes = topological([*graph.node, *g.nodes])
+    outputs = {"out_tokens", "out_reorder", "out_sentences", "new_state", "done", "out_history"}
+    if shape.attention:
+        outputs.add("out_attention_history")
+    if shape.coverage:
+        outputs.add("out_coverage")
+    nodes = used(topological([*graph.node, *g.nodes]), outputs)
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(g.inits)
+    read = {i for node in nodes for i in node.input}
+    kept = [i for i in graph.initializer if i.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     vi = helper.make_tensor_value_info
     graph.input.extend(
         [
