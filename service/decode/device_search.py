@@ -613,30 +613,36 @@ class DeviceSearch:
             self._bound["identity"] = None
 
     def _select_on_host(self, kept: np.ndarray, joins: dict[str, np.ndarray], B_prev: int) -> None:
-        """`_select` with numpy over the last step's outputs (host memory, or the first step's)."""
+        """`_select` with numpy over the last step's outputs (host memory, or the first step's).
+        `compaction_order` leaves the survivors among the first B' in place and fills the holes
+        from beyond them: the prefix is one copy, the holes a few."""
         assert self._state is not None
         K, W, P = self._beam_size, self.width, len(PARAMS)
-        state = self._state
-        shapes = {
-            "sentences": (W, B_prev), "tokens": (B_prev, K), "reorder": (B_prev, K),
-            "settings": (P, B_prev),
-        }  # fmt: skip
-        picked: dict[str, np.ndarray] = {}
-        for name, shape in shapes.items():
-            by_column = name in ("sentences", "settings")  # (·, B): a column per sentence
-            previous = None
-            if name in state:
-                view = host_view(state[name], shape)
-                previous = view[:, kept] if by_column else view[kept]
-            parts = [a for a in (previous, joins.get(name)) if a is not None]
-            picked[name] = (
-                parts[0] if len(parts) == 1 else np.concatenate(parts, axis=int(by_column))
-            )
-        for name, array in picked.items():
-            array = np.ascontiguousarray(array)
-            if name in ("tokens", "reorder"):
-                array = array.reshape(-1)
-            state[name] = ort.OrtValue.ortvalue_from_numpy(array, self.device.type, self.device.id)
+        state, device = self._state, self.device
+        Bk = len(kept)
+        holes = np.flatnonzero(kept != np.arange(Bk))
+        sources = kept[holes]
+        n = len(joins["tokens"]) if joins else 0
+        for name, rows in (("sentences", W), ("settings", P)):  # a column per sentence
+            out = np.empty((rows, Bk + n))
+            if Bk:
+                previous = host_view(state[name], (rows, B_prev))
+                out[:, :Bk] = previous[:, :Bk]
+                if len(holes):
+                    out[:, holes] = previous[:, sources]
+            if n:
+                out[:, Bk:] = joins[name]
+            state[name] = device.wrap(out)
+        for name in ("tokens", "reorder"):  # K rows per sentence
+            out = np.empty((Bk + n, K), np.int64)
+            if Bk:
+                previous = host_view(state[name], (B_prev, K))
+                out[:Bk] = previous[:Bk]
+                if len(holes):
+                    out[holes] = previous[sources]
+            if n:
+                out[Bk:] = joins[name]
+            state[name] = device.wrap(out.reshape(-1))
 
     def _select_on_device(
         self, kept: np.ndarray, joins: dict[str, np.ndarray], B_prev: int
@@ -920,41 +926,64 @@ def backtrace(history: np.ndarray, rows: np.ndarray, codes: np.ndarray) -> Paths
     slot, rest = code % CODE, code // CODE
     steps, by_eos = rest // 2, (rest % 2).astype(bool)
     E, T = len(code), int(steps.max(initial=0))
+    if E < VECTOR_ENTRIES:
+        return _backtrace_each(history, rows, slot, steps, by_eos, T)
     K = history.shape[-1]
     blocks = np.take(history, rows, axis=0)[:, :T]  # (E, T, 2, K) float32
     table = blocks[:, :, 0].astype(np.int64)  # (E, T, K) codes
     slots = np.zeros((E, T), np.int64)
-    if E < VECTOR_ENTRIES:  # a few paths: each in Python
-        for e in range(E):
-            n = int(steps[e])
-            slots[e, :n] = _chase(table[e, :n] % CODE, int(slot[e]))
-    else:  # many: a step back for all of them per numpy call
-        flat = table.reshape(-1)
-        base = np.arange(E) * (T * K)  # (E,) each entry's block in `flat`
-        same = bool((steps == T).all())  # a static batch's: no entry waits for its last step
-        for t in range(T - 1, -1, -1):
-            slots[:, t] = slot
-            back = flat.take(base + t * K + slot) % CODE
-            slot = back if same else np.where(t < steps, back, slot)
-    at = (np.arange(E) * (T * K))[:, None] + np.arange(T) * K + slots  # (E, T) into (E, T, K)
-    tokens, parents = np.divmod(table.reshape(-1).take(at), CODE)  # (E, T) each
+    flat = table.reshape(-1)
+    base = np.arange(E) * (T * K)  # (E,) each entry's block in `flat`
+    same = bool((steps == T).all())  # a static batch's: no entry waits for its last step
+    for t in range(T - 1, -1, -1):
+        slots[:, t] = slot
+        back = flat.take(base + t * K + slot) % CODE
+        slot = back if same else np.where(t < steps, back, slot)
+    at = base[:, None] + np.arange(T) * K + slots  # (E, T) into (E, T, K)
+    tokens, parents = np.divmod(flat.take(at), CODE)  # (E, T) each
     log_probs = np.ascontiguousarray(blocks[:, :, 1]).reshape(-1).take(at)  # (E, T) float32
+    return Paths(tokens, parents, slots, steps, by_eos, log_probs)
+
+
+def _backtrace_each(
+    history: np.ndarray,
+    rows: np.ndarray,
+    slot: np.ndarray,
+    steps: np.ndarray,
+    by_eos: np.ndarray,
+    T: int,
+) -> Paths:
+    """`backtrace` of a few entries, each over its own block (a view): its slots chased in Python
+    over its back-pointers, its codes and log-probs then read at them."""
+    E = len(rows)
+    tokens = np.zeros((E, T), np.int64)
+    parents = np.zeros((E, T), np.int64)
+    slots = np.zeros((E, T), np.int64)
+    log_probs = np.zeros((E, T), np.float32)
+    entries = zip(rows.tolist(), steps.tolist(), slot.tolist(), strict=True)
+    for e, (row, n, last) in enumerate(entries):
+        block = history[row, :n]  # (n, 2, K)
+        codes = block[:, 0].astype(np.int64)  # (n, K)
+        path = slots[e, :n]
+        _chase(codes % CODE, last, path)
+        at = np.arange(n)
+        tokens[e, :n], parents[e, :n] = np.divmod(codes[at, path], CODE)
+        log_probs[e, :n] = block[at, 1, path]
     return Paths(tokens, parents, slots, steps, by_eos, log_probs)
 
 
 VECTOR_ENTRIES = 48  # from this many finished hypotheses on, `backtrace` goes step by step
 
 
-def _chase(parents: np.ndarray, slot: int) -> list[int]:
-    """One hypothesis's slot at each step from its back-pointers (T, K), its slot at the last
-    step: a Python loop over the array's memory (a list index a step)."""
+def _chase(parents: np.ndarray, slot: int, out: np.ndarray) -> None:
+    """One hypothesis's slot at each step into out (T,) int64, from its back-pointers (T, K) and
+    its slot at the last step: a Python loop over the arrays' memory (an index a step)."""
     T, K = parents.shape
-    flat = np.ascontiguousarray(parents).reshape(-1).data  # a memoryview of its int64s
-    out = [0] * T
+    back = np.ascontiguousarray(parents).reshape(-1).data  # memoryviews of their int64s
+    into = out.data
     for t in range(T - 1, -1, -1):
-        out[t] = slot
-        slot = flat[t * K + slot]
-    return out
+        into[t] = slot
+        slot = back[t * K + slot]
 
 
 def as_ortvalue(value: Any) -> ort.OrtValue:
