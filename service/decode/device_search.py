@@ -315,6 +315,7 @@ class DeviceSearch:
         self.history = History(model, K, self.on_host)
         self.binding = self.session.io_binding()
         self._outputs_bound: list[str] = []  # the binding's outputs, in the order first bound
+        self._taken: list[tuple[str, int]] | None = None  # `_take_outputs`' map, made once
         self.done = HostBuffer(np.bool_)
         self._entries: list[_Entry] = []
         self._ids: set[Hashable] = set()
@@ -564,7 +565,9 @@ class DeviceSearch:
             self._bind_controls()
         for name in self._outputs:
             device.bind_new_output(binding, name)  # a new tensor: the inputs stay
-            self._note_output(name)
+        if self._taken is None:
+            for name in self._outputs:
+                self._note_output(name)
 
     def _keep_base(self) -> np.ndarray:
         """The last step's sentences that are still in the batch, as indices into them."""
@@ -734,6 +737,7 @@ class DeviceSearch:
     def _note_output(self, name: str) -> None:
         if name not in self._outputs_bound:
             self._outputs_bound.append(name)
+            self._taken = None
 
     def _take_outputs(self) -> None:
         """This step's outputs become the next step's inputs (by the order the binding's outputs
@@ -741,9 +745,11 @@ class DeviceSearch:
         outputs = self.device.outputs(self.binding)
         state = self._state
         assert state is not None
-        at = {name: i for i, name in enumerate(self._outputs_bound)}
-        for name in self._outputs:
-            state[name.removeprefix("out_")] = outputs[at[name]]
+        if self._taken is None:  # (state key, output index) for each output a step hands on
+            at = {name: i for i, name in enumerate(self._outputs_bound)}
+            self._taken = [(name.removeprefix("out_"), at[name]) for name in self._outputs]
+        for key, index in self._taken:
+            state[key] = outputs[index]
 
     @property
     def _outputs(self) -> tuple[str, ...]:
@@ -784,6 +790,7 @@ class DeviceSearch:
         self.session = self.model.search_session(shape)
         self.binding = self.session.io_binding()
         self._outputs_bound = []
+        self._taken = None
         self._bound = {}
         if self._state is not None and coverage != ("coverage" in self._state):
             if coverage:
