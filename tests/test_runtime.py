@@ -6,23 +6,28 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto
 
 from service.decode.beam import compaction_order
 from service.decode.config import RuntimeConfig
 from service.decode.device import Device, HostRowOps, RowOps, make_row_ops
+from service.decode.engine import Engine
+from service.decode.options import SearchOptions
 from service.decode.runtime import (
     CALL_COST_SENTENCES,
     Encoded,
     EncodedSentence,
     EncoderRows,
     cuda_provider_options,
+    float16_decoder,
     length_buckets,
     provider_options,
     split_sentences,
 )
 from service.decode.transfers import TransferLedger
-from tests.conftest import needs_cuda
+from tests.conftest import DEFAULT_BUNDLE, needs_cuda
 
 
 @pytest.fixture(scope="module", params=["graph", "host", pytest.param("cuda", marks=needs_cuda)])
@@ -291,3 +296,31 @@ def test_a_join_of_rows_left_on_the_device_copies_them_there(ops: RowOps | HostR
     assert not want_v[~want_m].any()  # the host's rows are zero-padded
     assert np.array_equal(device_state.numpy(), host_state.numpy())
     assert on_device.lengths[: on_device.count].tolist() == [6, 4, 3, 7, 2]
+
+
+def test_the_float16_decoder_keeps_its_log_softmax_in_float32_and_both_searches_agree() -> None:
+    """RuntimeConfig.fp16_decoder: the decoder step converted by onnxruntime's own float16
+    converter (its inputs, outputs, log-softmax and top k in float32) loads on the CPU provider,
+    and the device search gives the numpy search's answers over it."""
+    model = float16_decoder(onnx.load(str(DEFAULT_BUNDLE / "decoder.onnx")))
+    types = {
+        i.name: i.type.tensor_type.elem_type for i in [*model.graph.input, *model.graph.output]
+    }
+    assert types["state"] == types["log_probs"] == types["new_state"] == TensorProto.FLOAT
+    halves = [i for i in model.graph.initializer if i.data_type == TensorProto.FLOAT16]
+    assert halves, "no weight went to float16"
+    log_softmax = next(n for n in model.graph.node if n.op_type == "LogSoftmax")
+    feeding = next(n for n in model.graph.node if log_softmax.input[0] in n.output)
+    assert feeding.op_type == "Cast" and feeding.attribute[0].i == TensorProto.FLOAT
+
+    config = RuntimeConfig(
+        providers=("CPUExecutionProvider",), intra_op_threads=1, fp16_decoder=True
+    )
+    texts = ["the day after tomorrow", "three hundred and twelve", "she sold it in june"]
+    answers = []
+    for search in ("device", "host"):
+        engine = Engine.load(DEFAULT_BUNDLE, RuntimeConfig(**{**config.__dict__, "search": search}))
+        answers.append(engine.translate(texts, SearchOptions(beam_size=5), alignment="subword"))
+    for device, host in zip(*answers, strict=True):
+        d, h = device.hypotheses[0], host.hypotheses[0]
+        assert d.token_ids == h.token_ids and abs(d.score - h.score) <= 1e-5

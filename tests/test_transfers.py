@@ -22,6 +22,7 @@ from service.decode.beam import BeamSearch, Hypothesis, SearchOptions, StepOutpu
 from service.decode.config import RuntimeConfig
 from service.decode.engine import DecodeRequest, Engine, Prepared
 from service.decode.runtime import EncodedSentence, OnnxModel
+from service.decode.search_graph import PARAMS
 from service.decode.transfers import DIRECTIONS, REASONS, TransferLedger
 from service.serve.metrics import Metrics
 from tests.conftest import DEFAULT_BUNDLE, needs_cuda
@@ -163,9 +164,10 @@ def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batc
             W = device.width
             assert moved.by_reason()["topk"] == moved.by_reason()["attention"] == 0
             changed = bool(n or left_before)
-            # the done flags; when sentences joined or left, the batch's index arrays and the
-            # joining sentences' fields
-            step_bytes = running + (2 * 8 * running + n * W * 8 if changed else 0)
+            # the done flags; when sentences joined or left, the index array that picks the batch
+            # and the joining sentences' fields, tokens and back-pointers, and settings
+            join_fields = n * (W + 2 * BEAM + len(PARAMS)) * 8
+            step_bytes = running + (8 * running + join_fields if changed else 0)
             step_bytes += 2 * 2 * 8 * N  # the index buffers grown, when the batch outgrows them
             T = S + 8  # the longest a sentence of this workload decodes (max_length_a 1, b <= 8)
             done = B_before - len(device)  # entries (segments) done at this step

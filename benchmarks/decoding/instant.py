@@ -149,7 +149,9 @@ def decoder_graph(seed: int = 0) -> onnx.ModelProto:
     nodes = [
         n("Gather", ["state", "reorder"], ["followed"], axis=0),  # (N, 2)
         n("Split", ["followed"], ["target_len", "last_step"], axis=1),  # (N, 1) each
-        n("Add", ["last_step", "one_f"], ["step"]),  # (N, 1): a scalar, not a row, broadcast
+        # (N, 1) + (1, 1): ONNX Runtime's CPU kernel broadcasts a 0-d scalar over a (N, 1) column
+        # a row at a time (34 µs at 5,120 rows), a (1, 1) one in one call (0.6)
+        n("Add", ["last_step", "one_f"], ["step"]),
         n("Concat", ["target_len", "step"], ["new_state"], axis=1),  # (N, 2) (L, step)
         n("Greater", ["step", "target_len"], ["ends"]),  # (N, 1) the end of sentence first
         n("Cast", ["ends"], ["ends_i"], to=INT64),  # (N, 1)
@@ -176,7 +178,7 @@ def decoder_graph(seed: int = 0) -> onnx.ModelProto:
         _const("table", table),
         _const("ids", table_ids),
         _const("vocab", np.array(VOCAB, np.int64)),
-        _const("one_f", np.array(1.0, np.float32)),
+        _const("one_f", np.array([[1.0]], np.float32)),
         _const("flat", np.array([-1], np.int64)),
         _const("zero", np.array([0], np.int64)),
         _const("one", np.array([1], np.int64)),

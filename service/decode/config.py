@@ -73,6 +73,14 @@ class RuntimeConfig:
     cuda_tf32: bool = setting(
         False, "TF32 matrix products on the GPU (faster on Ampere and later, not fp32 rounding)"
     )
+    # service/decode/runtime.py's float16_decoder: the decoder step's weights and arithmetic in
+    # float16, its log-softmax, top k and outputs (and so the search's scores) in float32.
+    fp16_decoder: bool = setting(
+        False,
+        "run the decoder step in float16 (its log-softmax, top k and outputs stay float32): for a "
+        "GPU; the CPU provider runs such a graph with casts around the nodes it has no float16 "
+        "kernel for (no faster)",
+    )
     # service/decode/device_search.py: the step's graph ends with the next beam; "host" is the
     # numpy search over the step's top k (service/decode/beam.py), kept as the reference.
     search: str = setting(

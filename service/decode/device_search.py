@@ -8,12 +8,16 @@ appended to the decoder step at load. What a step costs the host:
 
 - a step binds the previous step's outputs as its inputs (device tensors: nothing crosses), runs,
   and reads `done` (B,) bool: the only per-step transfer;
-- when sentences join or leave, the index array that picks the batch's sentences and the joining
-  sentences' settings and initial fields go up once (a few small arrays; their encoder rows and
-  initial states are copied device to device by `EncoderRows`);
-- when a sentence finishes, its n-best entries and its block of the history (tokens, back-pointers,
-  log-probs, attention rows) come down in one gather, and the host back-traces its n-best paths (a
-  step back per step, over small lists: cheaper than a device loop of one graph run a step).
+- when sentences join or leave, the batch's tensors are picked before the step (`_select`): on a
+  device whose memory is the host's (the CPU provider), numpy writes the next step's inputs from
+  the last step's outputs in place; elsewhere `select_graph` does, and the index array that picks
+  the sentences and the joining sentences' fields and settings go up once (a few small arrays;
+  their encoder rows and initial states are copied device to device by `EncoderRows`);
+- when a sentence finishes, its fields and its block of the history (tokens, back-pointers,
+  log-probs, its finished hypotheses, attention rows) are read once (gathered on the device and
+  copied down in one transfer, or read in place on the CPU); the host ranks its n-best list from
+  its finished hypotheses and back-traces their paths (a step back per step, for all of the
+  finishing sentences' hypotheses at once).
 
 Sentences with the controls the graph applies (a target prefix, single suppressed tokens, a
 minimum length: `device_controls`) decode here too, in a variant of the graph used while one is in
@@ -37,18 +41,19 @@ from service.decode.device import HostRowOps, host_view
 from service.decode.options import SearchOptions
 from service.decode.runtime import EncodedSentence, EncoderRows, HostBuffer, OnnxModel
 from service.decode.search_graph import (
+    BIG,
     CODE,
     PARAMS,
-    RULES,
     SENTENCE_FIELDS,
     SearchShape,
     sentence_width,
 )
 
 NEG_INF = -math.inf
+INF = math.inf
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     """A sentence of the batch, as the host knows it."""
 
@@ -56,7 +61,7 @@ class _Entry:
     options: SearchOptions
     src_len: int
     max_len: int
-    pool: int  # its row of the history buffer
+    pool: int  # its row of the history buffers
     controls: Controls = NO_CONTROLS  # a prefix, single suppressed tokens, a minimum length
 
     @property
@@ -79,42 +84,87 @@ def device_controls(controls: Controls) -> bool:
     )
 
 
-def sentence_params(options: SearchOptions, max_len: int, pool: int) -> np.ndarray:
-    """The sentence's row of the graph's `params` (search_graph.PARAMS) (P,) float64."""
+def sentence_params(options: SearchOptions, max_len: int) -> list[float]:
+    """A sentence's settings (search_graph.PARAMS, the pool row left at 0): its beam and penalties,
+    and its stopping rule as thresholds (exact only with a word penalty >= 0: a reward leaves no
+    bound)."""
+    rule, keep, beam = options.stopping, options.n_best, options.beam_size
+    stop_ends = INF
+    if rule == "patience":
+        stop_ends = max(keep, math.ceil(beam * options.patience))
+    elif rule == "narrowing":  # its width reaches 0 when beam_size hypotheses ended
+        stop_ends = max(keep, beam)
     values = {
-        "beam": options.beam_size,
-        "keep": options.n_best,
-        "max_len": max_len,
+        "beam": beam,
+        "keep": keep,
         "alpha": options.length_penalty,
         "beta": options.coverage_penalty,
         "normalize": options.normalize,
         "word_penalty": options.word_penalty,
-        "narrowing": float(options.stopping == "narrowing"),
-        "patience_ends": math.ceil(options.beam_size * options.patience),
+        "narrowing": float(rule == "narrowing"),
         "max_lp": length_penalty(max_len, options.length_penalty) * max_len**options.normalize,
-        "pool": pool,
+        "pool": 0,
+        "max_len": max_len,
+        "exact_at": 0.0 if rule == "exact" and options.word_penalty >= 0 else INF,
+        "stop_ends": stop_ends,
+        "stop_first": BIG + keep if rule == "first" else INF,
+        "stop_len": max_len,
     }
-    return np.array([values[name] for name in PARAMS], np.float64)
+    return [float(values[name]) for name in PARAMS]
 
 
-def sentence_rules(options: SearchOptions) -> np.ndarray:
-    """The sentence's row of `rules` (RULES) (4,) bool: its stopping rule (exact only with a word
-    penalty >= 0: a reward leaves no bound)."""
-    rule = options.stopping
-    if rule == "exact" and options.word_penalty < 0:
-        return np.zeros(len(RULES), bool)
-    return np.array([r == rule for r in RULES], bool)
+# per sentence of the batch, the columns of DeviceSearch._meta (B, 7) int64: its steps (as the
+# device counts them), history row, hypotheses kept, and what it needs of the graph (SearchShape's
+# coverage, controls, attention, wide: 0 or 1)
+STEPS, POOL, KEEP, COVERAGE, CONTROLS, ATTENTION, WIDE = range(7)
+
+
+@dataclass(slots=True)
+class _Known:
+    """What the host derives from one options object (a batch's sentences share a few): its
+    maximum lengths by source length, its settings rows by maximum length, its needs."""
+
+    options: SearchOptions
+    max_lens: dict[int, int]
+    rows: dict[int, np.ndarray]  # (len(PARAMS),) float64
+    needs: tuple[int, int, int, int, int]  # KEEP, COVERAGE, CONTROLS (0), ATTENTION, WIDE
+
+    @classmethod
+    def of(cls, options: SearchOptions) -> _Known:
+        needs = (
+            options.n_best,
+            int(options.coverage_penalty > 0),
+            0,
+            int(options.return_attention),
+            int(options.n_best > 1),
+        )
+        return cls(options, {}, {}, needs)
+
+    def max_len(self, src_len: int) -> int:
+        """beam.py's maximum length for a source of src_len tokens (without a prefix)."""
+        max_len = self.max_lens.get(src_len)
+        if max_len is None:
+            options = self.options
+            max_len = self.max_lens[src_len] = min(options.max_length, options.max_len(src_len))
+        return max_len
+
+    def row(self, max_len: int) -> np.ndarray:
+        row = self.rows.get(max_len)
+        if row is None:
+            row = self.rows[max_len] = np.array(sentence_params(self.options, max_len))
+        return row
 
 
 class History:
     """The history buffers on the device, one row per sentence of the pool, one column per step:
-    `fields` (P, L, 2, K) float32 (codes and log-probs) and `attention` (P, L, K, S) float32, on
-    the batch's source axis S: `shape` (P, L, K, S) is read over the leading elements of buffers
-    that may be larger. They grow (larger buffers, the live entries copied) when a sentence needs a
-    row or a step beyond them, follow S when it changes (cut columns are padding: every sentence
-    left has a shorter source); with no live entry (an emptied batch: under churn at small batches,
-    at every step) a new shape is read over the same buffers, nothing copied. `on_host`: the
-    device's memory is the host's (the CPU provider's host row ops): numpy instead of graph runs."""
+    `fields` (P, L, 2, K) float32 (codes and log-probs) and, while a sentence of the batch returns
+    its alignment, `attention` (P, L, K, S) float32 on the batch's source axis S: `shape`
+    (P, L, K, S) is read over the leading elements of buffers that may be larger. They grow (larger
+    buffers, the live entries copied) when a sentence needs a row or a step beyond them, follow S
+    when it changes (cut columns are padding: every sentence left has a shorter source); with no
+    live entry (an emptied batch: under churn at small batches, at every step) a new shape is read
+    over the same buffers, nothing copied. `on_host`: the device's memory is the host's (the CPU
+    provider's host row ops): numpy instead of graph runs."""
 
     MIN_ROWS, MIN_STEPS = 16, 32
     KEEP_BYTES = 16 << 20  # an emptied batch keeps history buffers up to this size
@@ -126,6 +176,7 @@ class History:
         self.fields: ort.OrtValue | None = None
         self.attention: ort.OrtValue | None = None
         self.shape: tuple[int, int, int, int] = (0, 0, K, 0)  # (P, L, K, S)
+        self.with_attention = False  # the attention buffer follows the shape
         self.live = False  # entries of sentences still decoding are in the buffers
         self.free: list[int] = []
         self.used = 0  # rows handed out so far (free rows are reused first)
@@ -145,25 +196,40 @@ class History:
     def give_back(self, rows: Sequence[int]) -> None:
         self.free.extend(rows)
 
-    def fit(self, steps: int, source_len: int) -> bool:
-        """Room for `used` rows and `steps` steps, on a source axis of `source_len`; True when the
-        buffers or their shape changed (a binding to the old ones is stale)."""
+    def fit(self, steps: int, source_len: int, attention: bool) -> bool:
+        """Room for `used` rows and `steps` steps (and, with `attention`, the attention rows on a
+        source axis of `source_len`); True when the buffers or their shape changed (a binding to
+        the old ones is stale)."""
         P, L, K, S = self.shape
-        if self.fields is not None and self.used <= P and steps <= L and source_len == S:
+        S_new = source_len if attention else S
+        if (
+            self.fields is not None
+            and self.used <= P
+            and steps <= L
+            and S_new == S
+            and attention == self.with_attention
+        ):
             return False
         shape = (
             P if self.used <= P else max(2 * P, self.used, self.MIN_ROWS),
             L if steps <= L else max(2 * L, steps, self.MIN_STEPS),
             K,
-            source_len,
+            S_new,
         )
         fields_shape = (shape[0], shape[1], 2, K)
         if self.live:  # entries to keep: new buffers, the entries copied
-            self.fields = self._refit(self.fields, self.fields_shape, fields_shape)
-            self.attention = self._refit(self.attention, self.shape, shape)
-        elif not (fits(self.fields, fields_shape) and fits(self.attention, shape)):
-            self.fields = self._empty(fields_shape)
-            self.attention = self._empty(shape)
+            if fields_shape != self.fields_shape:
+                self.fields = self._refit(self.fields, self.fields_shape, fields_shape)
+            if attention and self.with_attention:
+                self.attention = self._refit(self.attention, self.shape, shape)
+            elif attention:  # nobody decoding asked for its rows before: they start now
+                self.attention = self._empty(shape)
+        else:
+            if not fits(self.fields, fields_shape):
+                self.fields = self._empty(fields_shape)
+            if attention and not fits(self.attention, shape):
+                self.attention = self._empty(shape)
+        self.with_attention = attention
         self.shape = shape
         return True
 
@@ -206,8 +272,9 @@ class History:
         self.used = 0
         self.live = False
         P, L, K, S = self.shape
-        if P * L * K * (S + 2) * 4 > self.KEEP_BYTES:
+        if P * L * K * (2 + S) * 4 > self.KEEP_BYTES:
             self.fields = self.attention = None
+            self.with_attention = False
             self.shape = (0, 0, self.K, 0)
 
 
@@ -234,39 +301,41 @@ class DeviceSearch:
         self._beam_size = K = beam_size
         self.bos_id, self.eos_id = bos_id, eos_id
         self.narrow_on_eos = narrow_on_eos
-        # the step's graph for this batch; with the coverage while a sentence has a coverage
-        # penalty, with the controls while a sentence has controls (each costs the others)
-        self.shape = SearchShape(K, K + 1, bos_id, eos_id, narrow_on_eos)
+        # the step's graph for this batch, with what its sentences need (SearchShape)
+        self.shape = SearchShape(K, K + 1, bos_id, eos_id, narrow_on_eos, attention=False)
         self.session = model.search_session(self.shape)
         self._takes_controls: bool | None = None  # whether the graph can apply them (`takes`)
         self.device = model.device
         self.rows = EncoderRows(
             model.row_ops, keys_follow_source=model.bundle.architecture.attention != "none"
         )
-        # the device's memory is the host's: finished sentences are read in place, not gathered
+        # the device's memory is the host's: the batch is picked and finished sentences are read
+        # in place, with numpy
         self.on_host = isinstance(model.row_ops, HostRowOps)
         self.history = History(model, K, self.on_host)
         self.binding = self.session.io_binding()
+        self._outputs_bound: list[str] = []  # the binding's outputs, in the order first bound
+        self._taken: list[tuple[str, int]] | None = None  # `_take_outputs`' map, made once
         self.done = HostBuffer(np.bool_)
         self._entries: list[_Entry] = []
         self._ids: set[Hashable] = set()
-        self._steps = np.zeros(0, np.int64)  # (B,) steps decoded, as the device counts them
-        # the previous step's outputs (None: nothing decoded since the batch was empty)
-        self._state: dict[str, Any] | None = None  # device tensors (Device.outputs' values)
+        self._meta = np.zeros((0, 7), np.int64)  # (B, 7) per sentence, in its order: STEPS..
+        self._max_steps = 0  # the most steps a sentence of the batch has taken
+        # the next step's inputs (device tensors): the last step's outputs, picked
+        self._state: dict[str, Any] | None = None
         self._D = 0  # decoder state width (the first join tells)
         self._S_prev = 0  # the coverage's source axis, as the last step left it
         # what changed since the last step: sentences kept (in their new order), and joining
         self._keep: np.ndarray | None = None  # (B',) int64 into the last step's sentences
         self._joining: list[tuple[_Entry, EncodedSentence]] = []
         self._bound: dict[str, object] = {}  # what the binding holds, by input name
-        # device buffers of 0, 1, ... and of b·K, whose leading views are bound (`_aranges`), and
-        # the empty join of a step where nobody joins
+        # device buffers of 0, 1, ... and of b·K per row, whose leading views are bound
         self._arange: Any = None
         self._row_bases: Any = None
-        self._no_join: Any = None
-        self._empties: dict[tuple[int, bool], dict[str, Any]] = {}  # `_empty_state`'s, by shape
-        self._penalized = 0  # sentences with a coverage penalty (the coverage is kept for them)
-        self._controlled: list[int] = []  # the batch's sentences with controls (indices)
+        self._known: dict[int, _Known] = {}  # by the options object's id (kept alive here)
+        self._done_view = self.done.view((0,))  # (B,): what `done` is copied into
+        self._S = 0  # the source axis of this step's encoder rows
+        self._changed = True  # the batch changed before this step (picked anew)
 
     # --- BeamSearch's interface ----------------------------------------------------------------
 
@@ -298,17 +367,26 @@ class DeviceSearch:
                 f"sentence beam_size {options.beam_size} exceeds the batch's beam size "
                 f"{self._beam_size}"
             )
-        if controls.active and not self.takes(controls):
+        if controls is not NO_CONTROLS and controls.active and not self.takes(controls):
             raise ValueError("the device search does not take these decoding controls")
         if sentence_id in self._ids:
             raise ValueError(f"sentence {sentence_id!r} is already decoding")
         src_len = encoded.length
-        # a prefix is always decoded whole (cut only by max_length), as beam.py's add says
-        room = max(options.max_len(src_len), len(controls.prefix) + 1)
-        max_len = min(options.max_length, room)
+        max_len = self._known_of(options).max_len(src_len)
+        if controls.prefix:  # always decoded whole (cut only by max_length), as beam.py's add says
+            room = max(options.max_len(src_len), len(controls.prefix) + 1)
+            max_len = min(options.max_length, room)
         self._ids.add(sentence_id)
         entry = _Entry(sentence_id, options, src_len, max_len, self.history.take(), controls)
         self._joining.append((entry, encoded))
+
+    def _known_of(self, options: SearchOptions) -> _Known:
+        known = self._known.get(id(options))
+        if known is None or known.options is not options:
+            if len(self._known) > 256:
+                self._known.clear()
+            known = self._known[id(options)] = _Known.of(options)
+        return known
 
     def takes(self, controls: Controls) -> bool:
         """Whether the device search applies these controls (`device_controls`) on this model's
@@ -343,13 +421,16 @@ class DeviceSearch:
         """Advance every sentence by one token; return the sentences done now with their n-best."""
         if not len(self):
             return []
-        self._bind_batch()
+        if self._joining or self._keep is not None or self._state is None:
+            self._bind_changes()
+        self._bind_step()
         self.session.run_with_iobinding(self.binding)
         self.history.live = True
         self._take_outputs()
-        B = len(self._entries)
-        done = self.device.fetched(self.done.view((B,)), "done")  # (B,) bool
-        self._steps += 1
+        done = self.device.fetched(self._done_view, "done")  # (B,) bool
+        self._meta[:, STEPS] += 1
+        self._max_steps += 1
+        self._changed = False
         if not done.any():
             return []
         results = self._finish(np.flatnonzero(done))
@@ -361,15 +442,19 @@ class DeviceSearch:
     # --- the batch's membership ----------------------------------------------------------------
 
     def _drop(self, drop: np.ndarray) -> None:
-        """Sentences drop (B,) marks leave: the rows that stay, in `compaction_order`."""
+        """Sentences drop (B,) marks leave: the rows that stay, in `compaction_order` (each row
+        dropped among the first B' is filled by a survivor from beyond them)."""
         keep = compaction_order(drop)  # (B',)
-        self._penalized -= sum(
-            self._entries[b].options.coverage_penalty > 0 for b in np.flatnonzero(drop)
-        )
-        self.history.give_back([self._entries[b].pool for b in np.flatnonzero(drop)])
-        self._ids.difference_update(self._entries[b].id for b in np.flatnonzero(drop))
-        self._entries = [self._entries[b] for b in keep]
-        self._steps = self._steps[keep]
+        gone = np.flatnonzero(drop)
+        self.history.give_back(self._meta[gone, POOL].tolist())
+        entries = self._entries
+        self._ids.difference_update(entries[b].id for b in gone.tolist())
+        B_new = len(keep)
+        for hole in np.flatnonzero(keep != np.arange(B_new)).tolist():
+            entries[hole] = entries[int(keep[hole])]
+        del entries[B_new:]
+        self._meta = self._meta[keep]
+        self._max_steps = int(self._meta[:, STEPS].max(initial=0))
         self._keep = keep if self._keep is None else self._keep[keep]
         self.rows.keep(keep)
 
@@ -378,187 +463,299 @@ class DeviceSearch:
         for the next sentences (under churn at small batches a batch empties at every step),
         unless the history has grown large."""
         self._state = None
-        self._controlled = []
         self._keep = None
         self._S_prev = 0
         self.history.reset()
         if self.history.fields is None:
             self._bound.pop("history", None)
 
-    def _bind_batch(self) -> None:
-        """Bind this step's inputs: the joins and leaves since the last step as index arrays, the
-        previous step's outputs as this one's inputs."""
-        K, device, binding = self._beam_size, self.device, self.binding
+    def _join(self, joining: list[tuple[_Entry, EncodedSentence]]) -> np.ndarray:
+        """The joining sentences become the batch's last rows: their encoder rows and initial
+        states (after the decoder state's rows), their per-sentence columns; returns their
+        settings (len(PARAMS), n), made once per options object and maximum length."""
+        entries = [e for e, _ in joining]
+        state = as_ortvalue(self._state["new_state"]) if self._state is not None else None
+        new_state = self.rows.append([s for _, s in joining], state)
+        if self._state is None:
+            self._state = {}
+        self._state["new_state"] = new_state
+        self._entries += entries
+        n = len(entries)
+        groups: dict[tuple[int, int], tuple[SearchOptions, list[int]]] = {}
+        controlled = []
+        for i, e in enumerate(entries):
+            groups.setdefault((id(e.options), e.max_len), (e.options, []))[1].append(i)
+            if e.controls is not NO_CONTROLS and e.controls.active:
+                controlled.append(i)
+        meta = np.zeros((n, 7), np.int64)
+        meta[:, POOL] = np.fromiter((e.pool for e in entries), np.int64, n)
+        settings = np.empty((len(PARAMS), n))  # (P, n)
+        for (_, max_len), (options, at) in groups.items():
+            known = self._known_of(options)
+            settings[:, at] = known.row(max_len)[:, None]
+            meta[at, KEEP:] = known.needs
+        meta[controlled, CONTROLS] = 1
+        settings[PARAMS.index("pool")] = meta[:, POOL]
+        self._meta = np.concatenate([self._meta, meta])
+        return settings
+
+    def _bind_changes(self) -> None:
+        """Before a step after joins or leaves: the joining sentences join (`_join`), the graph
+        follows what the batch needs (SearchShape), the batch is picked (`_select`), and what
+        depends on its size is bound."""
+        K, device = self._beam_size, self.device
         joining, self._joining = self._joining, []
         # the previous step's sentences and rows (before the leaves since: `_keep` picks from them)
-        B_prev = 0 if self._state is None else int(self._state["out_sentences"].shape()[1])
-        N_prev = 0 if self._state is None else int(self._state["new_state"].shape()[0])
-        changed = bool(joining) or self._keep is not None or self._state is None
-        self._penalized += sum(e.options.coverage_penalty > 0 for e, _ in joining)
-        if joining or self._keep is not None:
-            everyone = self._entries + [e for e, _ in joining]
-            self._controlled = [b for b, e in enumerate(everyone) if e.controls.active]
-        shape = replace(self.shape, coverage=self._penalized > 0, controls=bool(self._controlled))
+        state = self._state
+        B_prev = int(state["sentences"].shape()[1]) if state and "sentences" in state else 0
+        N_prev = 0 if state is None else int(state["new_state"].shape()[0])
+        settings = self._join(joining) if joining else None
+        needs: list[bool] = np.any(self._meta[:, COVERAGE:], axis=0).tolist()
+        coverage, controls, attention, wide = needs
+        shape = replace(
+            self.shape, coverage=coverage, controls=controls, attention=attention, wide=wide
+        )
         if shape != self.shape:  # the other graph: a new binding, every input bound again
             self._switch(shape)
-            changed = True
-        if self._state is None:
-            self._D = self._D or joining[0][1].state_width
-            self._state = self._empty_state()
-        if joining:  # their encoder rows, and their initial states after the others'
-            state = as_ortvalue(self._state["new_state"])
-            self._state["new_state"] = self.rows.append([s for _, s in joining], state)
-            self._entries += [e for e, _ in joining]
-            self._steps = np.concatenate([self._steps, np.zeros(len(joining), np.int64)])
-        B, S = len(self._entries), self.rows.source_len
-        # a column for this step's record (its index: the steps so far)
-        if self.history.fit(int(self._steps.max(initial=0)) + 1, S) or "history" not in self._bound:
-            self._bind_history()
-        binding = self.binding
-        for name in ("sentences", "coverage") if self.shape.coverage else ("sentences",):
-            device.bind_value(binding, name, self._state[f"out_{name}"])
-        device.bind_value(binding, "state", self._state["new_state"])
-        if changed:
-            kept = np.arange(B_prev, dtype=np.int64) if self._keep is None else self._keep
-            self._keep = None
-            n = len(joining)
-            sent_select = np.concatenate([kept, B_prev + np.arange(n)]).astype(np.int64)  # (B,)
-            self._upload("sent_select", sent_select, "indices")
-            if self.shape.coverage:  # the rows of those sentences (joining ones: past N_prev)
-                row_select = np.concatenate(
-                    [(kept[:, None] * K + np.arange(K)).reshape(-1), N_prev + np.arange(n * K)]
-                ).astype(np.int64)  # (N,)
-                self._upload("row_select", row_select, "indices")
-            self._upload_joins(joining, N_prev)
-            self._bind_row_base(B)
-            self._bound["identity"] = False
-        elif not self._bound.get("identity"):
-            self._bind_identity(B)
-        if self._bound.get("S") != (self._S_prev, S, B):
-            if self.shape.coverage:
-                cut = min(self._S_prev, S)
-                device.bind_host_argument(binding, "coverage_ends", np.array([S], np.int64))
-                device.bind_host_argument(
-                    binding, "coverage_pads", np.array([0, 0, 0, S - cut], np.int64)
-                )
+        self._select(B_prev, N_prev, settings)
+        self._changed = True
+        self._max_steps = int(self._meta[:, STEPS].max(initial=0))
+        state, binding = self._state, self.binding
+        assert state is not None
+        B = len(self._entries)
+        self._S = S = self.rows.source_len
+        if self._bound.get("settings") is not state["settings"]:
+            device.bind_value(binding, "settings", state["settings"])
+            self._bound["settings"] = state["settings"]
+        _, row_bases = self._aranges(B)
+        if self._bound.get("row_base") != (B, row_bases.data_ptr()):
+            device.bind_device_input(binding, "row_base", row_bases, (1, B))
+            self._bound["row_base"] = (B, row_bases.data_ptr())
+        self._done_view = done = self.done.view((B,))
+        if self._bound.get("done") != (B, self.done.generation):
+            device.bind_host_output(binding, "done", done)
+            self._note_output("done")
+            self._bound["done"] = (B, self.done.generation)
+        if self.shape.attention and self._bound.get("S") != (S, B):
             device.bind_host_argument(binding, "attention_shape", np.array([B, K, S], np.int64))
-            self._bound["S"] = (self._S_prev, S, B)
+            self._bound["S"] = (S, B)
         rows_key = self.rows.binding_key()
         if rows_key != self._bound.get("encoder"):
             self.rows.bind(binding)
             self._bound["encoder"] = rows_key
+
+    def _bind_step(self) -> None:
+        """Bind this step's inputs: the last step's outputs (picked, where the batch changed), a
+        history column for it, new outputs."""
+        device, binding, state = self.device, self.binding, self._state
+        assert state is not None
+        # a column for this step's record (its index: the steps so far)
+        if self.history.fit(self._max_steps + 1, self._S, self.shape.attention) or (
+            "history" not in self._bound
+        ):
+            self._bind_history()
+        device.bind_value(binding, "state", state["new_state"])
+        device.bind_value(binding, "tokens", state["tokens"])
+        device.bind_value(binding, "reorder", state["reorder"])
+        device.bind_value(binding, "sentences", state["sentences"])
+        if self.shape.coverage:
+            self._bind_coverage()
+            self._bind_coverage_fit(self._S)
         if self.shape.controls:
             self._bind_controls()
         for name in self._outputs:
             device.bind_new_output(binding, name)  # a new tensor: the inputs stay
-        done = self.done.view((B,))
-        if self._bound.get("done") != (B, self.done.generation):
-            device.bind_host_output(binding, "done", done)
-            self._bound["done"] = (B, self.done.generation)
-        self._S_prev = S
+        if self._taken is None:
+            for name in self._outputs:
+                self._note_output(name)
+
+    def _keep_base(self) -> np.ndarray:
+        """The last step's sentences that are still in the batch, as indices into them."""
+        assert self._state is not None
+        if self._keep is not None:
+            return self._keep
+        B_prev = int(self._state["sentences"].shape()[1])
+        return np.arange(B_prev, dtype=np.int64)
+
+    def _select(self, B_prev: int, N_prev: int, settings: np.ndarray | None) -> None:
+        """The next step's sentences, tokens, back-pointers and settings: the last step's that
+        stay (`_keep`, or all of them), then the joining sentences' (no steps, nothing finished,
+        one live slot at BOS whose back-pointer is the sentence's initial state: rows N_prev.. of
+        the decoder state). Numpy where the device's memory is the host's (the ledger counts what
+        `select_graph` receives elsewhere), else that graph."""
+        assert self._state is not None
+        K, W = self._beam_size, self.width
+        kept = np.arange(0, dtype=np.int64) if "sentences" not in self._state else self._keep_base()
+        self._keep = None
+        n = 0 if settings is None else settings.shape[1]
+        joins: dict[str, np.ndarray] = {}
+        if settings is not None and n:
+            rows = np.zeros((W, n), np.float64)  # (W, n)
+            rows[SENTENCE_FIELDS : SENTENCE_FIELDS + K] = NEG_INF  # nothing finished
+            rows[SENTENCE_FIELDS + 3 * K + 1 :] = NEG_INF  # one live slot: the K starts are one
+            starts = np.repeat((N_prev + np.arange(n, dtype=np.int64))[:, None], K, axis=1)
+            joins = {
+                "sentences": rows,
+                "tokens": np.full((n, K), self.bos_id, np.int64),
+                "reorder": starts,
+                "settings": settings,
+            }
+        B = len(kept) + n
+        self.device.ledger.record("host_to_device", "indices", B * 8)
+        moved = sum(a.nbytes for a in joins.values())
+        self.device.ledger.record("host_to_device", "search", moved)
+        if self.on_host or "sentences" not in self._state:
+            self._select_on_host(kept, joins, B_prev)
+        else:
+            self._select_on_device(kept, joins, B_prev)
+        if self.shape.coverage:  # the rows of those sentences (joining ones: past N_prev)
+            row_select = np.concatenate(
+                [(kept[:, None] * K + np.arange(K)).reshape(-1), N_prev + np.arange(n * K)]
+            ).astype(np.int64)  # (N,)
+            self._upload("row_select", row_select, "indices")
+            self._bound["identity"] = None
+
+    def _select_on_host(self, kept: np.ndarray, joins: dict[str, np.ndarray], B_prev: int) -> None:
+        """`_select` with numpy over the last step's outputs (host memory, or the first step's).
+        `compaction_order` leaves the survivors among the first B' in place and fills the holes
+        from beyond them: the prefix is one copy, the holes a few."""
+        assert self._state is not None
+        K, W, P = self._beam_size, self.width, len(PARAMS)
+        state, device = self._state, self.device
+        Bk = len(kept)
+        holes = np.flatnonzero(kept != np.arange(Bk))
+        sources = kept[holes]
+        n = len(joins["tokens"]) if joins else 0
+        for name, rows in (("sentences", W), ("settings", P)):  # a column per sentence
+            out = np.empty((rows, Bk + n))
+            if Bk:
+                previous = host_view(state[name], (rows, B_prev))
+                out[:, :Bk] = previous[:, :Bk]
+                if len(holes):
+                    out[:, holes] = previous[:, sources]
+            if n:
+                out[:, Bk:] = joins[name]
+            state[name] = device.wrap(out)
+        for name in ("tokens", "reorder"):  # K rows per sentence
+            out = np.empty((Bk + n, K), np.int64)
+            if Bk:
+                previous = host_view(state[name], (B_prev, K))
+                out[:Bk] = previous[:Bk]
+                if len(holes):
+                    out[holes] = previous[sources]
+            if n:
+                out[Bk:] = joins[name]
+            state[name] = device.wrap(out.reshape(-1))
+
+    def _select_on_device(
+        self, kept: np.ndarray, joins: dict[str, np.ndarray], B_prev: int
+    ) -> None:
+        """`_select` by `select_graph` on the device: only the index array and the joining
+        sentences' rows go up."""
+        assert self._state is not None
+        K, W, P = self._beam_size, self.width, len(PARAMS)
+        device, state = self.device, self._state
+        session = self.model.search_helper("select")
+        binding = session.io_binding()
+        n = len(joins["tokens"]) if joins else 0
+        sent_select = np.concatenate([kept, B_prev + np.arange(n)]).astype(np.int64)
+        device.bind_host_argument(binding, "sent_select", sent_select)
+        empty = {
+            "sentences": np.zeros((W, 0)), "tokens": np.zeros((0, K), np.int64),
+            "reorder": np.zeros((0, K), np.int64), "settings": np.zeros((P, 0)),
+        }  # fmt: skip
+        shapes = {
+            "sentences": (W, B_prev), "tokens": (B_prev * K,), "reorder": (B_prev * K,),
+            "settings": (P, B_prev),
+        }  # fmt: skip
+        for name, shape in shapes.items():
+            device.bind_device_input(binding, name, state[name], shape)
+            device.bind_host_argument(binding, f"join_{name}", joins.get(name, empty[name]))
+            binding.bind_output(f"out_{name}", device.type, device.id)
+        session.run_with_iobinding(binding)
+        for name, value in zip(shapes, binding.get_outputs(), strict=True):
+            state[name] = value
 
     def _upload(self, name: str, array: np.ndarray, reason: str) -> None:
         value = self.device.upload(array, reason)
         self.device.bind_value(self.binding, name, value)
         self._bound[name] = value  # the device copy lives while it is bound
 
-    def _bind_identity(self, B: int) -> None:
-        """The selects of a step where nobody joined or left: every sentence (and row) where it
-        was, no joining sentence; views of device buffers made once, so nothing crosses."""
-        K = self._beam_size
+    def _bind_coverage(self) -> None:
+        """The coverage's inputs: the last step's coverage and the rows it continues (an identity
+        view where nobody joined or left; `_select` uploads them otherwise)."""
+        K, device, binding = self._beam_size, self.device, self.binding
+        assert self._state is not None
+        device.bind_value(binding, "coverage", self._state["coverage"])
+        B = len(self._entries)
         aranges, _ = self._aranges(B)
-        self.device.bind_device_input(self.binding, "sent_select", aranges, (B,))
-        if self.shape.coverage:
-            self.device.bind_device_input(self.binding, "row_select", aranges, (B * K,))
-        if self._no_join is None:
-            self._no_join = self.device.upload(np.zeros((self.width, 0), np.float64), "search")
-        self.device.bind_value(self.binding, "join_sentences", self._no_join)
-        self._bind_row_base(B)
-        self._bound["identity"] = True
+        if not self._changed and self._bound.get("identity") != (B, aranges.data_ptr()):
+            device.bind_device_input(binding, "row_select", aranges, (B * K,))
+            self._bound["identity"] = (B, aranges.data_ptr())
+
+    def _bind_coverage_fit(self, S: int) -> None:
+        """The coverage fitted to this step's source axis S (from the last step's)."""
+        if self._bound.get("coverage_S") != (self._S_prev, S):
+            cut = min(self._S_prev, S)
+            self.device.bind_host_argument(self.binding, "coverage_ends", np.array([S], np.int64))
+            self.device.bind_host_argument(
+                self.binding, "coverage_pads", np.array([0, 0, 0, S - cut], np.int64)
+            )
+            self._bound["coverage_S"] = (self._S_prev, S)
+        self._S_prev = S
 
     def _aranges(self, B: int) -> tuple[Any, Any]:
         """Device buffers of 0, 1, ... and of 0, K, 2K, ..., long enough for B sentences' rows
-        (grown by doubling; bound as views, so a binding to the old ones is never left: every
-        step binds them again)."""
+        (grown by doubling; bound as views, and bound again when they grow)."""
         K = self._beam_size
         if self._arange is None or self._arange.shape()[0] < B * K:
             size = max(2 * B * K, 64)
-            self._arange = self.device.upload(np.arange(size, dtype=np.int64), "indices")
-            self._row_bases = self.device.upload(
-                np.arange(size, dtype=np.int64)[None, :] * K, "indices"
-            )
+            rows = np.arange(size, dtype=np.int64)
+            self._arange = self.device.upload(rows, "indices")
+            self._row_bases = self.device.upload(rows * K, "indices")
         return self._arange, self._row_bases
-
-    def _bind_row_base(self, B: int) -> None:
-        """row_base (1, B) int64 = b·K: a view of a device buffer (nothing crosses per join)."""
-        _, row_bases = self._aranges(B)
-        self.device.bind_device_input(self.binding, "row_base", row_bases, (1, B))
-
-    def _upload_joins(self, joining: list[tuple[_Entry, EncodedSentence]], N_prev: int) -> None:
-        """The joining sentences' rows of `sentences`: no steps, empty n-best lists, one live slot
-        at BOS whose back-pointer is the sentence's initial state (their states follow the
-        others' in the decoder state: rows N_prev.., `EncoderRows.append`)."""
-        K, n = self._beam_size, len(joining)
-        rows = np.zeros((n, self.width), np.float64)  # (n, W)
-        nbest = SENTENCE_FIELDS
-        rows[:, nbest : nbest + 2 * K] = NEG_INF  # empty n-best lists
-        slots = nbest + 3 * K  # then the slots' tokens, back-pointers, scores, log-probs
-        rows[:, slots : slots + K] = self.bos_id
-        rows[:, slots + K : slots + 2 * K] = (N_prev + np.arange(n))[:, None]
-        scores = np.full((n, K), NEG_INF)
-        scores[:, 0] = 0.0  # one live slot: the K starts are one hypothesis
-        rows[:, slots + 2 * K : slots + 3 * K] = rows[:, slots + 3 * K : slots + 4 * K] = scores
-        settings = slots + 4 * K  # then its settings and stopping rule
-        for i, (entry, _) in enumerate(joining):
-            rows[i, settings : settings + len(PARAMS)] = sentence_params(
-                entry.options, entry.max_len, entry.pool
-            )
-            rows[i, settings + len(PARAMS) :] = sentence_rules(entry.options)
-        self._upload("join_sentences", rows.T, "search")
-
-    def _empty_state(self) -> dict[str, Any]:
-        """The outputs of a step of no sentences: what the first step continues (made once a
-        shape: they are read, never written)."""
-        key = (self._D, self.shape.coverage)
-        if key not in self._empties:
-            empty: dict[str, np.ndarray] = {
-                "out_sentences": np.zeros((self.width, 0), np.float64),
-                "new_state": np.zeros((0, self._D), np.float32),
-            }
-            if self.shape.coverage:
-                empty["out_coverage"] = np.zeros((0, 0), np.float32)
-            values = {name: self.device.upload(a, "state") for name, a in empty.items()}
-            self._empties[key] = values
-        return dict(self._empties[key])
 
     @property
     def width(self) -> int:
-        """W: a sentence's row of `sentences` (search_graph: its fields, n-best and slots)."""
+        """W: a sentence's fields in `sentences` (search_graph.sentence_width)."""
         return sentence_width(self._beam_size)
 
     def _bind_history(self) -> None:
         history = self.history
         fields, attention = history.fields, history.attention
-        assert fields is not None and attention is not None
+        assert fields is not None
         self.device.bind_in_place(self.binding, "history", fields, np.float32, history.fields_shape)
-        self.device.bind_in_place(
-            self.binding, "attention_history", attention, np.float32, history.shape
-        )
-        self._bound["history"] = (fields, history.shape)
+        self._note_output("out_history")
+        if self.shape.attention:
+            assert attention is not None
+            self.device.bind_in_place(
+                self.binding, "attention_history", attention, np.float32, history.shape
+            )
+            self._note_output("out_attention_history")
+        self._bound["history"] = (fields, attention, history.shape)
+
+    def _note_output(self, name: str) -> None:
+        if name not in self._outputs_bound:
+            self._outputs_bound.append(name)
+            self._taken = None
 
     def _take_outputs(self) -> None:
-        """This step's outputs become the next step's inputs. The binding's outputs are in the
-        order first bound: the histories (bound in place with their inputs), then these, then
-        done."""
+        """This step's outputs become the next step's inputs (by the order the binding's outputs
+        were first bound)."""
         outputs = self.device.outputs(self.binding)
-        self._state = {name: outputs[2 + i] for i, name in enumerate(self._outputs)}
+        state = self._state
+        assert state is not None
+        if self._taken is None:  # (state key, output index) for each output a step hands on
+            at = {name: i for i, name in enumerate(self._outputs_bound)}
+            self._taken = [(name.removeprefix("out_"), at[name]) for name in self._outputs]
+        for key, index in self._taken:
+            state[key] = outputs[index]
 
     @property
     def _outputs(self) -> tuple[str, ...]:
         """The outputs a step makes for the next: new device tensors every step."""
-        if self.shape.coverage:
-            return ("out_sentences", "new_state", "out_coverage")
-        return ("out_sentences", "new_state")
+        names = ("out_tokens", "out_reorder", "out_sentences", "new_state")
+        return (*names, "out_coverage") if self.shape.coverage else names
 
     def _bind_controls(self) -> None:
         """This step's controls as the graph's inputs: each row's forced token (a prefix's, -1
@@ -567,8 +764,9 @@ class DeviceSearch:
         K = self._beam_size
         forced = np.full(len(self._entries) * K, -1, np.int64)  # (N,)
         pairs: list[np.ndarray] = []
-        for b in self._controlled:
-            controls, step = self._entries[b].controls, int(self._steps[b])
+        meta = self._meta
+        for b in np.flatnonzero(meta[:, CONTROLS]).tolist():
+            controls, step = self._entries[b].controls, int(meta[b, STEPS])
             if step < len(controls.prefix):  # forced: nothing else applies
                 forced[b * K : (b + 1) * K] = controls.prefix[step]
                 continue
@@ -583,45 +781,60 @@ class DeviceSearch:
         self._upload("blocked", blocked.astype(np.int64), "tokens")
 
     def _switch(self, shape: SearchShape) -> None:
-        """To the step's graph with the coverage kept or not, with the controls or not: a batch
-        whose last sentence with a coverage penalty (controls) left stops paying for it. The
-        coverage starts at zero: it matters only to the sentences with the penalty, which join
-        with the switch."""
+        """To the step's graph with what the batch's sentences need (SearchShape): a batch whose
+        last sentence with a coverage penalty (controls, an alignment, an n-best list) left stops
+        paying for it. The coverage starts at zero: it matters only to the sentences with the
+        penalty, which join with the switch; so do the attention rows."""
         coverage = shape.coverage
         self.shape = shape
         self.session = self.model.search_session(shape)
         self.binding = self.session.io_binding()
+        self._outputs_bound = []
+        self._taken = None
         self._bound = {}
-        if self._state is not None and coverage != ("out_coverage" in self._state):
+        if self._state is not None and coverage != ("coverage" in self._state):
             if coverage:
                 N = int(self._state["new_state"].shape()[0])
                 zeros = np.zeros((N, 0), np.float32)
-                self._state["out_coverage"] = self.device.upload(zeros, "state")
+                self._state["coverage"] = self.device.upload(zeros, "state")
             else:
-                self._state.pop("out_coverage", None)
+                self._state.pop("coverage", None)
             self._S_prev = 0
 
     # --- finished sentences ----------------------------------------------------------------------
 
     def _finish(self, rows: np.ndarray) -> list[tuple[Hashable, list[Hypothesis]]]:
-        """The n-best lists of the sentences in rows (D,) of the batch, back-traced together."""
+        """The n-best lists of the sentences in rows (D,) of the batch (their finished hypotheses,
+        best first: their first `keep` entries with a score), back-traced together."""
         K = self._beam_size
         fields, history, attention, where = self._finished_rows(rows)
-        entries: list[tuple[int, int, float, float]] = []  # (d, code, score, raw) best first
-        for d, b in enumerate(rows.tolist()):
-            values = fields[d].tolist()  # (W,)
-            n = SENTENCE_FIELDS
-            scores, raw, codes = values[n : n + K], values[n + K : n + 2 * K], values[n + 2 * K :]
-            keep = min(self._entries[b].keep, K)
-            entries += [
-                (d, int(codes[j]), scores[j], raw[j]) for j in range(keep) if scores[j] > NEG_INF
-            ]
-        paths = backtrace(history, where[[d for d, *_ in entries]], [c for _, c, *_ in entries])
-        out: dict[int, list[Hypothesis]] = {d: [] for d in range(len(rows))}
-        for e, (d, _, score, raw) in enumerate(entries):
-            entry = self._entries[int(rows[d])]
-            out[d].append(paths.hypothesis(e, score, raw, attention, where[d], entry))
-        return [(self._entries[int(b)].id, out[d]) for d, b in enumerate(rows)]
+        n = SENTENCE_FIELDS
+        scores = fields[:, n : n + K]  # (D, K) best first, -inf where none
+        valid = (scores > NEG_INF) & (np.arange(K) < self._meta[rows, KEEP][:, None])
+        d, j = np.nonzero(valid)  # entries (E,), best first within a sentence
+        codes = fields[d, n + 2 * K + j].astype(np.int64)
+        paths = backtrace(history, where[d], codes)
+        score, log_prob = scores[d, j].tolist(), fields[d, n + K + j].tolist()
+        by_eos = paths.by_eos.tolist()
+        tokens, lengths = paths.tokens.tolist(), paths.steps.tolist()
+        entries = [self._entries[b] for b in rows.tolist()]
+        out: list[list[Hypothesis]] = [[] for _ in entries]
+        T = paths.tokens.shape[1]
+        at = np.arange(T)
+        for e, dd in enumerate(d.tolist()):
+            entry, length = entries[dd], lengths[e]
+            rows_attention = None
+            if entry.options.return_attention:
+                rows_attention = attention[
+                    where[dd], at[:length], paths.parents[e, :length], : entry.src_len
+                ]  # (T, src_len)
+            out[dd].append(
+                _hypothesis(
+                    tokens[e] if length == T else tokens[e][:length], score[e], log_prob[e],
+                    rows_attention, by_eos[e], paths.log_probs[e, :length],
+                )
+            )  # fmt: skip
+        return [(entry.id, out[i]) for i, entry in enumerate(entries)]
 
     def _finished_rows(
         self, rows: np.ndarray
@@ -632,114 +845,152 @@ class DeviceSearch:
         else the sentences' rows gathered on the device and copied down once."""
         history = self.history
         assert self._state is not None and history.fields is not None
-        assert history.attention is not None
-        pools = np.array([self._entries[b].pool for b in rows.tolist()], np.int64)
-        T = int(self._steps[rows].max())
+        pools = self._meta[rows, POOL]
+        T = int(self._meta[rows, STEPS].max())
+        _, _, K, S = history.shape
+        attention_on = self.shape.attention and history.attention is not None
         if self.on_host:  # the ledger counts what the finished gather would copy down
-            columns = host_view(self._state["out_sentences"], (self.width, len(self._entries)))
-            meta = host_view(history.fields, history.fields_shape)
-            attention = host_view(history.attention, history.shape)
-            _, _, K, S = attention.shape
-            moved = len(rows) * (self.width * 8 + T * K * (2 + S) * 4)
+            sentences = host_view(self._state["sentences"], (self.width, len(self._entries)))
+            blocks = host_view(history.fields, history.fields_shape)
+            attention = (
+                host_view(history.attention, history.shape)
+                if attention_on
+                else np.zeros((0, 0, K, 0), np.float32)
+            )
+            moved = len(rows) * (self.width * 8 + T * K * (2 + (S if attention_on else 0)) * 4)
             self.device.ledger.record("device_to_host", "hypotheses", moved)
-            return columns[:, rows].T, meta, attention, pools
-        session = self.model.search_helper("finished")
+            return sentences[:, rows].T, blocks, attention, pools
+        session = self.model.search_helper("finished" if attention_on else "finished_plain")
         binding = session.io_binding()
-        self.device.bind_value(binding, "sentences", self._state["out_sentences"])
+        self.device.bind_value(binding, "sentences", self._state["sentences"])
         self.device.bind_device_input(binding, "history", history.fields, history.fields_shape)
-        self.device.bind_device_input(
-            binding, "attention_history", history.attention, history.shape
-        )
+        if attention_on:
+            assert history.attention is not None
+            self.device.bind_device_input(
+                binding, "attention_history", history.attention, history.shape
+            )
         self.device.bind_host_input(binding, "rows", rows.astype(np.int64), "indices")
         self.device.bind_host_input(binding, "pools", pools, "indices")
         for name, value in (("steps", T), ("zero", 0), ("one", 1)):
             self.device.bind_host_argument(binding, name, np.array([value], np.int64))
-        for name in ("fields", "blocks", "attention"):
+        names = ("fields", "blocks", "attention") if attention_on else ("fields", "blocks")
+        for name in names:
             binding.bind_output(name, "cpu")
         session.run_with_iobinding(binding)
-        fields, blocks, attention = (v.numpy() for v in binding.get_outputs())
-        moved = fields.nbytes + blocks.nbytes + attention.nbytes
+        arrays = [v.numpy() for v in binding.get_outputs()]
+        moved = sum(a.nbytes for a in arrays)
         self.device.ledger.record("device_to_host", "hypotheses", moved)
-        return fields, blocks, attention, np.arange(len(rows))
+        attention = arrays[2] if attention_on else np.zeros((0, 0, K, 0), np.float32)
+        return arrays[0], arrays[1], attention, np.arange(len(rows))
+
+
+def _hypothesis(
+    tokens: list[int],
+    score: float,
+    log_prob: float,
+    attention: np.ndarray | None,
+    by_eos: bool,
+    log_probs: np.ndarray,
+) -> Hypothesis:
+    """A Hypothesis with these fields. A frozen dataclass's __init__ sets each field through
+    object.__setattr__ (1.4 µs); its __dict__ filled at once is half that, and a static batch of
+    1,024 sentences makes as many at one step."""
+    hypothesis = object.__new__(Hypothesis)
+    hypothesis.__dict__.update(
+        tokens=tokens,
+        score=score,
+        log_prob=log_prob,
+        attention=attention,
+        finished_by_eos=by_eos,
+        token_log_probs=log_probs,
+    )
+    return hypothesis
 
 
 @dataclass(frozen=True)
 class Paths:
     """Finished hypotheses back-traced: for entry e, its tokens, back-pointers and slots at each
-    step t < steps[e] (E, T) int64 each."""
+    step t < steps[e] (E, T) int64 each, and its tokens' log-probs (E, T) float32."""
 
     tokens: np.ndarray
     parents: np.ndarray
     slots: np.ndarray
     steps: np.ndarray  # (E,)
     by_eos: np.ndarray  # (E,) bool
-    log_probs: np.ndarray  # (E, T) float32
-
-    def hypothesis(
-        self, e: int, score: float, raw: float, attention: np.ndarray, row: int, entry: _Entry
-    ) -> Hypothesis:
-        """Entry e as a Hypothesis; its attention rows from attention (·, T, K, S) at `row`."""
-        T = int(self.steps[e])
-        rows = None
-        if entry.options.return_attention:
-            at = np.arange(T)
-            rows = attention[row, at, self.parents[e, :T], : entry.src_len]  # (T, src_len)
-        return Hypothesis(
-            tokens=self.tokens[e, :T].tolist(),
-            score=score,
-            log_prob=raw,
-            attention=rows,
-            finished_by_eos=bool(self.by_eos[e]),
-            token_log_probs=self.log_probs[e, :T],
-        )
+    log_probs: np.ndarray
 
 
-def backtrace(history: np.ndarray, rows: np.ndarray, codes: Sequence[int]) -> Paths:
+def backtrace(history: np.ndarray, rows: np.ndarray, codes: np.ndarray) -> Paths:
     """The paths of E finished hypotheses from the histories (·, T, 2, K) at rows (E,) and their
-    n-best codes (slot + CODE·(2·steps + by_eos)), all at once: a step back for every entry per
-    numpy call (the same loop in Python per entry costs ~10 µs each, and a static batch finishes
-    hundreds together).
+    n-best codes (slot + CODE·(2·steps + by_eos)): a few paths each chased in Python over its own
+    back-pointers (a list index a step), many all at once, a step back for every entry per numpy
+    call (each entry's block read once: a gather of whole rows, then flat takes).
 
-    Step t's column holds each new slot's token and back-pointer (code = token · CODE + parent)
-    and that token's log-prob; the attention row that produced a slot's token is its parent's
-    (beam.py's _History.backtrace)."""
+    Step t's column holds each new slot's code (token · CODE + parent) and that token's log-prob;
+    the attention row that produced a slot's token is its parent's (beam.py's
+    _History.backtrace)."""
     code = np.asarray(codes, np.int64)  # (E,)
     slot, rest = code % CODE, code // CODE
     steps, by_eos = rest // 2, (rest % 2).astype(bool)
     E, T = len(code), int(steps.max(initial=0))
+    if E < VECTOR_ENTRIES:
+        return _backtrace_each(history, rows, slot, steps, by_eos, T)
+    K = history.shape[-1]
+    blocks = np.take(history, rows, axis=0)[:, :T]  # (E, T, 2, K) float32
+    table = blocks[:, :, 0].astype(np.int64)  # (E, T, K) codes
+    slots = np.zeros((E, T), np.int64)
+    flat = table.reshape(-1)
+    base = np.arange(E) * (T * K)  # (E,) each entry's block in `flat`
+    same = bool((steps == T).all())  # a static batch's: no entry waits for its last step
+    for t in range(T - 1, -1, -1):
+        slots[:, t] = slot
+        back = flat.take(base + t * K + slot) % CODE
+        slot = back if same else np.where(t < steps, back, slot)
+    at = base[:, None] + np.arange(T) * K + slots  # (E, T) into (E, T, K)
+    tokens, parents = np.divmod(flat.take(at), CODE)  # (E, T) each
+    log_probs = np.ascontiguousarray(blocks[:, :, 1]).reshape(-1).take(at)  # (E, T) float32
+    return Paths(tokens, parents, slots, steps, by_eos, log_probs)
+
+
+def _backtrace_each(
+    history: np.ndarray,
+    rows: np.ndarray,
+    slot: np.ndarray,
+    steps: np.ndarray,
+    by_eos: np.ndarray,
+    T: int,
+) -> Paths:
+    """`backtrace` of a few entries, each over its own block (a view): its slots chased in Python
+    over its back-pointers, its codes and log-probs then read at them."""
+    E = len(rows)
     tokens = np.zeros((E, T), np.int64)
     parents = np.zeros((E, T), np.int64)
     slots = np.zeros((E, T), np.int64)
-    at = np.arange(E)
-    if E < VECTOR_ENTRIES:  # a few entries: each in Python, over small lists
-        for e in range(E):
-            row = history[rows[e], : steps[e], 0].astype(np.int64).tolist()  # (steps, K)
-            tokens[e, : steps[e]], parents[e, : steps[e]], slots[e, : steps[e]] = _chase(
-                row, int(slot[e])
-            )
-    else:  # many: a step back for all of them per numpy call
-        table = history[rows[:, None], np.arange(T)[None, :], 0].astype(np.int64)  # (E, T, K)
-        for t in range(T - 1, -1, -1):
-            token, parent = np.divmod(table[at, t, slot], CODE)  # (E,) each
-            tokens[:, t], parents[:, t], slots[:, t] = token, parent, slot
-            slot = np.where(t < steps, parent, slot)  # entries shorter than t stay put
-    log_probs = history[rows[:, None], np.arange(T)[None, :], 1][at[:, None], np.arange(T), slots]
-    return Paths(tokens, parents, slots, steps, by_eos, log_probs.astype(np.float32, copy=False))
+    log_probs = np.zeros((E, T), np.float32)
+    entries = zip(rows.tolist(), steps.tolist(), slot.tolist(), strict=True)
+    for e, (row, n, last) in enumerate(entries):
+        block = history[row, :n]  # (n, 2, K)
+        codes = block[:, 0].astype(np.int64)  # (n, K)
+        path = slots[e, :n]
+        _chase(codes % CODE, last, path)
+        at = np.arange(n)
+        tokens[e, :n], parents[e, :n] = np.divmod(codes[at, path], CODE)
+        log_probs[e, :n] = block[at, 1, path]
+    return Paths(tokens, parents, slots, steps, by_eos, log_probs)
 
 
-VECTOR_ENTRIES = 16  # from this many finished hypotheses on, `backtrace` goes step by step
+VECTOR_ENTRIES = 48  # from this many finished hypotheses on, `backtrace` goes step by step
 
 
-def _chase(codes: list[list[int]], slot: int) -> tuple[list[int], list[int], list[int]]:
-    """One hypothesis's tokens, back-pointers and slots from its history's codes (T, K), its
-    slot at the last step."""
-    T = len(codes)
-    tokens, parents, slots = [0] * T, [0] * T, [0] * T
+def _chase(parents: np.ndarray, slot: int, out: np.ndarray) -> None:
+    """One hypothesis's slot at each step into out (T,) int64, from its back-pointers (T, K) and
+    its slot at the last step: a Python loop over the arrays' memory (an index a step)."""
+    T, K = parents.shape
+    back = np.ascontiguousarray(parents).reshape(-1).data  # memoryviews of their int64s
+    into = out.data
     for t in range(T - 1, -1, -1):
-        slots[t] = slot
-        tokens[t], parents[t] = divmod(codes[t][slot], CODE)
-        slot = parents[t]
-    return tokens, parents, slots
+        into[t] = slot
+        slot = back[t * K + slot]
 
 
 def as_ortvalue(value: Any) -> ort.OrtValue:

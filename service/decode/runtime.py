@@ -37,6 +37,7 @@ from service.decode.search_graph import (
     graph_problem,
     grow_graph,
     search_step_graph,
+    select_graph,
 )
 from service.decode.transfers import TransferLedger
 from service.model.architecture import PAD_ID
@@ -162,15 +163,42 @@ def topk_reads_k_on_the_host(model: onnx.ModelProto) -> bool:
     return True
 
 
-def decoder_graph(path: Path, full_log_probs: bool = False) -> tuple[str | bytes | None, bool]:
-    """The decoder-step graph as ONNX Runtime gets it: with TopK reading k on the host
-    (`topk_reads_k_on_the_host`) and, for `full_log_probs`, FULL_LOG_PROBS exposed (None when it
-    cannot be); and whether k is bound as a (1,) host tensor. A file onnx cannot parse is passed on
-    by its path, for ONNX Runtime's own error naming it."""
+# float16_decoder keeps these in float32: the log-softmax (the scores and the search read it) and
+# what onnxruntime's converter keeps there by default (TopK among them)
+FLOAT32_OPS = ("LogSoftmax",)
+
+
+def float16_decoder(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The decoder step with its weights and arithmetic in float16 (RuntimeConfig.fp16_decoder):
+    onnxruntime's own converter (onnxruntime.transformers.float16, in the onnxruntime wheel), its
+    inputs and outputs kept float32, the log-softmax and the top k too (FLOAT32_OPS and the
+    converter's default block list): the search's scores are the float32 log-probs, in float64."""
+    from onnxruntime.transformers.float16 import (  # imported on use: ~0.2 s
+        DEFAULT_OP_BLOCK_LIST,
+        convert_float_to_float16,
+    )
+
+    blocked = sorted({*DEFAULT_OP_BLOCK_LIST, *FLOAT32_OPS})
+    converted: onnx.ModelProto = convert_float_to_float16(
+        model, keep_io_types=True, op_block_list=blocked
+    )
+    return converted
+
+
+def decoder_graph(
+    path: Path, full_log_probs: bool = False, fp16: bool = False
+) -> tuple[str | bytes | None, bool]:
+    """The decoder-step graph as ONNX Runtime gets it: in float16 with `fp16`
+    (`float16_decoder`), with TopK reading k on the host (`topk_reads_k_on_the_host`) and, for
+    `full_log_probs`, FULL_LOG_PROBS exposed (None when it cannot be); and whether k is bound as a
+    (1,) host tensor. A file onnx cannot parse is passed on by its path, for ONNX Runtime's own
+    error naming it."""
     try:
         model = onnx.load(str(path))
     except Exception:  # a damaged file: make_session reports it
         return (None if full_log_probs else str(path)), False
+    if fp16:
+        model = float16_decoder(model)
     k_on_host = topk_reads_k_on_the_host(model)
     if full_log_probs and not expose_full_log_probs(model):
         return None, k_on_host
@@ -348,7 +376,7 @@ class OnnxModel:
             str(bundle.file("encoder.onnx")), config, config.encoder_threads
         )
         self.decoder_file = bundle.file(decoder_file)
-        graph, self.k_on_host = decoder_graph(self.decoder_file)
+        graph, self.k_on_host = decoder_graph(self.decoder_file, fp16=config.fp16_decoder)
         assert graph is not None
         self.decoder = make_session(graph, config, config.intra_op_threads)
         check_model_providers(
@@ -387,7 +415,7 @@ class OnnxModel:
         with self._forced_lock:
             session = self._searches.get(shape)
             if session is None:
-                model = onnx.load(str(self.decoder_file))
+                model = self._decoder_model()
                 problem = graph_problem(model, shape.K)
                 if not problem and shape.controls:
                     problem = controls_problem(model)
@@ -403,9 +431,14 @@ class OnnxModel:
     def search_graph(self, shape: SearchShape) -> onnx.ModelProto:
         """The graph `search_session(shape)` runs (for inspection: benchmarks/placement.py)."""
         V = self.bundle.architecture.tgt_vocab_size
-        model = onnx.load(str(self.decoder_file))
+        model = self._decoder_model()
         topk_reads_k_on_the_host(model)
         return search_step_graph(model, replace(shape, k=min(shape.K + 1, V)))
+
+    def _decoder_model(self) -> onnx.ModelProto:
+        """The decoder file's graph (in float16 with RuntimeConfig.fp16_decoder)."""
+        model = onnx.load(str(self.decoder_file))
+        return float16_decoder(model) if self.config.fp16_decoder else model
 
     @property
     def search_sessions(self) -> dict[SearchShape, ort.InferenceSession]:
@@ -413,12 +446,17 @@ class OnnxModel:
         return dict(self._searches)
 
     def search_helper(self, name: str) -> ort.InferenceSession:
-        """The device search's small graphs (`finished_graph`, `grow_graph`), on the model's device
-        with one thread, made on first use."""
+        """The device search's small graphs (`select_graph`, `finished_graph` with or without the
+        attention rows, `grow_graph`), on the model's device with one thread, made on first use."""
         with self._forced_lock:
             session = self._helpers.get(name)
             if session is None:
-                graph = {"finished": finished_graph, "grow": grow_graph}[name]()
+                graph = {
+                    "select": select_graph,
+                    "finished": finished_graph,
+                    "finished_plain": lambda: finished_graph(attention=False),
+                    "grow": grow_graph,
+                }[name]()
                 session = make_session(graph, self.config, 1)
                 self._helpers[name] = session
             return session
@@ -469,7 +507,9 @@ class OnnxModel:
         the graph cannot expose it (step_full then asks the TopK for every token)."""
         with self._forced_lock:
             if not self._forced_made:
-                graph, k_on_host = decoder_graph(self.decoder_file, full_log_probs=True)
+                graph, k_on_host = decoder_graph(
+                    self.decoder_file, full_log_probs=True, fp16=self.config.fp16_decoder
+                )
                 assert k_on_host == self.k_on_host  # one rule for both graphs: one k binding
                 if graph is not None:
                     self._forced = make_session(graph, self.config, self.config.intra_op_threads)
