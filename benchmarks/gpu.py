@@ -40,7 +40,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,8 @@ from service.model.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 NEVER = -1  # an EOS id no step can produce
+FP16 = "device-fp16"  # the device search over the float16 decoder step (RuntimeConfig.fp16_decoder)
+KINDS = (*SEARCHES, FP16)
 BEAM, TARGET_LEN = 5, 30
 PROVIDERS = {"cpu": ("CPUExecutionProvider",), "cuda": (CUDA, "CPUExecutionProvider")}
 
@@ -105,7 +107,7 @@ class Search:
     def __init__(self, model: OnnxModel, kind: str) -> None:
         vocab = model.bundle.architecture.tgt_vocab_size
         self.device: DeviceSearch | None = None
-        if kind == "device":
+        if kind in ("device", FP16):
             self.device = DeviceSearch(model, BEAM, bos_id=1, eos_id=NEVER, vocab_size=vocab)
             self.runs = TimedRuns(self.device.session)
             self.device.session = self.runs  # type: ignore[assignment]
@@ -361,17 +363,21 @@ def model_rows(
             print(f"{name}: the CUDA provider did not load; skipped")
             continue
         pool = model.encode_sentences(sources)
+        searches = getattr(args, "searches", ["host"])
+        models = {kind: model for kind in searches}  # the fp16 step beside, the same encoder rows
+        if FP16 in searches:
+            models[FP16] = OnnxModel(bundle, replace(config, fp16_decoder=True))
         for B in args.batches:
-            searches = getattr(args, "searches", ["host"])
             samples: dict[str, dict[str, list[Figures]]] = {
                 kind: {"static": [], "churn": []} for kind in searches
             }
             for _ in range(getattr(args, "rounds", 1)):  # the searches interleaved, round by round
                 for kind in searches:
-                    samples[kind]["static"].append(static(model, pool[:B], args.repeats, kind))
+                    m = models[kind]
+                    samples[kind]["static"].append(static(m, pool[:B], args.repeats, kind))
                     samples[kind]["churn"].append(
                         max(
-                            (churn(model, pool, B, args.steps, kind) for _ in range(args.repeats)),
+                            (churn(m, pool, B, args.steps, kind) for _ in range(args.repeats)),
                             key=lambda f: f.hyp_steps_per_s,
                         )
                     )
@@ -469,8 +475,9 @@ def main(argv: list[str] | None = None) -> int:
         "--searches",
         nargs="+",
         default=["host", "device"],
-        choices=SEARCHES,
-        help="the searches measured, each beside the others in the same run",
+        choices=KINDS,
+        help="the searches measured, each beside the others in the same run (device-fp16: the "
+        "device search over the float16 decoder step, for a GPU)",
     )
     p.add_argument("--repeats", type=int, default=3, help="runs timed a round (the best counts)")
     p.add_argument(

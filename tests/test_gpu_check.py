@@ -86,3 +86,42 @@ def test_one_architecture_is_kept_and_the_rest_zeroed_in_place() -> None:
     assert payload[90] == b"B" * 24 and payload[80] == bytes(40) and payload[120] == bytes(16)
     assert payload[-75] == b"D" * 8 and payload[-80] == b"E" * 8
     assert data[:32] == before[:32]
+
+
+def test_the_verdicts_put_the_float16_step_beside_the_float32_one() -> None:
+    """On CUDA the decode stage measures the device search over the float16 decoder step too
+    (benchmarks.gpu's device-fp16 rows); the report says how fast it is against the float32 step,
+    row by row of the same run, and the aims stay the float32 device search's."""
+    from benchmarks import gpu_check
+
+    def row(search: str, static: float, churn: float) -> dict[str, object]:
+        figures = {"outside_run_share": 0.2}
+        return {
+            "provider": "cuda",
+            "sentences": 256,
+            "search": search,
+            "static": {"hyp_steps_per_s": static, **figures},
+            "churn": {"hyp_steps_per_s": churn, **figures},
+        }
+
+    decode = {
+        "models": {
+            "grc": [
+                row("host", 300e3, 150e3),
+                row("device", 1.2e6, 0.7e6),
+                row("device-fp16", 1.5e6, 0.63e6),
+            ]
+        }
+    }
+    lines = gpu_check.device_search_verdicts(decode)
+    assert lines[0] == (
+        "- float16 decoder step, grc-en-nt, 256 x 5: static 1.25x the float32 step's, churn 0.90x "
+        "the float32 step's (keep it where both are above 1)"
+    )
+    assert (
+        "static: 1,200,000 hypothesis-steps/s (numpy search: 300,000) (aim >= 1,000,000: met)"
+        in (lines[1])
+    )
+    assert "churn: 700,000" in lines[2] and "**not met**" in lines[2]
+    decode["models"]["grc"].pop()  # without the float16 rows (a CPU host): no such line
+    assert not any("float16" in line for line in gpu_check.device_search_verdicts(decode))
