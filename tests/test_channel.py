@@ -121,3 +121,39 @@ def test_a_peer_and_an_endpoint_over_inproc() -> None:
     assert ok == "raw" and ok_error is None
     assert full is None and isinstance(full_error, errors.QueueFull)
     assert versions.is_set() and received[0][0] == ch.HELLO
+
+
+def test_a_peer_hears_its_engine_go_at_once_after_what_it_sent(tmp_path: Any) -> None:
+    """Over ipc:// (the engine processes' transport), the engine's end closing (its process ended)
+    calls the Peer's on_gone: at once, not after a missed heartbeat, and after the answer the
+    engine sent just before it is dispatched (a request it finished is not failed)."""
+    import zmq
+
+    address = f"ipc://{tmp_path}/engine"
+    events: list[Any] = []
+
+    async def front() -> None:
+        engine: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+        engine.setsockopt(zmq.LINGER, 1000)
+        engine.bind(address)
+        gone = asyncio.Event()
+
+        def on_gone() -> None:
+            events.append("gone")
+            gone.set()
+
+        peer = ch.Peer(address, "front", events.append, events.append, on_gone=on_gone)
+        peer.start()
+        peer.request(0, lambda i: (ch.JOB, i, 0, "m", "1", None, {}, "r", ()),
+                     lambda r, e: events.append((r, e)))  # fmt: skip
+        front_id, data = engine.recv_multipart()  # the HELLO
+        while ch.unpack(data)[0] != ch.JOB:
+            front_id, data = engine.recv_multipart()
+        job = ch.unpack(data)
+        engine.send_multipart([front_id, ch.pack((ch.DONE, job[1], "raw"))])
+        engine.close()  # as a killed process's end closes
+        await asyncio.wait_for(gone.wait(), 5)
+        await peer.close()
+
+    asyncio.run(front())
+    assert events == [("raw", None), "gone"]

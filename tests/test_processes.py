@@ -225,6 +225,11 @@ def test_with_two_engines_one_killed_leaves_the_other_serving(
     engines = pod.pids("engine")
     assert len(engines) == 2
     os.kill(engines[0], signal.SIGKILL)
+    # the front knows at once, by the engine's connection closing (not seconds later by a missed
+    # heartbeat, or at its restart): from then on it sends that engine nothing
+    wait_for(lambda: pod.count("engine down") > 0, "the front to take the engine down")
+    (down,) = [e for e in pod.lines() if e.get("message") == "engine down"]
+    assert (down["engine"], down["why"]) == (0, "its connection closed")
     refused = outcomes(calls)
     answered = len(calls) - len(refused)
     assert answered > 0  # the other engine's (and those done before)
@@ -486,3 +491,25 @@ def test_tls_and_mutual_tls_on_the_fronts(pods: list[Pod], tmp_path: Path) -> No
         ):
             anonymous.translate(["one"])
     assert pod.stop() == 0
+
+
+def test_the_exit_status_forgives_only_an_engine_stopped_while_it_was_starting_again() -> None:
+    """SIGTERM can reach an engine the supervisor is starting again before its handler is in
+    place (it has published nothing, so it holds no request): that -SIGTERM is a clean stop. A
+    front's or a serving engine's is not, nor any other status."""
+    from types import SimpleNamespace
+
+    from service.serve.supervisor import Child, stopped_cleanly
+
+    def child(role: str, code: int, served: bool) -> Child:
+        made = Child(role, 0, [], served=served)
+        made.process = SimpleNamespace(returncode=code)  # type: ignore[assignment]
+        return made
+
+    term = -signal.SIGTERM
+    assert stopped_cleanly(child("engine", term, served=False))
+    assert stopped_cleanly(child("front", 0, served=False))
+    assert not stopped_cleanly(child("engine", term, served=True))
+    assert not stopped_cleanly(child("front", term, served=False))
+    assert not stopped_cleanly(child("engine", -signal.SIGKILL, served=False))
+    assert not stopped_cleanly(child("engine", 1, served=False))

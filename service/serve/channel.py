@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from service.decode import errors
 from service.decode.aligner import PreparedPair
@@ -228,6 +229,9 @@ class Peer:
     `request(kind, build, answer)` sends `build(id)` and calls `answer` once with the engine's
     DONE (raw results, read) or FAILED (the error raised again); VERSIONS and BEAT go to the
     callbacks. `fail_all` answers every open request with an error (the engine is gone).
+    `on_gone` is called when the connection to the engine closes (its process ended: ZeroMQ's
+    socket monitor says so at once, where a silent heartbeat takes seconds), after the messages
+    that came before it are dispatched.
 
     The socket is read from the loop's own reader callback (`drain`), every message waiting at
     once, not through zmq.asyncio's futures: a future per message was a twentieth of a front's
@@ -240,25 +244,45 @@ class Peer:
         on_versions: Callable[[Sequence[Any]], None],
         on_beat: Callable[[Sequence[Any]], None],
         context: zmq.Context[Any] | None = None,
+        on_gone: Callable[[], None] = lambda: None,
     ) -> None:
         self.address = address
         self.name = name
         self.on_versions = on_versions
         self.on_beat = on_beat
+        self.on_gone = on_gone
         # the process's one ZeroMQ context (inproc:// joins sockets of one context only)
         self.context = context or zmq.Context.instance()
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.monitor: zmq.Socket[Any] | None = None  # the socket's disconnections (start)
         self.ids = itertools.count(1)
         self.open: dict[int, tuple[int, Answer]] = {}  # id -> (job kind, its answer)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.draining = False  # a drain is scheduled
 
     def start(self) -> None:
-        self.socket.connect(self.address)
         self.loop = asyncio.get_running_loop()
+        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.loop.add_reader(self.monitor.fileno(), self.watch_connection)
+        self.watch_connection()  # its descriptor signals edges: read what came before the reader
+        self.socket.connect(self.address)
         self.loop.add_reader(self.socket.getsockopt(zmq.FD), self.drain)
         self.hello()
+
+    def watch_connection(self) -> None:
+        """The monitor's events: a disconnection (the engine's end closed) calls `on_gone`, once
+        what the engine sent before it is dispatched (ZeroMQ keeps a closed pipe's messages
+        readable until they are read)."""
+        assert self.monitor is not None
+        while self.monitor.poll(0, zmq.POLLIN):
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self.drain()
+                self.on_gone()
 
     def hello(self, engine: str = "", generation: int = 0) -> None:
         """Introduce this front (again: once a second, a ping) with the engine life and the
@@ -329,6 +353,11 @@ class Peer:
     async def close(self) -> None:
         if self.loop is not None and not self.socket.closed:
             self.loop.remove_reader(self.socket.getsockopt(zmq.FD))
+        if self.monitor is not None:
+            if self.loop is not None:
+                self.loop.remove_reader(self.monitor.fileno())
+            self.socket.disable_monitor()
+            self.monitor.close(0)
         self.socket.close(0)
 
 

@@ -3,8 +3,9 @@ clock) over the channel (service/serve/channel.py), and what the front knows of 
 
 Each engine is an `EngineState`: its channel peer, its life (`name`: its process, from its
 heartbeats), the model versions it published, and whether it is up. An engine is up while its
-heartbeat comes (at most `beat_timeout_s` apart) and its decode loop has not spent `hang_s` in one
-iteration; when it goes down, every request it held is answered `EngineUnavailable` (UNAVAILABLE,
+heartbeat comes (at most `beat_timeout_s` apart), its connection stays open (a process that ends
+closes it: the front knows at once, and sends it nothing more) and its decode loop has not spent
+`hang_s` in one iteration; when it goes down, every request it held is answered `EngineUnavailable` (UNAVAILABLE,
 with a message) at once, and `on_change` tells the front (health NOT_SERVING for its models). A
 restarted engine is a new name: the front says HELLO again, follows its versions, and it is up.
 
@@ -71,7 +72,9 @@ class EngineLink:
         self.clock = clock
         self.accepting = True
         self.engines = [
-            EngineState(i, ch.Peer(a, name, self.versions_of(i), self.beat_of(i)))
+            EngineState(
+                i, ch.Peer(a, name, self.versions_of(i), self.beat_of(i), on_gone=self.gone_of(i))
+            )
             for i, a in enumerate(addresses)
         ]
         self.sent: dict[Job, tuple[EngineState, int]] = {}
@@ -193,6 +196,18 @@ class EngineLink:
         engine.peer.send((ch.ACK, generation))
         self.check(engine)
         self.on_change()
+
+    def gone_of(self, index: int) -> Callable[[], None]:
+        def gone() -> None:
+            """The engine's connection closed: its process ended (killed, crashed, stopped). It is
+            down now, not when its heartbeat is missed, and stays down until a process says its
+            versions again (the same one, were it still alive: the front's next ping asks)."""
+            engine = self.engines[index]
+            engine.generation, engine.served = 0, set()
+            if engine.up or engine.peer.open:
+                self.down(engine, "its connection closed")
+
+        return gone
 
     def new_life(self, engine: EngineState, name: str) -> None:
         """The engine's process is another one (restarted): what the old one held is lost."""

@@ -354,9 +354,10 @@ class Supervisor:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         if self.failed_start:
             return 1
-        codes = [c.process.returncode for c in self.engines + self.fronts if c.process is not None]
+        children = [c for c in self.engines + self.fronts if c.process is not None]
+        codes = [c.process.returncode for c in children]  # type: ignore[union-attr]
         log.info("stopped", extra={"exit_codes": codes})
-        return 0 if all(code == 0 for code in codes) else 1
+        return 0 if all(stopped_cleanly(c) for c in children) else 1
 
     def reload(self) -> None:
         """SIGHUP: the engines reload and publish; the fronts follow."""
@@ -383,6 +384,16 @@ class Supervisor:
                 log.error("process did not stop: killing it", extra={"role": child.role})
                 child.process.kill()
                 await child.process.wait()
+
+
+def stopped_cleanly(child: Child) -> bool:
+    """Exit 0; or an engine that was still starting again (after a restart: it had not published
+    its versions, so it held no request) ended by the stop's SIGTERM before its handler was in
+    place."""
+    assert child.process is not None
+    code = child.process.returncode
+    starting = child.role == "engine" and not child.served
+    return code == 0 or (starting and code == -signal.SIGTERM)
 
 
 def supervise(settings: Settings, argv: Sequence[str], fronts: int, engines: int) -> int:
