@@ -201,6 +201,24 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def report(
+    args: argparse.Namespace,
+    measure: Callable[[argparse.Namespace, Path], dict[str, Any]],
+    table: Callable[[dict[str, Any]], str],
+) -> int:
+    """A benchmark of this group run as its main: `measure` at one OpenMP thread in a temporary
+    folder, its table printed and, with --json, written beside the figures."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        result = measure(args, Path(tmp))
+    print(table(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        args.json.with_suffix(".txt").write_text(table(result) + "\n", encoding="utf-8")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.alignment.link_head", description=__doc__
@@ -216,16 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=0, help="the first N pairs only")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", type=Path, help="write the figures here, and the table beside it")
-    args = p.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with tempfile.TemporaryDirectory() as tmp:
-        result = measure(args, Path(tmp))
-    print(table(result))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        args.json.with_suffix(".txt").write_text(table(result) + "\n", encoding="utf-8")
-    return 0
+    return report(p.parse_args(argv), measure, table)
 
 
 if __name__ == "__main__":

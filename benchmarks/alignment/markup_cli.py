@@ -20,18 +20,15 @@ from __future__ import annotations
 
 import argparse
 import html
-import json
-import os
 import random
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from benchmarks.align_modes import read_split
-from benchmarks.alignment.link_head import read_graph, with_head
+from benchmarks.alignment.link_head import read_graph, report, with_head
 from service.model import markup
 
 FLAGS = ("--verbose", "--threads", "2", "--batch-size", "64")
@@ -148,16 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", type=Path, help="write the figures here, and the table beside it")
-    args = p.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with tempfile.TemporaryDirectory() as tmp:
-        result = measure(args, Path(tmp))
-    print(table(result))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        args.json.with_suffix(".txt").write_text(table(result) + "\n", encoding="utf-8")
-    return 0
+    return report(p.parse_args(argv), measure, table)
 
 
 if __name__ == "__main__":
