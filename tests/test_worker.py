@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
 
+from service.decode import controls as ctl
 from service.decode.beam import SearchOptions
+from service.decode.controls import Controls
 from service.decode.config import RuntimeConfig
 from service.decode.device_search import DeviceSearch
 from service.decode.engine import AlignmentMode, Engine, RunningBatch, Translation
@@ -364,6 +366,60 @@ def test_a_failing_decoder_step_fails_its_batch_and_the_worker_keeps_serving(
     assert_same(nxt_outcome.wait().results, engine.translate(tiny.sources[:2], opts(3)))
     wait_for(lambda: worker.load == (0, 0), "the worker to be empty")
     assert gauge(worker, "s2s_running_sentences") == 0
+    assert failing_outcome.calls == 1
+
+
+def test_a_sentence_whose_controls_cannot_decode_fails_alone(
+    engine: Engine, tiny: TinyModel, make_worker: Callable[..., Worker]
+) -> None:
+    """Controls with a token outside the target vocabulary (a front that tokenized for another
+    model) fail their job; the job beside it in the same batch gets its answers."""
+    worker = make_worker()
+    V = engine.cfg.tgt_vocab_size
+    bad, bad_outcome = make_job(engine, tiny.sources[:1], opts(2))
+    bad.controls = [(Controls(prefix=(V + 3,)),)]
+    good, good_outcome = make_job(engine, tiny.sources[1:3], opts(2))
+    worker.submit(bad)
+    worker.submit(good)
+    worker.start()
+    error = bad_outcome.wait().error
+    assert isinstance(error, DecodeFailed) and "outside the target vocabulary" in str(error)
+    assert_same(good_outcome.wait().results, engine.translate(tiny.sources[1:3], opts(2)))
+    wait_for(lambda: worker.load == (0, 0), "the worker to be empty")
+
+
+def test_controls_that_raise_mid_decode_fail_their_sentence_not_its_batch(
+    engine: Engine,
+    tiny: TinyModel,
+    make_worker: Callable[..., Worker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A control that raises at some step (here a repetition penalty, made to fail at step 2)
+    fails its own job; the batch's other jobs, with and without controls, get their answers."""
+    original = ctl.candidates
+
+    def candidates(rows: ctl.SlotRows, at: ctl.SlotControls, k: int) -> object:
+        if at.controls.repetition_penalty == 1.5 and at.step == 2:
+            raise RuntimeError("injected control failure")
+        return original(rows, at, k)
+
+    monkeypatch.setattr(ctl, "candidates", candidates)
+    worker = make_worker()
+    failing_options = replace(opts(2, max_length_b=8), repetition_penalty=1.5)
+    other_options = replace(opts(2, max_length_b=8), no_repeat_ngram_size=2)
+    failing, failing_outcome = make_job(engine, tiny.sources[:2], failing_options)
+    plain, plain_outcome = make_job(engine, tiny.sources[2:4], opts(2, max_length_b=8))
+    other, other_outcome = make_job(engine, tiny.sources[4:6], other_options)
+    for job in (failing, plain, other):
+        worker.submit(job)
+    worker.start()
+    error = failing_outcome.wait().error
+    assert isinstance(error, DecodeFailed) and "injected control failure" in str(error)
+    assert_same(
+        plain_outcome.wait().results, engine.translate(tiny.sources[2:4], opts(2, max_length_b=8))
+    )
+    assert_same(other_outcome.wait().results, engine.translate(tiny.sources[4:6], other_options))
+    wait_for(lambda: worker.load == (0, 0), "the worker to be empty")
     assert failing_outcome.calls == 1
 
 

@@ -24,7 +24,7 @@ from service.decode import links as link_modes
 from service.decode.alignment import Alignment, merge_by_index, word_spans
 from service.decode.alignment import pharaoh as argmax_pharaoh
 from service.decode.engine import Engine, Prepared
-from service.decode.errors import InvalidInput
+from service.decode.errors import DecodeFailed, InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions, Forced, ForcedSearch, default_links
 from service.decode.projection import head_weights, link_weights, project
 from service.decode.runtime import EncodedSentence
@@ -256,6 +256,7 @@ class ForcedBatch(Generic[KeyT]):
         self.search = ForcedSearch(self.decoder, cfg.bos_id, cfg.eos_id, cfg.tgt_vocab_size)
         self.requests: dict[Hashable, ForcedRequest[KeyT]] = {}
         self.states: dict[Hashable, np.ndarray] = {}  # encoder states of pairs linked by the head
+        self.failed: list[tuple[ForcedRequest[KeyT], Exception]] = []  # for `take_failed`
 
     def __len__(self) -> int:
         return len(self.search)
@@ -277,6 +278,17 @@ class ForcedBatch(Generic[KeyT]):
             encoded = self.engine.encode([r.sentence for r in requests])
         if len(encoded) != len(requests) or any(len(rows) != 1 for rows in encoded):
             raise ValueError("one encoded source per pair expected")
+        V = self.engine.cfg.tgt_vocab_size
+        usable = [not any(not 0 <= t < V for t in r.pair.tgt.ids) for r in requests]
+        self.failed += [
+            (r, DecodeFailed(f"the target's token ids are outside the vocabulary of {V}"))
+            for r, ok in zip(requests, usable, strict=True)
+            if not ok
+        ]  # a pair tokenized for another model fails alone
+        requests = [r for r, ok in zip(requests, usable, strict=True) if ok]
+        encoded = [e for e, ok in zip(encoded, usable, strict=True) if ok]
+        if not requests:
+            return
         row = self.decoder.add_sentences([rows[0] for rows in encoded])
         for request, rows in zip(requests, encoded, strict=True):
             pair = request.pair
@@ -286,6 +298,11 @@ class ForcedBatch(Generic[KeyT]):
             if request.options.links == link_modes.HEAD:
                 self.states[request.key] = rows[0].values
             row += 1
+
+    def take_failed(self) -> list[tuple[ForcedRequest[KeyT], Exception]]:
+        """The pairs that failed on their own since the last call (RunningBatch.take_failed)."""
+        failed, self.failed = self.failed, []
+        return failed
 
     def remove(self, keys: Collection[KeyT]) -> list[KeyT]:
         """Drop pairs mid-pass (their client went away); returns the keys that were here."""

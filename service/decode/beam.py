@@ -27,7 +27,7 @@ import numpy as np
 
 from service.decode import controls as ctl
 from service.decode.constraints import START, Constraints, SlotTable, State, bank_order
-from service.decode.controls import NO_CONTROLS, Controls
+from service.decode.controls import NO_CONTROLS, Controls, unusable_controls
 from service.decode.options import SearchOptions
 
 COVERAGE_FLOOR = 1e-6  # coverage is clipped to [COVERAGE_FLOOR, 1] before the log: no log 0
@@ -539,6 +539,10 @@ class BeamSearch:
         self._keep = np.zeros(0, np.int64)  # (B,) finished hypotheses wanted (_Sentence.keep)
         self._controlled = 0  # sentences with active controls
         self._constrained = 0  # sentences with constraints (a glossary's terms)
+        # sentences whose own controls raised at this step (by batch index), and those failed
+        # since `take_failed` was last asked: they leave the batch, which goes on without them
+        self._failing: dict[int, Exception] = {}
+        self._failed: list[tuple[Hashable, Exception]] = []
 
     @property
     def beam_size(self) -> int:
@@ -580,6 +584,9 @@ class BeamSearch:
             raise ValueError(f"sentence {sentence_id!r} is already decoding")
         if controls.active and not hasattr(self._decoder, "step_rows"):
             raise ValueError("decoding controls need a decoder with step_rows")
+        problem = unusable_controls(controls, self._vocab_size) if self._vocab_size else None
+        if problem:
+            raise ValueError(f"sentence {sentence_id!r}: {problem}")
         self._ids.add(sentence_id)
         constraints = Constraints(controls.constraints) if controls.constraints else None
         # a prefix is always decoded whole (cut only by max_length), and room is made for the
@@ -689,16 +696,21 @@ class BeamSearch:
             given = ctl.SlotRows(
                 out.log_probs[rows], out.token_ids[rows], None if full is None else full[rows]
             )
-            if at.controls.sampling and at.step >= len(at.controls.prefix):
-                # each sentence's K uniform draws from its own generator: its samples do not
-                # depend on the batch
-                draws = np.concatenate([rng.random(K) for rng in rngs])  # (R,)
-                live = np.isfinite(beams.scores[rows])  # (R,)
-                values, ids = ctl.sampled_candidates(given, at, k, draws, live)
-            else:
-                values, ids = ctl.candidates(given, at, k)
+            try:
+                if at.controls.sampling and at.step >= len(at.controls.prefix):
+                    # each sentence's K uniform draws from its own generator: its samples do not
+                    # depend on the batch
+                    draws = np.concatenate([rng.random(K) for rng in rngs])  # (R,)
+                    live = np.isfinite(beams.scores[rows])  # (R,)
+                    values, ids = ctl.sampled_candidates(given, at, k, draws, live)
+                else:
+                    values, ids = ctl.candidates(given, at, k)
+                model = self._model_log_probs(given, ids)  # (R, k)
+            except Exception as err:  # these sentences' controls: they fail, the batch goes on
+                self._fail_rows(rows, err)
+                log_probs[rows], step_raw[rows] = -np.inf, -np.inf
+                continue
             log_probs[rows], token_ids[rows] = values, ids
-            model = self._model_log_probs(given, ids)  # (R, k)
             step_raw[rows] = np.where(np.isfinite(values), model, -np.inf)
         if self._table is not None:
             assert full is not None
@@ -775,13 +787,28 @@ class BeamSearch:
             return
         for b, sentence in enumerate(self._sentences):
             c = sentence.constraints
-            if c is not None:
+            if c is None or b in self._failing:
+                continue
+            try:
                 sentence.states = [
                     c.advance(sentence.states[slot], token)
                     for slot, token in zip(
                         nxt.slots[b].tolist(), nxt.tokens[b].tolist(), strict=True
                     )
                 ]
+            except Exception as err:  # this sentence's constraints: it fails, not its batch
+                self._failing[b] = err
+
+    def _fail_rows(self, rows: np.ndarray, err: Exception) -> None:
+        """The sentences of slot rows (R,) fail at this step with err."""
+        for b in np.unique(rows // self._beam_size).tolist():
+            self._failing.setdefault(b, err)
+
+    def take_failed(self) -> list[tuple[Hashable, Exception]]:
+        """The sentences whose own controls raised since the last call, with the error: they
+        left the batch without an answer (the others decode on)."""
+        failed, self._failed = self._failed, []
+        return failed
 
     def _control_groups(
         self,
@@ -867,10 +894,20 @@ class BeamSearch:
         return done
 
     def _retire(self, done: np.ndarray) -> list[tuple[Hashable, list[Hypothesis]]]:
-        """Drop the done sentences from the batch and the decoder; return their n-best lists."""
+        """Drop the done sentences and those that failed at this step from the batch and the
+        decoder; return the done ones' n-best lists (the failed ones go to `take_failed`)."""
+        failing, self._failing = self._failing, {}
+        if failing:
+            done = done.copy()
+            done[list(failing)] = True
+            self._failed += [(self._sentences[b].id, err) for b, err in failing.items()]
         if not done.any():
             return []
-        results = [(s.id, s.n_best()) for s, d in zip(self._sentences, done, strict=True) if d]
+        results = [
+            (s.id, s.n_best())
+            for b, (s, d) in enumerate(zip(self._sentences, done, strict=True))
+            if d and b not in failing
+        ]
         self._drop(done)
         return results
 

@@ -74,6 +74,25 @@ class Controls:
 
 
 NO_CONTROLS = Controls()
+
+
+def unusable_controls(controls: Controls, vocab_size: int) -> str | None:
+    """Why a sentence's controls cannot decode with a target vocabulary of vocab_size (a token id
+    outside it: a front and an engine that disagree on the vocabulary), or None. A search checks
+    each sentence's own, so that one sentence's bad controls fail it, not its batch."""
+    named = {
+        "target prefix": [controls.prefix],
+        "suppressed sequence": list(controls.suppress),
+        "glossary term": list(controls.constraints),
+    }
+    for what, sequences in named.items():
+        for seq in sequences:
+            bad = [t for t in seq if not 0 <= t < vocab_size]
+            if bad:
+                return f"{what} token ids {bad} are outside the target vocabulary of {vocab_size}"
+    return None
+
+
 MAX_TOP_SAMPLING = 64  # top-k sampling up to this k draws from the step's own top k
 
 

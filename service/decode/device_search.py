@@ -36,7 +36,7 @@ import numpy as np
 import onnxruntime as ort
 
 from service.decode.beam import Hypothesis, compaction_order, length_penalty
-from service.decode.controls import NO_CONTROLS, Controls
+from service.decode.controls import NO_CONTROLS, Controls, unusable_controls
 from service.decode.device import HostRowOps, host_view
 from service.decode.options import SearchOptions
 from service.decode.runtime import EncodedSentence, EncoderRows, HostBuffer, OnnxModel
@@ -369,6 +369,9 @@ class DeviceSearch:
             )
         if controls is not NO_CONTROLS and controls.active and not self.takes(controls):
             raise ValueError("the device search does not take these decoding controls")
+        problem = unusable_controls(controls, self.model.bundle.architecture.tgt_vocab_size)
+        if problem:
+            raise ValueError(f"sentence {sentence_id!r}: {problem}")
         if sentence_id in self._ids:
             raise ValueError(f"sentence {sentence_id!r} is already decoding")
         src_len = encoded.length
@@ -438,6 +441,11 @@ class DeviceSearch:
         if not len(self):
             self._reset()
         return results
+
+    def take_failed(self) -> list[tuple[Hashable, Exception]]:
+        """None here: the controls the graph applies are checked when a sentence joins (`add`),
+        and what fails in the graph fails the step."""
+        return []
 
     # --- the batch's membership ----------------------------------------------------------------
 
@@ -517,6 +525,7 @@ class DeviceSearch:
         )
         if shape != self.shape:  # the other graph: a new binding, every input bound again
             self._switch(shape)
+        self._coverage_follows_shape()
         self._select(B_prev, N_prev, settings)
         self._changed = True
         self._max_steps = int(self._meta[:, STEPS].max(initial=0))
@@ -783,23 +792,29 @@ class DeviceSearch:
     def _switch(self, shape: SearchShape) -> None:
         """To the step's graph with what the batch's sentences need (SearchShape): a batch whose
         last sentence with a coverage penalty (controls, an alignment, an n-best list) left stops
-        paying for it. The coverage starts at zero: it matters only to the sentences with the
-        penalty, which join with the switch; so do the attention rows."""
-        coverage = shape.coverage
+        paying for it."""
         self.shape = shape
         self.session = self.model.search_session(shape)
         self.binding = self.session.io_binding()
         self._outputs_bound = []
         self._taken = None
         self._bound = {}
-        if self._state is not None and coverage != ("coverage" in self._state):
-            if coverage:
-                N = int(self._state["new_state"].shape()[0])
-                zeros = np.zeros((N, 0), np.float32)
-                self._state["coverage"] = self.device.upload(zeros, "state")
-            else:
-                self._state.pop("coverage", None)
-            self._S_prev = 0
+
+    def _coverage_follows_shape(self) -> None:
+        """The state holds a coverage exactly while the graph takes one, whatever came before: a
+        switch of graphs, or a batch that emptied (its state went with it) under the coverage
+        graph and fills again. A new coverage starts at zero: it matters only to the sentences
+        with the penalty, which join now; so do the attention rows."""
+        state = self._state
+        assert state is not None
+        if self.shape.coverage == ("coverage" in state):
+            return
+        if self.shape.coverage:
+            N = int(state["new_state"].shape()[0])
+            state["coverage"] = self.device.upload(np.zeros((N, 0), np.float32), "state")
+        else:
+            del state["coverage"]
+        self._S_prev = 0
 
     # --- finished sentences ----------------------------------------------------------------------
 

@@ -22,9 +22,9 @@ from service.decode import alignment as align
 from service.decode.alignment import Alignment
 from service.decode.beam import BeamSearch, Hypothesis, SearchOptions
 from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.controls import Controls
+from service.decode.controls import Controls, unusable_controls
 from service.decode.device_search import DeviceSearch
-from service.decode.errors import InvalidInput
+from service.decode.errors import DecodeFailed, InvalidInput
 from service.decode.link_head import load_link_head
 from service.decode.options import OPTIONS
 from service.decode.options import problems as option_problems
@@ -1073,6 +1073,8 @@ class RunningBatch(Generic[KeyT]):
         self.requests: dict[Hashable, DecodeRequest[KeyT]] = {}
         # segmented sentences: key → each segment's n-best list, None while it decodes
         self.segments: dict[Hashable, list[list[Hypothesis] | None]] = {}
+        # requests that failed on their own (their controls), for `take_failed`: the batch goes on
+        self.failed: list[tuple[DecodeRequest[KeyT], Exception]] = []
 
     @property
     def beam_size(self) -> int:
@@ -1110,7 +1112,13 @@ class RunningBatch(Generic[KeyT]):
         ]
         host: list[tuple[Hashable, int, SearchOptions, Controls, EncodedSentence]] = []
         device: list[tuple[Hashable, EncodedSentence, SearchOptions, Controls]] = []
+        V = self.engine.cfg.tgt_vocab_size
         for request, control, rows in zip(requests, controls, encoded, strict=True):
+            problem = next(filter(None, (unusable_controls(c, V) for c in control)), None)
+            if problem:  # this request fails alone (a front that tokenized for another model)
+                error = DecodeFailed(f"this text's decoding controls cannot decode: {problem}")
+                self.failed.append((request, error))
+                continue
             options = request.options
             want_attention = request.alignment != "none" or options.replace_unknowns
             if options.return_attention != want_attention:
@@ -1145,6 +1153,13 @@ class RunningBatch(Generic[KeyT]):
         """The controls of each part of a request's sentence (`Engine.sentence_controls`)."""
         return self.engine.sentence_controls(request.sentence, request.options)
 
+    def take_failed(self) -> list[tuple[DecodeRequest[KeyT], Exception]]:
+        """The requests that failed on their own since the last call (their controls could not
+        decode, when they joined or at a step), each with its error; the batch went on without
+        them."""
+        failed, self.failed = self.failed, []
+        return failed
+
     def remove(self, keys: Collection[KeyT]) -> list[KeyT]:
         """Drop sentences mid-decode (their client went away); returns the keys that were here."""
         present = [key for key in keys if key in self.requests]
@@ -1172,6 +1187,7 @@ class RunningBatch(Generic[KeyT]):
         finished = self.device.step() if self.device is not None else []
         if not self.search.is_empty:
             finished += self.search.step()
+        self.fail_entries(self.search.take_failed())
         for entry, hyps in finished:
             if entry in self.requests and entry not in self.segments:
                 out.append((self.requests.pop(entry), [hyps]))
@@ -1183,3 +1199,17 @@ class RunningBatch(Generic[KeyT]):
                 del self.segments[key]
                 out.append((self.requests.pop(key), [p for p in parts if p is not None]))
         return out
+
+    def fail_entries(self, failed: Sequence[tuple[Hashable, Exception]]) -> None:
+        """Search entries that failed on their own: their requests fail (a segmented one's other
+        segments leave the batch with it), for `take_failed`."""
+        for entry, error in failed:
+            whole = entry in self.requests and entry not in self.segments
+            key = entry if whole else cast(tuple[Hashable, int], entry)[0]
+            if key not in self.requests:
+                continue  # another segment of it failed first
+            request = self.requests[key]
+            self.remove([request.key])
+            log.error("a sentence's decoding controls failed: %r", error, exc_info=error)
+            why = DecodeFailed(f"this text's decoding controls failed: {error!r}; logged")
+            self.failed.append((request, why))

@@ -333,6 +333,9 @@ class Worker:
             log.exception("encoder failed; failing the batch of %s beam %d", model, key.beam)
             self.fail_batch(key, jobs_of(taken))
             return
+        self.fail_alone(batch)
+        if not len(batch):
+            del self.batches[key]
         self.set_running()
 
     def encode_now(
@@ -364,7 +367,11 @@ class Worker:
             trace.step(sentences, hypotheses, seconds)
         self.metrics.observe_model_step(model.name, model.version, hypotheses)
         for sentence, translation in finished:
-            self.deliver(sentence, translation)
+            if isinstance(translation, Exception):
+                self.fail_jobs({sentence.job}, translation)
+            else:
+                self.deliver(sentence, translation)
+        self.fail_alone(batch)
         if not len(batch):
             del self.batches[key]
         self.set_running()
@@ -388,6 +395,13 @@ class Worker:
         job.results[key.index] = result
         if len(job.results) == len(job.sentences):
             job.complete()
+
+    def fail_alone(self, batch: RunningBatch[SentenceKey] | ForcedBatch[SentenceKey]) -> None:
+        """The jobs of the sentences that failed on their own (their controls): the batch's others
+        decode on."""
+        for request, error in batch.take_failed():
+            log.error("a sentence failed alone: %s", error)
+            self.fail_jobs({request.key.job}, error)
 
     def fail_batch(self, key: BatchKey, extra_jobs: set[Job]) -> None:
         batch = self.batches.pop(key, None)
@@ -438,18 +452,31 @@ def sentence_request(key: SentenceKey) -> DecodeRequest[SentenceKey]:
 
 def finished_results(
     batch: RunningBatch[SentenceKey] | ForcedBatch[SentenceKey],
-) -> list[tuple[SentenceKey, Result | RawResult]]:
-    """One step of `batch`: its finished sentences' results, raw for a raw job's."""
+) -> list[tuple[SentenceKey, Result | RawResult | DecodeFailed]]:
+    """One step of `batch`: its finished sentences' results, raw for a raw job's; a sentence
+    whose result could not be made fails alone (its DecodeFailed in place of the result)."""
     engine = batch.engine
     if isinstance(batch, ForcedBatch):
         return [
-            (r.key, (forced, logits) if r.key.job.raw else aligned_of(engine, r, forced, logits))
+            (
+                r.key,
+                (forced, logits) if r.key.job.raw else alone(aligned_of, engine, r, forced, logits),
+            )
             for r, forced, logits in batch.step_raw()
         ]
     return [
-        (r.key, parts if r.key.job.raw else engine.translation_of(r, parts))
+        (r.key, parts if r.key.job.raw else alone(engine.translation_of, r, parts))
         for r, parts in batch.step_raw()
     ]
+
+
+def alone(make: Callable[..., Result], *args: Any) -> Result | DecodeFailed:
+    """make(*args), or the DecodeFailed that fails this one sentence (the cause logged)."""
+    try:
+        return make(*args)
+    except Exception as err:
+        log.exception("a finished sentence's answer could not be made")
+        return DecodeFailed(f"this text's answer could not be made ({type(err).__name__}); logged")
 
 
 def forced_request(key: SentenceKey) -> ForcedRequest[SentenceKey]:
