@@ -395,6 +395,23 @@ def test_a_segment_the_memory_answers_as_written_keeps_its_unknowns_marked(tmp_p
         assert rows == (["<unk>"] if mode == "subword" else [h.alignment.target_tokens[-1]])
 
 
+def test_a_segmented_answers_word_labels_are_its_texts_words(tmp_path: Path) -> None:
+    """Memory targets with letters the vocabulary cannot spell, inside a word and as a whole word,
+    in segments of a segmented answer (before and after the model's): its word alignment labels
+    them as its text writes them (issue 48: they read "⁇"), and each word's rows stay one row."""
+    engine = Engine.load(DEFAULT_BUNDLE, CPU)
+    path = tmp_path / "numbers-en-fr.tsv"
+    path.write_text("twelve\tdouze Ωmega\nseven\t(TM) sept\n", "utf-8")
+    engine.user_memory = engine.read_memory(path)
+    for text in ["ninety-seven and twelve", "twelve and ninety-seven", "seven and twelve"]:
+        (t,) = recall.translate(engine, [text], SearchOptions(beam_size=3), "word")
+        h = t.hypotheses[0]
+        assert h.origin in ("mixed", "memory") and h.alignment is not None
+        assert h.alignment.target_tokens == h.text.split(), text
+        assert h.alignment.source_tokens == text.split()
+        assert h.alignment.matrix.shape == (len(h.text.split()), len(text.split()))
+
+
 def test_the_g2p_memory_matches_after_the_input_rule_and_s2s_translate_reads_a_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -75,6 +75,9 @@ class TranslationHypothesis:
     # with markup or protected spans (service/decode/marked.py): the translation of the plain text,
     # which tokens and alignment describe; `text` is then it with the markup put back
     plain_text: str = ""
+    # each token's text as `text` writes it, where the tokenizer's own would not (a memory's
+    # target as written: a letter the vocabulary cannot spell is no " ⁇ "); () for the tokenizer's
+    surfaces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -882,11 +885,15 @@ class Engine:
     def joined_surfaces(self, parts: list[TranslationHypothesis], sentence: Prepared) -> list[str]:
         """The joined hypothesis's target surfaces: they join to its text (segments' and
         separators' text in order)."""
-        blocks = [(self.tgt_tok.surfaces(parts[0].token_ids), parts[0].text)]
+        blocks = [(self.written_surfaces(parts[0]), parts[0].text)]
         for separator, part in zip(sentence.separators, parts[1:], strict=True):
             blocks.append((separator.target_surfaces, separator.target_text))
-            blocks.append((self.tgt_tok.surfaces(part.token_ids), part.text))
+            blocks.append((self.written_surfaces(part), part.text))
         return segment.join_surfaces(blocks)
+
+    def written_surfaces(self, hyp: TranslationHypothesis) -> list[str]:
+        """Each of hyp's tokens' text as its answer writes it."""
+        return list(hyp.surfaces) if hyp.surfaces else self.tgt_tok.surfaces(hyp.token_ids)
 
     def join_hypotheses(
         self, parts: list[TranslationHypothesis], sentence: Prepared, mode: AlignmentMode

@@ -80,6 +80,7 @@ def memory_hypothesis(
         token_log_probs=tuple(aligned.token_log_probs),
         unknown_tokens=tuple(aligned.unknown_target_tokens),
         origin="memory",
+        surfaces=pair.tgt.written_surfaces(),
     )
 
 

@@ -33,6 +33,17 @@ class Side:
     def unknown_words(self) -> list[int]:
         return sorted({int(self.word_of[i]) for i in self.unknown})
 
+    def written_surfaces(self) -> tuple[str, ...]:
+        """Each piece's text as the words were written: a word's whole text on its last piece
+        (after a space, but for the first word), nothing on its others, which belong to the word
+        after them (alignment.word_membership): the pieces write the words, those the vocabulary
+        cannot spell included, and group as they do."""
+        last = np.r_[self.word_of[1:] != self.word_of[:-1], True] if len(self.word_of) else []
+        return tuple(
+            ((" " if w else "") + self.words[w]) if end else ""
+            for w, end in zip(self.word_of.tolist(), last, strict=True)
+        )
+
 
 def side_ids(
     tokenizer: TextTokenizer,
