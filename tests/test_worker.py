@@ -12,8 +12,8 @@ import pytest
 
 from service.decode import controls as ctl
 from service.decode.beam import SearchOptions
-from service.decode.controls import Controls
 from service.decode.config import RuntimeConfig
+from service.decode.controls import Controls
 from service.decode.device_search import DeviceSearch
 from service.decode.engine import AlignmentMode, Engine, RunningBatch, Translation
 from service.decode.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
