@@ -32,12 +32,12 @@ def test_translate_work_crosses_as_token_ids_options_and_controls() -> None:
         (Controls(min_length=2), Controls()),
     ]
     message = (ch.JOB, 7, ch.TRANSLATE, "m", "1", 12.5, {"traceparent": "t"}, "rid",
-               ch.translate_work([whole, segmented], options, "word", controls))  # fmt: skip
+               ch.translate_work([whole, segmented], options, "word", controls, True))  # fmt: skip
     got = ch.unpack(ch.pack(message))
     assert got[:8] == [ch.JOB, 7, ch.TRANSLATE, "m", "1", 12.5, {"traceparent": "t"}, "rid"]
-    sentences, search, alignment, read_controls = ch.read_translate(got[8])
+    sentences, search, alignment, read_controls, keep_rows = ch.read_translate(got[8])
     assert search == options and hash(search) == hash(options)  # tuples again: hashable
-    assert alignment == "word" and read_controls == controls
+    assert alignment == "word" and read_controls == controls and keep_rows
     assert sentences[0].ids == [5, 6, 7] and not sentences[0].segments
     assert [p.ids for p in sentences[1].parts] == [[8, 9], [10, 11]]
     assert sentences[1].ids == [8, 9, 10, 11]  # what the engine needs: ids, no text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import io
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import grpc
 import pytest
 
 from proto.translation.v1 import translation_pb2 as pb
+from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli import align as align_cli
 from service.cli import translate as translate_cli
 from service.cli.client import TranslatorClient
@@ -25,7 +27,7 @@ from service.decode.aligner import align
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.forced import AlignOptions
-from service.decode.options import SearchOptions
+from service.decode.options import SearchOptions, merge_options
 from service.model.markup import strip
 from tests.conftest import REPO
 from tests.test_http import call, http, port_of  # noqa: F401  (the fixture)
@@ -299,3 +301,66 @@ def test_the_translate_cli_pipelines_markup_and_answers_each_line_as_alone(
     assert code == 1
     assert out[3] == ""
     assert out[:3] + out[4:] == alone
+
+
+GREEK_TAGGED = [
+    "Ἐν ἀρχῇ ἦν <b>ὁ λόγος</b>",
+    'καὶ <a href="#x">εἶπεν</a> αὐτοῖς',
+    "Ἐν ἐκείνῳ τῷ καιρῷ ἤκουσεν <b>Ἡρῴδης ὁ τετραάρχης</b> τὴν ἀκοὴν Ἰησοῦ",
+    "<i>καὶ</i> ὁ λόγος σὰρξ ἐγένετο",
+]
+
+
+def greek_markup_request() -> pb.TranslateRequest:
+    return pb.TranslateRequest(
+        texts=GREEK_TAGGED, options=pb.DecodingOptions(beam_size=5, n_best=2, markup="xml")
+    )
+
+
+def answers_of(response: pb.TranslateResponse) -> list[list[tuple[str, str]]]:
+    return [[(h.text, h.plain_text) for h in t.hypotheses] for t in response.translations]
+
+
+def test_the_server_puts_markup_back_with_the_decodes_encoder_rows_in_both_layouts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The link head reads the encoder rows the decode made (service/decode/kept_rows.py): each
+    source is encoded once, by the decode, not again for the head (issue 48). The answers are
+    s2s-translate's, in one process and across a front and an engine process."""
+    from loadtest.harness import LocalServer
+    from service.decode.runtime import OnnxModel
+    from tests.test_server import base_args
+
+    greek = REPO / "models" / "grc-en-nt"
+    encoded: list[int] = []
+    original = OnnxModel.encode
+
+    def counting(model: OnnxModel, src: Any, lengths: Any) -> Any:
+        encoded.append(len(lengths))
+        return original(model, src, lengths)
+
+    monkeypatch.setattr(OnnxModel, "encode", counting)
+    srv = ServerThread.start([*base_args(greek), "--no-warmup"])
+    try:
+        encoded.clear()
+        single = srv.stub.Translate(greek_markup_request(), timeout=120)
+        assert sum(encoded) == len(GREEK_TAGGED), f"sources encoded {sum(encoded)} times"
+        engine = srv.r.engine
+        defaults = merge_options(SearchOptions().values(), engine.decoding_defaults)
+        options = SearchOptions(**{**defaults, "beam_size": 5, "n_best": 2, "markup": "xml"})
+        cli = marked.translate(engine, GREEK_TAGGED, options, "none")
+    finally:
+        srv.close()
+    assert answers_of(single) == [[(h.text, h.plain_text) for h in t.hypotheses] for t in cli]
+    assert all(h.text.count("<") == 2 for t in single.translations for h in t.hypotheses)
+    flags = ["--fronts", "1", "--engines", "1", "--providers", "CPUExecutionProvider",
+             "--intra-op-threads", "1", "--log-level", "WARNING"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("S2S_")}
+    pod = LocalServer.start(str(greek), "iteration", tmp_path, 180, extra=flags, env=env)
+    try:
+        with grpc.insecure_channel(pod.target) as channel:
+            stub = pb_grpc.TranslatorStub(channel)
+            split = stub.Translate(greek_markup_request(), timeout=120)
+    finally:
+        assert pod.stop() == 0
+    assert answers_of(split) == answers_of(single)

@@ -44,7 +44,7 @@ class InstantEngine:
             self.endpoint.send(peer, (ch.VERSIONS, 1, self.name, (self.entry,)))
         elif kind == ch.JOB:
             _, ident, job_kind, _, _, _, _, _, work = message
-            sentences, options, _, _ = ch.read_translate(work)
+            sentences, options, *_ = ch.read_translate(work)
             results = [self.parts(s.parts, options.n_best) for s in sentences]
             self.endpoint.send(peer, (ch.DONE, ident, ch.results_out(job_kind, results)))
             self.answered += 1

@@ -14,7 +14,7 @@ vocabulary does not know is fed as the unknown token and listed in `unknown_*`, 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
@@ -26,6 +26,7 @@ from service.decode.alignment import pharaoh as argmax_pharaoh
 from service.decode.engine import Engine, Prepared
 from service.decode.errors import DecodeFailed, InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions, Forced, ForcedSearch, default_links
+from service.decode.kept_rows import KeptRows, SourceRows
 from service.decode.projection import head_weights, link_weights, project
 from service.decode.runtime import EncodedSentence
 from service.decode.sides import Side, tokenize_pair
@@ -131,17 +132,15 @@ def head_logits(engine: Engine, pair: PreparedPair, states: np.ndarray) -> np.nd
     )
 
 
-SourceRows = Mapping[tuple[int, ...], EncodedSentence]  # encoder rows, by the ids they read
-
-
 def head_weights_for(
-    engine: Engine, texts: Sequence[tuple[str, Sequence[str]]], encoded: SourceRows | None = None
+    engine: Engine, texts: Sequence[tuple[str, Sequence[str]]], kept: KeptRows | None = None
 ) -> list[list[np.ndarray] | None]:
     """For each (plain source, its targets): (T, S) projection weights (service/decode/projection.py)
     of every target from the link head; None for a text whose pairs cannot be read as Align reads
     them (the caller reads the attention instead). encoded: encoder rows already computed (the
     decode's, in the same process), by the ids they read; the sources not among them are encoded
-    here, in one call."""
+    here, in one call. kept: the decode's encoder rows (service/decode/kept_rows.py), taken where
+    they hold a source; the others are encoded here, in one call."""
     prepared: list[dict[int, PreparedPair] | None] = []
     for plain, targets in texts:
         try:
@@ -150,7 +149,7 @@ def head_weights_for(
             )
         except InvalidInput:
             prepared.append(None)
-    rows = source_rows(engine, [next(iter(p.values())).source for p in prepared if p], encoded)
+    rows = source_rows(engine, [next(iter(p.values())).source for p in prepared if p], kept)
     out: list[list[np.ndarray] | None] = []
     for (plain, targets), pairs in zip(texts, prepared, strict=True):
         if pairs is None:
@@ -159,23 +158,20 @@ def head_weights_for(
         S = len(word_spans(plain))
         weights = [np.zeros((0, S)) for _ in targets]
         if pairs:
-            states = rows[tuple(next(iter(pairs.values())).source.ids)].values  # (P_s, D)
+            states = rows[tuple(next(iter(pairs.values())).source.ids)]  # (P_s, D)
             for i, pair in pairs.items():
                 weights[i] = head_weights(head_logits(engine, pair, states))
         out.append(weights)
     return out
 
 
-def source_rows(
-    engine: Engine, sources: Sequence[Prepared], encoded: SourceRows | None
-) -> SourceRows:
-    """Every source's encoder rows by its ids: those of `encoded` that read the same ids (the same
-    encoder input), the rest encoded in one call."""
-    known = encoded or {}
-    rows = {key: known[key] for key in (tuple(s.ids) for s in sources) if key in known}
-    missing = [s for s in sources if tuple(s.ids) not in rows]
+def source_rows(engine: Engine, sources: Sequence[Prepared], kept: KeptRows | None) -> SourceRows:
+    """Every source's encoder values (S, D) by its ids: those `kept` holds for the same ids (the
+    same encoder input), the rest encoded in one call."""
+    rows = kept.find(tuple(s.ids) for s in sources) if kept is not None else {}
+    missing = list({tuple(s.ids): s for s in sources if tuple(s.ids) not in rows}.values())
     fresh = engine.encode(missing) if missing else []
-    rows.update((tuple(s.ids), r[0]) for s, r in zip(missing, fresh, strict=True))
+    rows.update((tuple(s.ids), r[0].values) for s, r in zip(missing, fresh, strict=True))
     return rows
 
 

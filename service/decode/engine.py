@@ -25,6 +25,7 @@ from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.controls import Controls, unusable_controls
 from service.decode.device_search import DeviceSearch
 from service.decode.errors import DecodeFailed, InvalidInput
+from service.decode.kept_rows import KeptRows
 from service.decode.link_head import load_link_head
 from service.decode.options import OPTIONS
 from service.decode.options import problems as option_problems
@@ -179,6 +180,8 @@ class Engine:
         self.decoding_defaults = check_decoding_defaults(bundle)
         # Align's supervised word aligner, where the bundle ships one (service/decode/link_head.py)
         self.link_head = load_link_head(bundle, graph=graphs)
+        # the decode's encoder rows of texts with markup, until the link head reads them
+        self.kept_rows = KeptRows()
         # The memory consulted before the model (service/model/memory.py): the bundle's, under the
         # server's file for this model (`user_memory`, set and reloaded by the server)
         self.bundle_memory = (

@@ -16,20 +16,19 @@ import numpy as np
 
 from service.decode import links as link_modes
 from service.decode import recall
-from service.decode.aligner import SourceRows, head_weights_for
+from service.decode.aligner import head_weights_for
 from service.decode.alignment import merge_subwords, word_spans
 from service.decode.engine import (
     AlignmentMode,
     Engine,
-    Prepared,
     Translation,
     TranslationHypothesis,
 )
 from service.decode.errors import InvalidInput
 from service.decode.forced import DEFAULT_LINKS
+from service.decode.kept_rows import KeptRows
 from service.decode.options import SearchOptions
 from service.decode.projection import link_weights, project
-from service.decode.runtime import EncodedSentence
 from service.model import markup
 from service.model.markup import Marked, MarkupError
 
@@ -117,18 +116,18 @@ def restore(
     translations: Sequence[Translation],
     alignment: str,
     found: HeadWeights | None = None,
-    encoded: SourceRows | None = None,
+    kept: KeptRows | None = None,
 ) -> list[Translation]:
     """Each translation's hypotheses with their text's markup put back (`text`), the translation
     of the plain text kept as `plain_text`; alignments dropped where the request asked none.
     found: the link head's weights of `head_texts` computed elsewhere (an engine process's); None:
     computed here with the engine's link head, where it has one, reading the sources' encoder rows
-    from `encoded` where it holds them (the decode's: `KeptRows`)."""
+    from `kept` where it holds them (the decode's: service/decode/kept_rows.py)."""
     heads: list[list[np.ndarray] | None] = [None] * len(marked)
     if engine.link_head is not None:
         todo = [i for i, m in enumerate(marked) if m.nodes]
         if found is None:
-            found = head_weights_for(engine, head_texts(marked, translations), encoded)
+            found = head_weights_for(engine, head_texts(marked, translations), kept)
         for i, weights in zip(todo, found, strict=True):
             heads[i] = weights
     out = []
@@ -158,31 +157,13 @@ def restore(
 # --- translating, in one process ------------------------------------------------------------------
 
 
-class KeptRows:
-    """An `Encoder` that keeps the rows it makes (`rows`, by the ids each sentence read): the
-    decode's encoder call, which the link head then reads again instead of encoding the same
-    sources a second time (on 400 verses of John, 0.15 s of the 0.77 s that putting the markup
-    back took)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.rows: dict[tuple[int, ...], EncodedSentence] = {}
-
-    def __call__(self, sentences: Sequence[Prepared]) -> list[list[EncodedSentence]]:
-        encoded = self.engine.encode(sentences)
-        for sentence, rows in zip(sentences, encoded, strict=True):
-            if not sentence.segments:  # (a segmented one's rows are its segments')
-                self.rows[tuple(sentence.ids)] = rows[0]
-        return encoded
-
-
 @dataclass(frozen=True)
 class Decoded:
     """A batch's texts decoded, their markup not yet put back (`finish`)."""
 
     marked: list[Marked] | None  # None: the texts asked for no markup
     translations: list[Translation]  # of the plain texts
-    encoded: SourceRows | None  # the decode's encoder rows, for the link head
+    kept: KeptRows | None  # the decode's encoder rows, for the link head
 
 
 def decode(
@@ -193,9 +174,10 @@ def decode(
         return Decoded(None, recall.translate(engine, texts, options, alignment), None)
     marks = read_texts(texts, options)
     mode = decode_alignment(engine, options, alignment)
-    kept = KeptRows(engine) if engine.link_head is not None else None
-    results = recall.translate(engine, [m.plain for m in marks], options, mode, kept)
-    return Decoded(marks, results, kept.rows if kept is not None else None)
+    kept = KeptRows() if engine.link_head is not None else None
+    encode = kept.keeping(engine.encode) if kept is not None else None
+    results = recall.translate(engine, [m.plain for m in marks], options, mode, encode)
+    return Decoded(marks, results, kept)
 
 
 def finish(engine: Engine, decoded: Decoded, alignment: AlignmentMode) -> list[Translation]:
@@ -203,7 +185,7 @@ def finish(engine: Engine, decoded: Decoded, alignment: AlignmentMode) -> list[T
     own while the next batch decodes."""
     if decoded.marked is None:
         return decoded.translations
-    return restore(engine, decoded.marked, decoded.translations, alignment, encoded=decoded.encoded)
+    return restore(engine, decoded.marked, decoded.translations, alignment, kept=decoded.kept)
 
 
 def translate(

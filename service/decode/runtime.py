@@ -28,7 +28,7 @@ from onnx import helper
 
 from service.decode.beam import StepOutput
 from service.decode.config import RuntimeConfig
-from service.decode.device import Device, HostRowOps, RowOps, make_row_ops
+from service.decode.device import Device, HostRowOps, RowOps, host_view, make_row_ops
 from service.decode.providers import CUDA, check_model_providers, resolve_providers
 from service.decode.search_graph import (
     SearchShape,
@@ -292,6 +292,16 @@ class EncodedSentence:
     @property
     def values(self) -> np.ndarray:
         return self.arrays()[0]
+
+    def own_values(self) -> np.ndarray:
+        """Its values (S_i, D) as a host array of its own. Where the device's memory is the host's,
+        its row is read in place and copied alone (`values` copies the whole batch's outputs to
+        cut its row: a cost per sentence that grows with the batch)."""
+        batch = self.batch
+        if self._arrays is not None or batch is None or batch.device.type != "cpu":
+            return self.values
+        B, S, D = batch.values.shape()
+        return host_view(batch.values, (B, S, D))[self.row, : self.length].copy()
 
     @property
     def keys(self) -> np.ndarray:

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import fields
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import msgspec
 import numpy as np
@@ -43,7 +43,7 @@ from service.decode import errors
 from service.decode.aligner import PreparedPair
 from service.decode.beam import Hypothesis
 from service.decode.controls import Controls
-from service.decode.engine import Prepared, RawParts
+from service.decode.engine import AlignmentMode, Prepared, RawParts
 from service.decode.forced import AlignOptions, Forced
 from service.decode.options import SearchOptions
 from service.decode.sides import Side
@@ -142,20 +142,30 @@ def translate_work(
     options: SearchOptions,
     alignment: str,
     controls: Sequence[tuple[Controls, ...]],
+    keep_rows: bool = False,
 ) -> tuple[Any, ...]:
-    """A Translate job's work: each sentence's parts' token ids and controls, the options."""
+    """A Translate job's work: each sentence's parts' token ids and controls, the options, and
+    whether the link head reads the sources next (the engine keeps their encoder rows)."""
     return (
         tuple(tuple(p.ids for p in s.parts) for s in sentences),
         tuple(tuple(controls_out(c) for c in parts) for parts in controls),
         options.values(),
         alignment,
+        keep_rows,
     )
 
 
-def read_translate(work: Sequence[Any]) -> tuple[list[Prepared], SearchOptions, str, list[Any]]:
-    """(sentences, options, alignment, controls) as the engine's worker takes them: sentences
-    without their text (the engine reads token ids only)."""
-    parts, controls, values, alignment = work
+class TranslateWork(NamedTuple):
+    sentences: list[Prepared]  # without their text: the engine reads token ids only
+    options: SearchOptions
+    alignment: AlignmentMode
+    controls: list[Any]
+    keep_rows: bool
+
+
+def read_translate(work: Sequence[Any]) -> TranslateWork:
+    """A Translate job's work as the engine's worker takes it."""
+    parts, controls, values, alignment, keep_rows = work
     sentences = []
     for ids in parts:
         if len(ids) == 1:
@@ -163,11 +173,12 @@ def read_translate(work: Sequence[Any]) -> tuple[list[Prepared], SearchOptions, 
         else:
             segments = tuple(Prepared("", list(p), []) for p in ids)
             sentences.append(Prepared("", [i for p in ids for i in p], [], segments))
-    return (
+    return TranslateWork(
         sentences,
         SearchOptions(**{name: tuples(v) for name, v in values.items()}),
-        alignment,
+        cast(AlignmentMode, alignment),
         [tuple(controls_in(c) for c in parts) for parts in controls],
+        bool(keep_rows),
     )
 
 

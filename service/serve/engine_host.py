@@ -193,9 +193,11 @@ class EngineHost:
             pairs, options = ch.read_align(work)
             job = Job.align(request_id, pairs, options, done, deadline, model)
         else:
-            sentences, search, alignment, controls = ch.read_translate(work)
-            job = Job(request_id, sentences, search, alignment, done, deadline, model)  # type: ignore[arg-type]
-            job.controls = controls
+            read = ch.read_translate(work)
+            job = Job(
+                request_id, read.sentences, read.options, read.alignment, done, deadline, model
+            )
+            job.controls, job.keep_rows = read.controls, read.keep_rows
         job.raw, job.trace = True, trace
         self.repository.hold(model)
         self.jobs[(peer, ident)] = job
@@ -227,7 +229,9 @@ class EngineHost:
         _, ident, name, version, texts = message
         try:
             model = self.resolve(name, version)
-            found = head_weights_for(model.engine, [(s, list(t)) for s, t in texts])
+            found = head_weights_for(
+                model.engine, [(s, list(t)) for s, t in texts], model.engine.kept_rows
+            )
         except Exception as err:
             if not isinstance(err, ModelNotFound):
                 log.exception("the link head failed")

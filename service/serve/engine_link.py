@@ -99,7 +99,9 @@ class EngineLink:
             work = ch.align_work(job.pairs, job.align_options)
         else:
             assert job.controls is not None  # computed by the front's text side
-            work = ch.translate_work(job.sentences, job.options, job.alignment, job.controls)
+            work = ch.translate_work(
+                job.sentences, job.options, job.alignment, job.controls, job.keep_rows
+            )
         model, carrier = job.model, job.trace.carrier()
 
         def answer(results: Any, error: Exception | None) -> None:

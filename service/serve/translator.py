@@ -143,6 +143,9 @@ class TranslatorCore:
         trace.set(
             input_tokens=sum(len(p.ids) for p in prepared), beam_size=parsed.options.beam_size
         )
+        # the link head reads each text with markup next: the engine keeps the decode's encoder
+        # rows for it (service/decode/kept_rows.py) and reads them instead of encoding again
+        heads_next = engine.link_head is not None and any(m.nodes for m in marks)
         results = await self.translate_with_memory(
             model,
             texts,
@@ -151,10 +154,11 @@ class TranslatorCore:
             marked.decode_alignment(engine, parsed.options, parsed.alignment),
             request_id,
             deadline,
+            keep_rows=heads_next,
         )
         if parsed.options.marked:
-            heads = None  # the link head reads each text with markup (an engine's encoder, graph)
-            if engine.link_head is not None and any(m.nodes for m in marks):
+            heads = None
+            if heads_next:
                 heads = await self.worker.heads(model, marked.head_texts(marks, results))
             results = await asyncio.to_thread(
                 marked.restore, engine, marks, results, parsed.alignment, heads
@@ -278,10 +282,12 @@ class TranslatorCore:
         alignment: AlignmentMode,
         request_id: str,
         deadline: float | None,
+        keep_rows: bool = False,
     ) -> list[Translation]:
         """The texts the model's memory knows answered from it (their forced pass queued as an
         Align job: service/decode/recall.py), the others, and an n_best the memory cannot fill,
-        decoded; both jobs in the same decode loop at once."""
+        decoded; both jobs in the same decode loop at once. keep_rows: the decode keeps its
+        encoder rows for the link head (`Job.keep_rows`)."""
         engine = model.engine
         todo = recall.plan(engine, texts, prepared, options)
         if recall.consulted(engine, options):
@@ -297,9 +303,10 @@ class TranslatorCore:
             controls = [tuple(engine.sentence_controls(r.sentence, r.options)) for r in requests]
             raw = await self.run_job(
                 lambda done: Job(
-                    request_id, sentences, o, a, done, deadline, model, controls=controls
+                    request_id, sentences, o, a, done, deadline, model, controls=controls,
+                    keep_rows=keep_rows,
                 )
-            )
+            )  # fmt: skip
             return [engine.translation_of(r, parts) for r, parts in zip(requests, raw, strict=True)]
 
         async def force(pairs: list[PreparedPair]) -> list[AlignedPair]:

@@ -71,6 +71,9 @@ class Job:
     raw: bool = False
     # each sentence's parts' controls, computed by the front (None: the batch computes them)
     controls: Sequence[tuple[Controls, ...]] | None = None
+    # the link head reads its sources next (markup): their encoder rows are kept for it
+    # (Engine.kept_rows) instead of encoded again
+    keep_rows: bool = False
 
     @classmethod
     def align(
@@ -325,6 +328,9 @@ class Worker:
                     job.trace.encoded(start_ns, time.time_ns(), len(missing))
                 encoded.update(zip(missing, fresh, strict=True))
             rows = [encoded[k] for k in keys]
+            for k, parts in zip(keys, rows, strict=True):
+                if k.job.keep_rows:
+                    model.engine.kept_rows.keep(k.job.sentences[k.index], parts[0])
             if isinstance(batch, ForcedBatch):
                 batch.add([forced_request(k) for k in keys], rows)
             else:
