@@ -14,17 +14,19 @@ O(joining sentences + hypotheses × (k + source length)), never O(batch × sourc
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from service.decode.beam import StepOutput
 from service.decode.config import RuntimeConfig
@@ -75,12 +77,51 @@ def provider_options(providers: Sequence[str], config: RuntimeConfig) -> list[di
     return [cuda_provider_options(config) if p == CUDA else {} for p in providers]
 
 
+class SharedWeights:
+    """One copy of a graph's weights for every session that runs a variant of it: the decoder
+    step, the device search's variants (a beam size and what its sentences need: up to sixteen a
+    beam size) and Align's. Each session reads these OrtValues (`SessionOptions.add_initializer`)
+    instead of a copy of its own, and packs none (`session.disable_prepacking`: a packed copy per
+    session otherwise). Measured on grc-en-nt's device-search variants (14 MiB of decoder weights),
+    each session's resident memory: 28.8 MiB as they were, 15.4 sharing the weights, 1.6 sharing
+    them and made from a file (`make_session`); 64 texts at beam 5 decode as fast."""
+
+    MIN_BYTES = 1024  # smaller initializers (shapes, scalars) stay in their graphs
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.values: dict[str, ort.OrtValue] = {}
+        self._sizes: dict[str, int] = {}
+        for tensor in model.graph.initializer:
+            array = np.ascontiguousarray(numpy_helper.to_array(tensor))
+            if array.nbytes >= self.MIN_BYTES:
+                self.values[tensor.name] = ort.OrtValue.ortvalue_from_numpy(array)
+                self._sizes[tensor.name] = array.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self._sizes.values())
+
+    def add_to(self, options: ort.SessionOptions) -> None:
+        """These weights for a session's initializers of the same names (a graph without one of
+        them ignores it)."""
+        for name, value in self.values.items():
+            options.add_initializer(name, value)
+        options.add_session_config_entry("session.disable_prepacking", "1")
+
+
 def make_session(
-    path: str | bytes, config: RuntimeConfig, threads: int, profile_prefix: str | None = None
+    path: str | bytes,
+    config: RuntimeConfig,
+    threads: int,
+    profile_prefix: str | None = None,
+    shared: SharedWeights | None = None,
 ) -> ort.InferenceSession:
     """A session on the configured providers; with `profile_prefix`, ONNX Runtime's profiler on
-    (benchmarks/placement.py reads which provider ran each node from it)."""
+    (benchmarks/placement.py reads which provider ran each node from it); `shared`: the weights it
+    reads instead of its own copy."""
     options = ort.SessionOptions()
+    if shared is not None:
+        shared.add_to(options)
     if profile_prefix is not None:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
@@ -92,15 +133,30 @@ def make_session(
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     providers = resolve_providers(config.providers, config.device_id)
     try:
-        return ort.InferenceSession(
-            path,
-            sess_options=options,
-            providers=providers,
-            provider_options=provider_options(providers, config),
-        )
+        with graph_file(path) as source:
+            return ort.InferenceSession(
+                source,
+                sess_options=options,
+                providers=providers,
+                provider_options=provider_options(providers, config),
+            )
     except Exception as err:  # a damaged graph fails with messages that may not name it
         where = "the decoder graph (in memory)" if isinstance(path, bytes) else path
         raise BundleError(f"{where}: ONNX Runtime cannot load this graph: {err}") from err
+
+
+@contextlib.contextmanager
+def graph_file(graph: str | bytes) -> Iterator[str]:
+    """A graph's path: an in-memory one written to a temporary file for the session's load (a
+    session made from bytes keeps them as long as it lives: a decoder's weights again in every
+    variant's session, 14 MiB each on grc-en-nt's)."""
+    if isinstance(graph, str):
+        yield graph
+        return
+    with tempfile.TemporaryDirectory(prefix="s2s-graph-") as folder:
+        path = Path(folder) / "graph.onnx"
+        path.write_bytes(graph)
+        yield str(path)
 
 
 FULL_LOG_PROBS = "full_log_probs"  # (N, V): the decoder step's whole log-softmax row
@@ -386,9 +442,11 @@ class OnnxModel:
             str(bundle.file("encoder.onnx")), config, config.encoder_threads
         )
         self.decoder_file = bundle.file(decoder_file)
+        # the decoder's weights once, for every session of its graph's variants
+        self.shared = self._shared_weights()
         graph, self.k_on_host = decoder_graph(self.decoder_file, fp16=config.fp16_decoder)
         assert graph is not None
-        self.decoder = make_session(graph, config, config.intra_op_threads)
+        self.decoder = make_session(graph, config, config.intra_op_threads, shared=self.shared)
         check_model_providers(
             bundle.name,
             config.providers,
@@ -434,7 +492,9 @@ class OnnxModel:
                 topk_reads_k_on_the_host(model)
                 graph = search_step_graph(model, shape).SerializeToString()
                 threads = self.config.intra_op_threads
-                session = make_session(graph, self.config, threads, self.profile_prefix)
+                session = make_session(
+                    graph, self.config, threads, self.profile_prefix, self.shared
+                )
                 self._searches[shape] = session
             return session
 
@@ -449,6 +509,14 @@ class OnnxModel:
         """The decoder file's graph (in float16 with RuntimeConfig.fp16_decoder)."""
         model = onnx.load(str(self.decoder_file))
         return float16_decoder(model) if self.config.fp16_decoder else model
+
+    def _shared_weights(self) -> SharedWeights | None:
+        """The decoder's weights for its sessions to share; None for a file onnx cannot read
+        (its session's own error names it)."""
+        try:
+            return SharedWeights(self._decoder_model())
+        except Exception:
+            return None
 
     @property
     def search_sessions(self) -> dict[SearchShape, ort.InferenceSession]:
@@ -522,7 +590,9 @@ class OnnxModel:
                 )
                 assert k_on_host == self.k_on_host  # one rule for both graphs: one k binding
                 if graph is not None:
-                    self._forced = make_session(graph, self.config, self.config.intra_op_threads)
+                    self._forced = make_session(
+                        graph, self.config, self.config.intra_op_threads, shared=self.shared
+                    )
                 self._forced_made = True
             return self._forced
 
