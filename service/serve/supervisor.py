@@ -258,7 +258,10 @@ class Supervisor:
             child.beat, child.busy_s = time.monotonic(), busy_s
 
         def versions(message: Sequence[Any]) -> None:
-            child.served, child.generation = True, message[1]
+            # a sign of life too: an engine's first VERSIONS may come before its first BEAT, and
+            # its last beat is then its start (a load longer than SILENT_S read as a hang, killed
+            # at once, again at every restart)
+            child.served, child.generation, child.beat = True, message[1], time.monotonic()
             assert child.peer is not None
             child.peer.send((ch.ACK, message[1]))
 
