@@ -7,17 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from loadtest.closed_loop import G2P_WORDS
+from loadtest.workload import GREEK_SOURCES, model_texts
 
 REPO = Path(__file__).resolve().parent.parent
 NUMBERS = REPO / "docs" / "eval" / "test.tsv"
-GREEK = REPO / "loadtest" / "grc_sources.txt"
+GREEK = GREEK_SOURCES
 
 
 def bundle_texts(bundle: str | Path) -> list[str]:
     name = json.loads((Path(bundle) / "manifest.json").read_text())["name"]
-    if name.startswith("grc-en"):
-        return [line for line in GREEK.read_text().splitlines() if line.strip()]
-    if name.startswith("g2p"):
-        return list(G2P_WORDS)
+    if name.startswith(("grc-en", "g2p")):
+        return model_texts(name)
     return [line.split("\t")[0] for line in NUMBERS.read_text().splitlines() if line.strip()]

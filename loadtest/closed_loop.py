@@ -149,12 +149,6 @@ class ClosedLoop:
 
 # --- mixes ------------------------------------------------------------------------------------------
 
-G2P_WORDS = (
-    "attention", "explorer", "alignment", "knight", "phoneme", "translation", "server", "queue",
-    "batch", "decoder", "encoder", "language", "through", "thought", "colonel", "yacht", "receipt",
-    "psychology", "rhythm", "island", "wednesday", "february", "library", "necessary", "queueing",
-)  # fmt: skip
-
 
 def translate_kind(
     name: str,
@@ -165,13 +159,17 @@ def translate_kind(
     beam: int = 5,
     alignment: pb.AlignmentMode = pb.ALIGNMENT_MODE_WORD,
     cancel_after_s: float | None = None,
+    n_best: int = 2,
 ) -> Kind:
-    """Translate `n_texts` texts drawn from `texts` on `model` ("" = the server's default)."""
+    """Translate `n_texts` texts drawn from `texts` on `model` ("" = the server's default), n-best
+    up to the beam."""
 
     def make(rng: random.Random, stub: pb_grpc.TranslatorStub) -> Call:
         request = pb.TranslateRequest(
             texts=rng.sample(list(texts), min(n_texts, len(texts))),
-            options=pb.DecodingOptions(beam_size=beam, n_best=min(2, beam), alignment=alignment),
+            options=pb.DecodingOptions(
+                beam_size=beam, n_best=min(n_best, beam), alignment=alignment
+            ),
             model=pb.ModelSpec(name=model),
         )
         return Call(stub.Translate, request, cancel_after_s)
@@ -194,10 +192,13 @@ def align_kind(name: str, weight: int, model: str, texts: Sequence[str], n_pairs
     return Kind(name, weight, make)
 
 
-def repository_mix(models: dict[str, Sequence[str]], cancel_after_s: float = 0.02) -> list[Kind]:
+def repository_mix(
+    models: dict[str, Sequence[str]], target: str = "", cancel_after_s: float = 0.02
+) -> list[Kind]:
     """Every model with its own texts (`models`: name → texts): single texts at beam 1 and 5, a
     batch of 8 with word alignment, a beam-5 request the client cancels after cancel_after_s, and
-    Align requests of 4 pairs."""
+    Align requests of 4 pairs. (A mix factory also gets the server's address, `target`, to ask
+    what it needs before the load; this one needs nothing.)"""
     kinds: list[Kind] = []
     for model, texts in models.items():
         kinds += [

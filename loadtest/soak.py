@@ -167,6 +167,35 @@ def process_tree(pid: int) -> list[int]:
     return out
 
 
+def process_label(pid: int, root: int) -> str:
+    """A server process's name: "supervisor" (the root of several), "engine-N" or "front-N" (by
+    its --role and index flags), "server" (the single-process server)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return f"pid-{pid}"
+    if "--role" in argv:
+        role = argv[argv.index("--role") + 1]
+        flag = f"--{role}-index"
+        return f"{role}-{argv[argv.index(flag) + 1]}" if flag in argv else role
+    return "supervisor" if pid == root and len(process_tree(pid)) > 1 else "server"
+
+
+def rss_by_process(pid: int) -> dict[str, int]:
+    """VmRSS in bytes of the server's every process, by `process_label`."""
+    out = {}
+    for member in process_tree(pid):
+        try:
+            with open(f"/proc/{member}/status", encoding="ascii", errors="replace") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        out[process_label(member, pid)] = int(line.split()[1]) * 1024  # in kB
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 def read_rss(pid: int) -> int | None:
     """The server's resident memory in bytes: VmRSS of /proc/PID/status summed over the process and
     its children (the supervisor's fronts and engines); None when unreadable."""

@@ -43,6 +43,8 @@ import importlib
 import json
 import math
 import os
+import re
+import shlex
 import signal
 import statistics
 import sys
@@ -64,7 +66,8 @@ from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 MAX_USERS = 256
 MAX_DURATION_S = 2 * 3600
 FORCED_MAX_DURATION_S = 6 * 3600
-MixFactory = Callable[[dict[str, Sequence[str]]], list[closed_loop.Kind]]
+# a mix factory: every served model's texts and the server's address -> the request kinds
+MixFactory = Callable[[dict[str, Sequence[str]], str], list[closed_loop.Kind]]
 
 
 # --- arguments -------------------------------------------------------------------------------------
@@ -94,6 +97,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-rss-growth", type=float, default=0.10)
     p.add_argument("--max-fd-growth", type=int, default=8)
     p.add_argument("--max-p99-growth", type=float, default=2.0, help="0: report only")
+    p.add_argument(
+        "--server-flags",
+        default="",
+        help="more server flags, e.g. the deployment's layout \"--fronts 1 --engines 2 "
+        '--intra-op-threads 1"',
+    )
+    p.add_argument(
+        "--memory-limit",
+        default="deploy",
+        help="the pod's memory limit the peak RSS of every process summed must stay under: "
+        "a Kubernetes quantity (2Gi, 1500Mi), 'deploy' (deploy/base/deployment.yaml's), or "
+        "'none'",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--force", action="store_true", help="allow up to 6 hours")
     p.add_argument("--out", required=True, type=Path)
@@ -113,7 +129,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(f"--users must be 1..{MAX_USERS}")
     if args.sample_s <= 0 or args.window_s <= 0 or not 0 < args.reload_at < 1:
         p.error("--sample-s and --window must be positive, --reload-at in (0, 1)")
+    try:
+        args.memory_limit_bytes = memory_limit(args.memory_limit)
+    except ValueError as err:
+        p.error(str(err))
     return args
+
+
+DEPLOYMENT = Path(__file__).resolve().parent.parent / "deploy" / "base" / "deployment.yaml"
+_LIMIT = re.compile(r"limits:\s*\n(?:\s+\w+:.*\n)*?\s+memory:\s*(\S+)")
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 10**3, "M": 10**6, "G": 10**9, "": 1}
+
+
+def memory_limit(spec: str) -> int | None:
+    """Bytes of a Kubernetes memory quantity, of the deployment's container limit ('deploy'), or
+    None ('none')."""
+    if spec == "none":
+        return None
+    if spec == "deploy":
+        found = _LIMIT.search(DEPLOYMENT.read_text(encoding="utf-8"))
+        if found is None:
+            raise ValueError(f"no container memory limit in {DEPLOYMENT}")
+        spec = found.group(1)
+    number = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|K|M|G|)", spec)
+    if number is None:
+        raise ValueError(f"cannot read the memory limit {spec!r}: use e.g. 2Gi or 1500Mi")
+    return int(float(number.group(1)) * _UNITS[number.group(2)])
 
 
 def load_factory(spec: str) -> MixFactory:
@@ -123,13 +164,11 @@ def load_factory(spec: str) -> MixFactory:
 
 
 def model_texts(target: str) -> dict[str, Sequence[str]]:
-    """Every served model with texts in its domain: G2P models get words, others the numbers
-    sentences (loadtest/sentences.tsv)."""
-    sentences, _ = workload.load_sources()
+    """Every served model with texts in its domain (workload.model_texts: G2P models get words,
+    the Greek models Greek verses, the others the numbers sentences)."""
     with grpc.insecure_channel(target) as channel:
         listed = pb_grpc.TranslatorStub(channel).ListModels(pb.ListModelsRequest(), timeout=30)
-    names = sorted({m.name for m in listed.models})
-    return {n: closed_loop.G2P_WORDS if "g2p" in n else sentences for n in names}
+    return {n: workload.model_texts(n) for n in sorted({m.name for m in listed.models})}
 
 
 # --- sampling --------------------------------------------------------------------------------------
@@ -149,10 +188,11 @@ def open_fds(pid: int) -> int | None:
 @dataclass
 class Sample:
     t_s: float
-    rss_bytes: int | None
+    rss_bytes: int | None  # every process of the server summed
     fds: int | None
     sent: int
     finished: int
+    processes: dict[str, int] = field(default_factory=dict)  # each process's RSS, by its label
 
 
 class Sampler(threading.Thread):
@@ -168,7 +208,9 @@ class Sampler(threading.Thread):
     def take(self) -> Sample:
         sent, outcomes = self.load.tally.snapshot()
         t = time.monotonic() - self.started_at
-        return Sample(t, soak.read_rss(self.pid), open_fds(self.pid), sent, len(outcomes))
+        each = soak.rss_by_process(self.pid)
+        total = sum(each.values()) if each else None
+        return Sample(t, total, open_fds(self.pid), sent, len(outcomes), each)
 
     def run(self) -> None:
         with open(self.path, "w", newline="", encoding="utf-8") as f:
@@ -182,7 +224,7 @@ class Sampler(threading.Thread):
                 last = self.halt.wait(max(0.0, next_at - time.monotonic()))
                 sample = self.take()
                 self.samples.append(sample)
-                writer.writerow(asdict(sample))
+                writer.writerow(asdict(sample) | {"processes": json.dumps(sample.processes)})
                 f.flush()
 
     def stop(self) -> list[Sample]:
@@ -261,6 +303,9 @@ class Report:
     reload_s: float | None = None
     reloaded: bool = False
     samples: list[dict[str, Any]] = field(default_factory=list)
+    peak_rss_bytes: int = 0  # the largest sum over every process
+    peak_by_process: dict[str, int] = field(default_factory=dict)  # each label's largest
+    memory_limit_bytes: int | None = None
     windows: list[dict[str, Any]] = field(default_factory=list)
     server_exit: int | None = None
     checks: dict[str, Check] = field(default_factory=dict)
@@ -324,6 +369,12 @@ def check(report: Report, args: argparse.Namespace) -> None:
             ratio <= args.max_p99_growth,
             f"p99 {full[0]['p99_ms']:.0f} -> {full[-1]['p99_ms']:.0f} ms (x{ratio:.2f})",
         )
+    if report.memory_limit_bytes is not None:
+        c["limit"] = Check(
+            0 < report.peak_rss_bytes <= report.memory_limit_bytes,
+            f"peak {report.peak_rss_bytes / 2**20:.0f} MiB of every process summed, limit "
+            f"{report.memory_limit_bytes / 2**20:.0f} MiB",
+        )
     c["exit"] = Check(
         report.server_exit == 0, f"the server exited with status {report.server_exit}"
     )
@@ -348,9 +399,11 @@ def reloaded_after(log: Path, since_wall: float) -> bool:
 def soak_hour(args: argparse.Namespace) -> Report:
     args.out.mkdir(parents=True, exist_ok=True)
     report = Report(args={k: str(v) for k, v in vars(args).items()})
-    server = harness.LocalServer.start("", args.policy, args.out, 180.0, models=args.models)
+    server = harness.LocalServer.start(
+        "", args.policy, args.out, 180.0, models=args.models, extra=shlex.split(args.server_flags)
+    )
     try:
-        mix = load_factory(args.mix_factory)(model_texts(server.target))
+        mix = load_factory(args.mix_factory)(model_texts(server.target), server.target)
         before = translate_counts(server.metrics_url)
         load = closed_loop.ClosedLoop(server.target, mix, args.users, args.timeout_s, args.seed)
         sampler = Sampler(server.process.pid, load, args.sample_s, args.out / "samples.csv")
@@ -379,6 +432,11 @@ def soak_hour(args: argparse.Namespace) -> Report:
             report.errors[o.code] = report.errors.get(o.code, 0) + 1
     report.server_counts = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     report.samples = [asdict(s) for s in samples]
+    report.peak_rss_bytes = max((s.rss_bytes or 0 for s in samples), default=0)
+    for s in samples:
+        for label, rss in s.processes.items():
+            report.peak_by_process[label] = max(rss, report.peak_by_process.get(label, 0))
+    report.memory_limit_bytes = args.memory_limit_bytes
     report.windows = windows(outcomes, t0, args.window_s, args.duration_s)
     with open(args.out / "windows.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(report.windows[0]))
@@ -413,8 +471,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{row['errors']} errors, {row['cancelled']} cancelled, p50 {row['p50_ms']:.0f} ms, "
             f"p99 {row['p99_ms']:.0f} ms"
         )
+    print(memory_table(report))
     print(summary_line(report))
     return 0 if report.passed else 1
+
+
+def memory_table(report: Report) -> str:
+    """Each process's peak resident memory and the pod's, beside its limit."""
+    limit = report.memory_limit_bytes
+    rows = ["| process | peak RSS (MiB) |", "|---|---|"]
+    rows += [f"| {k} | {v / 2**20:.0f} |" for k, v in sorted(report.peak_by_process.items())]
+    rows.append(f"| every process, summed | {report.peak_rss_bytes / 2**20:.0f} |")
+    if limit is not None:
+        rows.append(f"| the pod's limit | {limit / 2**20:.0f} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":
