@@ -16,6 +16,7 @@ from service.serve.metrics import (
     METHODS,
     PROTOCOLS,
     REJECT_REASONS,
+    RESTART_WAIT_OUTCOMES,
     Metrics,
     start_metrics_http_server,
 )
@@ -34,6 +35,8 @@ METRIC_NAMES = (
     "s2s_translated_sentences_total",
     "s2s_rejected_requests_total",
     "s2s_model_info",
+    "s2s_restart_waits_total",
+    "s2s_restart_wait_seconds",
 )
 
 
@@ -59,6 +62,7 @@ def record_some(m: Metrics) -> None:
     m.observe_step(sentences=1, hypotheses=5, seconds=0.0009)
     m.add_generated(tokens=7, sentences=2)
     m.set_model_info("default", "1.0.0", "additive", "CPUExecutionProvider")
+    m.restart_waited("resumed", 2.5)
 
 
 @pytest.fixture
@@ -112,6 +116,8 @@ def test_declared_label_series_exist_at_zero(metrics: Metrics) -> None:
                 assert count == 0
     for reason in REJECT_REASONS:
         assert value(metrics, "s2s_rejected_requests_total", reason=reason) == 0
+    for outcome in RESTART_WAIT_OUTCOMES:
+        assert value(metrics, "s2s_restart_waits_total", outcome=outcome) == 0
 
 
 def test_unknown_label_values_are_refused(metrics: Metrics) -> None:
@@ -123,6 +129,19 @@ def test_unknown_label_values_are_refused(metrics: Metrics) -> None:
         metrics.observe_request("Translate", "OK", 0.1, protocol="smtp")
     with pytest.raises(ValueError, match="reason"):
         metrics.reject("because")
+    with pytest.raises(ValueError, match="outcome"):
+        metrics.restart_waited("answered", 1.0)
+
+
+def test_restart_waits_by_outcome_and_their_time(metrics: Metrics) -> None:
+    metrics.restart_waited("resumed", 2.5)
+    metrics.restart_waited("deadline_exceeded", 0.5)
+    metrics.restart_waited("queue_full")  # refused without waiting: no time observed
+    assert value(metrics, "s2s_restart_waits_total", outcome="resumed") == 1
+    assert value(metrics, "s2s_restart_waits_total", outcome="queue_full") == 1
+    assert value(metrics, "s2s_restart_wait_seconds_count") == 2
+    assert value(metrics, "s2s_restart_wait_seconds_sum") == 3.0
+    assert value(metrics, "s2s_restart_wait_seconds_bucket", le="1.0") == 1
 
 
 def test_in_flight_goes_up_inside_and_back_down_after_errors(metrics: Metrics) -> None:

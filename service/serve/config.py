@@ -126,6 +126,12 @@ class ServerConfig:
         "an engine whose decode loop spends this many seconds in one iteration is hung: its "
         "requests are answered UNAVAILABLE and it is restarted",
     )
+    engine_restart_wait_s: float = setting(
+        60.0,
+        "a request that comes while its engine process is down and being started again waits for "
+        "it this many seconds at most (its deadline first), then UNAVAILABLE; 0 = none waits "
+        "(UNAVAILABLE at once). One whose start fails again ends the wait at once, saying why",
+    )
     warmup: bool = setting(True, "decode a few sentences before reporting SERVING")
     reflection: bool = setting(
         True, "gRPC server reflection (lists the services and their schemas, as grpcurl uses)"
@@ -161,6 +167,8 @@ class ServerConfig:
             raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {self.log_format!r}")
         if self.fronts < -1 or self.engines < 0 or not self.engine_hang_s > 0:
             raise ValueError("fronts must be >= -1, engines >= 0, engine_hang_s > 0")
+        if not 0 <= self.engine_restart_wait_s < math.inf:
+            raise ValueError("engine_restart_wait_s must be a finite number >= 0 (0: none waits)")
         if self.max_texts < 1 or self.max_text_chars < 1 or self.grace_s < 0:
             raise ValueError("max_texts and max_text_chars must be >= 1, grace_s >= 0")
 

@@ -368,7 +368,8 @@ def run_engine_process(
     """An engine process (started by the supervisor): load, serve its fronts over `address` until
     SIGTERM, reload on SIGHUP and every --reload-interval-s. Engine `index` decodes on device
     --device-id + index (one engine per GPU). Its metrics on 127.0.0.1, the port in
-    RUN/metrics/NAME.port, its final reading in NAME.final."""
+    RUN/metrics/NAME.port, its final reading in NAME.final; why it cannot start in RUN/NAME.error
+    (the supervisor tells the fronts)."""
     runtime = replace(settings.runtime, device_id=settings.runtime.device_id + index)
     settings = replace(settings, runtime=runtime)
     metrics = Metrics()
@@ -377,6 +378,7 @@ def run_engine_process(
         host = build_engine_host(settings, metrics, address)
     except Exception as err:  # a bad bundle, a provider refused: one clear line
         log.critical("cannot start: %s", err)
+        (run_dir / f"{name}.error").write_text(f"cannot start: {err}")  # the supervisor tells why
         return 1
     stop, reload = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -61,6 +61,15 @@ ROLES: tuple[str, ...] = (
     "engine",
     "front",
 )  # the processes of a server (service/serve/supervisor.py)
+# how the wait of a request for its engine's restart ended (service/serve/engine_link.py)
+RESTART_WAIT_OUTCOMES: tuple[str, ...] = (
+    "resumed",  # the engine back, the request was sent to it
+    "deadline_exceeded",
+    "engine_unavailable",  # it failed to start again, or was not back within the longest wait
+    "queue_full",  # refused at once: the waiting requests fill the queue's bound
+    "cancelled",
+    "shutting_down",
+)
 
 # --- buckets ----------------------------------------------------------------------------------
 
@@ -73,6 +82,7 @@ STEP_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.0
                         0.5, 1.0)
 # fmt: on
 BATCH_SENTENCES_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+RESTART_WAIT_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 BATCH_HYPOTHESES_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -265,6 +275,23 @@ class Metrics:
         )
         for role in ROLES:
             self.process_restarts.labels(role)
+        self.restart_waits = Counter(
+            "s2s_restart_waits",
+            "Requests that came while their engine process was down and being started again, by "
+            "how their wait ended: resumed (sent to the engine once back), deadline_exceeded, "
+            "engine_unavailable (it failed to start again, or was not back within "
+            "--engine-restart-wait-s), queue_full (refused: the waiting requests fill the queue's "
+            "bound), cancelled, shutting_down.",
+            ["outcome"],
+            registry=r,
+        )
+        self.restart_wait = Histogram(
+            "s2s_restart_wait_seconds",
+            "Time a request waited for its engine process to be started again (every outcome but "
+            "queue_full).",
+            buckets=RESTART_WAIT_SECONDS_BUCKETS,
+            registry=r,
+        )
         self._model_series: dict[tuple[str, str], set[str]] = {}  # version → its codes seen
         self._create_labelled_series()
 
@@ -277,6 +304,8 @@ class Metrics:
                     self.request_duration.labels(method=method, code=code, protocol=protocol)
         for reason in REJECT_REASONS:
             self.rejected.labels(reason=reason)
+        for outcome in RESTART_WAIT_OUTCOMES:
+            self.restart_waits.labels(outcome=outcome)
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -304,6 +333,15 @@ class Metrics:
     def reject(self, reason: str) -> None:
         """One request refused or abandoned, for a reason in REJECT_REASONS."""
         self.rejected.labels(reason=_check_label("reason", reason, REJECT_REASONS)).inc()
+
+    def restart_waited(self, outcome: str, seconds: float | None = None) -> None:
+        """A request's wait for its engine's restart ended (RESTART_WAIT_OUTCOMES), after
+        `seconds` (None: it was refused without waiting)."""
+        self.restart_waits.labels(
+            outcome=_check_label("outcome", outcome, RESTART_WAIT_OUTCOMES)
+        ).inc()
+        if seconds is not None:
+            self.restart_wait.observe(seconds)
 
     # --- queue and batch ----------------------------------------------------------------------
 

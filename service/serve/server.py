@@ -57,7 +57,7 @@ from service.serve.protocol import (
 )
 from service.serve.repository import Events, ModelVersion, ReloadReport, Repository
 from service.serve.status import status_for
-from service.serve.supervisor import die_with_parent, layout, supervise
+from service.serve.supervisor import die_with_parent, layout, start_failure, supervise
 from service.serve.tracing import traced
 from service.serve.translator import TranslatorCore
 from service.serve.worker import Worker
@@ -505,10 +505,13 @@ async def create_server(
     metrics: Metrics | None = None,
     engines: Sequence[str] | None = None,
     name: str = "front",
+    run_dir: Path | None = None,
 ) -> Running:
     """A server: the front and, unless `engines` names the engine processes' channel addresses,
     the engine half in this process (the single-process mode: it loads the models, or takes
     `engine`, and warms them up); port 0 picks a free one. Returns once the models are served.
+    A front process's requests wait for an engine being started again (--engine-restart-wait-s);
+    its supervisor's `run_dir` says when one failed to start.
 
     The single-process mode binds its ports first (health NOT_SERVING while the models load); a
     front process binds them once it follows its engines' versions, so that a front (re)started
@@ -539,7 +542,16 @@ async def create_server(
         repository.default_name = settings.server.default_model
         changed = asyncio.Event()
         link = EngineLink(
-            engines, name, follower.follow, changed.set, hang_s=settings.server.engine_hang_s
+            engines,
+            name,
+            follower.follow,
+            changed.set,
+            hang_s=settings.server.engine_hang_s,
+            # the single-process mode has no restarts to wait for
+            wait_s=0.0 if host is not None else settings.server.engine_restart_wait_s,
+            queue_sentences=settings.batching.max_queue_sentences,
+            start_failure=(lambda i: "") if run_dir is None else partial(start_failure, run_dir),
+            metrics=metrics,
         )
         await link.start()
         while not link.serving():
@@ -670,7 +682,7 @@ async def serve_front(settings: Settings, role: argparse.Namespace) -> None:
     metrics = Metrics()
     name = f"front-{role.front_index}-{os.getpid()}"
     running = await create_server(
-        settings, metrics=metrics, engines=role.channel.split(","), name=name
+        settings, metrics=metrics, engines=role.channel.split(","), name=name, run_dir=role.run_dir
     )
     server, port = start_metrics_http_server(0, "127.0.0.1", metrics.registry)
     label = f"front-{role.front_index}"

@@ -13,8 +13,11 @@ ends and the supervisor exits 1.
 
 Watching: a process that exits is started again (after `RESTART_DELAY_S`, doubling up to
 `MAX_RESTART_DELAY_S` while it keeps failing within `STABLE_S`). An engine that stops beating for
-`SILENT_S`, or whose decode loop spends --engine-hang-s in one iteration, is killed and restarted;
-its fronts answer its requests UNAVAILABLE meanwhile (service/serve/engine_link.py).
+`SILENT_S`, or whose decode loop spends --engine-hang-s in one iteration, is killed and restarted.
+Its fronts answer the requests it held UNAVAILABLE, and the requests that come meanwhile wait for
+it (service/serve/engine_link.py), unless its start fails again: then the supervisor tells the
+fronts why in RUN/engine-N.failed (`start_failed`: the engine's own "cannot start" line, left in
+RUN/engine-N.error, else its exit status), which ends their wait, until it serves again.
 
 Signals: SIGHUP goes to the engines (they reload and publish; the fronts follow). SIGTERM or
 SIGINT drains: the fronts first (each stops taking requests, answers the accepted ones within
@@ -83,6 +86,20 @@ def die_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # the supervisor died before the call (PID 1 may be the supervisor)
         os._exit(1)
+
+
+def failed_file(run_dir: Path, index: int) -> Path:
+    """Where the supervisor says why engine `index`'s start failed again (until it serves)."""
+    return run_dir / f"engine-{index}.failed"
+
+
+def start_failure(run_dir: Path, index: int) -> str:
+    """Why engine `index`'s start failed again, as its fronts read it; "" while none did since
+    it last served."""
+    try:
+        return failed_file(run_dir, index).read_text()
+    except OSError:
+        return ""
 
 
 def layout(settings: Settings, cores: int | None = None) -> tuple[int, int]:
@@ -224,6 +241,8 @@ class Supervisor:
                 self.failed_start = True
                 self.stop_event.set()
                 return
+            if child.role == "engine" and not child.served:
+                self.start_failed(child, code)
             lived = time.monotonic() - child.started
             child.delay = (
                 RESTART_DELAY_S if lived > STABLE_S else min(child.delay * 2, MAX_RESTART_DELAY_S)
@@ -239,6 +258,23 @@ class Supervisor:
             child.restarts += 1
             self.restarts.labels(child.role).inc()
             await self.spawn(child)
+
+    def start_failed(self, child: Child, code: int) -> None:
+        """An engine started again exited before it served: its fronts learn why (RUN/engine-N.failed,
+        written whole: a front never reads half of it), which ends the wait of their requests."""
+        error_file = self.run_dir / f"{child.label}.error"  # the engine's "cannot start" reason
+        try:
+            error = error_file.read_text().strip()
+        except OSError:
+            error = ""
+        error_file.unlink(missing_ok=True)
+        why = f"engine {child.index} failed to start again (exit status {code})"
+        why += f": {error}" if error else ""
+        log.error("engine failed to start again", extra={"index": child.index, "why": why})
+        path = failed_file(self.run_dir, child.index)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(why)
+        os.replace(temporary, path)
 
     def final_reading(self, child: Child) -> str | None:
         path = self.run_dir / "metrics" / f"{child.label}.final"
@@ -262,6 +298,7 @@ class Supervisor:
             # its last beat is then its start (a load longer than SILENT_S read as a hang, killed
             # at once, again at every restart)
             child.served, child.generation, child.beat = True, message[1], time.monotonic()
+            failed_file(self.run_dir, child.index).unlink(missing_ok=True)  # it serves again
             assert child.peer is not None
             child.peer.send((ch.ACK, message[1]))
 
