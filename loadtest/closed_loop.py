@@ -47,6 +47,11 @@ class Outcome:
     started: float  # monotonic seconds
     seconds: float
     code: str  # the gRPC status name; "CANCELLED_BY_CLIENT" for the calls the client cancelled
+    details: str = ""  # the error's message ("" when answered)
+
+
+# what a loop keeps of each answered call, where asked (ClosedLoop's `keep`): kind, request, answer
+Keep = Callable[[str, Any, Any], None]
 
 
 @dataclass
@@ -74,13 +79,20 @@ CANCELLED_BY_CLIENT = "CANCELLED_BY_CLIENT"
 
 
 def one_call(
-    stub: pb_grpc.TranslatorStub, kind: Kind, rng: random.Random, timeout_s: float
+    stub: pb_grpc.TranslatorStub,
+    kind: Kind,
+    rng: random.Random,
+    timeout_s: float,
+    wait_for_ready: bool = False,
+    keep: Keep | None = None,
 ) -> Outcome:
-    """Send one request of `kind` and wait for its end (answer, error, or our own cancel)."""
+    """Send one request of `kind` and wait for its end (answer, error, or our own cancel).
+    wait_for_ready: a call made while no server listens waits for one (within its deadline), as a
+    production client configures it, instead of failing at once; keep: given each answer."""
     call = kind.make(rng, stub)
     started = time.monotonic()
-    future = call.method.future(call.request, timeout=timeout_s)
-    code = "OK"
+    future = call.method.future(call.request, timeout=timeout_s, wait_for_ready=wait_for_ready)
+    code, details = "OK", ""
     if call.cancel_after_s is not None:
         try:
             future.result(timeout=call.cancel_after_s)
@@ -88,15 +100,18 @@ def one_call(
             future.cancel()
             code = CANCELLED_BY_CLIENT
         except grpc.RpcError as err:
-            code = err.code().name  # type: ignore[attr-defined]
+            code, details = err.code().name, err.details() or ""  # type: ignore[attr-defined]
     if code == "OK":
         try:
-            future.result()
+            answer = future.result()
         except grpc.FutureCancelledError:
             code = CANCELLED_BY_CLIENT
         except grpc.RpcError as err:
-            code = err.code().name  # type: ignore[attr-defined]
-    return Outcome(kind.name, started, time.monotonic() - started, code)
+            code, details = err.code().name, err.details() or ""  # type: ignore[attr-defined]
+        else:
+            if keep is not None:
+                keep(kind.name, call.request, answer)
+    return Outcome(kind.name, started, time.monotonic() - started, code, details)
 
 
 class ClosedLoop:
@@ -109,9 +124,13 @@ class ClosedLoop:
         users: int,
         timeout_s: float = 30.0,
         seed: int = 1,
+        wait_for_ready: bool = False,
+        keep: Keep | None = None,
     ) -> None:
+        """wait_for_ready and keep: as `one_call`'s."""
         if not mix or any(k.weight < 0 for k in mix) or sum(k.weight for k in mix) <= 0:
             raise ValueError("the mix needs at least one kind with a positive weight")
+        self.wait_for_ready, self.keep = wait_for_ready, keep
         self.target = target
         self.mix = list(mix)
         self.users = users
@@ -144,7 +163,9 @@ class ClosedLoop:
             while not self.stopping.is_set():
                 kind = rng.choices(self.mix, weights)[0]
                 self.tally.add_sent()
-                self.tally.add(one_call(stub, kind, rng, self.timeout_s))
+                self.tally.add(
+                    one_call(stub, kind, rng, self.timeout_s, self.wait_for_ready, self.keep)
+                )
 
 
 # --- mixes ------------------------------------------------------------------------------------------

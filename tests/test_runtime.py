@@ -324,3 +324,57 @@ def test_the_float16_decoder_keeps_its_log_softmax_in_float32_and_both_searches_
     for device, host in zip(*answers, strict=True):
         d, h = device.hypotheses[0], host.hypotheses[0]
         assert d.token_ids == h.token_ids and abs(d.score - h.score) <= 1e-5
+
+
+def test_every_session_of_a_decoder_reads_one_copy_of_its_weights() -> None:
+    """The decoder step, the device search's variants and Align's session share the decoder's
+    weights (SharedWeights: every large initializer, once) and answer as sessions with their own
+    copies do, to the bit; no session keeps the graph bytes it was made from."""
+    from service.decode import runtime
+
+    config = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1)
+    engine = Engine.load(DEFAULT_BUNDLE, config)
+    model = engine.model
+    assert model.shared is not None
+    decoder = onnx.load(str(DEFAULT_BUNDLE / "decoder.onnx"))
+    large = {t.name for t in decoder.graph.initializer if t.raw_data and len(t.raw_data) >= 1024}
+    assert large and set(model.shared.values) == large
+    assert model.shared.nbytes >= sum(
+        len(t.raw_data) for t in decoder.graph.initializer if t.name in large
+    )
+    texts = ["ninety-seven", "March 5, 2021", "three hundred and twelve"]
+    options = SearchOptions(beam_size=4, n_best=2)
+    got = engine.translate(texts, options, alignment="subword")
+    original = runtime.OnnxModel._shared_weights
+    try:
+        runtime.OnnxModel._shared_weights = lambda self: None  # type: ignore[method-assign]
+        alone = Engine.load(DEFAULT_BUNDLE, config)
+    finally:
+        runtime.OnnxModel._shared_weights = original  # type: ignore[method-assign]
+    assert alone.model.shared is None
+    want = alone.translate(texts, options, alignment="subword")
+    for g, w in zip(got, want, strict=True):
+        assert [h.token_ids for h in g.hypotheses] == [h.token_ids for h in w.hypotheses]
+        assert [h.score for h in g.hypotheses] == [h.score for h in w.hypotheses]
+    for session in [model.decoder, *model.search_sessions.values()]:
+        assert not getattr(session, "_model_bytes", None), "a session kept its graph's bytes"
+
+
+def test_a_model_keeps_at_most_max_search_sessions_variants() -> None:
+    """The least recently used device-search variant goes first; asked again, it is made again
+    and answers the same."""
+    from service.decode.search_graph import SearchShape
+
+    config = RuntimeConfig(
+        providers=("CPUExecutionProvider",), intra_op_threads=1, max_search_sessions=2
+    )
+    model = Engine.load(DEFAULT_BUNDLE, config).model
+    shapes = [SearchShape(K, K + 1, 1, 2, False, attention=False) for K in (1, 2, 3)]
+    first = model.search_session(shapes[0])
+    model.search_session(shapes[1])
+    assert model.search_session(shapes[0]) is first  # used again: the newest
+    model.search_session(shapes[2])
+    kept = {s.K for s in model.search_sessions}
+    assert kept == {1, 3}
+    again = model.search_session(shapes[1])
+    assert again is not None and {s.K for s in model.search_sessions} == {3, 2}

@@ -53,6 +53,17 @@ class RuntimeConfig:
         False, "let ONNX Runtime's threads spin while idle (only with cores to spare)"
     )
     # CUDA execution provider (service/decode/runtime.py's cuda_provider_options says why each is set so).
+    # Every session of a process allocates its CPU tensors from one arena (ONNX Runtime's
+    # environment allocator) instead of an arena of its own: a model's device-search variants are
+    # many sessions, and each arena kept its own peak (service/decode/runtime.py: shared_cpu_arena).
+    shared_cpu_arena: bool = setting(
+        True, "one CPU memory arena for every session of the process (off: one per session)"
+    )
+    max_search_sessions: int = setting(
+        24,
+        "device-search graph variants a model keeps (a beam size and what its sentences need: up "
+        "to sixteen a beam size); the least recently used goes first, made again when needed",
+    )
     cuda_arena_extend: str = setting(
         "kSameAsRequested",
         "how the CUDA memory arena grows: by what is requested, or to the next power of two",
@@ -115,6 +126,8 @@ class RuntimeConfig:
             raise ValueError(f"row_ops must be one of {ROW_OPS}, got {self.row_ops!r}")
         if self.cuda_mem_limit_mb < 0:
             raise ValueError("cuda_mem_limit_mb must be >= 0 (0: no cap)")
+        if self.max_search_sessions < 1:
+            raise ValueError("max_search_sessions must be >= 1")
         if (
             min(self.device_id, self.intra_op_threads, self.encoder_threads, self.inter_op_threads)
             < 0

@@ -19,6 +19,7 @@ import logging
 import math
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -81,10 +82,12 @@ class SharedWeights:
     """One copy of a graph's weights for every session that runs a variant of it: the decoder
     step, the device search's variants (a beam size and what its sentences need: up to sixteen a
     beam size) and Align's. Each session reads these OrtValues (`SessionOptions.add_initializer`)
-    instead of a copy of its own, and packs none (`session.disable_prepacking`: a packed copy per
-    session otherwise). Measured on grc-en-nt's device-search variants (14 MiB of decoder weights),
-    each session's resident memory: 28.8 MiB as they were, 15.4 sharing the weights, 1.6 sharing
-    them and made from a file (`make_session`); 64 texts at beam 5 decode as fast."""
+    instead of a copy of its own. Each still packs its matrices for its GEMMs (a copy of its own:
+    ONNX Runtime's Python API cannot share packed weights): unpacked, a row's log-probs depended
+    on the rows beside it (grc-en-nt: 2e-6 between a sentence alone and in a batch), and the same
+    request must get the same answer at any batch composition. Measured on grc-en-nt's
+    device-search variants (14 MiB of decoder weights), each session's resident memory: 28.8 MiB
+    as they were, 15.4 sharing the weights, 9 sharing them and made from a file (`make_session`)."""
 
     MIN_BYTES = 1024  # smaller initializers (shapes, scalars) stay in their graphs
 
@@ -106,7 +109,27 @@ class SharedWeights:
         them ignores it)."""
         for name, value in self.values.items():
             options.add_initializer(name, value)
-        options.add_session_config_entry("session.disable_prepacking", "1")
+
+
+_arena_lock = threading.Lock()
+_arena_registered = False
+
+
+def shared_cpu_arena() -> None:
+    """Register, once per process, the CPU arena that sessions with `session.use_env_allocators`
+    allocate from. A session's own arena keeps the peak of what it ever ran (it never shrinks), and
+    a model has a session per device-search variant (up to sixteen a beam size) beside its decoder
+    step's: 38 variants of each of the four embedded models, run in one process, held 1,728 MiB
+    with an arena each and 464 MiB with this one (the figures in docs/deploy.md); 64 texts decoded
+    as fast (grc-en-nt 1.24-1.41 s with it, 1.31-1.43 s without, four interleaved runs)."""
+    global _arena_registered
+    with _arena_lock:
+        if not _arena_registered:
+            info = ort.OrtMemoryInfo(
+                "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
+            )
+            ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
+            _arena_registered = True
 
 
 def make_session(
@@ -122,6 +145,9 @@ def make_session(
     options = ort.SessionOptions()
     if shared is not None:
         shared.add_to(options)
+    if config.shared_cpu_arena:
+        shared_cpu_arena()
+        options.add_session_config_entry("session.use_env_allocators", "1")
     if profile_prefix is not None:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
@@ -460,7 +486,9 @@ class OnnxModel:
         self._forced_lock = threading.Lock()
         # the device search's sessions (service/decode/device_search.py), made on first use; with
         # a profile prefix, under ONNX Runtime's profiler (benchmarks/placement.py)
-        self._searches: dict[SearchShape, ort.InferenceSession] = {}
+        # (at most config.max_search_sessions, the least recently used dropped first: a session
+        # holds its packed weights, 9 MiB on grc-en-nt)
+        self._searches: OrderedDict[SearchShape, ort.InferenceSession] = OrderedDict()
         self.profile_prefix: str | None = None
         self._helpers: dict[str, ort.InferenceSession] = {}
         on_gpu = self.decoder.get_providers()[0] == CUDA
@@ -482,7 +510,9 @@ class OnnxModel:
         shape = replace(shape, k=min(shape.K + 1, V))
         with self._forced_lock:
             session = self._searches.get(shape)
-            if session is None:
+            if session is not None:
+                self._searches.move_to_end(shape)
+            else:
                 model = self._decoder_model()
                 problem = graph_problem(model, shape.K)
                 if not problem and shape.controls:
@@ -496,6 +526,8 @@ class OnnxModel:
                     graph, self.config, threads, self.profile_prefix, self.shared
                 )
                 self._searches[shape] = session
+                while len(self._searches) > self.config.max_search_sessions:
+                    self._searches.popitem(last=False)  # its running batch keeps it while it runs
             return session
 
     def search_graph(self, shape: SearchShape) -> onnx.ModelProto:
