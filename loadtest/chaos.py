@@ -162,7 +162,7 @@ def summary(answer: Any) -> list[list[tuple[str, float]]]:
     """An answer's hypotheses (Translate) or pairs (Align): (text or links, score)."""
     if hasattr(answer, "translations"):
         return [[(h.text, h.score) for h in t.hypotheses] for t in answer.translations]
-    return [[(p.pharaoh, p.log_prob)] for p in answer.pairs]
+    return [[(p.pharaoh, p.log_prob)] for p in answer.alignments]
 
 
 def differs(before: Any, after: Any) -> str:

@@ -448,3 +448,19 @@ def test_the_wire_names_the_head_mode() -> None:
 
     assert links_of(pb.AlignOptions(links=pb.LINK_MODE_HEAD)) == "head"
     assert links_of(pb.AlignOptions()) == ""  # the model's default
+
+
+def test_a_loaded_lexicon_keeps_its_lookups_and_drops_its_pair_counts(tmp_path: Path) -> None:
+    """Lexicon.load freezes its counts: the features are those of the lexicon as written, the pair
+    dictionary is gone, and writing to it again is refused."""
+    from service.decode.lexicon import Lexicon
+
+    src, tgt = ["λόγος", "θεός"], ["word", "god"]
+    lexicon = Lexicon.from_links([(src, tgt, [(0, 0), (1, 1)]), (src, tgt, [(0, 0)])])
+    path = tmp_path / "lexicon.json"
+    lexicon.save(path)
+    loaded = Lexicon.load(path)
+    np.testing.assert_array_equal(loaded.features(src, tgt), lexicon.features(src, tgt))
+    assert loaded.forms.frozen and not loaded.forms.pairs
+    with pytest.raises(ValueError, match="frozen"):
+        loaded.forms.update(src, tgt, [(0, 0)])
