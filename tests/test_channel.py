@@ -157,3 +157,44 @@ def test_a_peer_hears_its_engine_go_at_once_after_what_it_sent(tmp_path: Any) ->
 
     asyncio.run(front())
     assert events == [("raw", None), "gone"]
+
+
+def test_fail_all_tells_what_the_engine_took_from_what_it_never_took(tmp_path: Any) -> None:
+    """A request the engine said TAKEN fails with the error when it goes; one it never took fails
+    NotTaken (the front sends it again: tests/test_engine_link.py)."""
+    import zmq
+
+    address = f"ipc://{tmp_path}/engine"
+    answers: dict[str, Exception | None] = {}
+
+    async def front() -> None:
+        engine: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+        engine.setsockopt(zmq.LINGER, 1000)
+        engine.bind(address)
+        peer = ch.Peer(address, "front", lambda m: None, lambda m: None)
+        peer.start()
+        for name in ("taken", "never taken"):
+
+            def build(i: int, name: str = name) -> tuple[Any, ...]:
+                return (ch.JOB, i, 0, name, "1", None, {}, "r", ())
+
+            def answer(r: Any, e: Exception | None, name: str = name) -> None:
+                answers[name] = e
+
+            peer.request(0, build, answer)
+        jobs: list[Any] = []
+        while len(jobs) < 2:
+            front_id, data = engine.recv_multipart()
+            if ch.unpack(data)[0] == ch.JOB:
+                jobs.append(ch.unpack(data))
+        taken = next(j for j in jobs if j[3] == "taken")
+        engine.send_multipart([front_id, ch.pack((ch.TAKEN, taken[1]))])
+        while not peer.taken:
+            await asyncio.sleep(0.01)
+        peer.fail_all(errors.EngineUnavailable("it stopped"))
+        engine.close()
+        await peer.close()
+
+    asyncio.run(front())
+    assert type(answers["taken"]) is errors.EngineUnavailable
+    assert isinstance(answers["never taken"], ch.NotTaken)

@@ -34,11 +34,14 @@ class Clock:
 
 
 class SpyPeer:
-    """An engine's end of the channel as the link uses it: the jobs sent, answered by the test."""
+    """An engine's end of the channel as the link uses it: the jobs sent, answered by the test.
+    A live engine takes each job as it comes (TAKEN); one that died (`taking` False) takes none."""
 
     def __init__(self) -> None:
         self.ids = itertools.count(1)
         self.open: dict[int, Any] = {}
+        self.taken: set[int] = set()
+        self.taking = True
         self.jobs: list[str] = []  # the request ids sent, in order
 
     def request(self, kind: int, build: Any, answer: Any) -> int:
@@ -47,6 +50,8 @@ class SpyPeer:
         assert message[0] == ch.JOB
         self.jobs.append(message[7])
         self.open[ident] = answer
+        if self.taking:
+            self.taken.add(ident)
         return ident
 
     def answer_all(self) -> None:
@@ -55,9 +60,11 @@ class SpyPeer:
             answer(["done"], None)
 
     def fail_all(self, error: Exception) -> None:
+        """As ch.Peer's: `error` for what the engine took, NotTaken for the rest."""
         open_, self.open = self.open, {}
-        for answer in open_.values():
-            answer(None, error)
+        taken, self.taken = self.taken, set()
+        for ident, answer in open_.items():
+            answer(None, error if ident in taken else ch.NotTaken(str(error)))
 
     def forget(self, ident: int) -> None:
         self.open.pop(ident, None)
@@ -254,3 +261,26 @@ def test_closing_the_intake_fails_the_waiting_jobs_shutting_down() -> None:
     with pytest.raises(ShuttingDown):
         front.submit("after")
     assert front.waits("shutting_down") == 1 and not front.link.waiting
+
+
+def test_a_job_sent_to_an_engine_that_died_before_taking_it_is_sent_again() -> None:
+    """In the moment between an engine's death and the front's knowing, a job goes to it and is
+    never taken: it does not fail with the engine, it waits for it (or goes to a survivor)."""
+    front = Front()
+    front.submit("held")
+    front.peers[0].taking = False  # the process is gone; the front does not know yet
+    front.submit("never taken", timeout=30.0)
+    front.killed(0)
+    assert isinstance(front.error("held"), EngineUnavailable)
+    assert "never taken" not in front.answers  # waiting for the restart
+    front.up(0, life="second")
+    front.peers[0].taking = True
+    assert front.peers[0].jobs == ["held", "never taken", "never taken"]
+    front.peers[0].answer_all()
+    assert front.answers["never taken"] == (["done"], None)
+    two = Front(engines=2)
+    two.peers[0].taking = False
+    job = two.job("to the survivor")
+    two.link.send(job, two.engine(0))
+    two.killed(0)
+    assert two.peers[1].jobs == ["to the survivor"]

@@ -10,10 +10,14 @@ it is.
 front -> engine                                  engine -> front
   HELLO  name, engine id, generation it follows    VERSIONS  generation, engine id, versions
   JOB    id, kind, model, version, deadline,       BEAT      engine id, busy seconds, queued, decoding
-         trace carrier, request id, work          DONE      id, results (raw: service/serve/results.py)
-  CANCEL id                                        FAILED    id, error name, message
-  HEADS  id, model, version, texts
+         trace carrier, request id, work          TAKEN     id (the engine holds it now)
+  CANCEL id                                        DONE      id, results (raw: service/serve/results.py)
+  HEADS  id, model, version, texts                 FAILED    id, error name, message
   ACK    generation
+
+An engine says TAKEN as a JOB or HEADS reaches it: a request it never took (sent in the moment
+between its death and the front's knowing: `Peer.fail_all` answers it `NotTaken`) is one its death
+need not fail, and the front sends it again (service/serve/engine_link.py).
 
 A job's deadline is a `time.monotonic()` reading: the same clock in every process of a host. The
 work and the results are what the worker takes and gives (service/serve/worker.py's Job with
@@ -52,7 +56,7 @@ log = logging.getLogger("s2s.channel")
 
 # message kinds (the first item of every message)
 HELLO, JOB, CANCEL, HEADS, ACK = 1, 2, 3, 4, 5
-VERSIONS, BEAT, DONE, FAILED = 11, 12, 13, 14
+VERSIONS, BEAT, DONE, FAILED, TAKEN = 11, 12, 13, 14, 15
 # job kinds
 TRANSLATE, ALIGN = 1, 2
 
@@ -234,6 +238,10 @@ def results_in(kind: int, values: Sequence[Any]) -> list[Any]:
 Answer = Callable[[Any, Exception | None], None]  # (results, error): one of them None
 
 
+class NotTaken(errors.EngineUnavailable):
+    """The engine went before it took the request (no TAKEN came): it never held it."""
+
+
 class Peer:
     """One front's connection to one engine (a DEALER socket), on the front's event loop.
 
@@ -269,6 +277,7 @@ class Peer:
         self.monitor: zmq.Socket[Any] | None = None  # the socket's disconnections (start)
         self.ids = itertools.count(1)
         self.open: dict[int, tuple[int, Answer]] = {}  # id -> (job kind, its answer)
+        self.taken: set[int] = set()  # the open requests the engine said it holds (TAKEN)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.draining = False  # a drain is scheduled
 
@@ -324,11 +333,15 @@ class Peer:
 
     def forget(self, ident: int) -> None:
         self.open.pop(ident, None)
+        self.taken.discard(ident)
 
     def fail_all(self, error: Exception) -> None:
+        """Answer every open request: `error` those the engine took, `NotTaken` the others."""
         open_, self.open = self.open, {}
-        for _, answer in open_.values():
-            answer(None, error)
+        taken, self.taken = self.taken, set()
+        never = NotTaken(f"the engine process went before it took this request: {error}")
+        for ident, (_, answer) in open_.items():
+            answer(None, error if ident in taken else never)
 
     def drain(self) -> None:
         """Every message waiting, dispatched."""
@@ -349,7 +362,11 @@ class Peer:
             self.on_beat(message)
         elif kind == VERSIONS:
             self.on_versions(message)
+        elif kind == TAKEN:
+            if message[1] in self.open:
+                self.taken.add(message[1])
         elif kind in (DONE, FAILED):
+            self.taken.discard(message[1])
             entry = self.open.pop(message[1], None)
             if entry is None:
                 return  # cancelled meanwhile

@@ -171,12 +171,14 @@ class EngineHost:
             self.acked[peer] = message[1]
             self.release_left(time.monotonic())
         elif kind == ch.JOB:
+            self.endpoint.send(peer, (ch.TAKEN, message[1]))  # held from now on
             self.take(peer, message)
         elif kind == ch.CANCEL:
             job = self.jobs.get((peer, message[1]))
             if job is not None:
                 self.worker.cancel(job)
         elif kind == ch.HEADS:
+            self.endpoint.send(peer, (ch.TAKEN, message[1]))
             self.heads.submit(self.link_weights, peer, message)
 
     def take(self, peer: bytes, message: Sequence[Any]) -> None:

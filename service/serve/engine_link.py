@@ -148,6 +148,9 @@ class EngineLink:
         def answer(results: Any, error: Exception | None) -> None:
             if self.sent.pop(job, None) is not None:
                 engine.in_flight -= 1
+            if isinstance(error, ch.NotTaken) and self.accepting:
+                self.resubmit(job)  # the engine went before it took it: it held nothing
+                return
             job.finished = True
             job.on_done(results, error)
 
@@ -159,6 +162,14 @@ class EngineLink:
         )  # fmt: skip
         self.sent[job] = (engine, ident)
         engine.in_flight += 1
+
+    def resubmit(self, job: Job) -> None:
+        """A job an engine never took, submitted again: to another engine, or waiting for one
+        coming back (`submit`); refused, it fails with the reason."""
+        try:
+            self.submit(job)
+        except Exception as err:
+            self.fail(job, err)
 
     def cancel(self, job: Job) -> None:
         """The client went away or its deadline passed: the engine drops its sentences."""
@@ -295,19 +306,37 @@ class EngineLink:
                 )
             engine.failed = failed
 
-    async def heads(self, model: ModelVersion, texts: Sequence[tuple[str, list[str]]]) -> Any:
-        """The link head's weights for markup (aligner.head_weights_for), from an engine."""
-        engine = self.pick(model)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    async def heads(
+        self,
+        model: ModelVersion,
+        texts: Sequence[tuple[str, list[str]]],
+        deadline: float | None = None,
+    ) -> Any:
+        """The link head's weights for markup (aligner.head_weights_for), from an engine; while
+        none serves the version but one is coming back, it waits for it (within the deadline and
+        `wait_s`), and a request an engine went without taking is sent again."""
+        since = self.clock()
+        while True:
+            engine = self.ready(model)
+            if engine is None:
+                late = deadline is not None and self.clock() >= deadline
+                if late or not self.coming_back(model) or self.clock() - since >= self.wait_s:
+                    raise self.absent(model)
+                await asyncio.sleep(0.05)
+                continue
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
-        def answer(results: Any, error: Exception | None) -> None:
-            if not future.done():
-                future.set_exception(error) if error else future.set_result(results)
+            def answer(results: Any, error: Exception | None, future: Any = future) -> None:
+                if not future.done():
+                    future.set_exception(error) if error else future.set_result(results)
 
-        engine.peer.request(
-            0, lambda i: (ch.HEADS, i, model.name, model.version, tuple(texts)), answer
-        )
-        return await future
+            engine.peer.request(
+                0, lambda i: (ch.HEADS, i, model.name, model.version, tuple(texts)), answer
+            )
+            try:
+                return await future
+            except ch.NotTaken:
+                continue  # the engine went before it took it: another one, or it again
 
     # --- what the engines say ---------------------------------------------------------------------
 
@@ -402,7 +431,7 @@ class EngineLink:
     def down(self, engine: EngineState, why: str) -> None:
         was_up = engine.up
         engine.up = False
-        failed = len(engine.peer.open)
+        failed = len(engine.peer.taken & engine.peer.open.keys())  # the others are sent again
         engine.peer.fail_all(
             EngineUnavailable(
                 f"the engine process decoding this request stopped ({why}); it is being "

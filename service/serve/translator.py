@@ -159,7 +159,8 @@ class TranslatorCore:
         if parsed.options.marked:
             heads = None
             if heads_next:
-                heads = await self.worker.heads(model, marked.head_texts(marks, results))
+                texts_read = marked.head_texts(marks, results)
+                heads = await self.worker.heads(model, texts_read, deadline)
             results = await asyncio.to_thread(
                 marked.restore, engine, marks, results, parsed.alignment, heads
             )
