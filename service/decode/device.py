@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -38,9 +38,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 from onnxruntime.capi import _pybind_state as C
 
+from service.decode.graph_bytes import graph_bytes
 from service.decode.transfers import TransferLedger
 
-OPSET = 17
 FLOAT, BOOL, INT64 = TensorProto.FLOAT, TensorProto.BOOL, TensorProto.INT64
 
 # The three encoder buffers of a running batch: name, element type, rank.
@@ -200,14 +200,6 @@ class Device:
         return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, self.type, self.id)
 
 
-def _model(nodes: list[onnx.NodeProto], inputs: list, outputs: list, name: str) -> bytes:
-    graph = helper.make_graph(nodes, name, inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = 8  # readable by every onnxruntime this project supports (>= 1.18)
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
-
-
 def _dims(prefix: str, rank: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(rank)]
 
@@ -251,7 +243,7 @@ def append_graph(with_state: bool = False) -> bytes:
         ]
         nodes.append(helper.make_node("Concat", ["state", "new_state"], ["out_state"], axis=0))
         outputs.append(helper.make_tensor_value_info("out_state", FLOAT, ["M", "D"]))
-    return _model(nodes, inputs, outputs, "join_rows" if with_state else "append_rows")
+    return graph_bytes(nodes, "join_rows" if with_state else "append_rows", inputs, outputs)
 
 
 def gather_join_graph() -> bytes:
@@ -296,7 +288,7 @@ def gather_join_graph() -> bytes:
         helper.make_node("Concat", ["state", "new_state"], ["out_state"], axis=0),
     ]
     outputs.append(helper.make_tensor_value_info("out_state", FLOAT, ["M", "D"]))
-    return _model(nodes, inputs, outputs, "gather_join_rows")
+    return graph_bytes(nodes, "gather_join_rows", inputs, outputs)
 
 
 def move_graph() -> bytes:
@@ -314,7 +306,7 @@ def move_graph() -> bytes:
         outputs.append(
             helper.make_tensor_value_info(f"out_{name}", dtype, _dims(f"{name}_b", rank))
         )
-    return _model(nodes, inputs, outputs, "move_rows")
+    return graph_bytes(nodes, "move_rows", inputs, outputs)
 
 
 def refit_graph() -> bytes:
@@ -338,7 +330,52 @@ def refit_graph() -> bytes:
         outputs.append(
             helper.make_tensor_value_info(f"out_{name}", dtype, _dims(f"{name}_o", rank))
         )
-    return _model(nodes, inputs, outputs, "refit_rows")
+    return graph_bytes(nodes, "refit_rows", inputs, outputs)
+
+
+class RowUpdates(Protocol):
+    """The running batch's row updates, one protocol over the two memories: `RowOps` (graphs on
+    the model's device) and `HostRowOps` (numpy writes where the device's memory is the host's),
+    chosen once per model (`make_row_ops`)."""
+
+    device: Device
+
+    def empty(self, shape: Sequence[int], dtype: type) -> ort.OrtValue: ...
+
+    def append(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        shapes: Sequence[tuple[int, ...]],
+        first_row: int,
+        new_rows: Sequence[np.ndarray],
+        state: ort.OrtValue | None = None,
+        new_state: np.ndarray | None = None,
+    ) -> ort.OrtValue | None: ...
+
+    def gather_append(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        shapes: Sequence[tuple[int, ...]],
+        first_row: int,
+        sources: Sequence[Any],
+        index: np.ndarray,
+        state: Any,
+    ) -> ort.OrtValue: ...
+
+    def move(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        shapes: Sequence[tuple[int, ...]],
+        src: np.ndarray,
+        dst: np.ndarray,
+    ) -> None: ...
+
+    def refit(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        live: Sequence[tuple[int, ...]],
+        target: Sequence[tuple[int, ...]],
+    ) -> list[ort.OrtValue]: ...
 
 
 class RowOps:
@@ -623,7 +660,7 @@ class HostRowOps:
 
 def make_row_ops(
     device: Device, providers: list[str], provider_options: list[dict], kind: str
-) -> RowOps | HostRowOps:
+) -> RowUpdates:
     """The row ops for `kind` ("auto": numpy writes where the device memory is the host's, the
     row graphs elsewhere; "graph"; "host")."""
     if kind == "host" or (kind == "auto" and device.type == "cpu"):

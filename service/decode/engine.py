@@ -20,7 +20,7 @@ import numpy as np
 
 from service.decode import alignment as align
 from service.decode.alignment import Alignment
-from service.decode.beam import BeamSearch, Hypothesis, SearchOptions
+from service.decode.beam import Hypothesis, SearchOptions
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.controls import Controls, unusable_controls
 from service.decode.device_search import DeviceSearch
@@ -29,7 +29,8 @@ from service.decode.kept_rows import KeptRows
 from service.decode.link_head import load_link_head
 from service.decode.options import OPTIONS
 from service.decode.options import problems as option_problems
-from service.decode.runtime import EncodedSentence, OnnxDecoder, OnnxModel
+from service.decode.runtime import EncodedSentence, OnnxModel
+from service.decode.search import HostSearch, Joining, Search
 from service.decode.sides import PairReader, pair_ids
 from service.model import glossary as gl
 from service.model import graph_contract as contract
@@ -619,24 +620,29 @@ class Engine:
     def new_batch(self, beam_size: int) -> RunningBatch[Any]:
         return RunningBatch(self, beam_size)
 
-    def device_search(self, beam_size: int) -> DeviceSearch | None:
-        """A running batch's device search, or None where the decoder graph cannot take one (its
-        reason logged once: the batch then decodes on the host, as with search "host")."""
+    def searches(self, beam_size: int) -> list[Search]:
+        """A running batch's searches, in order of preference: the device search (search
+        "device", where the decoder graph takes one: else its reason is logged once and the batch
+        decodes on the host, as with search "host"), then the numpy search, which takes every
+        sentence."""
         cfg = self.cfg
+        narrow = cfg.toolkit != "native"  # imported models: the toolkit's beam rule
+        host = HostSearch(
+            self.model, beam_size, cfg.bos_id, cfg.eos_id, cfg.tgt_vocab_size, narrow,
+            self.continues_word,
+        )  # fmt: skip
+        if self.model.config.search != "device":
+            return [host]
         try:
-            return DeviceSearch(
-                self.model,
-                beam_size,
-                cfg.bos_id,
-                cfg.eos_id,
-                cfg.tgt_vocab_size,
-                narrow_on_eos=cfg.toolkit != "native",
+            device = DeviceSearch(
+                self.model, beam_size, cfg.bos_id, cfg.eos_id, cfg.tgt_vocab_size, narrow
             )
         except ValueError as err:
             if self._device_search_refused is None:
                 log.warning("%s: the beam search runs on the host: %s", self.bundle.name, err)
             self._device_search_refused = str(err)
-            return None
+            return [host]
+        return [device, host]
 
     def translate(
         self,
@@ -1057,29 +1063,15 @@ class RunningBatch(Generic[KeyT]):
     steps. Sentences are known by their requests' keys. A segmented sentence decodes as one search
     entry per segment (keyed (key, k)) and leaves when its last segment finishes, joined.
 
-    Two searches share the batch: the device search (service/decode/device_search.py, RuntimeConfig
-    search "device"), where the sentences without decoding controls decode, and the numpy search
-    over the step's top k (service/decode/beam.py), for the sentences with controls (and every
-    sentence under search "host"). A step runs each that holds sentences: a batch without controls
-    makes one device call a step (docs/decoding.md says which control takes which path)."""
+    The batch holds its searches in order of preference (`Engine.searches`: the device search,
+    where the model's graph takes one, then the numpy search, which takes every sentence) and gives
+    each sentence to the first that takes its controls (service/decode/search.py); a step runs
+    each that holds sentences: a batch without the controls the device cannot apply makes one
+    device call a step (docs/decoding.md says which control takes which path)."""
 
     def __init__(self, engine: Engine, beam_size: int) -> None:
         self.engine = engine
-        self.decoder: OnnxDecoder = engine.model.new_decoder()
-        cfg = engine.cfg
-        narrow = cfg.toolkit != "native"  # imported models: the toolkit's beam rule
-        self.search = BeamSearch(
-            self.decoder,
-            beam_size,
-            cfg.bos_id,
-            cfg.eos_id,
-            vocab_size=cfg.tgt_vocab_size,
-            narrow_on_eos=narrow,
-            continues_word=engine.continues_word,
-        )
-        self.device: DeviceSearch | None = None
-        if engine.model.config.search == "device":
-            self.device = engine.device_search(beam_size)
+        self.searches: list[Search] = engine.searches(beam_size)
         self.requests: dict[Hashable, DecodeRequest[KeyT]] = {}
         # segmented sentences: key → each segment's n-best list, None while it decodes
         self.segments: dict[Hashable, list[list[Hypothesis] | None]] = {}
@@ -1088,15 +1080,15 @@ class RunningBatch(Generic[KeyT]):
 
     @property
     def beam_size(self) -> int:
-        return self.search.beam_size
+        return self.searches[0].beam_size
 
     def __len__(self) -> int:
         """The sentences (segments) the decoder steps: what the batch limits count."""
-        return len(self.search) + (len(self.device) if self.device is not None else 0)
+        return sum(len(search) for search in self.searches)
 
     @property
     def num_hypotheses(self) -> int:
-        return len(self) * self.search.beam_size
+        return len(self) * self.beam_size
 
     def add(
         self,
@@ -1120,8 +1112,7 @@ class RunningBatch(Generic[KeyT]):
         controls = [
             list(r.controls) if r.controls is not None else self.part_controls(r) for r in requests
         ]
-        host: list[tuple[Hashable, int, SearchOptions, Controls, EncodedSentence]] = []
-        device: list[tuple[Hashable, EncodedSentence, SearchOptions, Controls]] = []
+        routed: dict[int, list[Joining]] = {i: [] for i in range(len(self.searches))}
         V = self.engine.cfg.tgt_vocab_size
         for request, control, rows in zip(requests, controls, encoded, strict=True):
             problem = next(filter(None, (unusable_controls(c, V) for c in control)), None)
@@ -1129,35 +1120,40 @@ class RunningBatch(Generic[KeyT]):
                 error = DecodeFailed(f"this text's decoding controls cannot decode: {problem}")
                 self.failed.append((request, error))
                 continue
-            options = request.options
-            want_attention = request.alignment != "none" or options.replace_unknowns
-            if options.return_attention != want_attention:
-                options = replace(options, return_attention=want_attention)
+            for entry in self.joining(request, control, rows):
+                routed[self.search_for(entry.controls)].append(entry)
             parts = request.sentence.segments
-            keys: list[Hashable] = (
-                [request.key] if not parts else [(request.key, k) for k in range(len(parts))]
-            )
-            lengths = [len(p.ids) for p in request.sentence.parts]
-            for key, length, part_controls, rows_k in zip(
-                keys, lengths, control, rows, strict=True
-            ):
-                if self.device is not None and self.device.takes(part_controls):
-                    device.append((key, rows_k, options, part_controls))
-                else:
-                    host.append((key, length, options, part_controls, rows_k))
             if parts:
                 self.segments[request.key] = [None] * len(parts)
             self.requests[request.key] = request
         # in the running batch, the sentences of one encoder call side by side: their rows join
         # it in one device call (their order there is free: an answer does not depend on it)
-        if self.device is not None:
-            for key, rows_k, options, part_controls in by_encoder_call(device, lambda e: e[1]):
-                self.device.add(key, rows_k, options, part_controls)
-        if host:
-            host = by_encoder_call(host, lambda e: e[4])
-            row = self.decoder.add_sentences([e for *_, e in host])
-            for i, (key, length, options, part_controls, _) in enumerate(host):
-                self.search.add(key, length, options, row + i, controls=part_controls)
+        for i, group in routed.items():
+            self.searches[i].add(by_encoder_call(group, lambda j: j.encoded))
+
+    def joining(
+        self,
+        request: DecodeRequest[KeyT],
+        controls: Sequence[Controls],
+        rows: Sequence[EncodedSentence],
+    ) -> list[Joining]:
+        """A request's search entries: its sentence, or each of its segments (keyed (key, k))."""
+        options = request.options
+        want_attention = request.alignment != "none" or options.replace_unknowns
+        if options.return_attention != want_attention:
+            options = replace(options, return_attention=want_attention)
+        parts = request.sentence.segments
+        keys: list[Hashable] = (
+            [request.key] if not parts else [(request.key, k) for k in range(len(parts))]
+        )
+        return [
+            Joining(key, encoded, options, part_controls)
+            for key, part_controls, encoded in zip(keys, controls, rows, strict=True)
+        ]
+
+    def search_for(self, controls: Controls) -> int:
+        """The first of the batch's searches that takes a sentence with these controls."""
+        return next(i for i, search in enumerate(self.searches) if search.takes(controls))
 
     def part_controls(self, request: DecodeRequest[KeyT]) -> list[Controls]:
         """The controls of each part of a request's sentence (`Engine.sentence_controls`)."""
@@ -1177,9 +1173,8 @@ class RunningBatch(Generic[KeyT]):
         for key in present:
             parts = self.segments.pop(key, None)
             entries += [key] if parts is None else [(key, k) for k in range(len(parts))]
-        self.search.remove(entries)
-        if self.device is not None:
-            self.device.remove(entries)
+        for search in self.searches:
+            search.remove(entries)
         return [self.requests.pop(key).key for key in present]
 
     def step(self) -> list[tuple[KeyT, Translation]]:
@@ -1194,16 +1189,19 @@ class RunningBatch(Generic[KeyT]):
         """As `step`, the finished sentences' search results left as they are (each part's n-best
         list): a front process turns them into Translations (`Engine.translation_of`)."""
         out: list[tuple[DecodeRequest[KeyT], RawParts]] = []
-        finished = self.device.step() if self.device is not None else []
-        if not self.search.is_empty:
-            finished += self.search.step()
-        self.fail_entries(self.search.take_failed())
+        finished: list[tuple[Hashable, list[Hypothesis]]] = []
+        for search in self.searches:
+            if len(search):
+                finished += search.step()
+            self.fail_entries(search.take_failed())
         for entry, hyps in finished:
             if entry in self.requests and entry not in self.segments:
                 out.append((self.requests.pop(entry), [hyps]))
                 continue
             key, k = cast(tuple[Hashable, int], entry)  # a segment of a segmented sentence
-            parts = self.segments[key]
+            parts = self.segments.get(key)
+            if parts is None:
+                continue  # another of its segments failed at this step
             parts[k] = hyps
             if all(p is not None for p in parts):
                 del self.segments[key]

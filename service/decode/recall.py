@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 
 from service.decode.aligner import PreparedPair, align_prepared, prepare_pair
 from service.decode.alignment import Alignment
-from service.decode.beam import normalized_score
 from service.decode.engine import (
     AlignmentMode,
     Encoder,
@@ -26,6 +25,7 @@ from service.decode.engine import (
 from service.decode.errors import InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions
 from service.decode.options import SearchOptions
+from service.decode.rules import normalized_score
 
 FORCED = AlignOptions(links="argmax", matrices="both")  # the pass behind a memory's answer
 

@@ -31,7 +31,7 @@ from onnx import helper, numpy_helper
 
 from service.decode.beam import StepOutput
 from service.decode.config import RuntimeConfig
-from service.decode.device import Device, HostRowOps, RowOps, host_view, make_row_ops
+from service.decode.device import Device, RowUpdates, host_view, make_row_ops
 from service.decode.providers import CUDA, check_model_providers, resolve_providers
 from service.decode.search_graph import (
     SearchShape,
@@ -641,7 +641,7 @@ class EncoderRows:
     hold nothing the step reads: it is bound to the leading `count` rows.
     """
 
-    def __init__(self, ops: RowOps | HostRowOps, keys_follow_source: bool) -> None:
+    def __init__(self, ops: RowUpdates, keys_follow_source: bool) -> None:
         self.ops = ops
         self.keys_follow_source = keys_follow_source  # False for attention "none": keys (B, 1, Dk)
         self.count = 0

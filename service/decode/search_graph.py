@@ -40,6 +40,7 @@ broadcast a sentence's settings cheaply.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,15 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+
+from service.decode.graph_bytes import graph_bytes
+from service.decode.options import SearchOptions
+from service.decode.rules import (
+    COVERAGE_FLOOR,
+    exact_rule_applies,
+    length_normalizer,
+    patience_ends,
+)
 
 FLOAT, DOUBLE, INT64, BOOL = (
     TensorProto.FLOAT,
@@ -56,7 +66,6 @@ FLOAT, DOUBLE, INT64, BOOL = (
 )
 CODE = 32  # a history code is token * CODE + slot: beams of up to CODE slots
 MAX_BEAM = CODE
-COVERAGE_FLOOR = 1e-6  # beam.COVERAGE_FLOOR (not imported: beam.py stays free of graphs)
 SENTENCE_FIELDS = 3  # a sentence's steps, ended, top ended; then its n-best's and slots' fields
 # a sentence's settings (rows of `settings`), written by the host when it joins
 PARAMS = (
@@ -79,6 +88,31 @@ PARAMS = (
 STOP = 4  # the last rows of PARAMS: the stopping rules' thresholds
 BIG = 1e9  # stop_first's weight of top_ended (more than any count of ended hypotheses), and a
 # floor for a finished score (a normalized score is far above -BIG)
+
+
+def sentence_params(options: SearchOptions, max_len: int) -> list[float]:
+    """A sentence's settings (PARAMS, the pool row left at 0): service/decode/rules.py's rules as
+    the graph reads them: its beam and penalties, its exact bound's normalizer, and its stopping
+    rule as thresholds (`_stopping`)."""
+    values = {
+        "beam": options.beam_size,
+        "keep": options.n_best,
+        "alpha": options.length_penalty,
+        "beta": options.coverage_penalty,
+        "normalize": options.normalize,
+        "word_penalty": options.word_penalty,
+        "narrowing": float(options.stopping == "narrowing"),
+        "max_lp": length_normalizer(max_len, options),
+        "pool": 0,
+        "max_len": max_len,
+        "exact_at": 0.0 if exact_rule_applies(options) else math.inf,
+        "stop_ends": patience_ends(options),
+        "stop_first": BIG + options.n_best if options.stopping == "first" else math.inf,
+        "stop_len": max_len,
+    }
+    return [float(values[name]) for name in PARAMS]
+
+
 MIN_OPSET = 13
 # the names the search's inputs and outputs take in the merged graph (besides the decoder's own
 # tokens, reorder, state, values, keys, mask and new_state)
@@ -749,14 +783,6 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onn
     return model
 
 
-def _helper_model(nodes: list, inputs: list, outputs: list, name: str) -> bytes:
-    graph = helper.make_graph(nodes, name, inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
-
-
 def select_graph() -> bytes:
     """The batch after its joins and leaves, on the device (where its memory is not the host's:
     `DeviceSearch._select` does the same with numpy there): sentences (W, B_prev) f64, tokens and
@@ -801,11 +827,7 @@ def select_graph() -> bytes:
             nodes.append(n("Identity", [f"picked_{name}"], [f"out_{name}"]))
             out_dims = ["B", dims[1]] if axis == 0 else [dims[0], "B"]
             outputs.append(vi(f"out_{name}", dtype, out_dims))
-    graph = helper.make_graph(nodes, "select_sentences", inputs, outputs, initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return graph_bytes(nodes, "select_sentences", inputs, outputs, inits)
 
 
 def finished_graph(attention: bool = True) -> bytes:
@@ -841,7 +863,7 @@ def finished_graph(attention: bool = True) -> bytes:
         ]
         inputs.append(vi("attention_history", FLOAT, ["P", "L", "K", "S"]))
         outputs.append(vi("attention", FLOAT, ["D", "T", "K", "S"]))
-    return _helper_model(nodes, inputs, outputs, "finished_sentences")
+    return graph_bytes(nodes, "finished_sentences", inputs, outputs)
 
 
 def grow_graph() -> bytes:
@@ -860,4 +882,4 @@ def grow_graph() -> bytes:
         vi("ends", INT64, [4]),
         vi("pads", INT64, [8]),
     ]
-    return _helper_model(nodes, inputs, [vi("grown", FLOAT, ["P2", "L2", "Y", "X2"])], "grow")
+    return graph_bytes(nodes, "grow", inputs, [vi("grown", FLOAT, ["P2", "L2", "Y", "X2"])])
