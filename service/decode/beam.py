@@ -213,6 +213,9 @@ class _History:
         Step t's record holds the new slots' parents and tokens, and the attention of the previous
         beam's slots: the row that produced a slot's token is the one of its parent.
         """
+        attention = np.zeros((steps, self.src_len), np.float32) if self.keep_attention else None
+        if not steps:  # ended at its first step
+            return [], attention, np.zeros(0, np.float32)
         records = self._records[:steps]
         parents = np.array([r.parents[row] for r, row, _ in records], np.int64)  # (steps, K)
         slots = np.zeros(steps, np.int64)  # (steps,)
@@ -220,9 +223,7 @@ class _History:
         at = np.arange(steps)
         tokens = np.array([r.tokens[row] for r, row, _ in records], np.int64)[at, slots]
         log_probs = np.array([r.log_probs[row] for r, row, _ in records], np.float32)[at, slots]
-        attention = None
-        if self.keep_attention:
-            attention = np.zeros((steps, self.src_len), np.float32)  # (steps, src_len)
+        if attention is not None:  # (steps, src_len)
             for t, (_, _, rows) in enumerate(records):
                 if rows is not None:
                     attention[t] = rows[parents[t, slots[t]]]

@@ -377,6 +377,51 @@ class RowUpdates(Protocol):
         target: Sequence[tuple[int, ...]],
     ) -> list[ort.OrtValue]: ...
 
+    def zero_rows(self, state: ort.OrtValue, n: int) -> ort.OrtValue:
+        """A decoder state tensor (R, ...) with n rows of zeros after its own (R + n, ...): the
+        joining sentences' start of a declared state (a growing one's: no entry of their own)."""
+        ...
+
+    def keep_last(self, state: ort.OrtValue, entries: int) -> ort.OrtValue:
+        """A growing state tensor (R, L, W) cut to its last `entries` along axis 1: those its rows
+        still read (a row's entries are its last `positions`)."""
+        ...
+
+
+def zero_rows_graph(rank: int) -> bytes:
+    """state (R, ...) of `rank` axes, n (1,) int64 → out (R + n, ...): n rows of zeros after."""
+    dims = _dims("d", rank - 1)
+    inputs = [
+        helper.make_tensor_value_info("state", FLOAT, ["R", *dims]),
+        helper.make_tensor_value_info("n", INT64, [1]),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["state"], ["shape"], start=1),
+        helper.make_node("Concat", ["n", "shape"], ["zeros_shape"], axis=0),
+        helper.make_node(
+            "ConstantOfShape", ["zeros_shape"], ["zeros"],
+            value=helper.make_tensor("zero", FLOAT, [1], [0.0]),
+        ),
+        helper.make_node("Concat", ["state", "zeros"], ["out"], axis=0),
+    ]  # fmt: skip
+    outputs = [helper.make_tensor_value_info("out", FLOAT, ["M", *dims])]
+    return graph_bytes(nodes, f"zero_rows_{rank}", inputs, outputs)
+
+
+def keep_last_graph() -> bytes:
+    """state (R, L, W), starts (1,) int64 → out (R, L - starts, W): axis 1 from `starts` on."""
+    inputs = [
+        helper.make_tensor_value_info("state", FLOAT, ["R", "L", "W"]),
+        helper.make_tensor_value_info("starts", INT64, [1]),
+    ]
+    nodes = [
+        helper.make_node("Constant", [], ["ends"], value=helper.make_tensor("e", INT64, [1], [2**62])),
+        helper.make_node("Constant", [], ["axes"], value=helper.make_tensor("a", INT64, [1], [1])),
+        helper.make_node("Slice", ["state", "starts", "ends", "axes"], ["out"]),
+    ]  # fmt: skip
+    outputs = [helper.make_tensor_value_info("out", FLOAT, ["R", "K", "W"])]
+    return graph_bytes(nodes, "keep_last", inputs, outputs)
+
 
 class RowOps:
     """The row graphs as sessions on the model's device (one thread each: they are tiny)."""
@@ -398,6 +443,8 @@ class RowOps:
         self.move_session = session(move_graph())
         self.refit_session = session(refit_graph())
         self.gather_join_session = session(gather_join_graph())
+        self.zero_rows_sessions = {rank: session(zero_rows_graph(rank)) for rank in (2, 3)}
+        self.keep_last_session = session(keep_last_graph())
 
     # --- the encoder buffers -------------------------------------------------------------------
 
@@ -521,6 +568,27 @@ class RowOps:
             binding.bind_output(f"out_{name}", self.device.type, self.device.id)
         self.refit_session.run_with_iobinding(binding)
         return list(binding.get_outputs())
+
+    def zero_rows(self, state: ort.OrtValue, n: int) -> ort.OrtValue:
+        """RowUpdates.zero_rows, one graph run on the device."""
+        session = self.zero_rows_sessions[len(state.shape())]
+        binding = session.io_binding()
+        self.device.bind_value(binding, "state", state)
+        self.device.bind_host_argument(binding, "n", np.array([n], np.int64))
+        binding.bind_output("out", self.device.type, self.device.id)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()[0]
+
+    def keep_last(self, state: ort.OrtValue, entries: int) -> ort.OrtValue:
+        """RowUpdates.keep_last, one graph run on the device."""
+        session = self.keep_last_session
+        binding = session.io_binding()
+        self.device.bind_value(binding, "state", state)
+        starts = np.array([int(state.shape()[1]) - entries], np.int64)
+        self.device.bind_host_argument(binding, "starts", starts)
+        binding.bind_output("out", self.device.type, self.device.id)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()[0]
 
 
 class _Memory:
@@ -656,6 +724,20 @@ class HostRowOps:
             new[: have[0], :width] = host_view(buffer, have)[:, :width]
             out.append(ort.OrtValue.ortvalue_from_numpy(new))
         return out
+
+    def zero_rows(self, state: ort.OrtValue, n: int) -> ort.OrtValue:
+        """RowUpdates.zero_rows with numpy."""
+        old = host_view(state, state.shape())
+        return ort.OrtValue.ortvalue_from_numpy(
+            np.concatenate([old, np.zeros((n, *old.shape[1:]), old.dtype)])
+        )
+
+    def keep_last(self, state: ort.OrtValue, entries: int) -> ort.OrtValue:
+        """RowUpdates.keep_last with numpy (a copy: the step writes a new tensor anyway)."""
+        old = host_view(state, state.shape())
+        return ort.OrtValue.ortvalue_from_numpy(
+            np.ascontiguousarray(old[:, old.shape[1] - entries :])
+        )
 
 
 def make_row_ops(

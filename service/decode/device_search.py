@@ -39,7 +39,13 @@ from service.decode.beam import Hypothesis, compaction_order, trace_slots
 from service.decode.controls import NO_CONTROLS, Controls, unusable_controls
 from service.decode.options import SearchOptions
 from service.decode.rules import max_length
-from service.decode.runtime import EncodedSentence, EncoderRows, HostBuffer, OnnxModel
+from service.decode.runtime import (
+    DeclaredStates,
+    EncodedSentence,
+    EncoderRows,
+    HostBuffer,
+    OnnxModel,
+)
 from service.decode.search import Joining
 from service.decode.search_graph import (
     CODE,
@@ -260,6 +266,10 @@ class DeviceSearch:
         # where its tensors live, and how the host picks and reads them (chosen once)
         self.memory = search_memory(model, model.row_ops)
         self.history = History(self.memory, K)
+        # the state tensors the architecture declares beside `state` (none for the RNNs): the
+        # step computes their positions itself, from its sentences' steps (search_graph)
+        specs = model.bundle.architecture.decoder_states
+        self.declared = DeclaredStates(specs, model.row_ops) if specs else None
         self.binding = self.session.io_binding()
         self._outputs_bound: list[str] = []  # the binding's outputs, in the order first bound
         self._taken: list[tuple[str, int]] | None = None  # `_take_outputs`' map, made once
@@ -424,6 +434,8 @@ class DeviceSearch:
         self._state = None
         self._keep = None
         self._S_prev = 0
+        if self.declared is not None:
+            self.declared.reset()
         self.history.reset()
         if self.history.fields is None:
             self._bound.pop("history", None)
@@ -440,6 +452,8 @@ class DeviceSearch:
         self._state["new_state"] = new_state
         self._entries += entries
         n = len(entries)
+        if self.declared is not None:
+            self.declared.join(n)
         groups: dict[tuple[int, int], tuple[SearchOptions, list[int]]] = {}
         controlled = []
         for i, e in enumerate(entries):
@@ -515,6 +529,8 @@ class DeviceSearch:
         ):
             self._bind_history()
         device.bind_value(binding, "state", state["new_state"])
+        if self.declared is not None:
+            self.declared.bind(binding)
         device.bind_value(binding, "tokens", state["tokens"])
         device.bind_value(binding, "reorder", state["reorder"])
         device.bind_value(binding, "sentences", state["sentences"])
@@ -645,11 +661,16 @@ class DeviceSearch:
             self._taken = [(name.removeprefix("out_"), at[name]) for name in self._outputs]
         for key, index in self._taken:
             state[key] = outputs[index]
+        if self.declared is not None:  # theirs, after this step; cut to the entries rows read
+            self.declared.values = {s.name: state.pop("new_" + s.name) for s in self.declared.specs}
+            self.declared.cut(self._max_steps + 1)
 
     @property
     def _outputs(self) -> tuple[str, ...]:
         """The outputs a step makes for the next: new device tensors every step."""
-        names = ("out_tokens", "out_reorder", "out_sentences", "new_state")
+        names: tuple[str, ...] = ("out_tokens", "out_reorder", "out_sentences", "new_state")
+        if self.declared is not None:
+            names = (*names, *("new_" + spec.name for spec in self.declared.specs))
         return (*names, "out_coverage") if self.shape.coverage else names
 
     def _bind_controls(self) -> None:

@@ -43,7 +43,7 @@ from service.decode.search_graph import (
     select_graph,
 )
 from service.decode.transfers import TransferLedger
-from service.model.architecture import PAD_ID
+from service.model.architecture import PAD_ID, StateSpec
 from service.model.bundle import Bundle, BundleError
 
 log = logging.getLogger(__name__)
@@ -800,6 +800,64 @@ class EncoderRows:
         return values, keys, mask
 
 
+class DeclaredStates:
+    """A running batch's declared decoder state tensors beside `state` (ModelConfig.decoder_states:
+    service/model/graph_contract.py), one row per row of `state`: joined at zeros, reordered by the
+    step itself, each written anew by it (`new_<name>`). `positions` (R,) int64 are the state rows'
+    tokens decoded so far, which a step that reads a growing tensor is given (its rows' entries
+    are the last `positions` of its L); the growing axis is cut to what the rows still read once
+    it is twice that (each step adds an entry to every row)."""
+
+    def __init__(self, specs: Sequence[StateSpec], ops: RowUpdates) -> None:
+        self.specs = tuple(specs)
+        self.ops = ops
+        self.growing = any(spec.growing for spec in self.specs)
+        self.values: dict[str, ort.OrtValue] = {}  # by name: (R, width) or (R, L, width)
+        self.positions = np.zeros(0, np.int64)  # (R,)
+
+    def join(self, n: int) -> None:
+        """n joining sentences' rows, after the others (as `state`'s)."""
+        for spec in self.specs:
+            value = self.values.get(spec.name)
+            if value is None:
+                empty = (0, 0, spec.width) if spec.growing else (0, spec.width)
+                value = self.ops.device.upload(np.zeros(empty, np.float32), "state")
+            self.values[spec.name] = self.ops.zero_rows(value, n)
+        self.positions = np.concatenate([self.positions, np.zeros(n, np.int64)])
+
+    def bind(self, binding: ort.IOBinding, positions: np.ndarray | None = None) -> None:
+        """The tensors as the step's inputs, and its positions (N,) where given (a step that
+        computes them itself: the device search's, from its sentences' steps, binds none)."""
+        device = self.ops.device
+        for spec in self.specs:
+            device.bind_value(binding, spec.name, self.values[spec.name])
+        if positions is not None and self.growing:
+            device.bind_host_input(binding, "positions", positions, "tokens")
+
+    def bind_outputs(self, binding: ort.IOBinding) -> None:
+        device = self.ops.device
+        for spec in self.specs:
+            binding.bind_output("new_" + spec.name, device.type, device.id)  # on the device
+
+    def stepped(self, outputs: Sequence[ort.OrtValue], positions: np.ndarray) -> None:
+        """A step's `new_<name>` outputs (in `specs`' order) and the positions it read: theirs
+        after it (one more token each); the growing axis cut where half of it is unread."""
+        self.values = {s.name: v for s, v in zip(self.specs, outputs, strict=True)}
+        self.positions = positions + 1
+        self.cut(int(self.positions.max(initial=0)))
+
+    def cut(self, needed: int) -> None:
+        """Each growing tensor cut to its last `needed` entries where it holds twice as many."""
+        for spec in self.specs:
+            value = self.values.get(spec.name)
+            if spec.growing and value is not None and int(value.shape()[1]) >= max(2 * needed, 8):
+                self.values[spec.name] = self.ops.keep_last(value, needed)
+
+    def reset(self) -> None:
+        self.values = {}
+        self.positions = np.zeros(0, np.int64)
+
+
 class HostBuffer:
     """A reusable host array that a step's output is copied into; grows, never shrinks."""
 
@@ -848,6 +906,9 @@ class OnnxDecoder:
             model.row_ops, keys_follow_source=model.bundle.architecture.attention != "none"
         )
         self.state: ort.OrtValue | None = None  # (R, D_state) on the device
+        # the state tensors the architecture declares beside it (none for the RNNs)
+        specs = model.bundle.architecture.decoder_states
+        self.declared = DeclaredStates(specs, model.row_ops) if specs else None
         self.log_probs = HostBuffer(np.float32)
         self.token_ids = HostBuffer(np.int64)
         self.attention = HostBuffer(np.float32)
@@ -865,6 +926,8 @@ class OnnxDecoder:
         """Append sentences (at the end of the sentence order); returns the state-buffer row of the first one."""
         offset = self.state_rows
         self.state = self.rows.append(sentences, self.state)  # rows and states in one device call
+        if self.declared is not None:
+            self.declared.join(len(sentences))
         return offset
 
     def keep_sentences(self, keep: np.ndarray) -> None:
@@ -873,6 +936,8 @@ class OnnxDecoder:
         self.rows.keep(keep)
         if len(keep) == 0:  # the batch is empty: its state rows are of no use to anyone
             self.state = None
+            if self.declared is not None:
+                self.declared.reset()
 
     def _bind_inputs(
         self, bound: SessionBinding, tokens: np.ndarray, reorder: np.ndarray, k: int
@@ -888,10 +953,26 @@ class OnnxDecoder:
         else:
             device.bind_host_input(binding, "k", np.array(k, dtype=np.int64), "tokens")
         binding.bind_ortvalue_input("state", self.state)
+        if self.declared is not None:
+            self.declared.bind(binding, self.declared.positions[reorder])
         rows_key = self.rows.binding_key()
         if rows_key != bound.bound_rows:
             self.rows.bind(binding)
             bound.bound_rows = rows_key
+
+    def _bind_state_outputs(self, binding: ort.IOBinding) -> None:
+        """new_state (and the declared tensors' new values) stay on the device; rebound at every
+        step: a binding left from the last run would be written in place."""
+        binding.bind_output("new_state", self.device.type, self.device.id)
+        if self.declared is not None:
+            self.declared.bind_outputs(binding)
+
+    def _take_states(self, binding: ort.IOBinding, reorder: np.ndarray) -> None:
+        """The step's new state tensors (bound first: outputs 0, then the declared ones)."""
+        self.state = self.device.output(binding, 0)
+        if self.declared is not None:
+            outputs = [self.device.output(binding, 1 + i) for i in range(len(self.declared.specs))]
+            self.declared.stepped(outputs, self.declared.positions[reorder])
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
         """One decoder call for every hypothesis: tokens (N,), reorder (N,) → top-k (N, k), attention (N, S)."""
@@ -926,8 +1007,7 @@ class OnnxDecoder:
         self._bind_inputs(bound, tokens, reorder, k)
         device, binding = self.device, bound.binding
         N, S = len(tokens), self.rows.source_len
-        # rebound at every step: a binding left from the last run would be written in place
-        binding.bind_output("new_state", device.type, device.id)  # stays on the device
+        self._bind_state_outputs(binding)
         log_probs = self.log_probs.view((N, k))  # (N, k)
         token_ids = self.token_ids.view((N, k))  # (N, k)
         attention = self.attention.view((N, S))  # (N, S)
@@ -950,7 +1030,7 @@ class OnnxDecoder:
                 device.bind_host_output(binding, FULL_LOG_PROBS, rows)
             bound.bound_outputs = outputs_key
         bound.session.run_with_iobinding(binding)
-        self.state = device.output(binding, 0)  # new_state was bound first
+        self._take_states(binding, reorder)
         out = StepOutput(
             log_probs=device.fetched(log_probs, "topk"),
             token_ids=device.fetched(token_ids, "topk"),
@@ -971,7 +1051,7 @@ class OnnxDecoder:
         self._bind_inputs(bound, tokens, reorder, 1)
         session, device, binding = self.session, self.device, bound.binding
         N, S = len(tokens), self.rows.source_len
-        binding.bind_output("new_state", device.type, device.id)  # stays on the device
+        self._bind_state_outputs(binding)
         log_probs = self.log_probs.view((N, V))  # (N, V)
         attention = self.attention.view((N, S))  # (N, S)
         outputs_key = (N, V, S, self.log_probs.generation, -1, self.attention.generation)
@@ -980,7 +1060,7 @@ class OnnxDecoder:
             device.bind_host_output(binding, "attention", attention)
             bound.bound_outputs = outputs_key
         session.run_with_iobinding(binding)
-        self.state = device.output(binding, 0)  # new_state was bound first
+        self._take_states(binding, reorder)
         return StepOutput(
             log_probs=device.fetched(log_probs, "topk"),
             token_ids=np.broadcast_to(np.arange(V), (N, V)),

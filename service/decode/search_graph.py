@@ -717,17 +717,22 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onn
     for node in graph.node:
         node.input[:] = [rename.get(n, n) for n in node.input]
         node.output[:] = [rename.get(n, n) for n in node.output]
-    kept_inputs = [i for i in graph.input if i.name != "k"]
+    reads_positions = any(i.name == "positions" for i in graph.input)
+    kept_inputs = [i for i in graph.input if i.name not in ("k", "positions")]
     del graph.input[:]
     graph.input.extend(kept_inputs)
     k_value = np.full((1,) * k_dims, shape.k, np.int64)
     graph.initializer.append(
         helper.make_tensor("k", INT64, k_value.shape, k_value.ravel().tolist())
     )
+    if reads_positions:  # each row's tokens decoded so far: its sentence's steps
+        graph.node.extend(_positions(shape.K))
     new_state = next(o for o in graph.output if o.name == "new_state")
+    declared = [o for o in graph.output if o.name.startswith("new_") and o.name != "new_state"]
     del graph.output[:]
     W = sentence_width(shape.K)
     outputs = {"out_tokens", "out_reorder", "out_sentences", "new_state", "done", "out_history"}
+    outputs |= {o.name for o in declared}
     if shape.attention:
         outputs.add("out_attention_history")
     if shape.coverage:
@@ -755,6 +760,7 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onn
             vi("out_reorder", INT64, ["N"]),
             vi("out_sentences", DOUBLE, [W, "B"]),
             new_state,
+            *declared,
             vi("done", BOOL, ["B"]),
             vi("out_history", FLOAT, ["P", "L", 2, shape.K]),
         ]
@@ -781,6 +787,25 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onn
         graph.output.append(vi("out_coverage", FLOAT, ["N", "S"]))
     onnx.checker.check_model(model)
     return model
+
+
+def _positions(K: int) -> list[onnx.NodeProto]:
+    """The decoder's `positions` (N,) int64 from the search's `sentences` (W, B): each sentence's
+    steps (its first field) for each of its K rows."""
+    n = helper.make_node
+    return [
+        n("Constant", [], ["positions/zero"], value=helper.make_tensor("z", INT64, [1], [0])),
+        n("Constant", [], ["positions/one"], value=helper.make_tensor("o", INT64, [1], [1])),
+        n("Slice", ["sentences", "positions/zero", "positions/one", "positions/zero"],
+          ["positions/steps"]),  # (1, B) float64
+        n("Cast", ["positions/steps"], ["positions/int"], to=INT64),
+        n("Transpose", ["positions/int"], ["positions/column"]),  # (B, 1)
+        n("Constant", [], ["positions/shape"],
+          value=helper.make_tensor("s", INT64, [2], [1, K])),
+        n("Tile", ["positions/column", "positions/shape"], ["positions/rows"]),  # (B, K)
+        n("Constant", [], ["positions/flat"], value=helper.make_tensor("f", INT64, [1], [-1])),
+        n("Reshape", ["positions/rows", "positions/flat"], ["positions"]),  # (N,)
+    ]  # fmt: skip
 
 
 def select_graph() -> bytes:
