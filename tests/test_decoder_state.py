@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -34,8 +35,10 @@ from benchmarks.decoding.instant import (
     instant_text,
 )
 from service.decode.config import RuntimeConfig
-from service.decode.engine import DecodeRequest, Engine, Translation
+from service.decode.engine import Engine
 from service.decode.options import SearchOptions
+from service.decode.preparation import DecodeRequest
+from service.decode.translation import Translation
 from service.model.architecture import EOS_ID, StateSpec
 from service.model.bundle import write_manifest
 from tests.test_device_search import assert_same
@@ -226,7 +229,12 @@ def test_a_state_of_named_tensors_answers_in_a_batch_as_alone(
     ops = engine.model.row_ops
     cuts: list[int] = []
     keep_last = ops.keep_last
-    monkeypatch.setattr(ops, "keep_last", lambda v, n: cuts.append(n) or keep_last(v, n))
+
+    def counting(value: Any, entries: int) -> Any:
+        cuts.append(entries)
+        return keep_last(value, entries)
+
+    monkeypatch.setattr(ops, "keep_last", counting)
     batch = engine.new_batch(3)
     late = {0: [5], 17: [3, 7]}  # TEXTS[5] translates to 20 tokens; TEXTS[3] to 12, [7] to 9
     answers: dict[int, Translation] = {}

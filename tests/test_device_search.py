@@ -26,9 +26,11 @@ from benchmarks.decoding.instant import build_instant_bundle, instant_text
 from benchmarks.sample_texts import bundle_texts
 from service.decode.config import RuntimeConfig
 from service.decode.device_search import DeviceSearch
-from service.decode.engine import AlignmentMode, DecodeRequest, Engine, Translation
+from service.decode.engine import Engine
 from service.decode.options import SearchOptions, merge_options
+from service.decode.preparation import DecodeRequest
 from service.decode.search_graph import controls_problem
+from service.decode.translation import AlignmentMode, Translation
 from tests.conftest import REPO
 
 SCORE_TOLERANCE = 1e-5

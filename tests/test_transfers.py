@@ -21,7 +21,8 @@ import pytest
 from service.decode.beam import BeamSearch, Hypothesis, SearchOptions, StepOutput
 from service.decode.config import RuntimeConfig
 from service.decode.device_search import DeviceSearch
-from service.decode.engine import DecodeRequest, Engine, Prepared
+from service.decode.engine import Engine
+from service.decode.preparation import DecodeRequest, Prepared
 from service.decode.runtime import EncodedSentence, OnnxModel
 from service.decode.search import HostSearch
 from service.decode.search_graph import PARAMS
