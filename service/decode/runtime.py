@@ -15,6 +15,8 @@ O(joining sentences + hypotheses × (k + source length)), never O(batch × sourc
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
 import math
 import tempfile
@@ -23,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -109,6 +112,26 @@ class SharedWeights:
         them ignores it)."""
         for name, value in self.values.items():
             options.add_initializer(name, value)
+
+
+@functools.cache
+def _trim() -> Any:
+    """glibc's malloc_trim, or None where the C library has none."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> None:
+    """Give the heap's freed pages back to the system (glibc's malloc_trim). Making a session
+    parses and serializes its graph's protobuf, the decoder's weights several times over, and the
+    memory freed after stays in the process's resident set: 29-38 MiB after loading
+    grc-en-nt-silver's graphs. Called once a model's graphs are loaded, and after each device-search
+    variant; a no-op where the allocator is not glibc's."""
+    trim = _trim()
+    if trim is not None:
+        trim(0)
 
 
 _arena_lock = threading.Lock()
@@ -500,6 +523,7 @@ class OnnxModel:
         self.row_ops = make_row_ops(
             self.device, providers, provider_options(providers, config), config.row_ops
         )
+        release_freed_memory()  # what parsing and serializing the graphs left
 
     def search_session(self, shape: SearchShape) -> ort.InferenceSession:
         """The decoder step with the device search's step appended (service/decode/search_graph.py)
@@ -528,6 +552,7 @@ class OnnxModel:
                 self._searches[shape] = session
                 while len(self._searches) > self.config.max_search_sessions:
                     self._searches.popitem(last=False)  # its running batch keeps it while it runs
+                release_freed_memory()
             return session
 
     def search_graph(self, shape: SearchShape) -> onnx.ModelProto:
