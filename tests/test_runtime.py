@@ -363,13 +363,13 @@ def test_every_session_of_a_decoder_reads_one_copy_of_its_weights() -> None:
 def test_a_model_keeps_at_most_max_search_sessions_variants() -> None:
     """The least recently used device-search variant goes first; asked again, it is made again
     and answers the same."""
-    from service.decode.search_graph import SearchShape
+    from service.decode.search_graph import SearchVariant
 
     config = RuntimeConfig(
         providers=("CPUExecutionProvider",), intra_op_threads=1, max_search_sessions=2
     )
     model = Engine.load(DEFAULT_BUNDLE, config).model
-    shapes = [SearchShape(K, K + 1, 1, 2, False, attention=False) for K in (1, 2, 3)]
+    shapes = [SearchVariant(K, K + 1, 1, 2, False, attention=False) for K in (1, 2, 3)]
     first = model.search_session(shapes[0])
     model.search_session(shapes[1])
     assert model.search_session(shapes[0]) is first  # used again: the newest

@@ -166,7 +166,7 @@ def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batc
             )  # tokens, back-pointers, k, top-k, attention
             leave_bytes = 2 * 8 * len(finished) + 32 * 8  # moved rows' indices, a refit's pads
         else:
-            W = device.width
+            W = device.sentence_rows
             assert moved.by_reason()["topk"] == moved.by_reason()["attention"] == 0
             changed = bool(n or left_before)
             # the done flags; when sentences joined or left, the index array that picks the batch

@@ -37,7 +37,7 @@ from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.graph_bytes import graph_bytes
 from service.decode.lexicon import Lexicon
-from service.decode.search_graph import SearchShape
+from service.decode.search_graph import SearchVariant
 
 
 def rss():
@@ -67,7 +67,7 @@ else:  # the engine as the server loads it, warmed up
         model, cfg = engine.model, engine.cfg
         for K in range(1, 6):
             for coverage, controls, attention, wide in itertools.product([False, True], repeat=4):
-                shape = SearchShape(K, K + 1, cfg.bos_id, cfg.eos_id, cfg.toolkit != "native",
+                shape = SearchVariant(K, K + 1, cfg.bos_id, cfg.eos_id, cfg.toolkit != "native",
                                     attention=attention, coverage=coverage, controls=controls,
                                     wide=wide)
                 try:

@@ -280,7 +280,7 @@ class _Sentence:
         return self.options.beam_size
 
     @property
-    def keep(self) -> int:
+    def wanted(self) -> int:
         """The finished hypotheses it returns: its n-best, or every alternative."""
         return self.options.beam_size if self.controls.alternatives else self.options.n_best
 
@@ -311,7 +311,7 @@ class _Sentence:
         ]
         self.ended += len(new)
         ranked = sorted(self.finished + new, key=lambda f: (not f.complete, -f.score))
-        self.finished = ranked[: self.keep]
+        self.finished = ranked[: self.wanted]
 
     def met(self, slot: int) -> bool:
         """Whether the hypothesis in `slot` has met every constraint (True without any)."""
@@ -328,7 +328,7 @@ class _Sentence:
         at some step) or "patience" (beam_size x patience hypotheses ended)."""
         if best_live == -math.inf:
             return True
-        if self.controls.independent or len(self.finished) < self.keep:
+        if self.controls.independent or len(self.finished) < self.wanted:
             return False
         rule = self.options.stopping
         if rule == "first":
@@ -343,7 +343,7 @@ class _Sentence:
     def cannot_improve(self, best_live: float) -> bool:
         """True when n_best hypotheses are finished and no live one can beat the worst of them
         (rules.cannot_improve)."""
-        if len(self.finished) < self.keep:
+        if len(self.finished) < self.wanted:
             return False
         worst = self.finished[-1].score
         return cannot_improve(best_live, self.steps, worst, self.max_len, self.options)
@@ -508,7 +508,7 @@ class BeamSearch:
         self._max_len = np.zeros(0, np.int64)  # (B,) the sentence's maximum length
         self._widths = np.zeros(0, np.int64)  # (B,) slots in use (_Sentence.width)
         self._kept = np.zeros(0, np.int64)  # (B,) finished hypotheses held (len(finished))
-        self._keep = np.zeros(0, np.int64)  # (B,) finished hypotheses wanted (_Sentence.keep)
+        self._wanted = np.zeros(0, np.int64)  # (B,) finished hypotheses wanted (_Sentence.wanted)
         self._controlled = 0  # sentences with active controls
         self._constrained = 0  # sentences with constraints (a glossary's terms)
         # sentences whose own controls raised at this step (by batch index), and those failed
@@ -578,7 +578,7 @@ class BeamSearch:
         self._max_len = np.append(self._max_len, sentence.max_len)
         self._widths = np.append(self._widths, sentence.width)
         self._kept = np.append(self._kept, 0)
-        self._keep = np.append(self._keep, sentence.keep)
+        self._wanted = np.append(self._wanted, sentence.wanted)
         self._controlled += controls.active
         self._constrained += constraints is not None
         live = sentence.width if controls.sampling else 1
@@ -849,7 +849,7 @@ class BeamSearch:
         best_live = scores.max(axis=1)  # (B,)
         at_max = self._steps >= self._max_len  # (B,)
         done = np.zeros(B, bool)  # (B,)
-        ask = at_max | ~np.isfinite(best_live) | (self._kept >= self._keep)  # (B,)
+        ask = at_max | ~np.isfinite(best_live) | (self._kept >= self._wanted)  # (B,)
         for b in np.flatnonzero(ask).tolist():
             sentence = self._sentences[b]
             if at_max[b]:
@@ -907,10 +907,10 @@ class BeamSearch:
         self._constrained -= sum(s.constraints is not None for s in gone)
         self._sentences = [self._sentences[b] for b in keep]
         self._steps, self._max_len = self._steps[keep], self._max_len[keep]
-        self._widths, self._kept, self._keep = (
+        self._widths, self._kept, self._wanted = (
             self._widths[keep],
             self._kept[keep],
-            self._keep[keep],
+            self._wanted[keep],
         )
         self._decoder.keep_sentences(keep)
         # the token columns the remaining sentences with controls still use

@@ -51,7 +51,7 @@ from service.decode.search_graph import (
     CODE,
     PARAMS,
     SENTENCE_FIELDS,
-    SearchShape,
+    SearchVariant,
     sentence_params,
     sentence_width,
 )
@@ -72,7 +72,7 @@ class _Entry:
     controls: Controls = NO_CONTROLS  # a prefix, single suppressed tokens, a minimum length
 
     @property
-    def keep(self) -> int:
+    def wanted(self) -> int:
         return self.options.n_best
 
 
@@ -92,9 +92,9 @@ def device_controls(controls: Controls) -> bool:
 
 
 # per sentence of the batch, the columns of DeviceSearch._meta (B, 7) int64: its steps (as the
-# device counts them), history row, hypotheses kept, and what it needs of the graph (SearchShape's
+# device counts them), history row, hypotheses kept, and what it needs of the graph (SearchVariant's
 # coverage, controls, attention, wide: 0 or 1)
-STEPS, POOL, KEEP, COVERAGE, CONTROLS, ATTENTION, WIDE = range(7)
+STEPS, POOL, WANTED, COVERAGE, CONTROLS, ATTENTION, WIDE = range(7)
 
 
 @dataclass(slots=True)
@@ -105,7 +105,7 @@ class _Known:
     options: SearchOptions
     max_lens: dict[int, int]
     rows: dict[int, np.ndarray]  # (len(PARAMS),) float64
-    needs: tuple[int, int, int, int, int]  # KEEP, COVERAGE, CONTROLS (0), ATTENTION, WIDE
+    needs: tuple[int, int, int, int, int]  # WANTED, COVERAGE, CONTROLS (0), ATTENTION, WIDE
 
     @classmethod
     def of(cls, options: SearchOptions) -> _Known:
@@ -255,9 +255,9 @@ class DeviceSearch:
         self._beam_size = K = beam_size
         self.bos_id, self.eos_id = bos_id, eos_id
         self.narrow_on_eos = narrow_on_eos
-        # the step's graph for this batch, with what its sentences need (SearchShape)
-        self.shape = SearchShape(K, K + 1, bos_id, eos_id, narrow_on_eos, attention=False)
-        self.session = model.search_session(self.shape)
+        # the step's graph for this batch, with what its sentences need (SearchVariant)
+        self.variant = SearchVariant(K, K + 1, bos_id, eos_id, narrow_on_eos, attention=False)
+        self.session = model.search_session(self.variant)
         self._takes_controls: bool | None = None  # whether the graph can apply them (`takes`)
         self.device = model.device
         self.rows = EncoderRows(
@@ -361,7 +361,7 @@ class DeviceSearch:
             return False
         if self._takes_controls is None:
             try:
-                self.model.search_session(replace(self.shape, controls=True))
+                self.model.search_session(replace(self.variant, controls=True))
                 self._takes_controls = True
             except ValueError:
                 self._takes_controls = False
@@ -466,7 +466,7 @@ class DeviceSearch:
         for (_, max_len), (options, at) in groups.items():
             known = self._known_of(options)
             settings[:, at] = known.row(max_len)[:, None]
-            meta[at, KEEP:] = known.needs
+            meta[at, WANTED:] = known.needs
         meta[controlled, CONTROLS] = 1
         settings[PARAMS.index("pool")] = meta[:, POOL]
         self._meta = np.concatenate([self._meta, meta])
@@ -474,7 +474,7 @@ class DeviceSearch:
 
     def _bind_changes(self) -> None:
         """Before a step after joins or leaves: the joining sentences join (`_join`), the graph
-        follows what the batch needs (SearchShape), the batch is picked (`_select`), and what
+        follows what the batch needs (SearchVariant), the batch is picked (`_select`), and what
         depends on its size is bound."""
         K, device = self._beam_size, self.device
         joining, self._joining = self._joining, []
@@ -485,12 +485,12 @@ class DeviceSearch:
         settings = self._join(joining) if joining else None
         needs: list[bool] = np.any(self._meta[:, COVERAGE:], axis=0).tolist()
         coverage, controls, attention, wide = needs
-        shape = replace(
-            self.shape, coverage=coverage, controls=controls, attention=attention, wide=wide
+        variant = replace(
+            self.variant, coverage=coverage, controls=controls, attention=attention, wide=wide
         )
-        if shape != self.shape:  # the other graph: a new binding, every input bound again
-            self._switch(shape)
-        self._coverage_follows_shape()
+        if variant != self.variant:  # the other graph: a new binding, every input bound again
+            self._switch(variant)
+        self._coverage_follows_variant()
         self._select(B_prev, N_prev, settings)
         self._changed = True
         self._max_steps = int(self._meta[:, STEPS].max(initial=0))
@@ -510,7 +510,7 @@ class DeviceSearch:
             device.bind_host_output(binding, "done", done)
             self._note_output("done")
             self._bound["done"] = (B, self.done.generation)
-        if self.shape.attention and self._bound.get("S") != (S, B):
+        if self.variant.attention and self._bound.get("S") != (S, B):
             device.bind_host_argument(binding, "attention_shape", np.array([B, K, S], np.int64))
             self._bound["S"] = (S, B)
         rows_key = self.rows.binding_key()
@@ -524,7 +524,7 @@ class DeviceSearch:
         device, binding, state = self.device, self.binding, self._state
         assert state is not None
         # a column for this step's record (its index: the steps so far)
-        if self.history.fit(self._max_steps + 1, self._S, self.shape.attention) or (
+        if self.history.fit(self._max_steps + 1, self._S, self.variant.attention) or (
             "history" not in self._bound
         ):
             self._bind_history()
@@ -534,10 +534,10 @@ class DeviceSearch:
         device.bind_value(binding, "tokens", state["tokens"])
         device.bind_value(binding, "reorder", state["reorder"])
         device.bind_value(binding, "sentences", state["sentences"])
-        if self.shape.coverage:
+        if self.variant.coverage:
             self._bind_coverage()
             self._bind_coverage_fit(self._S)
-        if self.shape.controls:
+        if self.variant.controls:
             self._bind_controls()
         for name in self._outputs:
             device.bind_new_output(binding, name)  # a new tensor: the inputs stay
@@ -559,7 +559,7 @@ class DeviceSearch:
         one live slot at BOS whose back-pointer is the sentence's initial state: rows N_prev.. of
         the decoder state), picked by the search's memory (SearchMemory.select)."""
         assert self._state is not None
-        K, W = self._beam_size, self.width
+        K, W = self._beam_size, self.sentence_rows
         kept = np.arange(0, dtype=np.int64) if "sentences" not in self._state else self._keep_base()
         self._keep = None
         n = 0 if settings is None else settings.shape[1]
@@ -580,7 +580,7 @@ class DeviceSearch:
         moved = sum(a.nbytes for a in joins.values())
         self.device.ledger.record("host_to_device", "search", moved)
         self.memory.select(self._state, kept, joins, B_prev, K, W, len(PARAMS))
-        if self.shape.coverage:  # the rows of those sentences (joining ones: past N_prev)
+        if self.variant.coverage:  # the rows of those sentences (joining ones: past N_prev)
             row_select = np.concatenate(
                 [(kept[:, None] * K + np.arange(K)).reshape(-1), N_prev + np.arange(n * K)]
             ).astype(np.int64)  # (N,)
@@ -627,7 +627,7 @@ class DeviceSearch:
         return self._arange, self._row_bases
 
     @property
-    def width(self) -> int:
+    def sentence_rows(self) -> int:
         """W: a sentence's fields in `sentences` (search_graph.sentence_width)."""
         return sentence_width(self._beam_size)
 
@@ -637,7 +637,7 @@ class DeviceSearch:
         assert fields is not None
         self.device.bind_in_place(self.binding, "history", fields, np.float32, history.fields_shape)
         self._note_output("out_history")
-        if self.shape.attention:
+        if self.variant.attention:
             assert attention is not None
             self.device.bind_in_place(
                 self.binding, "attention_history", attention, np.float32, history.shape
@@ -671,7 +671,7 @@ class DeviceSearch:
         names: tuple[str, ...] = ("out_tokens", "out_reorder", "out_sentences", "new_state")
         if self.declared is not None:
             names = (*names, *("new_" + spec.name for spec in self.declared.specs))
-        return (*names, "out_coverage") if self.shape.coverage else names
+        return (*names, "out_coverage") if self.variant.coverage else names
 
     def _bind_controls(self) -> None:
         """This step's controls as the graph's inputs: each row's forced token (a prefix's, -1
@@ -696,27 +696,27 @@ class DeviceSearch:
         self._upload("forced", forced, "tokens")
         self._upload("blocked", blocked.astype(np.int64), "tokens")
 
-    def _switch(self, shape: SearchShape) -> None:
-        """To the step's graph with what the batch's sentences need (SearchShape): a batch whose
+    def _switch(self, variant: SearchVariant) -> None:
+        """To the step's graph with what the batch's sentences need (SearchVariant): a batch whose
         last sentence with a coverage penalty (controls, an alignment, an n-best list) left stops
         paying for it."""
-        self.shape = shape
-        self.session = self.model.search_session(shape)
+        self.variant = variant
+        self.session = self.model.search_session(variant)
         self.binding = self.session.io_binding()
         self._outputs_bound = []
         self._taken = None
         self._bound = {}
 
-    def _coverage_follows_shape(self) -> None:
+    def _coverage_follows_variant(self) -> None:
         """The state holds a coverage exactly while the graph takes one, whatever came before: a
         switch of graphs, or a batch that emptied (its state went with it) under the coverage
         graph and fills again. A new coverage starts at zero: it matters only to the sentences
         with the penalty, which join now; so do the attention rows."""
         state = self._state
         assert state is not None
-        if self.shape.coverage == ("coverage" in state):
+        if self.variant.coverage == ("coverage" in state):
             return
-        if self.shape.coverage:
+        if self.variant.coverage:
             N = int(state["new_state"].shape()[0])
             state["coverage"] = self.device.upload(np.zeros((N, 0), np.float32), "state")
         else:
@@ -732,7 +732,7 @@ class DeviceSearch:
         fields, history, attention, where = self._finished_rows(rows)
         n = SENTENCE_FIELDS
         scores = fields[:, n : n + K]  # (D, K) best first, -inf where none
-        valid = (scores > NEG_INF) & (np.arange(K) < self._meta[rows, KEEP][:, None])
+        valid = (scores > NEG_INF) & (np.arange(K) < self._meta[rows, WANTED][:, None])
         d, j = np.nonzero(valid)  # entries (E,), best first within a sentence
         codes = fields[d, n + 2 * K + j].astype(np.int64)
         paths = backtrace(history, where[d], codes)
@@ -772,8 +772,10 @@ class DeviceSearch:
         assert self._state is not None and history.fields is not None
         pools = self._meta[rows, POOL]
         T = int(self._meta[rows, STEPS].max())
-        attention_on = self.shape.attention and history.attention is not None
-        return self.memory.finished(self._state, history, rows, pools, T, self.width, attention_on)
+        attention_on = self.variant.attention and history.attention is not None
+        return self.memory.finished(
+            self._state, history, rows, pools, T, self.sentence_rows, attention_on
+        )
 
 
 @dataclass(frozen=True)

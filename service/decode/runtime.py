@@ -37,7 +37,7 @@ from service.decode.config import RuntimeConfig
 from service.decode.device import Device, RowUpdates, host_view, make_row_ops
 from service.decode.providers import CUDA, check_model_providers, resolve_providers
 from service.decode.search_graph import (
-    SearchShape,
+    SearchVariant,
     controls_problem,
     finished_graph,
     graph_problem,
@@ -511,7 +511,7 @@ class OnnxModel:
         # a profile prefix, under ONNX Runtime's profiler (benchmarks/placement.py)
         # (at most config.max_search_sessions, the least recently used dropped first: a session
         # holds its packed weights, 9 MiB on grc-en-nt)
-        self._searches: OrderedDict[SearchShape, ort.InferenceSession] = OrderedDict()
+        self._searches: OrderedDict[SearchVariant, ort.InferenceSession] = OrderedDict()
         self.profile_prefix: str | None = None
         self._helpers: dict[str, ort.InferenceSession] = {}
         on_gpu = self.decoder.get_providers()[0] == CUDA
@@ -525,42 +525,42 @@ class OnnxModel:
         )
         release_freed_memory()  # what parsing and serializing the graphs left
 
-    def search_session(self, shape: SearchShape) -> ort.InferenceSession:
+    def search_session(self, variant: SearchVariant) -> ort.InferenceSession:
         """The decoder step with the device search's step appended (service/decode/search_graph.py)
-        for `shape` (its k: K + 1 or V, set here), made on first use and shared by the running
+        for `variant` (its k: K + 1 or V, set here), made on first use and shared by the running
         batches of its beam; ValueError where the decoder graph cannot take it (`graph_problem`,
-        and `controls_problem` for a shape with controls)."""
+        and `controls_problem` for a variant with controls)."""
         V = self.bundle.architecture.tgt_vocab_size
-        shape = replace(shape, k=min(shape.K + 1, V))
+        variant = replace(variant, k=min(variant.K + 1, V))
         with self._forced_lock:
-            session = self._searches.get(shape)
+            session = self._searches.get(variant)
             if session is not None:
-                self._searches.move_to_end(shape)
+                self._searches.move_to_end(variant)
             else:
                 model = self._decoder_model()
-                problem = graph_problem(model, shape.K)
-                if not problem and shape.controls:
+                problem = graph_problem(model, variant.K)
+                if not problem and variant.controls:
                     problem = controls_problem(model)
                 if problem:
                     raise ValueError(f"{self.decoder_file}: no device search: {problem}")
                 topk_reads_k_on_the_host(model)
-                graph = search_step_graph(model, shape).SerializeToString()
+                graph = search_step_graph(model, variant).SerializeToString()
                 threads = self.config.intra_op_threads
                 session = make_session(
                     graph, self.config, threads, self.profile_prefix, self.shared
                 )
-                self._searches[shape] = session
+                self._searches[variant] = session
                 while len(self._searches) > self.config.max_search_sessions:
                     self._searches.popitem(last=False)  # its running batch keeps it while it runs
                 release_freed_memory()
             return session
 
-    def search_graph(self, shape: SearchShape) -> onnx.ModelProto:
-        """The graph `search_session(shape)` runs (for inspection: benchmarks/placement.py)."""
+    def search_graph(self, variant: SearchVariant) -> onnx.ModelProto:
+        """The graph `search_session(variant)` runs (for inspection: benchmarks/placement.py)."""
         V = self.bundle.architecture.tgt_vocab_size
         model = self._decoder_model()
         topk_reads_k_on_the_host(model)
-        return search_step_graph(model, replace(shape, k=min(shape.K + 1, V)))
+        return search_step_graph(model, replace(variant, k=min(variant.K + 1, V)))
 
     def _decoder_model(self) -> onnx.ModelProto:
         """The decoder file's graph (in float16 with RuntimeConfig.fp16_decoder)."""
@@ -576,7 +576,7 @@ class OnnxModel:
             return None
 
     @property
-    def search_sessions(self) -> dict[SearchShape, ort.InferenceSession]:
+    def search_sessions(self) -> dict[SearchVariant, ort.InferenceSession]:
         """The device search's sessions made so far, by shape."""
         return dict(self._searches)
 

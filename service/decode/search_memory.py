@@ -49,7 +49,7 @@ class SearchMemory(Protocol):
         ...
 
     def finished(
-        self, state: State, history: Any, rows: np.ndarray, pools: np.ndarray, T: int, width: int,
+        self, state: State, history: Any, rows: np.ndarray, pools: np.ndarray, T: int, W: int,
         attention: bool,
     ) -> Finished:  # fmt: skip
         """The finished sentences' fields (D, W) float64, and the histories (·, T, 2, K) and
@@ -107,20 +107,20 @@ class HostMemory:
             state[name] = self.device.wrap(flat.reshape(-1))
 
     def finished(
-        self, state: State, history: Any, rows: np.ndarray, pools: np.ndarray, T: int, width: int,
+        self, state: State, history: Any, rows: np.ndarray, pools: np.ndarray, T: int, W: int,
         attention: bool,
     ) -> Finished:  # fmt: skip
         """Read in place; the ledger counts what the finished gather would copy down."""
         _, _, K, S = history.shape
         B = int(state["sentences"].shape()[1])
-        sentences = host_view(state["sentences"], (width, B))
+        sentences = host_view(state["sentences"], (W, B))
         blocks = host_view(history.fields, history.fields_shape)
         rows_attention = (
             host_view(history.attention, history.shape)
             if attention
             else np.zeros((0, 0, K, 0), np.float32)
         )
-        moved = len(rows) * (width * 8 + T * K * (2 + (S if attention else 0)) * 4)
+        moved = len(rows) * (W * 8 + T * K * (2 + (S if attention else 0)) * 4)
         self.device.ledger.record("device_to_host", "hypotheses", moved)
         return sentences[:, rows].T, blocks, rows_attention, pools
 
@@ -182,7 +182,7 @@ class DeviceMemory:
             state[name] = value
 
     def finished(
-        self, state: State, history: Any, rows: np.ndarray, pools: np.ndarray, T: int, width: int,
+        self, state: State, history: Any, rows: np.ndarray, pools: np.ndarray, T: int, W: int,
         attention: bool,
     ) -> Finished:  # fmt: skip
         """Gathered on the device by `finished_graph` and copied down in one transfer."""
