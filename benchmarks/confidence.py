@@ -39,8 +39,9 @@ import numpy as np
 from export.data import corpus, families
 from service.decode.beam import SearchOptions
 from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine, TranslationHypothesis
+from service.decode.engine import Engine
 from service.decode.errors import InvalidInput
+from service.decode.translation import TranslationHypothesis
 
 PRECISION = 0.99
 Pair = tuple[str, str]

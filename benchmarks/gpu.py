@@ -52,6 +52,7 @@ from service.decode.beam import BeamSearch, SearchOptions
 from service.decode.config import SEARCHES, RuntimeConfig
 from service.decode.device_search import DeviceSearch
 from service.decode.runtime import CUDA, EncodedSentence, OnnxDecoder, OnnxModel
+from service.decode.search import Joining
 from service.model.bundle import Bundle, load_bundle
 from service.model.tokenizer import Tokenizer
 
@@ -124,8 +125,12 @@ class Search:
         self, keys: list[int], sentences: list[EncodedSentence], options: SearchOptions
     ) -> None:
         if self.device is not None:
-            for key, sentence in zip(keys, sentences, strict=True):
-                self.device.add(key, sentence, options)
+            self.device.add(
+                [
+                    Joining(key, sentence, options)
+                    for key, sentence in zip(keys, sentences, strict=True)
+                ]
+            )
             return
         row = self.decoder.add_sentences(sentences)
         for i, (key, sentence) in enumerate(zip(keys, sentences, strict=True)):

@@ -505,7 +505,7 @@ def pick_term(
         if all(w.lower() in STOPWORDS for w in english):
             continue
         try:
-            engine.term_tokens(" ".join(english))
+            engine.terms.term_tokens(" ".join(english))
         except ValueError:  # a character its vocabulary does not have
             continue
         candidates.append((word, " ".join(english)))
@@ -523,7 +523,7 @@ def decode_each(
 ) -> tuple[list[str], float]:
     """Best hypotheses, each text with its own options, in running batches of 32 sorted by length
     (as the server batches requests); seconds taken."""
-    from service.decode.engine import DecodeRequest
+    from service.decode.preparation import DecodeRequest
 
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     out = [""] * len(sources)

@@ -28,7 +28,9 @@ import numpy as np
 from loadtest import workload
 from service.decode.beam import SearchOptions
 from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine, Prepared, Translation
+from service.decode.engine import Engine
+from service.decode.preparation import Prepared
+from service.decode.translation import Translation
 from service.serve.metrics import Metrics
 from service.serve.scheduler import POLICIES, BatchingConfig
 from service.serve.worker import Job, Worker

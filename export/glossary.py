@@ -26,7 +26,7 @@ NAME = "glossary.tsv"
 def attach(bundle: Path, entries: Path) -> Path:
     """Check the file against the bundle's model, copy it in and list it in the manifest."""
     engine = Engine.load(bundle, RuntimeConfig(providers=("CPUExecutionProvider",)))
-    glossary = engine.read_glossary(entries)  # GlossaryFileError naming the line
+    glossary = engine.terms.read_glossary(entries)  # GlossaryFileError naming the line
     path = bundle / NAME
     shutil.copyfile(entries, path)
     add_files(bundle, [NAME], info={"glossary_terms": len(glossary)}, sections={"glossary": NAME})

@@ -16,9 +16,8 @@ from service.decode.beam import (
     StepOutput,
     beam_search,
     compaction_order,
-    coverage_penalty,
-    length_penalty,
 )
+from service.decode.rules import coverage_penalty, length_penalty
 
 BOS, EOS = 0, 1
 

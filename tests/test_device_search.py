@@ -25,9 +25,12 @@ import pytest
 from benchmarks.decoding.instant import build_instant_bundle, instant_text
 from benchmarks.sample_texts import bundle_texts
 from service.decode.config import RuntimeConfig
-from service.decode.engine import AlignmentMode, DecodeRequest, Engine, Translation
+from service.decode.device_search import DeviceSearch
+from service.decode.engine import Engine
 from service.decode.options import SearchOptions, merge_options
+from service.decode.preparation import DecodeRequest
 from service.decode.search_graph import controls_problem
+from service.decode.translation import AlignmentMode, Translation
 from tests.conftest import REPO
 
 SCORE_TOLERANCE = 1e-5
@@ -49,7 +52,8 @@ class Pair:
         self.bundle = bundle
         self.host = load(bundle, "host")
         self.device = load(bundle, "device", row_ops)
-        assert self.device.new_batch(5).device is not None, "the device search did not load"
+        searches = self.device.new_batch(5).searches
+        assert isinstance(searches[0], DeviceSearch), "the device search did not load"
         self.texts = list(texts)
         self.defaults = SearchOptions(
             **merge_options(SearchOptions().values(), self.host.decoding_defaults)
@@ -273,15 +277,16 @@ def test_the_device_search_holds_the_mask_and_prefix_controls(pair: Pair) -> Non
     controls that read a hypothesis's tokens, sample or keep constraints on the host."""
     cases = dict(control_cases(pair))
     batch = pair.device.new_batch(5)
-    assert batch.device is not None
+    device = batch.searches[0]
+    assert isinstance(device, DeviceSearch)
     # the graph must end in a TopK over its log-softmax row, which the masks go before (the
     # exporter's do; the instant bundle's reads its top k from a table)
     masks = controls_problem(onnx.load(str(pair.bundle / "decoder.onnx"))) is None
     assert masks == (pair.bundle.name != "instant" and "instant" not in str(pair.bundle))
-    for name, device in [("prefix", True), ("min_length", True), ("ngram", False),
+    for name, on_device in [("prefix", True), ("min_length", True), ("ngram", False),
                          ("repetition", False), ("sampling", False)]:  # fmt: skip
         options = pair.options(beam_size=5, **{"n_best": 2, **cases[name]})
-        assert batch.device.takes(pair.device.controls(options)) == (device and masks), name
+        assert device.takes(pair.device.controls(options)) == (on_device and masks), name
 
 
 def test_every_control_mixed_in_one_running_batch(pair: Pair) -> None:

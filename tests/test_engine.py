@@ -9,7 +9,8 @@ from export.data.corpus import read_tsv
 from export.train.torch_decoder import TorchDecoder
 from service.decode.beam import SearchOptions, beam_search
 from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import DecodeRequest, Engine, InvalidInput
+from service.decode.engine import Engine, InvalidInput
+from service.decode.preparation import DecodeRequest
 from service.decode.runtime import pad_ids
 from tests.conftest import DEFAULT_BUNDLE, REPO, TinyModel
 

@@ -11,9 +11,10 @@ import pytest
 
 from service.decode.aligner import align
 from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import DecodeRequest, Engine
+from service.decode.engine import Engine
 from service.decode.errors import InvalidInput
 from service.decode.options import SearchOptions
+from service.decode.preparation import DecodeRequest
 from tests.conftest import TinyModel
 
 

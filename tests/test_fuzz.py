@@ -33,10 +33,10 @@ from service.decode.beam import (
     Hypothesis,
     SearchOptions,
     StepOutput,
-    coverage_penalty,
-    length_penalty,
 )
-from service.decode.engine import Engine, Translation
+from service.decode.engine import Engine
+from service.decode.rules import coverage_penalty, length_penalty
+from service.decode.translation import Translation
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from service.model.bundle import load_bundle
 from service.model.tokenizer import Tokenizer

@@ -175,7 +175,7 @@ def test_a_bundles_glossary_is_kept_and_a_request_can_switch_it_off(
     text = tiny.sources[2]
     path = bundle_with_glossary(tiny, tmp_path, f"{word_of(text)}\tmille\n")
     standing = Engine.load(path, CPU)
-    assert len(standing.glossary) == 1
+    assert len(standing.terms.glossary) == 1
     (on,) = standing.translate([text], SearchOptions(beam_size=3))
     assert has(on.hypotheses[0].tokens, "mille")
     (off,) = standing.translate([text], SearchOptions(beam_size=3, use_glossary=False))

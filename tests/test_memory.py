@@ -18,8 +18,9 @@ from service.cli.client import main as client_main
 from service.decode import recall
 from service.decode.aligner import align
 from service.decode.config import RuntimeConfig
-from service.decode.engine import AlignmentMode, Engine
+from service.decode.engine import Engine
 from service.decode.options import SearchOptions
+from service.decode.translation import AlignmentMode
 from service.model.bundle import BundleError, add_files
 from service.model.memory import Memory, MemoryFileError, read_memory, write_memory
 from tests.conftest import DEFAULT_BUNDLE, TinyModel

@@ -12,7 +12,7 @@ from onnx import TensorProto
 
 from service.decode.beam import compaction_order
 from service.decode.config import RuntimeConfig
-from service.decode.device import Device, HostRowOps, RowOps, make_row_ops
+from service.decode.device import Device, RowOps, RowUpdates, make_row_ops
 from service.decode.engine import Engine
 from service.decode.options import SearchOptions
 from service.decode.runtime import (
@@ -31,7 +31,7 @@ from tests.conftest import DEFAULT_BUNDLE, needs_cuda
 
 
 @pytest.fixture(scope="module", params=["graph", "host", pytest.param("cuda", marks=needs_cuda)])
-def ops(request: pytest.FixtureRequest) -> RowOps | HostRowOps:
+def ops(request: pytest.FixtureRequest) -> RowUpdates:
     """Both row-op kinds on the CPU: the device graphs a GPU runs, and the numpy writes the CPU
     provider uses by default; and, on a GPU host, the graphs on CUDA. Every test below must hold
     for each."""
@@ -81,7 +81,7 @@ def expected(
     return np.stack(pad), np.stack(padk), np.stack(padm)
 
 
-def test_append_grow_compact_and_shrink_keep_rows_in_order(ops: RowOps | HostRowOps) -> None:
+def test_append_grow_compact_and_shrink_keep_rows_in_order(ops: RowUpdates) -> None:
     rng = np.random.default_rng(0)
     buf = EncoderRows(ops, keys_follow_source=True)
     model: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -115,7 +115,7 @@ def test_append_grow_compact_and_shrink_keep_rows_in_order(ops: RowOps | HostRow
     assert buf.count == 0 and buf.buffers is None
 
 
-def test_fixed_context_keys_do_not_follow_the_source_axis(ops: RowOps | HostRowOps) -> None:
+def test_fixed_context_keys_do_not_follow_the_source_axis(ops: RowUpdates) -> None:
     rng = np.random.default_rng(1)
     buf = EncoderRows(ops, keys_follow_source=False)
     for lengths in ([4], [7, 2]):
@@ -158,7 +158,7 @@ def test_length_buckets_keep_equal_lengths_together_and_split_outliers() -> None
 
 
 def test_compaction_keep_moves_only_the_rows_that_change_place_in_place(
-    ops: RowOps | HostRowOps,
+    ops: RowUpdates,
 ) -> None:
     rng = np.random.default_rng(3)
     buf = EncoderRows(ops, keys_follow_source=True)
@@ -182,7 +182,7 @@ def test_compaction_keep_moves_only_the_rows_that_change_place_in_place(
     assert after_mask.sum(axis=1).tolist() == [2, 5, 4]
 
 
-def test_a_join_uploads_only_the_joining_rows_at_their_own_length(ops: RowOps | HostRowOps) -> None:
+def test_a_join_uploads_only_the_joining_rows_at_their_own_length(ops: RowUpdates) -> None:
     rng = np.random.default_rng(4)
     buf = EncoderRows(ops, keys_follow_source=True)
     values, keys, mask = sentence_rows(rng, [9] * 10)  # S = 9, capacity 20
@@ -253,7 +253,7 @@ def test_public_binds_give_the_same_translations_as_the_fast_ones(
 
 
 def device_rows(
-    ops: RowOps | HostRowOps, values: np.ndarray, keys: np.ndarray, mask: np.ndarray
+    ops: RowUpdates, values: np.ndarray, keys: np.ndarray, mask: np.ndarray
 ) -> list[EncodedSentence]:
     """Padded (n, S, ·) rows as an encoder call leaves them on the device: one EncodedSentence
     per row of its outputs (the padding past a sentence's length holds what the encoder wrote)."""
@@ -269,7 +269,7 @@ def device_rows(
     return split_sentences(batch, mask.sum(axis=1), keys_follow_source=True)
 
 
-def test_a_join_of_rows_left_on_the_device_copies_them_there(ops: RowOps | HostRowOps) -> None:
+def test_a_join_of_rows_left_on_the_device_copies_them_there(ops: RowUpdates) -> None:
     """Sentences whose encoder outputs never left the device join with indices alone: the buffers
     and the state hold what the same rows joined from the host would give, on every position a
     sentence has (past its length a row holds what the encoder wrote there, or zeros past the
@@ -363,13 +363,13 @@ def test_every_session_of_a_decoder_reads_one_copy_of_its_weights() -> None:
 def test_a_model_keeps_at_most_max_search_sessions_variants() -> None:
     """The least recently used device-search variant goes first; asked again, it is made again
     and answers the same."""
-    from service.decode.search_graph import SearchShape
+    from service.decode.search_graph import SearchVariant
 
     config = RuntimeConfig(
         providers=("CPUExecutionProvider",), intra_op_threads=1, max_search_sessions=2
     )
     model = Engine.load(DEFAULT_BUNDLE, config).model
-    shapes = [SearchShape(K, K + 1, 1, 2, False, attention=False) for K in (1, 2, 3)]
+    shapes = [SearchVariant(K, K + 1, 1, 2, False, attention=False) for K in (1, 2, 3)]
     first = model.search_session(shapes[0])
     model.search_session(shapes[1])
     assert model.search_session(shapes[0]) is first  # used again: the newest

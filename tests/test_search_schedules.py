@@ -30,8 +30,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.decoding.instant import build_instant_bundle, instant_text
-from service.decode.engine import AlignmentMode, DecodeRequest, Engine, Translation
+from service.decode.device_search import DeviceSearch
+from service.decode.engine import Engine
 from service.decode.options import STOPPING_RULES
+from service.decode.preparation import DecodeRequest
+from service.decode.translation import AlignmentMode, Translation
 from tests.conftest import REPO
 from tests.test_device_search import Pair, assert_same
 
@@ -268,12 +271,12 @@ def test_a_batch_emptied_under_the_coverage_graph_fills_again(default_bench: Ben
 def test_the_schedules_take_the_paths_they_are_for(default_bench: Bench) -> None:
     """The drawn controls reach both paths of the device engine: some on the device, some with
     the numpy search (a check that the schedules test what they say)."""
-    batch = default_bench.pair.device.new_batch(K)
-    assert batch.device is not None
+    device = default_bench.pair.device.new_batch(K).searches[0]
+    assert isinstance(device, DeviceSearch)
     words = default_bench.words[1]
     engine, prepared = default_bench.pair.device, default_bench.prepared[1]
     took = {
-        control: batch.device.takes(
+        control: device.takes(
             engine.sentence_controls(
                 prepared,
                 replace(default_bench.pair.options(), **control_changes(words, control, K, 3)),

@@ -25,8 +25,9 @@ from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli.client import TranslatorClient
 from service.decode.config import RuntimeConfig
-from service.decode.engine import AlignmentMode, Engine
+from service.decode.engine import Engine
 from service.decode.options import SearchOptions
+from service.decode.translation import AlignmentMode
 from service.serve.protocol import (
     MAX_REQUEST_ID_CHARS,
     translation_to_pb,

@@ -39,8 +39,9 @@ from service.cli.client import TranslatorClient
 from service.cli.client import main as client_main
 from service.decode.beam import SearchOptions
 from service.decode.device_search import DeviceSearch
-from service.decode.engine import AlignmentMode, Engine, Translation
+from service.decode.engine import Engine
 from service.decode.runtime import OnnxDecoder
+from service.decode.translation import AlignmentMode, Translation
 from service.serve.config import load_settings
 from service.serve.server import SERVICE_NAME, Running, create_server
 from tests.conftest import DEFAULT_BUNDLE, TinyModel, start_server_process

@@ -20,8 +20,11 @@ import pytest
 
 from service.decode.beam import BeamSearch, Hypothesis, SearchOptions, StepOutput
 from service.decode.config import RuntimeConfig
-from service.decode.engine import DecodeRequest, Engine, Prepared
+from service.decode.device_search import DeviceSearch
+from service.decode.engine import Engine
+from service.decode.preparation import DecodeRequest, Prepared
 from service.decode.runtime import EncodedSentence, OnnxModel
+from service.decode.search import HostSearch
 from service.decode.search_graph import PARAMS
 from service.decode.transfers import DIRECTIONS, REASONS, TransferLedger
 from service.serve.metrics import Metrics
@@ -139,8 +142,10 @@ def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batc
         running = len(batch)
         if not running:
             continue
-        device = batch.device
-        rows = batch.decoder.rows if device is None else device.rows
+        device = next((s for s in batch.searches if isinstance(s, DeviceSearch)), None)
+        host = batch.searches[-1]
+        assert isinstance(host, HostSearch)
+        rows = host.decoder.rows if device is None else device.rows
         S = rows.source_len  # the attention row's width at this step
         B_before = 0 if device is None else len(device)
         finished = batch.step()
@@ -161,7 +166,7 @@ def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batc
             )  # tokens, back-pointers, k, top-k, attention
             leave_bytes = 2 * 8 * len(finished) + 32 * 8  # moved rows' indices, a refit's pads
         else:
-            W = device.width
+            W = device.sentence_rows
             assert moved.by_reason()["topk"] == moved.by_reason()["attention"] == 0
             changed = bool(n or left_before)
             # the done flags; when sentences joined or left, the index array that picks the batch

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from service.decode.alignment import merge_subwords
 from service.decode.beam import SearchOptions
-from service.decode.engine import Engine, Prepared, TranslationHypothesis, make_alignment
+from service.decode.engine import Engine
+from service.decode.preparation import Prepared
+from service.decode.translation import TranslationHypothesis, make_alignment
 from service.model.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,7 +101,7 @@ def hypothesis_of(ids: list[int]) -> TranslationHypothesis:
 def test_a_joined_answers_word_tokens_are_its_texts_words(
     segments: list[list[int]], separators: list[tuple[str, str]]
 ) -> None:
-    seps = [ENGINE.separator(src, tgt) for src, tgt in separators[: len(segments) - 1]]
+    seps = [ENGINE.preparer.separator(src, tgt) for src, tgt in separators[: len(segments) - 1]]
     parts = [hypothesis_of(ids) for ids in segments]
     sentence = Prepared(text="", ids=[], pieces=["▁x"], separators=tuple(seps))
     text, tokens = parts[0].text, list(parts[0].tokens)
@@ -107,7 +109,7 @@ def test_a_joined_answers_word_tokens_are_its_texts_words(
         text += separator.target_text + part.text
         tokens += separator.target_pieces + part.tokens
     matrix = np.full((len(tokens), 1), 1.0, dtype=np.float32)  # (T, S)
-    surfaces = ENGINE.joined_surfaces(parts, sentence)
+    surfaces = ENGINE.results.joined_surfaces(parts, sentence)
     if tokens:  # (no piece at all: nothing can carry a whitespace-only text, and it has no words)
         assert "".join(surfaces) == text
     assert "".join(surfaces).split() == text.split()

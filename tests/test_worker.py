@@ -15,9 +15,10 @@ from service.decode.beam import SearchOptions
 from service.decode.config import RuntimeConfig
 from service.decode.controls import Controls
 from service.decode.device_search import DeviceSearch
-from service.decode.engine import AlignmentMode, Engine, RunningBatch, Translation
+from service.decode.engine import Engine, RunningBatch
 from service.decode.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
 from service.decode.runtime import OnnxDecoder, OnnxModel
+from service.decode.translation import AlignmentMode, Translation
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion
 from service.serve.scheduler import BatchingConfig

@@ -52,6 +52,7 @@ from service.decode.device_search import DeviceSearch
 from service.decode.engine import Engine
 from service.decode.options import SearchOptions
 from service.decode.runtime import EncodedSentence
+from service.decode.search import Joining
 
 BEAM = 5
 STATIC_STEPS = 30
@@ -123,8 +124,12 @@ class Runner:
 
     def add(self, keys: list[int], encoded: list[EncodedSentence], options: SearchOptions) -> None:
         if self.device is not None:
-            for key, sentence in zip(keys, encoded, strict=True):
-                self.device.add(key, sentence, options)
+            self.device.add(
+                [
+                    Joining(key, sentence, options)
+                    for key, sentence in zip(keys, encoded, strict=True)
+                ]
+            )
             return
         assert self.search is not None
         row = self.decoder.add_sentences(encoded)

@@ -31,8 +31,8 @@ import zmq
 
 from service.decode.beam import Hypothesis
 from service.decode.controls import Controls
-from service.decode.engine import Prepared
 from service.decode.options import SearchOptions
+from service.decode.preparation import Prepared
 from service.serve import channel as ch
 
 

@@ -28,13 +28,14 @@ from service.cli.heatmap import save_heatmap_png
 from service.cli.render import alternative_column, origin_column, translation_to_json
 from service.decode import marked
 from service.decode.config import AUTO, EngineLimits, RuntimeConfig
-from service.decode.engine import AlignmentMode, Engine, InvalidInput, Translation
+from service.decode.engine import Engine, InvalidInput
 from service.decode.options import (
     SearchOptions,
     add_option_flags,
     merge_options,
     options_from_args,
 )
+from service.decode.translation import AlignmentMode, Translation
 from service.model.bundle import BundleError
 
 DEFAULT_BUNDLE = Path(__file__).resolve().parents[2] / "models" / "default"
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         for refusal in engine.memory.refused:  # the rest of the memory is used
             print(f"warning: memory entry refused: {refusal}", file=sys.stderr)
         if args.glossary_file is not None:
-            engine.user_glossary = engine.read_glossary(args.glossary_file)
+            engine.terms.user_glossary = engine.terms.read_glossary(args.glossary_file)
         options = SearchOptions(**merge_options(engine.decoding_defaults, options_from_args(args)))
         args.n_best = options.n_best  # the value in effect (the output's columns follow it)
     except (BundleError, ValueError) as err:

@@ -23,10 +23,11 @@ import numpy as np
 from service.decode import links as link_modes
 from service.decode.alignment import Alignment, merge_by_index, word_spans
 from service.decode.alignment import pharaoh as argmax_pharaoh
-from service.decode.engine import Engine, Prepared
+from service.decode.engine import Engine
 from service.decode.errors import DecodeFailed, InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions, Forced, ForcedSearch, default_links
 from service.decode.kept_rows import KeptRows, SourceRows
+from service.decode.preparation import Prepared
 from service.decode.projection import head_weights, link_weights, project
 from service.decode.runtime import EncodedSentence
 from service.decode.sides import Side, tokenize_pair

@@ -7,10 +7,9 @@ and picks each sentence's next beam. Sentences join (`add`) between steps and le
 they are done, so the batch grows and shrinks while it runs; `beam_search` wraps this for a static
 batch.
 
-Scoring follows GNMT (Wu et al., 2016): s(Y, X) = log P(Y|X) / lp(Y) + cp(X; Y), with
-lp(Y) = ((5 + |Y|) / 6)^α and cp = β · Σ_i log(min(Σ_j a_ji, 1)). |Y| counts decoder steps (the
-tokens, plus EOS when the hypothesis ended with it); the coverage sums the attention of every step,
-the EOS step included. Live hypotheses compete by log P alone, which keeps the search standard:
+Scoring follows GNMT (Wu et al., 2016) with Marian's normalization and word penalty: the rules are
+service/decode/rules.py's, which the device search shares. The coverage sums the attention of every
+step, the EOS step included. Live hypotheses compete by log P alone, which keeps the search standard:
 the EOS candidates among a sentence's top `beam_size` candidates finish, the `beam_size` best
 non-EOS candidates continue, and asking the decoder for k = K + 1 tokens per slot guarantees
 enough non-EOS candidates even when every slot's best token is EOS.
@@ -29,8 +28,7 @@ from service.decode import controls as ctl
 from service.decode.constraints import START, Constraints, SlotTable, State, bank_order
 from service.decode.controls import NO_CONTROLS, Controls, unusable_controls
 from service.decode.options import SearchOptions
-
-COVERAGE_FLOOR = 1e-6  # coverage is clipped to [COVERAGE_FLOOR, 1] before the log: no log 0
+from service.decode.rules import cannot_improve, coverage_penalty, max_length, normalized_score
 
 
 @dataclass(frozen=True)
@@ -74,26 +72,6 @@ class RowsDecoder(Decoder, Protocol):
         """`step`'s top-k output and the whole log-softmax (N, V) of the same call, in
         vocabulary order."""
         ...
-
-
-def length_penalty(steps: int, alpha: float) -> float:
-    """GNMT's lp = ((5 + steps) / 6)^alpha; 1 when alpha is 0."""
-    return ((5.0 + steps) / 6.0) ** alpha
-
-
-def normalized_score(score: float, steps: int, options: SearchOptions) -> float:
-    """A finished hypothesis's score before the coverage penalty: GNMT's lp and Marian's
-    length^normalize and word penalty over `steps` decoder steps (the end of sentence counted)."""
-    lp = length_penalty(steps, options.length_penalty) * steps**options.normalize
-    return (score - options.word_penalty * steps) / lp
-
-
-def coverage_penalty(coverage: np.ndarray, beta: float) -> float:
-    """GNMT's cp = beta * sum_i log(min(coverage_i, 1)), coverage (src_len,) clipped at COVERAGE_FLOOR."""
-    if beta == 0.0:
-        return 0.0
-    clipped = np.clip(coverage, COVERAGE_FLOOR, 1.0)  # (src_len,)
-    return beta * float(np.log(clipped).sum())
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,20 +213,21 @@ class _History:
         Step t's record holds the new slots' parents and tokens, and the attention of the previous
         beam's slots: the row that produced a slot's token is the one of its parent.
         """
-        tokens = [0] * steps
-        log_probs = np.zeros(steps, np.float32)  # (steps,)
-        attention = None
-        if self.keep_attention:
-            attention = np.zeros((steps, self.src_len), np.float32)  # (steps, src_len)
-        for t in range(steps - 1, -1, -1):
-            record, row, rows = self._records[t]
-            parent = int(record.parents[row, slot])
-            tokens[t] = int(record.tokens[row, slot])
-            log_probs[t] = record.log_probs[row, slot]
-            if attention is not None and rows is not None:
-                attention[t] = rows[parent]
-            slot = parent
-        return tokens, attention, log_probs
+        attention = np.zeros((steps, self.src_len), np.float32) if self.keep_attention else None
+        if not steps:  # ended at its first step
+            return [], attention, np.zeros(0, np.float32)
+        records = self._records[:steps]
+        parents = np.array([r.parents[row] for r, row, _ in records], np.int64)  # (steps, K)
+        slots = np.zeros(steps, np.int64)  # (steps,)
+        trace_slots(parents, slot, slots)
+        at = np.arange(steps)
+        tokens = np.array([r.tokens[row] for r, row, _ in records], np.int64)[at, slots]
+        log_probs = np.array([r.log_probs[row] for r, row, _ in records], np.float32)[at, slots]
+        if attention is not None:  # (steps, src_len)
+            for t, (_, _, rows) in enumerate(records):
+                if rows is not None:
+                    attention[t] = rows[parents[t, slots[t]]]
+        return tokens.tolist(), attention, log_probs
 
 
 @dataclass(frozen=True)
@@ -301,7 +280,7 @@ class _Sentence:
         return self.options.beam_size
 
     @property
-    def keep(self) -> int:
+    def wanted(self) -> int:
         """The finished hypotheses it returns: its n-best, or every alternative."""
         return self.options.beam_size if self.controls.alternatives else self.options.n_best
 
@@ -332,7 +311,7 @@ class _Sentence:
         ]
         self.ended += len(new)
         ranked = sorted(self.finished + new, key=lambda f: (not f.complete, -f.score))
-        self.finished = ranked[: self.keep]
+        self.finished = ranked[: self.wanted]
 
     def met(self, slot: int) -> bool:
         """Whether the hypothesis in `slot` has met every constraint (True without any)."""
@@ -349,7 +328,7 @@ class _Sentence:
         at some step) or "patience" (beam_size x patience hypotheses ended)."""
         if best_live == -math.inf:
             return True
-        if self.controls.independent or len(self.finished) < self.keep:
+        if self.controls.independent or len(self.finished) < self.wanted:
             return False
         rule = self.options.stopping
         if rule == "first":
@@ -362,19 +341,12 @@ class _Sentence:
         return self.cannot_improve(best_live)
 
     def cannot_improve(self, best_live: float) -> bool:
-        """True when n_best hypotheses are finished and no live one can beat the worst of them.
-
-        Scores only fall and lp grows with length (α >= 0), cp <= 0, so a live hypothesis
-        never scores above best_live / lp(max_len).
-        """
-        opts = self.options
-        if len(self.finished) < self.keep or opts.word_penalty < 0:  # a reward: no bound
+        """True when n_best hypotheses are finished and no live one can beat the worst of them
+        (rules.cannot_improve)."""
+        if len(self.finished) < self.wanted:
             return False
-        # the score can only fall: the word penalty of at least one more step, over the largest
-        # length normalization reachable
-        spent = best_live - opts.word_penalty * (self.steps + 1)
-        lp = length_penalty(self.max_len, opts.length_penalty) * self.max_len**opts.normalize
-        return spent / lp <= self.finished[-1].score
+        worst = self.finished[-1].score
+        return cannot_improve(best_live, self.steps, worst, self.max_len, self.options)
 
     def n_best(self) -> list[Hypothesis]:
         """The finished hypotheses, best first, back-traced."""
@@ -536,7 +508,7 @@ class BeamSearch:
         self._max_len = np.zeros(0, np.int64)  # (B,) the sentence's maximum length
         self._widths = np.zeros(0, np.int64)  # (B,) slots in use (_Sentence.width)
         self._kept = np.zeros(0, np.int64)  # (B,) finished hypotheses held (len(finished))
-        self._keep = np.zeros(0, np.int64)  # (B,) finished hypotheses wanted (_Sentence.keep)
+        self._wanted = np.zeros(0, np.int64)  # (B,) finished hypotheses wanted (_Sentence.wanted)
         self._controlled = 0  # sentences with active controls
         self._constrained = 0  # sentences with constraints (a glossary's terms)
         # sentences whose own controls raised at this step (by batch index), and those failed
@@ -589,14 +561,11 @@ class BeamSearch:
             raise ValueError(f"sentence {sentence_id!r}: {problem}")
         self._ids.add(sentence_id)
         constraints = Constraints(controls.constraints) if controls.constraints else None
-        # a prefix is always decoded whole (cut only by max_length), and room is made for the
-        # constraints' tokens
-        room = max(options.max_len(src_len), len(controls.prefix) + 1)
-        room += constraints.total if constraints else 0
+        forced = constraints.total if constraints else 0  # room for the constraints' tokens
         sentence = _Sentence(
             id=sentence_id,
             options=options,
-            max_len=min(options.max_length, room),
+            max_len=max_length(options, src_len, len(controls.prefix), forced),
             history=_History(src_len, keep_attention=options.return_attention),
             controls=controls,
             rng=np.random.default_rng(controls.seed or None) if controls.sampling else None,
@@ -609,7 +578,7 @@ class BeamSearch:
         self._max_len = np.append(self._max_len, sentence.max_len)
         self._widths = np.append(self._widths, sentence.width)
         self._kept = np.append(self._kept, 0)
-        self._keep = np.append(self._keep, sentence.keep)
+        self._wanted = np.append(self._wanted, sentence.wanted)
         self._controlled += controls.active
         self._constrained += constraints is not None
         live = sentence.width if controls.sampling else 1
@@ -880,7 +849,7 @@ class BeamSearch:
         best_live = scores.max(axis=1)  # (B,)
         at_max = self._steps >= self._max_len  # (B,)
         done = np.zeros(B, bool)  # (B,)
-        ask = at_max | ~np.isfinite(best_live) | (self._kept >= self._keep)  # (B,)
+        ask = at_max | ~np.isfinite(best_live) | (self._kept >= self._wanted)  # (B,)
         for b in np.flatnonzero(ask).tolist():
             sentence = self._sentences[b]
             if at_max[b]:
@@ -938,10 +907,10 @@ class BeamSearch:
         self._constrained -= sum(s.constraints is not None for s in gone)
         self._sentences = [self._sentences[b] for b in keep]
         self._steps, self._max_len = self._steps[keep], self._max_len[keep]
-        self._widths, self._kept, self._keep = (
+        self._widths, self._kept, self._wanted = (
             self._widths[keep],
             self._kept[keep],
-            self._keep[keep],
+            self._wanted[keep],
         )
         self._decoder.keep_sentences(keep)
         # the token columns the remaining sentences with controls still use
@@ -950,6 +919,18 @@ class BeamSearch:
             longest = max((s.steps for s in self._sentences if s.controls.active), default=0)
         if self._beams.seqs.shape[1] > longest:
             self._beams = replace(self._beams, seqs=_left_pad(self._beams.seqs, longest))
+
+
+def trace_slots(parents: np.ndarray, slot: int, out: np.ndarray) -> None:
+    """One hypothesis's slot at each step into out (T,) int64, from its sentence's back-pointers
+    (T, K) (each new slot's parent slot, step by step) and its slot at the last step: an index a
+    step, a Python loop over the arrays' memory (both searches back-trace with it)."""
+    T, K = parents.shape
+    back = np.ascontiguousarray(parents, np.int64).reshape(-1).data  # a memoryview of its int64s
+    into = out.data
+    for t in range(T - 1, -1, -1):
+        into[t] = slot
+        slot = back[t * K + slot]
 
 
 def compaction_order(done: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -38,9 +38,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 from onnxruntime.capi import _pybind_state as C
 
+from service.decode.graph_bytes import graph_bytes
 from service.decode.transfers import TransferLedger
 
-OPSET = 17
 FLOAT, BOOL, INT64 = TensorProto.FLOAT, TensorProto.BOOL, TensorProto.INT64
 
 # The three encoder buffers of a running batch: name, element type, rank.
@@ -200,14 +200,6 @@ class Device:
         return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, self.type, self.id)
 
 
-def _model(nodes: list[onnx.NodeProto], inputs: list, outputs: list, name: str) -> bytes:
-    graph = helper.make_graph(nodes, name, inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = 8  # readable by every onnxruntime this project supports (>= 1.18)
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
-
-
 def _dims(prefix: str, rank: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(rank)]
 
@@ -251,7 +243,7 @@ def append_graph(with_state: bool = False) -> bytes:
         ]
         nodes.append(helper.make_node("Concat", ["state", "new_state"], ["out_state"], axis=0))
         outputs.append(helper.make_tensor_value_info("out_state", FLOAT, ["M", "D"]))
-    return _model(nodes, inputs, outputs, "join_rows" if with_state else "append_rows")
+    return graph_bytes(nodes, "join_rows" if with_state else "append_rows", inputs, outputs)
 
 
 def gather_join_graph() -> bytes:
@@ -296,7 +288,7 @@ def gather_join_graph() -> bytes:
         helper.make_node("Concat", ["state", "new_state"], ["out_state"], axis=0),
     ]
     outputs.append(helper.make_tensor_value_info("out_state", FLOAT, ["M", "D"]))
-    return _model(nodes, inputs, outputs, "gather_join_rows")
+    return graph_bytes(nodes, "gather_join_rows", inputs, outputs)
 
 
 def move_graph() -> bytes:
@@ -314,7 +306,7 @@ def move_graph() -> bytes:
         outputs.append(
             helper.make_tensor_value_info(f"out_{name}", dtype, _dims(f"{name}_b", rank))
         )
-    return _model(nodes, inputs, outputs, "move_rows")
+    return graph_bytes(nodes, "move_rows", inputs, outputs)
 
 
 def refit_graph() -> bytes:
@@ -338,7 +330,97 @@ def refit_graph() -> bytes:
         outputs.append(
             helper.make_tensor_value_info(f"out_{name}", dtype, _dims(f"{name}_o", rank))
         )
-    return _model(nodes, inputs, outputs, "refit_rows")
+    return graph_bytes(nodes, "refit_rows", inputs, outputs)
+
+
+class RowUpdates(Protocol):
+    """The running batch's row updates, one protocol over the two memories: `RowOps` (graphs on
+    the model's device) and `HostRowOps` (numpy writes where the device's memory is the host's),
+    chosen once per model (`make_row_ops`)."""
+
+    device: Device
+
+    def empty(self, shape: Sequence[int], dtype: type) -> ort.OrtValue: ...
+
+    def append(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        shapes: Sequence[tuple[int, ...]],
+        first_row: int,
+        new_rows: Sequence[np.ndarray],
+        state: ort.OrtValue | None = None,
+        new_state: np.ndarray | None = None,
+    ) -> ort.OrtValue | None: ...
+
+    def gather_append(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        shapes: Sequence[tuple[int, ...]],
+        first_row: int,
+        sources: Sequence[Any],
+        index: np.ndarray,
+        state: Any,
+    ) -> ort.OrtValue: ...
+
+    def move(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        shapes: Sequence[tuple[int, ...]],
+        src: np.ndarray,
+        dst: np.ndarray,
+    ) -> None: ...
+
+    def refit(
+        self,
+        buffers: Sequence[ort.OrtValue],
+        live: Sequence[tuple[int, ...]],
+        target: Sequence[tuple[int, ...]],
+    ) -> list[ort.OrtValue]: ...
+
+    def zero_rows(self, state: ort.OrtValue, n: int) -> ort.OrtValue:
+        """A decoder state tensor (R, ...) with n rows of zeros after its own (R + n, ...): the
+        joining sentences' start of a declared state (a growing one's: no entry of their own)."""
+        ...
+
+    def keep_last(self, state: ort.OrtValue, entries: int) -> ort.OrtValue:
+        """A growing state tensor (R, L, W) cut to its last `entries` along axis 1: those its rows
+        still read (a row's entries are its last `positions`)."""
+        ...
+
+
+def zero_rows_graph(rank: int) -> bytes:
+    """state (R, ...) of `rank` axes, n (1,) int64 → out (R + n, ...): n rows of zeros after."""
+    dims = _dims("d", rank - 1)
+    inputs = [
+        helper.make_tensor_value_info("state", FLOAT, ["R", *dims]),
+        helper.make_tensor_value_info("n", INT64, [1]),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["state"], ["shape"], start=1),
+        helper.make_node("Concat", ["n", "shape"], ["zeros_shape"], axis=0),
+        helper.make_node(
+            "ConstantOfShape", ["zeros_shape"], ["zeros"],
+            value=helper.make_tensor("zero", FLOAT, [1], [0.0]),
+        ),
+        helper.make_node("Concat", ["state", "zeros"], ["out"], axis=0),
+    ]  # fmt: skip
+    outputs = [helper.make_tensor_value_info("out", FLOAT, ["M", *dims])]
+    return graph_bytes(nodes, f"zero_rows_{rank}", inputs, outputs)
+
+
+def keep_last_graph() -> bytes:
+    """state (R, L, W), starts (1,) int64 → out (R, L - starts, W): axis 1 from `starts` on."""
+    inputs = [
+        helper.make_tensor_value_info("state", FLOAT, ["R", "L", "W"]),
+        helper.make_tensor_value_info("starts", INT64, [1]),
+    ]
+    nodes = [
+        helper.make_node("Constant", [], ["ends"], value=helper.make_tensor("e", INT64, [1], [2**62])),
+        helper.make_node("Constant", [], ["axes"], value=helper.make_tensor("a", INT64, [1], [1])),
+        helper.make_node("Slice", ["state", "starts", "ends", "axes"], ["out"]),
+    ]  # fmt: skip
+    outputs = [helper.make_tensor_value_info("out", FLOAT, ["R", "K", "W"])]
+    return graph_bytes(nodes, "keep_last", inputs, outputs)
 
 
 class RowOps:
@@ -361,6 +443,8 @@ class RowOps:
         self.move_session = session(move_graph())
         self.refit_session = session(refit_graph())
         self.gather_join_session = session(gather_join_graph())
+        self.zero_rows_sessions = {rank: session(zero_rows_graph(rank)) for rank in (2, 3)}
+        self.keep_last_session = session(keep_last_graph())
 
     # --- the encoder buffers -------------------------------------------------------------------
 
@@ -484,6 +568,27 @@ class RowOps:
             binding.bind_output(f"out_{name}", self.device.type, self.device.id)
         self.refit_session.run_with_iobinding(binding)
         return list(binding.get_outputs())
+
+    def zero_rows(self, state: ort.OrtValue, n: int) -> ort.OrtValue:
+        """RowUpdates.zero_rows, one graph run on the device."""
+        session = self.zero_rows_sessions[len(state.shape())]
+        binding = session.io_binding()
+        self.device.bind_value(binding, "state", state)
+        self.device.bind_host_argument(binding, "n", np.array([n], np.int64))
+        binding.bind_output("out", self.device.type, self.device.id)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()[0]
+
+    def keep_last(self, state: ort.OrtValue, entries: int) -> ort.OrtValue:
+        """RowUpdates.keep_last, one graph run on the device."""
+        session = self.keep_last_session
+        binding = session.io_binding()
+        self.device.bind_value(binding, "state", state)
+        starts = np.array([int(state.shape()[1]) - entries], np.int64)
+        self.device.bind_host_argument(binding, "starts", starts)
+        binding.bind_output("out", self.device.type, self.device.id)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()[0]
 
 
 class _Memory:
@@ -620,10 +725,24 @@ class HostRowOps:
             out.append(ort.OrtValue.ortvalue_from_numpy(new))
         return out
 
+    def zero_rows(self, state: ort.OrtValue, n: int) -> ort.OrtValue:
+        """RowUpdates.zero_rows with numpy."""
+        old = host_view(state, state.shape())
+        return ort.OrtValue.ortvalue_from_numpy(
+            np.concatenate([old, np.zeros((n, *old.shape[1:]), old.dtype)])
+        )
+
+    def keep_last(self, state: ort.OrtValue, entries: int) -> ort.OrtValue:
+        """RowUpdates.keep_last with numpy (a copy: the step writes a new tensor anyway)."""
+        old = host_view(state, state.shape())
+        return ort.OrtValue.ortvalue_from_numpy(
+            np.ascontiguousarray(old[:, old.shape[1] - entries :])
+        )
+
 
 def make_row_ops(
     device: Device, providers: list[str], provider_options: list[dict], kind: str
-) -> RowOps | HostRowOps:
+) -> RowUpdates:
     """The row ops for `kind` ("auto": numpy writes where the device memory is the host's, the
     row graphs elsewhere; "graph"; "host")."""
     if kind == "host" or (kind == "auto" and device.type == "cpu"):

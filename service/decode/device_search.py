@@ -1,9 +1,9 @@
 """The running batch's beam search on the model's device: one graph run a step, and the host reads
 one flag per sentence.
 
-`DeviceSearch` has `BeamSearch`'s interface (service/decode/beam.py: add, step, remove,
-sentence_ids, len) and gives its answers (tests/test_device_search.py holds them equal on every
-bundle): the rules are beam.py's, carried out by the graph of service/decode/search_graph.py,
+`DeviceSearch` is a `Search` (service/decode/search.py) and gives the host search's answers
+(tests/test_device_search.py and tests/test_search_schedules.py hold them equal on every bundle):
+the rules are service/decode/rules.py's, carried out by the graph of service/decode/search_graph.py,
 appended to the decoder step at load. What a step costs the host:
 
 - a step binds the previous step's outputs as its inputs (device tensors: nothing crosses), runs,
@@ -35,22 +35,29 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from service.decode.beam import Hypothesis, compaction_order, length_penalty
+from service.decode.beam import Hypothesis, compaction_order, trace_slots
 from service.decode.controls import NO_CONTROLS, Controls, unusable_controls
-from service.decode.device import HostRowOps, host_view
 from service.decode.options import SearchOptions
-from service.decode.runtime import EncodedSentence, EncoderRows, HostBuffer, OnnxModel
+from service.decode.rules import max_length
+from service.decode.runtime import (
+    DeclaredStates,
+    EncodedSentence,
+    EncoderRows,
+    HostBuffer,
+    OnnxModel,
+)
+from service.decode.search import Joining
 from service.decode.search_graph import (
-    BIG,
     CODE,
     PARAMS,
     SENTENCE_FIELDS,
-    SearchShape,
+    SearchVariant,
+    sentence_params,
     sentence_width,
 )
+from service.decode.search_memory import SearchMemory, search_memory
 
 NEG_INF = -math.inf
-INF = math.inf
 
 
 @dataclass(slots=True)
@@ -65,7 +72,7 @@ class _Entry:
     controls: Controls = NO_CONTROLS  # a prefix, single suppressed tokens, a minimum length
 
     @property
-    def keep(self) -> int:
+    def wanted(self) -> int:
         return self.options.n_best
 
 
@@ -84,39 +91,10 @@ def device_controls(controls: Controls) -> bool:
     )
 
 
-def sentence_params(options: SearchOptions, max_len: int) -> list[float]:
-    """A sentence's settings (search_graph.PARAMS, the pool row left at 0): its beam and penalties,
-    and its stopping rule as thresholds (exact only with a word penalty >= 0: a reward leaves no
-    bound)."""
-    rule, keep, beam = options.stopping, options.n_best, options.beam_size
-    stop_ends = INF
-    if rule == "patience":
-        stop_ends = max(keep, math.ceil(beam * options.patience))
-    elif rule == "narrowing":  # its width reaches 0 when beam_size hypotheses ended
-        stop_ends = max(keep, beam)
-    values = {
-        "beam": beam,
-        "keep": keep,
-        "alpha": options.length_penalty,
-        "beta": options.coverage_penalty,
-        "normalize": options.normalize,
-        "word_penalty": options.word_penalty,
-        "narrowing": float(rule == "narrowing"),
-        "max_lp": length_penalty(max_len, options.length_penalty) * max_len**options.normalize,
-        "pool": 0,
-        "max_len": max_len,
-        "exact_at": 0.0 if rule == "exact" and options.word_penalty >= 0 else INF,
-        "stop_ends": stop_ends,
-        "stop_first": BIG + keep if rule == "first" else INF,
-        "stop_len": max_len,
-    }
-    return [float(values[name]) for name in PARAMS]
-
-
 # per sentence of the batch, the columns of DeviceSearch._meta (B, 7) int64: its steps (as the
-# device counts them), history row, hypotheses kept, and what it needs of the graph (SearchShape's
+# device counts them), history row, hypotheses kept, and what it needs of the graph (SearchVariant's
 # coverage, controls, attention, wide: 0 or 1)
-STEPS, POOL, KEEP, COVERAGE, CONTROLS, ATTENTION, WIDE = range(7)
+STEPS, POOL, WANTED, COVERAGE, CONTROLS, ATTENTION, WIDE = range(7)
 
 
 @dataclass(slots=True)
@@ -127,7 +105,7 @@ class _Known:
     options: SearchOptions
     max_lens: dict[int, int]
     rows: dict[int, np.ndarray]  # (len(PARAMS),) float64
-    needs: tuple[int, int, int, int, int]  # KEEP, COVERAGE, CONTROLS (0), ATTENTION, WIDE
+    needs: tuple[int, int, int, int, int]  # WANTED, COVERAGE, CONTROLS (0), ATTENTION, WIDE
 
     @classmethod
     def of(cls, options: SearchOptions) -> _Known:
@@ -141,11 +119,10 @@ class _Known:
         return cls(options, {}, {}, needs)
 
     def max_len(self, src_len: int) -> int:
-        """beam.py's maximum length for a source of src_len tokens (without a prefix)."""
+        """rules.max_length for a source of src_len tokens (without a prefix)."""
         max_len = self.max_lens.get(src_len)
         if max_len is None:
-            options = self.options
-            max_len = self.max_lens[src_len] = min(options.max_length, options.max_len(src_len))
+            max_len = self.max_lens[src_len] = max_length(self.options, src_len)
         return max_len
 
     def row(self, max_len: int) -> np.ndarray:
@@ -163,16 +140,15 @@ class History:
     buffers, the live entries copied) when a sentence needs a row or a step beyond them, follow S
     when it changes (cut columns are padding: every sentence left has a shorter source); with no
     live entry (an emptied batch: under churn at small batches, at every step) a new shape is read
-    over the same buffers, nothing copied. `on_host`: the device's memory is the host's (the CPU
-    provider's host row ops): numpy instead of graph runs."""
+    over the same buffers, nothing copied. `memory`: where they live (service/decode/search_memory.py:
+    numpy where the device's memory is the host's, graph runs elsewhere)."""
 
     MIN_ROWS, MIN_STEPS = 16, 32
     KEEP_BYTES = 16 << 20  # an emptied batch keeps history buffers up to this size
 
-    def __init__(self, model: OnnxModel, K: int, on_host: bool) -> None:
-        self.model = model
+    def __init__(self, memory: SearchMemory, K: int) -> None:
+        self.memory = memory
         self.K = K
-        self.on_host = on_host
         self.fields: ort.OrtValue | None = None
         self.attention: ort.OrtValue | None = None
         self.shape: tuple[int, int, int, int] = (0, 0, K, 0)  # (P, L, K, S)
@@ -234,36 +210,14 @@ class History:
         return True
 
     def _empty(self, shape: tuple[int, ...]) -> ort.OrtValue:
-        if self.on_host:  # numpy's memory: `host_view` reads it without ctypes
-            return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
-        return self.model.device.empty(shape, np.float32)
+        return self.memory.empty(shape)
 
     def _refit(
         self, old: ort.OrtValue | None, have: tuple[int, ...], shape: tuple[int, ...]
     ) -> ort.OrtValue:
         """A buffer of `shape` holding old's entries (read as `have`; cut to its last axis where
         shorter)."""
-        device = self.model.device
-        if old is None:
-            return self._empty(shape)
-        if self.on_host:
-            new = np.zeros(shape, np.float32)
-            P, L, Y, X = have
-            X = min(X, shape[3])
-            new[:P, :L, :Y, :X] = host_view(old, have)[..., :X]
-            return ort.OrtValue.ortvalue_from_numpy(new)
-        ends = np.array([*have[:3], min(have[3], shape[3])], np.int64)
-        pads = np.zeros(8, np.int64)
-        pads[4:] = np.subtract(shape, ends)
-        session = self.model.search_helper("grow")
-        binding = session.io_binding()
-        device.bind_device_input(binding, "history", old, have)
-        device.bind_host_argument(binding, "starts", np.zeros(4, np.int64))
-        device.bind_host_argument(binding, "ends", ends)
-        device.bind_host_argument(binding, "pads", pads)
-        binding.bind_output("grown", device.type, device.id)
-        session.run_with_iobinding(binding)
-        return binding.get_outputs()[0]
+        return self._empty(shape) if old is None else self.memory.refit(old, have, shape)
 
     def reset(self) -> None:
         """No sentence holds a row any more: the buffers stay (the large ones go), with no live
@@ -301,18 +255,21 @@ class DeviceSearch:
         self._beam_size = K = beam_size
         self.bos_id, self.eos_id = bos_id, eos_id
         self.narrow_on_eos = narrow_on_eos
-        # the step's graph for this batch, with what its sentences need (SearchShape)
-        self.shape = SearchShape(K, K + 1, bos_id, eos_id, narrow_on_eos, attention=False)
-        self.session = model.search_session(self.shape)
+        # the step's graph for this batch, with what its sentences need (SearchVariant)
+        self.variant = SearchVariant(K, K + 1, bos_id, eos_id, narrow_on_eos, attention=False)
+        self.session = model.search_session(self.variant)
         self._takes_controls: bool | None = None  # whether the graph can apply them (`takes`)
         self.device = model.device
         self.rows = EncoderRows(
             model.row_ops, keys_follow_source=model.bundle.architecture.attention != "none"
         )
-        # the device's memory is the host's: the batch is picked and finished sentences are read
-        # in place, with numpy
-        self.on_host = isinstance(model.row_ops, HostRowOps)
-        self.history = History(model, K, self.on_host)
+        # where its tensors live, and how the host picks and reads them (chosen once)
+        self.memory = search_memory(model, model.row_ops)
+        self.history = History(self.memory, K)
+        # the state tensors the architecture declares beside `state` (none for the RNNs): the
+        # step computes their positions itself, from its sentences' steps (search_graph)
+        specs = model.bundle.architecture.decoder_states
+        self.declared = DeclaredStates(specs, model.row_ops) if specs else None
         self.binding = self.session.io_binding()
         self._outputs_bound: list[str] = []  # the binding's outputs, in the order first bound
         self._taken: list[tuple[str, int]] | None = None  # `_take_outputs`' map, made once
@@ -354,14 +311,19 @@ class DeviceSearch:
     def is_empty(self) -> bool:
         return not len(self)
 
-    def add(
+    def add(self, joining: Sequence[Joining]) -> None:
+        """Sentences join at the next step (after the others, in this order): their rows are
+        written then, in one device call a run of one encoder call's (`_join`)."""
+        for j in joining:
+            self._add(j.id, j.encoded, j.options, j.controls)
+
+    def _add(
         self,
         sentence_id: Hashable,
         encoded: EncodedSentence,
         options: SearchOptions,
         controls: Controls = NO_CONTROLS,
     ) -> None:
-        """A sentence joins at the next step (after the others, in the order added)."""
         if options.beam_size > self._beam_size:
             raise ValueError(
                 f"sentence beam_size {options.beam_size} exceeds the batch's beam size "
@@ -376,9 +338,8 @@ class DeviceSearch:
             raise ValueError(f"sentence {sentence_id!r} is already decoding")
         src_len = encoded.length
         max_len = self._known_of(options).max_len(src_len)
-        if controls.prefix:  # always decoded whole (cut only by max_length), as beam.py's add says
-            room = max(options.max_len(src_len), len(controls.prefix) + 1)
-            max_len = min(options.max_length, room)
+        if controls.prefix:
+            max_len = max_length(options, src_len, len(controls.prefix))
         self._ids.add(sentence_id)
         entry = _Entry(sentence_id, options, src_len, max_len, self.history.take(), controls)
         self._joining.append((entry, encoded))
@@ -400,7 +361,7 @@ class DeviceSearch:
             return False
         if self._takes_controls is None:
             try:
-                self.model.search_session(replace(self.shape, controls=True))
+                self.model.search_session(replace(self.variant, controls=True))
                 self._takes_controls = True
             except ValueError:
                 self._takes_controls = False
@@ -473,6 +434,8 @@ class DeviceSearch:
         self._state = None
         self._keep = None
         self._S_prev = 0
+        if self.declared is not None:
+            self.declared.reset()
         self.history.reset()
         if self.history.fields is None:
             self._bound.pop("history", None)
@@ -489,6 +452,8 @@ class DeviceSearch:
         self._state["new_state"] = new_state
         self._entries += entries
         n = len(entries)
+        if self.declared is not None:
+            self.declared.join(n)
         groups: dict[tuple[int, int], tuple[SearchOptions, list[int]]] = {}
         controlled = []
         for i, e in enumerate(entries):
@@ -501,7 +466,7 @@ class DeviceSearch:
         for (_, max_len), (options, at) in groups.items():
             known = self._known_of(options)
             settings[:, at] = known.row(max_len)[:, None]
-            meta[at, KEEP:] = known.needs
+            meta[at, WANTED:] = known.needs
         meta[controlled, CONTROLS] = 1
         settings[PARAMS.index("pool")] = meta[:, POOL]
         self._meta = np.concatenate([self._meta, meta])
@@ -509,7 +474,7 @@ class DeviceSearch:
 
     def _bind_changes(self) -> None:
         """Before a step after joins or leaves: the joining sentences join (`_join`), the graph
-        follows what the batch needs (SearchShape), the batch is picked (`_select`), and what
+        follows what the batch needs (SearchVariant), the batch is picked (`_select`), and what
         depends on its size is bound."""
         K, device = self._beam_size, self.device
         joining, self._joining = self._joining, []
@@ -520,12 +485,12 @@ class DeviceSearch:
         settings = self._join(joining) if joining else None
         needs: list[bool] = np.any(self._meta[:, COVERAGE:], axis=0).tolist()
         coverage, controls, attention, wide = needs
-        shape = replace(
-            self.shape, coverage=coverage, controls=controls, attention=attention, wide=wide
+        variant = replace(
+            self.variant, coverage=coverage, controls=controls, attention=attention, wide=wide
         )
-        if shape != self.shape:  # the other graph: a new binding, every input bound again
-            self._switch(shape)
-        self._coverage_follows_shape()
+        if variant != self.variant:  # the other graph: a new binding, every input bound again
+            self._switch(variant)
+        self._coverage_follows_variant()
         self._select(B_prev, N_prev, settings)
         self._changed = True
         self._max_steps = int(self._meta[:, STEPS].max(initial=0))
@@ -545,7 +510,7 @@ class DeviceSearch:
             device.bind_host_output(binding, "done", done)
             self._note_output("done")
             self._bound["done"] = (B, self.done.generation)
-        if self.shape.attention and self._bound.get("S") != (S, B):
+        if self.variant.attention and self._bound.get("S") != (S, B):
             device.bind_host_argument(binding, "attention_shape", np.array([B, K, S], np.int64))
             self._bound["S"] = (S, B)
         rows_key = self.rows.binding_key()
@@ -559,18 +524,20 @@ class DeviceSearch:
         device, binding, state = self.device, self.binding, self._state
         assert state is not None
         # a column for this step's record (its index: the steps so far)
-        if self.history.fit(self._max_steps + 1, self._S, self.shape.attention) or (
+        if self.history.fit(self._max_steps + 1, self._S, self.variant.attention) or (
             "history" not in self._bound
         ):
             self._bind_history()
         device.bind_value(binding, "state", state["new_state"])
+        if self.declared is not None:
+            self.declared.bind(binding)
         device.bind_value(binding, "tokens", state["tokens"])
         device.bind_value(binding, "reorder", state["reorder"])
         device.bind_value(binding, "sentences", state["sentences"])
-        if self.shape.coverage:
+        if self.variant.coverage:
             self._bind_coverage()
             self._bind_coverage_fit(self._S)
-        if self.shape.controls:
+        if self.variant.controls:
             self._bind_controls()
         for name in self._outputs:
             device.bind_new_output(binding, name)  # a new tensor: the inputs stay
@@ -590,10 +557,9 @@ class DeviceSearch:
         """The next step's sentences, tokens, back-pointers and settings: the last step's that
         stay (`_keep`, or all of them), then the joining sentences' (no steps, nothing finished,
         one live slot at BOS whose back-pointer is the sentence's initial state: rows N_prev.. of
-        the decoder state). Numpy where the device's memory is the host's (the ledger counts what
-        `select_graph` receives elsewhere), else that graph."""
+        the decoder state), picked by the search's memory (SearchMemory.select)."""
         assert self._state is not None
-        K, W = self._beam_size, self.width
+        K, W = self._beam_size, self.sentence_rows
         kept = np.arange(0, dtype=np.int64) if "sentences" not in self._state else self._keep_base()
         self._keep = None
         n = 0 if settings is None else settings.shape[1]
@@ -613,77 +579,13 @@ class DeviceSearch:
         self.device.ledger.record("host_to_device", "indices", B * 8)
         moved = sum(a.nbytes for a in joins.values())
         self.device.ledger.record("host_to_device", "search", moved)
-        if self.on_host or "sentences" not in self._state:
-            self._select_on_host(kept, joins, B_prev)
-        else:
-            self._select_on_device(kept, joins, B_prev)
-        if self.shape.coverage:  # the rows of those sentences (joining ones: past N_prev)
+        self.memory.select(self._state, kept, joins, B_prev, K, W, len(PARAMS))
+        if self.variant.coverage:  # the rows of those sentences (joining ones: past N_prev)
             row_select = np.concatenate(
                 [(kept[:, None] * K + np.arange(K)).reshape(-1), N_prev + np.arange(n * K)]
             ).astype(np.int64)  # (N,)
             self._upload("row_select", row_select, "indices")
             self._bound["identity"] = None
-
-    def _select_on_host(self, kept: np.ndarray, joins: dict[str, np.ndarray], B_prev: int) -> None:
-        """`_select` with numpy over the last step's outputs (host memory, or the first step's).
-        `compaction_order` leaves the survivors among the first B' in place and fills the holes
-        from beyond them: the prefix is one copy, the holes a few."""
-        assert self._state is not None
-        K, W, P = self._beam_size, self.width, len(PARAMS)
-        state, device = self._state, self.device
-        Bk = len(kept)
-        holes = np.flatnonzero(kept != np.arange(Bk))
-        sources = kept[holes]
-        n = len(joins["tokens"]) if joins else 0
-        for name, rows in (("sentences", W), ("settings", P)):  # a column per sentence
-            out = np.empty((rows, Bk + n))
-            if Bk:
-                previous = host_view(state[name], (rows, B_prev))
-                out[:, :Bk] = previous[:, :Bk]
-                if len(holes):
-                    out[:, holes] = previous[:, sources]
-            if n:
-                out[:, Bk:] = joins[name]
-            state[name] = device.wrap(out)
-        for name in ("tokens", "reorder"):  # K rows per sentence
-            out = np.empty((Bk + n, K), np.int64)
-            if Bk:
-                previous = host_view(state[name], (B_prev, K))
-                out[:Bk] = previous[:Bk]
-                if len(holes):
-                    out[holes] = previous[sources]
-            if n:
-                out[Bk:] = joins[name]
-            state[name] = device.wrap(out.reshape(-1))
-
-    def _select_on_device(
-        self, kept: np.ndarray, joins: dict[str, np.ndarray], B_prev: int
-    ) -> None:
-        """`_select` by `select_graph` on the device: only the index array and the joining
-        sentences' rows go up."""
-        assert self._state is not None
-        K, W, P = self._beam_size, self.width, len(PARAMS)
-        device, state = self.device, self._state
-        session = self.model.search_helper("select")
-        binding = session.io_binding()
-        n = len(joins["tokens"]) if joins else 0
-        sent_select = np.concatenate([kept, B_prev + np.arange(n)]).astype(np.int64)
-        device.bind_host_argument(binding, "sent_select", sent_select)
-        empty = {
-            "sentences": np.zeros((W, 0)), "tokens": np.zeros((0, K), np.int64),
-            "reorder": np.zeros((0, K), np.int64), "settings": np.zeros((P, 0)),
-        }  # fmt: skip
-        shapes = {
-            "sentences": (W, B_prev), "tokens": (B_prev * K,), "reorder": (B_prev * K,),
-            "settings": (P, B_prev),
-        }  # fmt: skip
-        for name, shape in shapes.items():
-            device.bind_device_input(binding, name, state[name], shape)
-            device.bind_host_argument(binding, f"join_{name}", joins.get(name, empty[name]))
-            binding.bind_output(f"out_{name}", device.type, device.id)
-        session.run_with_iobinding(binding)
-        for name, value in zip(shapes, binding.get_outputs(), strict=True):
-            state[name] = value
 
     def _upload(self, name: str, array: np.ndarray, reason: str) -> None:
         value = self.device.upload(array, reason)
@@ -725,7 +627,7 @@ class DeviceSearch:
         return self._arange, self._row_bases
 
     @property
-    def width(self) -> int:
+    def sentence_rows(self) -> int:
         """W: a sentence's fields in `sentences` (search_graph.sentence_width)."""
         return sentence_width(self._beam_size)
 
@@ -735,7 +637,7 @@ class DeviceSearch:
         assert fields is not None
         self.device.bind_in_place(self.binding, "history", fields, np.float32, history.fields_shape)
         self._note_output("out_history")
-        if self.shape.attention:
+        if self.variant.attention:
             assert attention is not None
             self.device.bind_in_place(
                 self.binding, "attention_history", attention, np.float32, history.shape
@@ -759,12 +661,17 @@ class DeviceSearch:
             self._taken = [(name.removeprefix("out_"), at[name]) for name in self._outputs]
         for key, index in self._taken:
             state[key] = outputs[index]
+        if self.declared is not None:  # theirs, after this step; cut to the entries rows read
+            self.declared.values = {s.name: state.pop("new_" + s.name) for s in self.declared.specs}
+            self.declared.cut(self._max_steps + 1)
 
     @property
     def _outputs(self) -> tuple[str, ...]:
         """The outputs a step makes for the next: new device tensors every step."""
-        names = ("out_tokens", "out_reorder", "out_sentences", "new_state")
-        return (*names, "out_coverage") if self.shape.coverage else names
+        names: tuple[str, ...] = ("out_tokens", "out_reorder", "out_sentences", "new_state")
+        if self.declared is not None:
+            names = (*names, *("new_" + spec.name for spec in self.declared.specs))
+        return (*names, "out_coverage") if self.variant.coverage else names
 
     def _bind_controls(self) -> None:
         """This step's controls as the graph's inputs: each row's forced token (a prefix's, -1
@@ -789,27 +696,27 @@ class DeviceSearch:
         self._upload("forced", forced, "tokens")
         self._upload("blocked", blocked.astype(np.int64), "tokens")
 
-    def _switch(self, shape: SearchShape) -> None:
-        """To the step's graph with what the batch's sentences need (SearchShape): a batch whose
+    def _switch(self, variant: SearchVariant) -> None:
+        """To the step's graph with what the batch's sentences need (SearchVariant): a batch whose
         last sentence with a coverage penalty (controls, an alignment, an n-best list) left stops
         paying for it."""
-        self.shape = shape
-        self.session = self.model.search_session(shape)
+        self.variant = variant
+        self.session = self.model.search_session(variant)
         self.binding = self.session.io_binding()
         self._outputs_bound = []
         self._taken = None
         self._bound = {}
 
-    def _coverage_follows_shape(self) -> None:
+    def _coverage_follows_variant(self) -> None:
         """The state holds a coverage exactly while the graph takes one, whatever came before: a
         switch of graphs, or a batch that emptied (its state went with it) under the coverage
         graph and fills again. A new coverage starts at zero: it matters only to the sentences
         with the penalty, which join now; so do the attention rows."""
         state = self._state
         assert state is not None
-        if self.shape.coverage == ("coverage" in state):
+        if self.variant.coverage == ("coverage" in state):
             return
-        if self.shape.coverage:
+        if self.variant.coverage:
             N = int(state["new_state"].shape()[0])
             state["coverage"] = self.device.upload(np.zeros((N, 0), np.float32), "state")
         else:
@@ -825,7 +732,7 @@ class DeviceSearch:
         fields, history, attention, where = self._finished_rows(rows)
         n = SENTENCE_FIELDS
         scores = fields[:, n : n + K]  # (D, K) best first, -inf where none
-        valid = (scores > NEG_INF) & (np.arange(K) < self._meta[rows, KEEP][:, None])
+        valid = (scores > NEG_INF) & (np.arange(K) < self._meta[rows, WANTED][:, None])
         d, j = np.nonzero(valid)  # entries (E,), best first within a sentence
         codes = fields[d, n + 2 * K + j].astype(np.int64)
         paths = backtrace(history, where[d], codes)
@@ -844,11 +751,15 @@ class DeviceSearch:
                     where[dd], at[:length], paths.parents[e, :length], : entry.src_len
                 ]  # (T, src_len)
             out[dd].append(
-                _hypothesis(
-                    tokens[e] if length == T else tokens[e][:length], score[e], log_prob[e],
-                    rows_attention, by_eos[e], paths.log_probs[e, :length],
+                Hypothesis(
+                    tokens=tokens[e] if length == T else tokens[e][:length],
+                    score=score[e],
+                    log_prob=log_prob[e],
+                    attention=rows_attention,
+                    finished_by_eos=by_eos[e],
+                    token_log_probs=paths.log_probs[e, :length],
                 )
-            )  # fmt: skip
+            )
         return [(entry.id, out[i]) for i, entry in enumerate(entries)]
 
     def _finished_rows(
@@ -856,70 +767,15 @@ class DeviceSearch:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The finished sentences' fields (D, W) float64, and the histories (·, T, 2, K) and
         attention rows (·, T, K, S) float32 that hold theirs, at rows `where` (D,) (T: the most
-        steps among them): the pool's buffers themselves where the device's memory is the host's,
-        else the sentences' rows gathered on the device and copied down once."""
+        steps among them): SearchMemory.finished."""
         history = self.history
         assert self._state is not None and history.fields is not None
         pools = self._meta[rows, POOL]
         T = int(self._meta[rows, STEPS].max())
-        _, _, K, S = history.shape
-        attention_on = self.shape.attention and history.attention is not None
-        if self.on_host:  # the ledger counts what the finished gather would copy down
-            sentences = host_view(self._state["sentences"], (self.width, len(self._entries)))
-            blocks = host_view(history.fields, history.fields_shape)
-            attention = (
-                host_view(history.attention, history.shape)
-                if attention_on
-                else np.zeros((0, 0, K, 0), np.float32)
-            )
-            moved = len(rows) * (self.width * 8 + T * K * (2 + (S if attention_on else 0)) * 4)
-            self.device.ledger.record("device_to_host", "hypotheses", moved)
-            return sentences[:, rows].T, blocks, attention, pools
-        session = self.model.search_helper("finished" if attention_on else "finished_plain")
-        binding = session.io_binding()
-        self.device.bind_value(binding, "sentences", self._state["sentences"])
-        self.device.bind_device_input(binding, "history", history.fields, history.fields_shape)
-        if attention_on:
-            assert history.attention is not None
-            self.device.bind_device_input(
-                binding, "attention_history", history.attention, history.shape
-            )
-        self.device.bind_host_input(binding, "rows", rows.astype(np.int64), "indices")
-        self.device.bind_host_input(binding, "pools", pools, "indices")
-        for name, value in (("steps", T), ("zero", 0), ("one", 1)):
-            self.device.bind_host_argument(binding, name, np.array([value], np.int64))
-        names = ("fields", "blocks", "attention") if attention_on else ("fields", "blocks")
-        for name in names:
-            binding.bind_output(name, "cpu")
-        session.run_with_iobinding(binding)
-        arrays = [v.numpy() for v in binding.get_outputs()]
-        moved = sum(a.nbytes for a in arrays)
-        self.device.ledger.record("device_to_host", "hypotheses", moved)
-        attention = arrays[2] if attention_on else np.zeros((0, 0, K, 0), np.float32)
-        return arrays[0], arrays[1], attention, np.arange(len(rows))
-
-
-def _hypothesis(
-    tokens: list[int],
-    score: float,
-    log_prob: float,
-    attention: np.ndarray | None,
-    by_eos: bool,
-    log_probs: np.ndarray,
-) -> Hypothesis:
-    """A Hypothesis with these fields. A frozen dataclass's __init__ sets each field through
-    object.__setattr__ (1.4 µs); its __dict__ filled at once is half that, and a static batch of
-    1,024 sentences makes as many at one step."""
-    hypothesis = object.__new__(Hypothesis)
-    hypothesis.__dict__.update(
-        tokens=tokens,
-        score=score,
-        log_prob=log_prob,
-        attention=attention,
-        finished_by_eos=by_eos,
-        token_log_probs=log_probs,
-    )
-    return hypothesis
+        attention_on = self.variant.attention and history.attention is not None
+        return self.memory.finished(
+            self._state, history, rows, pools, T, self.sentence_rows, attention_on
+        )
 
 
 @dataclass(frozen=True)
@@ -987,7 +843,7 @@ def _backtrace_each(
         block = history[row, :n]  # (n, 2, K)
         codes = block[:, 0].astype(np.int64)  # (n, K)
         path = slots[e, :n]
-        _chase(codes % CODE, last, path)
+        trace_slots(codes % CODE, last, path)
         at = np.arange(n)
         tokens[e, :n], parents[e, :n] = np.divmod(codes[at, path], CODE)
         log_probs[e, :n] = block[at, 1, path]
@@ -995,17 +851,6 @@ def _backtrace_each(
 
 
 VECTOR_ENTRIES = 48  # from this many finished hypotheses on, `backtrace` goes step by step
-
-
-def _chase(parents: np.ndarray, slot: int, out: np.ndarray) -> None:
-    """One hypothesis's slot at each step into out (T,) int64, from its back-pointers (T, K) and
-    its slot at the last step: a Python loop over the arrays' memory (an index a step)."""
-    T, K = parents.shape
-    back = np.ascontiguousarray(parents).reshape(-1).data  # memoryviews of their int64s
-    into = out.data
-    for t in range(T - 1, -1, -1):
-        into[t] = slot
-        slot = back[t * K + slot]
 
 
 def as_ortvalue(value: Any) -> ort.OrtValue:

@@ -18,17 +18,13 @@ from service.decode import links as link_modes
 from service.decode import recall
 from service.decode.aligner import head_weights_for
 from service.decode.alignment import merge_subwords, word_spans
-from service.decode.engine import (
-    AlignmentMode,
-    Engine,
-    Translation,
-    TranslationHypothesis,
-)
+from service.decode.engine import Engine
 from service.decode.errors import InvalidInput
 from service.decode.forced import DEFAULT_LINKS
 from service.decode.kept_rows import KeptRows
 from service.decode.options import SearchOptions
 from service.decode.projection import link_weights, project
+from service.decode.translation import AlignmentMode, Translation, TranslationHypothesis
 from service.model import markup
 from service.model.markup import Marked, MarkupError
 

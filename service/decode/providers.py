@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from service.decode.config import AUTO
+from service.decode.graph_bytes import graph_bytes
 
 log = logging.getLogger(__name__)
 
@@ -222,11 +222,7 @@ def _probe_graph() -> bytes:
     """The smallest graph a provider can run (y = x + x)."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
-    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "probe", [x], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = min(model.ir_version, 9)
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return graph_bytes([helper.make_node("Add", ["x", "x"], ["y"])], "probe", [x], [y])
 
 
 @functools.cache

@@ -14,18 +14,13 @@ from dataclasses import dataclass, field, replace
 
 from service.decode.aligner import PreparedPair, align_prepared, prepare_pair
 from service.decode.alignment import Alignment
-from service.decode.beam import normalized_score
-from service.decode.engine import (
-    AlignmentMode,
-    Encoder,
-    Engine,
-    Prepared,
-    Translation,
-    TranslationHypothesis,
-)
+from service.decode.engine import Encoder, Engine
 from service.decode.errors import InvalidInput
 from service.decode.forced import AlignedPair, AlignOptions
 from service.decode.options import SearchOptions
+from service.decode.preparation import Prepared
+from service.decode.rules import normalized_score
+from service.decode.translation import AlignmentMode, Translation, TranslationHypothesis
 
 FORCED = AlignOptions(links="argmax", matrices="both")  # the pass behind a memory's answer
 
@@ -138,7 +133,12 @@ def plan(
     for i, text in enumerate(texts):
         # a text the standing glossary has terms for is the model's: it keeps them
         targets = (
-            remembered(engine, text, keep) if use and not engine.constraints(text, options) else []
+            remembered(engine, text, keep)
+            if use
+            and not any(
+                prepared[i].constraints or engine.terms.part_constraints(prepared[i], options)
+            )
+            else []
         )
         out.forced += [Forced(i, -1, t, p) for t, p in targets]
         if len(targets) < keep:
@@ -216,7 +216,7 @@ def join_segments(
     for i in range(count):
         chosen = [p[min(i, len(p) - 1)] for p in parts]
         origins = {h.origin for h in chosen}
-        joined = engine.join_hypotheses(chosen, sentence, mode)
+        joined = engine.results.join_hypotheses(chosen, sentence, mode)
         hypotheses.append(replace(joined, origin=origins.pop() if len(origins) == 1 else "mixed"))
     return Translation(source=sentence.text, source_tokens=sentence.pieces, hypotheses=hypotheses)
 

@@ -15,6 +15,8 @@ O(joining sentences + hypotheses × (k + source length)), never O(batch × sourc
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
 import math
 import tempfile
@@ -23,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -31,10 +34,10 @@ from onnx import helper, numpy_helper
 
 from service.decode.beam import StepOutput
 from service.decode.config import RuntimeConfig
-from service.decode.device import Device, HostRowOps, RowOps, host_view, make_row_ops
+from service.decode.device import Device, RowUpdates, host_view, make_row_ops
 from service.decode.providers import CUDA, check_model_providers, resolve_providers
 from service.decode.search_graph import (
-    SearchShape,
+    SearchVariant,
     controls_problem,
     finished_graph,
     graph_problem,
@@ -43,7 +46,7 @@ from service.decode.search_graph import (
     select_graph,
 )
 from service.decode.transfers import TransferLedger
-from service.model.architecture import PAD_ID
+from service.model.architecture import PAD_ID, StateSpec
 from service.model.bundle import Bundle, BundleError
 
 log = logging.getLogger(__name__)
@@ -109,6 +112,26 @@ class SharedWeights:
         them ignores it)."""
         for name, value in self.values.items():
             options.add_initializer(name, value)
+
+
+@functools.cache
+def _trim() -> Any:
+    """glibc's malloc_trim, or None where the C library has none."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> None:
+    """Give the heap's freed pages back to the system (glibc's malloc_trim). Making a session
+    parses and serializes its graph's protobuf, the decoder's weights several times over, and the
+    memory freed after stays in the process's resident set: 29-38 MiB after loading
+    grc-en-nt-silver's graphs. Called once a model's graphs are loaded, and after each device-search
+    variant; a no-op where the allocator is not glibc's."""
+    trim = _trim()
+    if trim is not None:
+        trim(0)
 
 
 _arena_lock = threading.Lock()
@@ -488,7 +511,7 @@ class OnnxModel:
         # a profile prefix, under ONNX Runtime's profiler (benchmarks/placement.py)
         # (at most config.max_search_sessions, the least recently used dropped first: a session
         # holds its packed weights, 9 MiB on grc-en-nt)
-        self._searches: OrderedDict[SearchShape, ort.InferenceSession] = OrderedDict()
+        self._searches: OrderedDict[SearchVariant, ort.InferenceSession] = OrderedDict()
         self.profile_prefix: str | None = None
         self._helpers: dict[str, ort.InferenceSession] = {}
         on_gpu = self.decoder.get_providers()[0] == CUDA
@@ -500,42 +523,44 @@ class OnnxModel:
         self.row_ops = make_row_ops(
             self.device, providers, provider_options(providers, config), config.row_ops
         )
+        release_freed_memory()  # what parsing and serializing the graphs left
 
-    def search_session(self, shape: SearchShape) -> ort.InferenceSession:
+    def search_session(self, variant: SearchVariant) -> ort.InferenceSession:
         """The decoder step with the device search's step appended (service/decode/search_graph.py)
-        for `shape` (its k: K + 1 or V, set here), made on first use and shared by the running
+        for `variant` (its k: K + 1 or V, set here), made on first use and shared by the running
         batches of its beam; ValueError where the decoder graph cannot take it (`graph_problem`,
-        and `controls_problem` for a shape with controls)."""
+        and `controls_problem` for a variant with controls)."""
         V = self.bundle.architecture.tgt_vocab_size
-        shape = replace(shape, k=min(shape.K + 1, V))
+        variant = replace(variant, k=min(variant.K + 1, V))
         with self._forced_lock:
-            session = self._searches.get(shape)
+            session = self._searches.get(variant)
             if session is not None:
-                self._searches.move_to_end(shape)
+                self._searches.move_to_end(variant)
             else:
                 model = self._decoder_model()
-                problem = graph_problem(model, shape.K)
-                if not problem and shape.controls:
+                problem = graph_problem(model, variant.K)
+                if not problem and variant.controls:
                     problem = controls_problem(model)
                 if problem:
                     raise ValueError(f"{self.decoder_file}: no device search: {problem}")
                 topk_reads_k_on_the_host(model)
-                graph = search_step_graph(model, shape).SerializeToString()
+                graph = search_step_graph(model, variant).SerializeToString()
                 threads = self.config.intra_op_threads
                 session = make_session(
                     graph, self.config, threads, self.profile_prefix, self.shared
                 )
-                self._searches[shape] = session
+                self._searches[variant] = session
                 while len(self._searches) > self.config.max_search_sessions:
                     self._searches.popitem(last=False)  # its running batch keeps it while it runs
+                release_freed_memory()
             return session
 
-    def search_graph(self, shape: SearchShape) -> onnx.ModelProto:
-        """The graph `search_session(shape)` runs (for inspection: benchmarks/placement.py)."""
+    def search_graph(self, variant: SearchVariant) -> onnx.ModelProto:
+        """The graph `search_session(variant)` runs (for inspection: benchmarks/placement.py)."""
         V = self.bundle.architecture.tgt_vocab_size
         model = self._decoder_model()
         topk_reads_k_on_the_host(model)
-        return search_step_graph(model, replace(shape, k=min(shape.K + 1, V)))
+        return search_step_graph(model, replace(variant, k=min(variant.K + 1, V)))
 
     def _decoder_model(self) -> onnx.ModelProto:
         """The decoder file's graph (in float16 with RuntimeConfig.fp16_decoder)."""
@@ -551,7 +576,7 @@ class OnnxModel:
             return None
 
     @property
-    def search_sessions(self) -> dict[SearchShape, ort.InferenceSession]:
+    def search_sessions(self) -> dict[SearchVariant, ort.InferenceSession]:
         """The device search's sessions made so far, by shape."""
         return dict(self._searches)
 
@@ -641,7 +666,7 @@ class EncoderRows:
     hold nothing the step reads: it is bound to the leading `count` rows.
     """
 
-    def __init__(self, ops: RowOps | HostRowOps, keys_follow_source: bool) -> None:
+    def __init__(self, ops: RowUpdates, keys_follow_source: bool) -> None:
         self.ops = ops
         self.keys_follow_source = keys_follow_source  # False for attention "none": keys (B, 1, Dk)
         self.count = 0
@@ -800,6 +825,64 @@ class EncoderRows:
         return values, keys, mask
 
 
+class DeclaredStates:
+    """A running batch's declared decoder state tensors beside `state` (ModelConfig.decoder_states:
+    service/model/graph_contract.py), one row per row of `state`: joined at zeros, reordered by the
+    step itself, each written anew by it (`new_<name>`). `positions` (R,) int64 are the state rows'
+    tokens decoded so far, which a step that reads a growing tensor is given (its rows' entries
+    are the last `positions` of its L); the growing axis is cut to what the rows still read once
+    it is twice that (each step adds an entry to every row)."""
+
+    def __init__(self, specs: Sequence[StateSpec], ops: RowUpdates) -> None:
+        self.specs = tuple(specs)
+        self.ops = ops
+        self.growing = any(spec.growing for spec in self.specs)
+        self.values: dict[str, ort.OrtValue] = {}  # by name: (R, width) or (R, L, width)
+        self.positions = np.zeros(0, np.int64)  # (R,)
+
+    def join(self, n: int) -> None:
+        """n joining sentences' rows, after the others (as `state`'s)."""
+        for spec in self.specs:
+            value = self.values.get(spec.name)
+            if value is None:
+                empty = (0, 0, spec.width) if spec.growing else (0, spec.width)
+                value = self.ops.device.upload(np.zeros(empty, np.float32), "state")
+            self.values[spec.name] = self.ops.zero_rows(value, n)
+        self.positions = np.concatenate([self.positions, np.zeros(n, np.int64)])
+
+    def bind(self, binding: ort.IOBinding, positions: np.ndarray | None = None) -> None:
+        """The tensors as the step's inputs, and its positions (N,) where given (a step that
+        computes them itself: the device search's, from its sentences' steps, binds none)."""
+        device = self.ops.device
+        for spec in self.specs:
+            device.bind_value(binding, spec.name, self.values[spec.name])
+        if positions is not None and self.growing:
+            device.bind_host_input(binding, "positions", positions, "tokens")
+
+    def bind_outputs(self, binding: ort.IOBinding) -> None:
+        device = self.ops.device
+        for spec in self.specs:
+            binding.bind_output("new_" + spec.name, device.type, device.id)  # on the device
+
+    def stepped(self, outputs: Sequence[ort.OrtValue], positions: np.ndarray) -> None:
+        """A step's `new_<name>` outputs (in `specs`' order) and the positions it read: theirs
+        after it (one more token each); the growing axis cut where half of it is unread."""
+        self.values = {s.name: v for s, v in zip(self.specs, outputs, strict=True)}
+        self.positions = positions + 1
+        self.cut(int(self.positions.max(initial=0)))
+
+    def cut(self, needed: int) -> None:
+        """Each growing tensor cut to its last `needed` entries where it holds twice as many."""
+        for spec in self.specs:
+            value = self.values.get(spec.name)
+            if spec.growing and value is not None and int(value.shape()[1]) >= max(2 * needed, 8):
+                self.values[spec.name] = self.ops.keep_last(value, needed)
+
+    def reset(self) -> None:
+        self.values = {}
+        self.positions = np.zeros(0, np.int64)
+
+
 class HostBuffer:
     """A reusable host array that a step's output is copied into; grows, never shrinks."""
 
@@ -848,6 +931,9 @@ class OnnxDecoder:
             model.row_ops, keys_follow_source=model.bundle.architecture.attention != "none"
         )
         self.state: ort.OrtValue | None = None  # (R, D_state) on the device
+        # the state tensors the architecture declares beside it (none for the RNNs)
+        specs = model.bundle.architecture.decoder_states
+        self.declared = DeclaredStates(specs, model.row_ops) if specs else None
         self.log_probs = HostBuffer(np.float32)
         self.token_ids = HostBuffer(np.int64)
         self.attention = HostBuffer(np.float32)
@@ -865,6 +951,8 @@ class OnnxDecoder:
         """Append sentences (at the end of the sentence order); returns the state-buffer row of the first one."""
         offset = self.state_rows
         self.state = self.rows.append(sentences, self.state)  # rows and states in one device call
+        if self.declared is not None:
+            self.declared.join(len(sentences))
         return offset
 
     def keep_sentences(self, keep: np.ndarray) -> None:
@@ -873,6 +961,8 @@ class OnnxDecoder:
         self.rows.keep(keep)
         if len(keep) == 0:  # the batch is empty: its state rows are of no use to anyone
             self.state = None
+            if self.declared is not None:
+                self.declared.reset()
 
     def _bind_inputs(
         self, bound: SessionBinding, tokens: np.ndarray, reorder: np.ndarray, k: int
@@ -888,10 +978,26 @@ class OnnxDecoder:
         else:
             device.bind_host_input(binding, "k", np.array(k, dtype=np.int64), "tokens")
         binding.bind_ortvalue_input("state", self.state)
+        if self.declared is not None:
+            self.declared.bind(binding, self.declared.positions[reorder])
         rows_key = self.rows.binding_key()
         if rows_key != bound.bound_rows:
             self.rows.bind(binding)
             bound.bound_rows = rows_key
+
+    def _bind_state_outputs(self, binding: ort.IOBinding) -> None:
+        """new_state (and the declared tensors' new values) stay on the device; rebound at every
+        step: a binding left from the last run would be written in place."""
+        binding.bind_output("new_state", self.device.type, self.device.id)
+        if self.declared is not None:
+            self.declared.bind_outputs(binding)
+
+    def _take_states(self, binding: ort.IOBinding, reorder: np.ndarray) -> None:
+        """The step's new state tensors (bound first: outputs 0, then the declared ones)."""
+        self.state = self.device.output(binding, 0)
+        if self.declared is not None:
+            outputs = [self.device.output(binding, 1 + i) for i in range(len(self.declared.specs))]
+            self.declared.stepped(outputs, self.declared.positions[reorder])
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> StepOutput:
         """One decoder call for every hypothesis: tokens (N,), reorder (N,) → top-k (N, k), attention (N, S)."""
@@ -926,8 +1032,7 @@ class OnnxDecoder:
         self._bind_inputs(bound, tokens, reorder, k)
         device, binding = self.device, bound.binding
         N, S = len(tokens), self.rows.source_len
-        # rebound at every step: a binding left from the last run would be written in place
-        binding.bind_output("new_state", device.type, device.id)  # stays on the device
+        self._bind_state_outputs(binding)
         log_probs = self.log_probs.view((N, k))  # (N, k)
         token_ids = self.token_ids.view((N, k))  # (N, k)
         attention = self.attention.view((N, S))  # (N, S)
@@ -950,7 +1055,7 @@ class OnnxDecoder:
                 device.bind_host_output(binding, FULL_LOG_PROBS, rows)
             bound.bound_outputs = outputs_key
         bound.session.run_with_iobinding(binding)
-        self.state = device.output(binding, 0)  # new_state was bound first
+        self._take_states(binding, reorder)
         out = StepOutput(
             log_probs=device.fetched(log_probs, "topk"),
             token_ids=device.fetched(token_ids, "topk"),
@@ -971,7 +1076,7 @@ class OnnxDecoder:
         self._bind_inputs(bound, tokens, reorder, 1)
         session, device, binding = self.session, self.device, bound.binding
         N, S = len(tokens), self.rows.source_len
-        binding.bind_output("new_state", device.type, device.id)  # stays on the device
+        self._bind_state_outputs(binding)
         log_probs = self.log_probs.view((N, V))  # (N, V)
         attention = self.attention.view((N, S))  # (N, S)
         outputs_key = (N, V, S, self.log_probs.generation, -1, self.attention.generation)
@@ -980,7 +1085,7 @@ class OnnxDecoder:
             device.bind_host_output(binding, "attention", attention)
             bound.bound_outputs = outputs_key
         session.run_with_iobinding(binding)
-        self.state = device.output(binding, 0)  # new_state was bound first
+        self._take_states(binding, reorder)
         return StepOutput(
             log_probs=device.fetched(log_probs, "topk"),
             token_ids=np.broadcast_to(np.arange(V), (N, V)),

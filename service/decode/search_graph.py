@@ -3,10 +3,10 @@ result takes the previous beam to the next one, on the session's device.
 
 `service/decode/beam.py` says what a step decides (it stays the reference and the host path); this
 module writes the same decisions as a graph, and `service/decode/device_search.py` drives it. One
-run of `search_step_graph(decoder, shape)`:
+run of `search_step_graph(decoder, variant)`:
 
 1. **the decoder step** — the model's own graph, fed the previous step's `tokens` and `reorder`
-   (its back-pointers) as they are; its k is a constant (K + 1, or V); with the `controls` shape,
+   (its back-pointers) as they are; its k is a constant (K + 1, or V); with the `controls` variant,
    its log-softmax row masked before its TopK and the prefix's forced tokens put in its place
    (`_controls`);
 2. **the candidates** — the K·k extensions of each sentence scored (float64, as the numpy search:
@@ -19,7 +19,7 @@ run of `search_step_graph(decoder, shape)`:
 4. **the n-best lists** — the end-of-sentence candidates among each sentence's top `width`, and
    at the maximum length every live slot, scored (GNMT's length and coverage penalties, Marian's
    normalization and word penalty) and merged into each sentence's best `keep` (a TopK with the
-   `wide` or `coverage` shape; else each keeps one, and without a coverage penalty a step's best
+   `wide` or `coverage` variant; else each keeps one, and without a coverage penalty a step's best
    end is its first in rank order, its best cut its first live slot: a few row operations);
 5. **the stopping rules** — exact, first, patience, narrowing, as thresholds per sentence: a `done`
    flag per sentence, the one thing the host reads after a step;
@@ -40,6 +40,7 @@ broadcast a sentence's settings cheaply.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,15 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+
+from service.decode.graph_bytes import graph_bytes
+from service.decode.options import SearchOptions
+from service.decode.rules import (
+    COVERAGE_FLOOR,
+    exact_rule_applies,
+    length_normalizer,
+    patience_ends,
+)
 
 FLOAT, DOUBLE, INT64, BOOL = (
     TensorProto.FLOAT,
@@ -56,7 +66,6 @@ FLOAT, DOUBLE, INT64, BOOL = (
 )
 CODE = 32  # a history code is token * CODE + slot: beams of up to CODE slots
 MAX_BEAM = CODE
-COVERAGE_FLOOR = 1e-6  # beam.COVERAGE_FLOOR (not imported: beam.py stays free of graphs)
 SENTENCE_FIELDS = 3  # a sentence's steps, ended, top ended; then its n-best's and slots' fields
 # a sentence's settings (rows of `settings`), written by the host when it joins
 PARAMS = (
@@ -79,6 +88,31 @@ PARAMS = (
 STOP = 4  # the last rows of PARAMS: the stopping rules' thresholds
 BIG = 1e9  # stop_first's weight of top_ended (more than any count of ended hypotheses), and a
 # floor for a finished score (a normalized score is far above -BIG)
+
+
+def sentence_params(options: SearchOptions, max_len: int) -> list[float]:
+    """A sentence's settings (PARAMS, the pool row left at 0): service/decode/rules.py's rules as
+    the graph reads them: its beam and penalties, its exact bound's normalizer, and its stopping
+    rule as thresholds (`_stopping`)."""
+    values = {
+        "beam": options.beam_size,
+        "keep": options.n_best,
+        "alpha": options.length_penalty,
+        "beta": options.coverage_penalty,
+        "normalize": options.normalize,
+        "word_penalty": options.word_penalty,
+        "narrowing": float(options.stopping == "narrowing"),
+        "max_lp": length_normalizer(max_len, options),
+        "pool": 0,
+        "max_len": max_len,
+        "exact_at": 0.0 if exact_rule_applies(options) else math.inf,
+        "stop_ends": patience_ends(options),
+        "stop_first": BIG + options.n_best if options.stopping == "first" else math.inf,
+        "stop_len": max_len,
+    }
+    return [float(values[name]) for name in PARAMS]
+
+
 MIN_OPSET = 13
 # the names the search's inputs and outputs take in the merged graph (besides the decoder's own
 # tokens, reorder, state, values, keys, mask and new_state)
@@ -91,7 +125,7 @@ SEARCH_NAMES = (
 
 
 @dataclass(frozen=True)
-class SearchShape:
+class SearchVariant:
     """What a search graph is built for: K slots a sentence, k candidates a slot, the end of
     sentence, the start token, and the beam rule (narrow_on_eos: only the non-EOS candidates among
     the top `width` continue, the imported toolkits' rule); and what the batch's sentences need,
@@ -253,14 +287,14 @@ def graph_problem(model: onnx.ModelProto, K: int) -> str | None:
     return None
 
 
-def search_step_graph(decoder: onnx.ModelProto, shape: SearchShape) -> onnx.ModelProto:
+def search_step_graph(decoder: onnx.ModelProto, variant: SearchVariant) -> onnx.ModelProto:
     """The decoder step with the search's step after it (the module's docstring): a new model;
     `decoder` is not changed. Its inputs: the decoder's tokens, reorder, state, values, keys,
     mask, and
 
     - sentences (W, B) f64: the previous step's out_sentences (after the joins and leaves);
       settings (len(PARAMS), B) f64: the sentences' settings; row_base (1, B) int64: b·K;
-    - history (P, L, 2, K) f32 and, with the attention shape,
+    - history (P, L, 2, K) f32 and, with the attention variant,
       attention_history (P, L, K, S) f32, bound in place with out_history and
       out_attention_history (a sentence writes its pool row, its step's column); attention_shape
       (3,) int64 (host): B, K, S;
@@ -277,22 +311,22 @@ def search_step_graph(decoder: onnx.ModelProto, shape: SearchShape) -> onnx.Mode
     kernels broadcast a (1, B) row over K rows in K vector operations, but a (B, 1) column over
     (B, K) in B of them (measured: 1 µs against 7 for an add at 1,024 sentences)."""
     g = Nodes("search/", opset_of(decoder))
-    if shape.controls:
-        _controls(g, shape)
-    batch = _unpack(g, shape)
-    cands = _candidates(g, shape, batch)
-    beam = _next_beam(g, shape, batch, cands)
-    penalty = _coverage_penalties(g, shape, batch, cands, beam) if shape.coverage else None
-    ends = _finished(g, shape, batch, cands, beam, penalty)
+    if variant.controls:
+        _controls(g, variant)
+    batch = _unpack(g, variant)
+    cands = _candidates(g, variant, batch)
+    beam = _next_beam(g, variant, batch, cands)
+    penalty = _coverage_penalties(g, variant, batch, cands, beam) if variant.coverage else None
+    ends = _finished(g, variant, batch, cands, beam, penalty)
     _stopping(g, batch, beam, ends)
-    _history(g, shape, batch, beam)
-    return merge_decoder(decoder, g, shape)
+    _history(g, variant, batch, beam)
+    return merge_decoder(decoder, g, variant)
 
 
 @dataclass(frozen=True)
 class _Batch:
     """This step's sentences: fields (1, B) each; finished hypotheses (their scores, log-probs and
-    codes: (K, B) each, or with neither the wide nor the coverage shape, the first's (1, B) and
+    codes: (K, B) each, or with neither the wide nor the coverage variant, the first's (1, B) and
     the others' (K - 1, B) apart); slots' scores (K, B); settings (1, B) each, by name."""
 
     steps: str
@@ -303,10 +337,10 @@ class _Batch:
     p: dict[str, str]
 
 
-def _unpack(g: Nodes, shape: SearchShape) -> _Batch:
+def _unpack(g: Nodes, variant: SearchVariant) -> _Batch:
     """The sentences' fields and settings, as rows."""
-    K = shape.K
-    if shape.wide or shape.coverage:
+    K = variant.K
+    if variant.wide or variant.coverage:
         nb = [K, K, K]
     else:  # each of the three blocks split in its first row and the others (rank >= 1)
         nb = [1, K - 1, 1, K - 1, 1, K - 1] if K > 1 else [1, 1, 1]
@@ -324,12 +358,12 @@ def _unpack(g: Nodes, shape: SearchShape) -> _Batch:
     return _Batch(steps, ended, top_ended, nbest, fields[-1], settings)
 
 
-def _controls(g: Nodes, shape: SearchShape) -> None:
+def _controls(g: Nodes, variant: SearchVariant) -> None:
     """The masks and the forced tokens (service/decode/controls.py's, on the device): the
     (row, token) pairs `blocked` (P, 2) set to -inf in the step's log-softmax row before its TopK
     (suppressed tokens, the end of sentence before the minimum length); a row's `forced` (N,)
     token (a prefix's, -1 for none) is its only candidate, at the model's log-prob."""
-    k = shape.k
+    k = variant.k
     blocked_count = g.op(
         "Slice", g.op("Shape", "blocked"), g.const([0], np.int64), g.const([1], np.int64)
     )  # (1,) P
@@ -372,10 +406,10 @@ class _Candidates:
     head_slot: str  # (K, B) int64 the slots the first K extend (wide or coverage shapes)
 
 
-def _candidates(g: Nodes, shape: SearchShape, batch: _Batch) -> _Candidates:
+def _candidates(g: Nodes, variant: SearchVariant, batch: _Batch) -> _Candidates:
     """2. Each slot's k extensions scored (float64: the slot's score plus the token's float32
     log-prob, as numpy adds them), each sentence's best M (beam.py's _rank_candidates)."""
-    K, k, M = shape.K, shape.k, shape.M
+    K, k, M = variant.K, variant.k, variant.M
     log_probs = g.cast("search/log_probs", DOUBLE)  # (N, k)
     scores = g.reshape(g.op("Transpose", batch.scores), -1, 1)  # (N, 1) the slots' scores
     # a (N, 1) column added to (N, k) is N short loops in ONNX Runtime's CPU kernels; as a
@@ -386,9 +420,9 @@ def _candidates(g: Nodes, shape: SearchShape, batch: _Batch) -> _Candidates:
     )  # (B, M) each, best first, ties by index
     token = g.op("GatherElements", g.reshape("search/token_ids", -1, K * k), index, axis=1)
     top, index, token = (g.op("Transpose", x) for x in (top, index, token))  # (M, B)
-    is_eos = g.op("Equal", token, g.const(shape.eos_id, np.int64))  # (M, B)
+    is_eos = g.op("Equal", token, g.const(variant.eos_id, np.int64))  # (M, B)
     head_slot = ""
-    if shape.wide or shape.coverage:  # the general merge and the coverage read them
+    if variant.wide or variant.coverage:  # the general merge and the coverage read them
         head_slot = g.op(
             "Div", g.op("Slice", index, g.const([0], np.int64), g.const([K], np.int64)),
             g.const(k, np.int64),
@@ -408,14 +442,14 @@ class _Beam:
     in_width: str  # bool (K, B): rank j < width
 
 
-def _next_beam(g: Nodes, shape: SearchShape, batch: _Batch, c: _Candidates) -> _Beam:
+def _next_beam(g: Nodes, variant: SearchVariant, batch: _Batch, c: _Candidates) -> _Beam:
     """3. Slot j takes the (j+1)-th non-EOS candidate (there are K among the best 2K): a TopK over
     keys that put the non-EOS ones first, in rank order (distinct keys, so no tie decides); it
     lives within the sentence's width (beam.py's _continuations: its wanted candidates are the
     first `width` of these, or, under the imported toolkits' rule, those ranked within the top
     `width`) with a finite score: a dead slot's score is -inf. Its token and back-pointer are the
     decoder's next inputs."""
-    K, M, k = shape.K, shape.M, shape.k
+    K, M, k = variant.K, variant.M, variant.k
     p = batch.p
     ranks = np.arange(M, dtype=np.float32)[:, None]  # (M, 1)
     key = g.op("Where", c.is_eos, g.const(ranks + M, np.float32), g.const(ranks, np.float32))
@@ -440,7 +474,7 @@ def _next_beam(g: Nodes, shape: SearchShape, batch: _Batch, c: _Candidates) -> _
         "Less", g.op("Add", g.const(np.arange(K, dtype=np.float64)[:, None]), narrowed), p["beam"]
     )  # (K, B)
     within = in_width
-    if shape.narrow_on_eos:  # the candidate's own rank within the width
+    if variant.narrow_on_eos:  # the candidate's own rank within the width
         within = g.op("Less", g.op("Add", g.cast(pick, DOUBLE), narrowed), p["beam"])
     parents = g.op("Add", slot, "row_base")  # (K, B) rows of this step's output
     rows = g.op("Reshape", g.op("Transpose", parents), g.const([-1], np.int64), out="out_reorder")
@@ -456,14 +490,14 @@ def _next_beam(g: Nodes, shape: SearchShape, batch: _Batch, c: _Candidates) -> _
 
 
 def _coverage_penalties(
-    g: Nodes, shape: SearchShape, batch: _Batch, c: _Candidates, beam: _Beam
+    g: Nodes, variant: SearchVariant, batch: _Batch, c: _Candidates, beam: _Beam
 ) -> tuple[str, str]:
     """β · Σ log(clip(coverage, COVERAGE_FLOOR, 1)) over each sentence's own source positions
     (beam.py's coverage_penalty: the sum in float32, then β in float64), of the head candidates
     (K, B) and of the next beam's slots (K, B): a row's coverage with this step's attention, its
     parent's for a slot that continues. The coverage itself: the previous step's rows picked by
     row_select (joining rows: zeros), fitted to this step's source axis."""
-    K = shape.K
+    K = variant.K
     zeros = g.op("ConstantOfShape", g.op(
         "Concat", g.op("Slice", g.op("Shape", "row_select"), g.const([0], np.int64),
                        g.const([1], np.int64)),
@@ -516,7 +550,7 @@ class _Ends:
 
 def _finished(
     g: Nodes,
-    shape: SearchShape,
+    variant: SearchVariant,
     batch: _Batch,
     c: _Candidates,
     beam: _Beam,
@@ -526,7 +560,7 @@ def _finished(
     K ranks) and, at the maximum length, the live slots, scored as beam.py's _Sentence.finish
     does, merged into each sentence's finished hypotheses (its `keep` best: score, log-prob,
     code = slot + CODE·(2·prefix_steps + by_eos)), the earlier first on ties as its stable sort."""
-    K, k = shape.K, shape.k
+    K, k = variant.K, variant.k
     p, neg_inf = batch.p, g.const(-np.inf)
     steps = g.op("Add", batch.steps, g.const(1.0))  # (1, B) steps taken, this one included
     lp = g.op(
@@ -555,7 +589,7 @@ def _finished(
     eos_base = g.op("Add", g.op("Mul", batch.steps, g.const(2.0 * CODE)), g.const(1.0 * CODE))
     max_base = g.op("Mul", steps, g.const(2.0 * CODE))  # (1, B): CODE·(2·prefix + by_eos)
     nb_scores, nb_log_probs, nb_codes = batch.nbest[:3]
-    if shape.wide or shape.coverage:  # the K best of the kept, the ends and the cut, by TopK
+    if variant.wide or variant.coverage:  # the K best of the kept, the ends and the cut, by TopK
         eos_scores = g.op(
             "Where", ends, normalized(head_scores, penalty and penalty[0]), neg_inf
         )  # (K, B)
@@ -638,24 +672,24 @@ def _stopping(g: Nodes, batch: _Batch, beam: _Beam, e: _Ends) -> None:
     )  # fmt: skip  # (W, B)
 
 
-def _history(g: Nodes, shape: SearchShape, batch: _Batch, beam: _Beam) -> None:
+def _history(g: Nodes, variant: SearchVariant, batch: _Batch, beam: _Beam) -> None:
     """6. Each sentence's column of the history: its slots' codes (token · CODE + back-pointer)
-    and their tokens' log-probs (`history` (P, L, 2, K) float32) and, with the attention shape,
+    and their tokens' log-probs (`history` (P, L, 2, K) float32) and, with the attention variant,
     this step's attention rows (those of the previous beam's slots: `attention_history`
     (P, L, K, S) is on this step's source axis), written in place at its pool row and step."""
     code = g.op("Add", g.op("Mul", beam.token, g.const(CODE, np.int64)), beam.slot)  # (K, B)
     fields = g.op("Concat", g.cast(code, FLOAT), beam.log_prob, axis=0)  # (2K, B)
-    fields = g.reshape(g.op("Transpose", fields), -1, 2, shape.K)  # (B, 2, K)
+    fields = g.reshape(g.op("Transpose", fields), -1, 2, variant.K)  # (B, 2, K)
     index = g.cast(
         g.op("Transpose", g.op("Concat", batch.p["pool"], batch.steps, axis=0)), INT64
     )  # (B, 2): the sentence's pool row, its step
     g.op("ScatterND", "history", index, fields, out="out_history")
-    if shape.attention:
+    if variant.attention:
         attention = g.op("Reshape", "search/attention", "attention_shape")  # (B, K, S)
         g.op("ScatterND", "attention_history", index, attention, out="out_attention_history")
 
 
-def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onnx.ModelProto:
+def merge_decoder(decoder: onnx.ModelProto, g: Nodes, variant: SearchVariant) -> onnx.ModelProto:
     """The decoder graph followed by g's nodes: k a constant, its outputs internal but new_state;
     then g's nodes, inputs, outputs. Values of the decoder named like the search's move aside
     (decoder/...)."""
@@ -667,7 +701,7 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onn
         "token_ids": "search/token_ids",
         "attention": "search/attention",
     }
-    if shape.controls:  # the TopK reads the masked row; the forced tokens follow it
+    if variant.controls:  # the TopK reads the masked row; the forced tokens follow it
         topk = scores_topk(graph)
         assert topk is not None, "controls_problem checks it first"
         rename[topk.input[0]] = "search/scores"
@@ -683,20 +717,25 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onn
     for node in graph.node:
         node.input[:] = [rename.get(n, n) for n in node.input]
         node.output[:] = [rename.get(n, n) for n in node.output]
-    kept_inputs = [i for i in graph.input if i.name != "k"]
+    reads_positions = any(i.name == "positions" for i in graph.input)
+    kept_inputs = [i for i in graph.input if i.name not in ("k", "positions")]
     del graph.input[:]
     graph.input.extend(kept_inputs)
-    k_value = np.full((1,) * k_dims, shape.k, np.int64)
+    k_value = np.full((1,) * k_dims, variant.k, np.int64)
     graph.initializer.append(
         helper.make_tensor("k", INT64, k_value.shape, k_value.ravel().tolist())
     )
+    if reads_positions:  # each row's tokens decoded so far: its sentence's steps
+        graph.node.extend(_positions(variant.K))
     new_state = next(o for o in graph.output if o.name == "new_state")
+    declared = [o for o in graph.output if o.name.startswith("new_") and o.name != "new_state"]
     del graph.output[:]
-    W = sentence_width(shape.K)
+    W = sentence_width(variant.K)
     outputs = {"out_tokens", "out_reorder", "out_sentences", "new_state", "done", "out_history"}
-    if shape.attention:
+    outputs |= {o.name for o in declared}
+    if variant.attention:
         outputs.add("out_attention_history")
-    if shape.coverage:
+    if variant.coverage:
         outputs.add("out_coverage")
     nodes = used(topological([*graph.node, *g.nodes]), outputs)
     del graph.node[:]
@@ -712,7 +751,7 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onn
             vi("sentences", DOUBLE, [W, "B"]),
             vi("settings", DOUBLE, [len(PARAMS), "B"]),
             vi("row_base", INT64, [1, "B"]),
-            vi("history", FLOAT, ["P", "L", 2, shape.K]),
+            vi("history", FLOAT, ["P", "L", 2, variant.K]),
         ]
     )
     graph.output.extend(
@@ -721,21 +760,22 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onn
             vi("out_reorder", INT64, ["N"]),
             vi("out_sentences", DOUBLE, [W, "B"]),
             new_state,
+            *declared,
             vi("done", BOOL, ["B"]),
-            vi("out_history", FLOAT, ["P", "L", 2, shape.K]),
+            vi("out_history", FLOAT, ["P", "L", 2, variant.K]),
         ]
     )
-    if shape.attention:
+    if variant.attention:
         graph.input.extend(
             [
-                vi("attention_history", FLOAT, ["P", "L", shape.K, "S"]),
+                vi("attention_history", FLOAT, ["P", "L", variant.K, "S"]),
                 vi("attention_shape", INT64, [3]),
             ]
         )
-        graph.output.append(vi("out_attention_history", FLOAT, ["P", "L", shape.K, "S"]))
-    if shape.controls:
+        graph.output.append(vi("out_attention_history", FLOAT, ["P", "L", variant.K, "S"]))
+    if variant.controls:
         graph.input.extend([vi("blocked", INT64, ["P_blocked", 2]), vi("forced", INT64, ["N"])])
-    if shape.coverage:
+    if variant.coverage:
         graph.input.extend(
             [
                 vi("coverage", FLOAT, ["N_prev", "S_prev"]),
@@ -749,12 +789,23 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, shape: SearchShape) -> onn
     return model
 
 
-def _helper_model(nodes: list, inputs: list, outputs: list, name: str) -> bytes:
-    graph = helper.make_graph(nodes, name, inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+def _positions(K: int) -> list[onnx.NodeProto]:
+    """The decoder's `positions` (N,) int64 from the search's `sentences` (W, B): each sentence's
+    steps (its first field) for each of its K rows."""
+    n = helper.make_node
+    return [
+        n("Constant", [], ["positions/zero"], value=helper.make_tensor("z", INT64, [1], [0])),
+        n("Constant", [], ["positions/one"], value=helper.make_tensor("o", INT64, [1], [1])),
+        n("Slice", ["sentences", "positions/zero", "positions/one", "positions/zero"],
+          ["positions/steps"]),  # (1, B) float64
+        n("Cast", ["positions/steps"], ["positions/int"], to=INT64),
+        n("Transpose", ["positions/int"], ["positions/column"]),  # (B, 1)
+        n("Constant", [], ["positions/shape"],
+          value=helper.make_tensor("s", INT64, [2], [1, K])),
+        n("Tile", ["positions/column", "positions/shape"], ["positions/rows"]),  # (B, K)
+        n("Constant", [], ["positions/flat"], value=helper.make_tensor("f", INT64, [1], [-1])),
+        n("Reshape", ["positions/rows", "positions/flat"], ["positions"]),  # (N,)
+    ]  # fmt: skip
 
 
 def select_graph() -> bytes:
@@ -801,11 +852,7 @@ def select_graph() -> bytes:
             nodes.append(n("Identity", [f"picked_{name}"], [f"out_{name}"]))
             out_dims = ["B", dims[1]] if axis == 0 else [dims[0], "B"]
             outputs.append(vi(f"out_{name}", dtype, out_dims))
-    graph = helper.make_graph(nodes, "select_sentences", inputs, outputs, initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return graph_bytes(nodes, "select_sentences", inputs, outputs, inits)
 
 
 def finished_graph(attention: bool = True) -> bytes:
@@ -841,7 +888,7 @@ def finished_graph(attention: bool = True) -> bytes:
         ]
         inputs.append(vi("attention_history", FLOAT, ["P", "L", "K", "S"]))
         outputs.append(vi("attention", FLOAT, ["D", "T", "K", "S"]))
-    return _helper_model(nodes, inputs, outputs, "finished_sentences")
+    return graph_bytes(nodes, "finished_sentences", inputs, outputs)
 
 
 def grow_graph() -> bytes:
@@ -860,4 +907,4 @@ def grow_graph() -> bytes:
         vi("ends", INT64, [4]),
         vi("pads", INT64, [8]),
     ]
-    return _helper_model(nodes, inputs, [vi("grown", FLOAT, ["P2", "L2", "Y", "X2"])], "grow")
+    return graph_bytes(nodes, "grow", inputs, [vi("grown", FLOAT, ["P2", "L2", "Y", "X2"])])

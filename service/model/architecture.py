@@ -23,6 +23,30 @@ CONDITIONAL_TOOLKITS: tuple[str, ...] = ("native", "marian")
 
 # Special ids are fixed across every model: the tokenizer is trained to use them.
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# names the decoder's graph contract gives its own inputs (service/model/graph_contract.py)
+CONTRACT_NAMES = ("tokens", "state", "reorder", "values", "keys", "mask", "k", "positions")
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A decoder state tensor besides the encoder's `state`, declared by the bundle's manifest
+    (`architecture.decoder_states`): its hypothesis axis is 0, its shape (R, width), or with
+    `growing` (R, L, width) with one entry a decoded token along axis 1 (a Transformer layer's
+    self-attention keys or values). The decoder step reads it as input `name` and writes it as
+    output `new_<name>`, reordered by the back-pointers as `state` is; a joining sentence's starts
+    at zeros (a growing one's holds no entry of its own: its step reads `positions`)."""
+
+    name: str
+    width: int
+    growing: bool = False
+
+    def problems(self) -> list[str]:
+        out = []
+        if not self.name.isidentifier() or self.name in CONTRACT_NAMES:
+            out.append(f"decoder state name {self.name!r} is not a free identifier")
+        if self.width < 1:
+            out.append(f"decoder state {self.name!r} needs a width >= 1")
+        return out
 
 
 @dataclass(frozen=True)
@@ -65,6 +89,8 @@ class ModelConfig:
     toolkit: Toolkit = "native"
     bridge: str = "linear_tanh"  # how the decoder's first state comes from the encoder
     input_feed: bool | None = None  # None: Luong style feeds h~ (the native rule)
+    # the decoder's state tensors besides `state` (none for the RNNs: StateSpec)
+    decoder_states: tuple[StateSpec, ...] = ()
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -93,6 +119,11 @@ class ModelConfig:
             out.append(f"toolkit must be one of {TOOLKITS}, got {self.toolkit!r}")
         if not 0.0 <= self.dropout < 1.0:
             out.append(f"dropout must be in [0, 1), got {self.dropout}")
+        for spec in self.decoder_states:
+            out += spec.problems()
+        names = [spec.name for spec in self.decoder_states]
+        if len(set(names)) != len(names):
+            out.append(f"decoder state names must differ, got {names}")
         if self.attention in ("dot", "scaled_dot") and self.dec_hidden != self.enc_out_dim:
             out.append(
                 f"{self.attention} attention scores s·h directly, so dec_hidden ({self.dec_hidden}) "
@@ -124,7 +155,11 @@ class ModelConfig:
         return self.dec_layers * per_layer + (self.dec_hidden if self.input_feeding else 0)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The manifest's `architecture`; `decoder_states` only where there are some (the RNN
+        bundles' manifests read as they always did)."""
+        data = asdict(self)
+        states = data.pop("decoder_states")
+        return {**data, "decoder_states": list(states)} if states else data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
@@ -132,4 +167,12 @@ class ModelConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown model config keys: {unknown}")
-        return cls(**data)
+        states = data.get("decoder_states", ())
+        if not isinstance(states, list | tuple) or not all(isinstance(s, dict) for s in states):
+            raise ValueError("decoder_states must be a list of {name, width, growing} objects")
+        return cls(**{**data, "decoder_states": tuple(StateSpec(**s) for s in states)})
+
+    @property
+    def growing_state(self) -> bool:
+        """Whether a state tensor grows a step at a time: the step then reads `positions`."""
+        return any(spec.growing for spec in self.decoder_states)

@@ -7,6 +7,18 @@ recomputed after a file was damaged or swapped passed them and then failed at th
 hypotheses full of `</s>` that never finished. The graph contract is declared here once:
 export/onnx/to_onnx.py names its graphs from it and service/decode/runtime.py binds by these names.
 Independent of the tokenizer kind: a vocabulary is anything with a size and special ids.
+
+The decoder's state is named tensors: `state` (R, D_state), the encoder's per sentence (D_state may
+be 0), and those the architecture declares (`ModelConfig.decoder_states`: service/model/
+architecture.py's StateSpec), each read as input `name` and written as `new_<name>`, its hypothesis
+axis 0, reordered inside the step by `reorder`; one that grows a step at a time is (R, L, width)
+with its entries along axis 1, left-padded where a row has fewer (a sentence that joined later),
+and the step then reads `positions` (N,) int64, each hypothesis's tokens decoded so far: its
+entries are the last `positions` of the L it reads (a Transformer's self-attention cache, one such
+tensor for the keys and one for the values of each layer). The per-sentence tensors, computed once
+by the encoder, are `values` (B, S, enc_out_dim), `keys` (B, S_key, D_key) and `mask` (B, S): a
+Transformer's cross-attention keys and values of every layer fit there, side by side on their last
+axis. docs/architecture.md shows where a new model family plugs in.
 """
 
 from __future__ import annotations
@@ -16,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from service.model.architecture import ModelConfig
+from service.model.architecture import ModelConfig, StateSpec
 from service.model.bundle import BundleError
 
 Dim = int | str | None  # None: any size; str: the ModelConfig property the size must equal
@@ -56,6 +68,24 @@ DECODER_OUTPUTS = (
     Port("new_state", "tensor(float)", (None, "state_dim")),  # (N, D_state)
     Port("attention", "tensor(float)", (None, None)),  # (N, S)
 )
+POSITIONS = Port("positions", "tensor(int64)", (None,))  # (N,) tokens decoded so far
+
+
+def state_port(spec: StateSpec, prefix: str = "") -> Port:
+    """A declared state tensor's port: (R, width), or (R, L, width) where it grows."""
+    shape: tuple[Dim, ...] = (None, None, spec.width) if spec.growing else (None, spec.width)
+    return Port(prefix + spec.name, "tensor(float)", shape)
+
+
+def decoder_inputs(cfg: ModelConfig) -> tuple[Port, ...]:
+    """The decoder step's inputs for this architecture: the contract's, its declared state
+    tensors, and `positions` where one of them grows."""
+    extra = tuple(state_port(spec) for spec in cfg.decoder_states)
+    return DECODER_INPUTS + extra + ((POSITIONS,) if cfg.growing_state else ())
+
+
+def decoder_outputs(cfg: ModelConfig) -> tuple[Port, ...]:
+    return DECODER_OUTPUTS + tuple(state_port(spec, "new_") for spec in cfg.decoder_states)
 
 
 class GraphArg(Protocol):
@@ -122,7 +152,7 @@ def check_graph(
     want_in, want_out = (
         (ENCODER_INPUTS, ENCODER_OUTPUTS)
         if role == "encoder"
-        else (DECODER_INPUTS, DECODER_OUTPUTS)
+        else (decoder_inputs(cfg), decoder_outputs(cfg))
     )
     problems = port_problems("input", want_in, inputs, cfg, exact=True)
     problems += port_problems("output", want_out, outputs, cfg, exact=False)

@@ -18,13 +18,13 @@ log = logging.getLogger("s2s.server")
 
 
 def attach(engine: Engine, directory: str) -> None:
-    """Read the model's file into engine.user_glossary (GlossaryFileError naming file and line)."""
+    """Read the model's file into engine.terms.user_glossary (GlossaryFileError naming file and line)."""
     read_into(engine, model_file(directory, engine.bundle.name))
 
 
 def read_into(engine: Engine, path: Path | None) -> None:
-    engine.user_glossary = gl.EMPTY if path is None else engine.read_glossary(path)
-    engine.user_glossary_signature = signature(path)
+    engine.terms.user_glossary = gl.EMPTY if path is None else engine.terms.read_glossary(path)
+    engine.terms.user_glossary_signature = signature(path)
 
 
 def refresh(engines: list[Engine], directory: str) -> None:
@@ -32,7 +32,7 @@ def refresh(engines: list[Engine], directory: str) -> None:
     terms in force kept."""
     for engine in engines:
         path = model_file(directory, engine.bundle.name)
-        if signature(path) == engine.user_glossary_signature:
+        if signature(path) == engine.terms.user_glossary_signature:
             continue
         try:
             read_into(engine, path)
@@ -41,5 +41,5 @@ def refresh(engines: list[Engine], directory: str) -> None:
             continue
         log.info(
             "glossary reloaded",
-            extra={"model": engine.bundle.name, "terms": len(engine.user_glossary)},
+            extra={"model": engine.bundle.name, "terms": len(engine.terms.user_glossary)},
         )

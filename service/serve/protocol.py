@@ -36,7 +36,9 @@ from service.decode.options import (
 from service.model import glossary as gl
 
 if TYPE_CHECKING:  # the client imports this module: keep onnxruntime out of its imports
-    from service.decode.engine import AlignmentMode, Engine, Prepared, Translation
+    from service.decode.engine import Engine
+    from service.decode.preparation import Prepared
+    from service.decode.translation import AlignmentMode, Translation
     from service.serve.config import Settings
     from service.serve.repository import ModelVersion
 
@@ -499,7 +501,7 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
         description=model_description(engine.bundle.info),
         default_link_mode=default_link_mode(engine),  # type: ignore[arg-type]
         links_source=links_source(engine.bundle.info) if engine.link_head is not None else "",
-        glossary_terms=len(engine.glossary),
+        glossary_terms=len(engine.terms.glossary),
     )
 
 

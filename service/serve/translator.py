@@ -28,10 +28,12 @@ from service.decode.aligner import (
     check_aligner,
     prepare_pair,
 )
-from service.decode.engine import AlignmentMode, DecodeRequest, Engine, Prepared, Translation
+from service.decode.engine import Engine
 from service.decode.errors import InvalidInput, NotReady
 from service.decode.forced import AlignedPair
 from service.decode.options import SearchOptions
+from service.decode.preparation import DecodeRequest, Prepared
+from service.decode.translation import AlignmentMode, Translation
 from service.serve.config import Settings
 from service.serve.engine_link import EngineLink
 from service.serve.metrics import Metrics
@@ -128,10 +130,11 @@ class TranslatorCore:
         prepared = []
         for i, text in enumerate(texts):
             try:
-                prepared.append(engine.prepare(text))
+                sentence = engine.prepare(text)
             except InvalidInput as err:
                 raise InvalidInput(f"texts[{i}]: {err}") from err
-            engine.check_constraints(prepared[-1], parsed.options.for_text(i), f"texts[{i}]")
+            # its glossary terms, once: the memory's plan and the controls read them
+            prepared.append(engine.with_terms(sentence, parsed.options.for_text(i), f"texts[{i}]"))
         check_response_bound(
             [input_shape(p) for p in prepared],
             parsed.options,

@@ -23,18 +23,12 @@ from service.decode.aligner import ForcedBatch, ForcedRequest, PreparedPair, ali
 from service.decode.beam import SearchOptions
 from service.decode.controls import Controls
 from service.decode.encode_ahead import EncodeAhead
-from service.decode.engine import (
-    AlignmentMode,
-    DecodeRequest,
-    Engine,
-    Prepared,
-    RawParts,
-    RunningBatch,
-    Translation,
-)
+from service.decode.engine import Engine, RunningBatch
 from service.decode.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
 from service.decode.forced import AlignedPair, AlignOptions, Forced
+from service.decode.preparation import DecodeRequest, Prepared, RawParts
 from service.decode.runtime import EncodedSentence
+from service.decode.translation import AlignmentMode, Translation
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion, single
 from service.serve.request_trace import NO_TRACE, RequestTrace
