@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from benchmarks import decode, serving_loop
+from benchmarks.decoding import decode
+from benchmarks.serving import serving_loop
 from tests.conftest import TinyModel
 
 
