@@ -169,23 +169,9 @@ def measure(
     return {name: out}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--bundle", type=Path, default=Path("models/default"))
-    p.add_argument("--tsv", type=Path, help="held-out in-domain TSV (default: generated)")
-    p.add_argument("--seed", type=int, default=1122, help="generator seed (not a training seed)")
-    p.add_argument("--in-domain", type=int, default=600, help="generated 1-4 phrase sentences")
-    p.add_argument("--long", type=int, default=200, help="generated 5-10 phrase sentences")
-    p.add_argument("--outside", type=int, default=200, help="values outside the corpus's ranges")
-    p.add_argument("--ood", type=int, default=300, help="random English word sequences")
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--json", type=Path, help="also write the results here")
-    args = p.parse_args(argv)
-
+def labelled_inputs(args: argparse.Namespace) -> tuple[list[Pair], list[str]]:
+    """The (source, reference) pairs and each one's kind, drawn in this order from one seed:
+    in-domain (or the held-out TSV), long, outside the ranges, out of domain (no reference)."""
     rng = random.Random(args.seed)
     pairs: list[Pair] = []
     kinds: list[str] = []
@@ -204,8 +190,29 @@ def main(argv: list[str] | None = None) -> int:
     ood = out_of_domain(rng, args.ood)
     pairs += [(t, "") for t in ood]  # no reference: always wrong
     kinds += ["out_of_domain"] * len(ood)
+    return pairs, kinds
 
-    engine = Engine.load(args.bundle, RuntimeConfig(intra_op_threads=args.threads))
+
+def accepted_at(
+    threshold: float, confidence: np.ndarray, right: np.ndarray, groups: dict[str, np.ndarray]
+) -> dict[str, dict[str, float]]:
+    """What the server's confidence at `threshold` accepts, by input kind: the share accepted and
+    the share of the right answers accepted."""
+    accept = confidence >= threshold  # (N,)
+    return {
+        k: {
+            "accepted": round(float(accept[m].mean()), 4),
+            "right_accepted": round(float((accept & right)[m].sum() / max(1, right[m].sum())), 4),
+        }
+        for k, m in groups.items()
+    }
+
+
+def evaluate(
+    args: argparse.Namespace, engine: Engine, pairs: list[Pair], kinds: list[str]
+) -> dict[str, Any]:
+    """Decode every source, label each best hypothesis right or wrong, and measure each candidate
+    confidence per input kind (the report `main` prints)."""
     options = SearchOptions(beam_size=args.beam)
     started = time.perf_counter()
     answers = decode(engine, [s for s, _ in pairs], options, args.batch_size)
@@ -241,18 +248,34 @@ def main(argv: list[str] | None = None) -> int:
     for name, scores in candidates.items():
         results["by_confidence"].update(measure(name, scores, right, groups))
     chosen = results["by_confidence"]["confidence"]["threshold"]
-    if chosen is not None:  # what the server's confidence at that threshold accepts, by input kind
-        accept = confidence >= chosen
-        results["accepted_at_threshold"] = {
-            k: {
-                "accepted": round(float(accept[m].mean()), 4),
-                "right_accepted": round(
-                    float((accept & right)[m].sum() / max(1, right[m].sum())), 4
-                ),
-            }
-            for k, m in groups.items()
-        }
-    text = json.dumps(results, indent=2)
+    if chosen is not None:
+        results["accepted_at_threshold"] = accepted_at(chosen, confidence, right, groups)
+    return results
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--bundle", type=Path, default=Path("models/default"))
+    p.add_argument("--tsv", type=Path, help="held-out in-domain TSV (default: generated)")
+    p.add_argument("--seed", type=int, default=1122, help="generator seed (not a training seed)")
+    p.add_argument("--in-domain", type=int, default=600, help="generated 1-4 phrase sentences")
+    p.add_argument("--long", type=int, default=200, help="generated 5-10 phrase sentences")
+    p.add_argument("--outside", type=int, default=200, help="values outside the corpus's ranges")
+    p.add_argument("--ood", type=int, default=300, help="random English word sequences")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", type=Path, help="also write the results here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    pairs, kinds = labelled_inputs(args)
+    engine = Engine.load(args.bundle, RuntimeConfig(intra_op_threads=args.threads))
+    text = json.dumps(evaluate(args, engine, pairs, kinds), indent=2)
     print(text)
     if args.json:
         args.json.write_text(text + "\n", encoding="utf-8")
