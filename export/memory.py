@@ -10,7 +10,7 @@ The G2P memory is the whole of CMUdict (the release its training used, every wor
 alphabet): every dictionary word is answered from the dictionary, with its variant pronunciations
 as the n-best in CMUdict's order, and the model answers the words CMUdict does not have. The
 model's held-out words (dev and test) are in it too, so the model's own figures on them are
-measured with the memory off (`use_memory = false`; s2s-evaluate and benchmarks.g2p_common's
+measured with the memory off (`use_memory = false`; s2s-evaluate and benchmarks.quality.g2p_common's
 "model alone" never consult it).
 """
 

@@ -36,10 +36,10 @@ export_bundle
 # the audit as served (fresh seed, every family, every length up to the 256-token limit)
 python -m export.data.audit_set --bundle models/default --out "$run/audit" --seed 101 \
   --per-family 100 --per-bucket 100 --exclude "$run/data/train.tsv"
-python -m benchmarks.audit --bundle models/default --audit "$run/audit/audit.tsv" \
+python -m benchmarks.quality.audit --bundle models/default --audit "$run/audit/audit.tsv" \
   --json docs/eval/audit.json --markdown docs/eval/audit.md
 # the confidence threshold that keeps 99% of accepted answers right, written into the bundle
-python -m benchmarks.confidence --bundle models/default --json docs/eval/confidence.json
+python -m benchmarks.quality.confidence --bundle models/default --json docs/eval/confidence.json
 threshold=$(python -c "import json; print(json.load(open('docs/eval/confidence.json'))['by_confidence']['confidence']['threshold'])")
 export_bundle --min-confidence "$threshold"
 cp "$run/best.pt" models/default.pt

@@ -3,7 +3,7 @@
 # again with the test figures in the manifest's info.
 # About 100 minutes of training in three stages on a shared 2-core machine (1 torch thread; see configs/g2p.toml).
 # Needs the train extra: bash scripts/install.sh dev,train
-# The comparison with g2p_en (docs/model-g2p.md) is a separate step: benchmarks/g2p_en.py.
+# The comparison with g2p_en (docs/model-g2p.md) is a separate step: benchmarks/quality/g2p_en.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate

@@ -17,6 +17,6 @@ python -m export.data.bible --out data/grc-en-text --no-links   # text only: no 
 s2s-train --config configs/grc-en-nt-silver.toml --out "$run" --bundle models/grc-en-nt-silver \
   ${MAX_MINUTES:+--max-minutes "$MAX_MINUTES"}
 python -m export.data.bible --out data/grc-en   # the gold, for scoring only
-python -m benchmarks.grc_en_silver --silver models/grc-en-nt-silver --gold models/grc-en-nt \
+python -m benchmarks.alignment.grc_en_silver --silver models/grc-en-nt-silver --gold models/grc-en-nt \
   --data data/grc-en --json docs/eval/grc-en-nt-silver/john.json
 du -sh models/grc-en-nt-silver

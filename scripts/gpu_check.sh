@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Check a GPU host and measure it, in one command (docs/gpu.md):
-#   scripts/gpu_check.sh OUT [--parts DIR ...] [--site DIR] [--short] [-- benchmarks.gpu_check flags]
+#   scripts/gpu_check.sh OUT [--parts DIR ...] [--site DIR] [--short] [-- benchmarks.gpu.gpu_check flags]
 # With --parts (scripts/offline.py's parts; give several folders if the parts came in several), it
 # first checks and installs them with no network into --site (default OUT/site; only what the host
 # lacks or has older: a PyTorch image keeps its numpy, onnx, ...), timed, and puts that folder first
 # on PYTHONPATH. Where CUDA's libraries come from NVIDIA's pip packages (nvidia-*-cu13, as in a
 # PyTorch image), the server finds them itself (onnxruntime.preload_dlls); the check also puts their
 # folders on LD_LIBRARY_PATH, and its providers stage says whether preload_dlls alone sufficed.
-# Then python -m benchmarks.gpu_check OUT: OUT/gpu_check.json and OUT/gpu_check.md. On a machine
+# Then python -m benchmarks.gpu.gpu_check OUT: OUT/gpu_check.json and OUT/gpu_check.md. On a machine
 # without a GPU it runs the CPU rows, says that the CUDA rows did not run, and exits 0.
 # PYTHON picks the interpreter (default: .venv/bin/python if there is one, else python3).
 set -euo pipefail
@@ -56,4 +56,4 @@ fi
 if [ ! -f proto/translation/v1/translation_pb2.py ]; then
   PATH="$(dirname "$PYTHON"):$PATH" bash scripts/gen_proto.sh
 fi
-exec "$PYTHON" -m benchmarks.gpu_check "$out" "${install_flags[@]}" "${flags[@]}"
+exec "$PYTHON" -m benchmarks.gpu.gpu_check "$out" "${install_flags[@]}" "${flags[@]}"

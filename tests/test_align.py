@@ -16,7 +16,7 @@ import pytest
 import torch
 from google.protobuf import json_format
 
-from benchmarks import align_modes
+from benchmarks.alignment import align_modes
 from export.metrics.aer import AlignmentCounts, score_sentence
 from export.onnx.to_onnx import export_bundle
 from export.train.checkpoint import save_checkpoint
@@ -506,7 +506,7 @@ def test_the_link_mode_benchmark_runs(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """benchmarks/align_modes.py on a tiny split with diagonal 'gold': one table row per mode."""
+    """benchmarks/alignment/align_modes.py on a tiny split with diagonal 'gold': one table row per mode."""
     sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
     gold = [
         " ".join(f"{i}-{i}" for i in range(min(len(s.split()), len(t.split())))) for s, t in pairs

@@ -1,5 +1,5 @@
 """The audit set (export/data/audit_set.py, `python -m export.data.audit_set`) and its tables
-(benchmarks/audit.py) on the tiny bundle."""
+(benchmarks/quality/audit.py) on the tiny bundle."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytest.importorskip("sacrebleu")
 
 import itertools
 
-from benchmarks import audit as audit_bench
+from benchmarks.quality import audit as audit_bench
 from export.data.audit_set import (
     PARTS_BUCKETS,
     bucket_label,

@@ -1,4 +1,4 @@
-"""benchmarks/compare_bundles.py: the same outputs or exit 1, then the two bundles' speeds."""
+"""benchmarks/importing/compare_bundles.py: the same outputs or exit 1, then the two bundles' speeds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import compare_bundles
+from benchmarks.importing import compare_bundles
 from export.onnx.to_onnx import export_bundle, export_graphs
 from export.train.checkpoint import save_checkpoint
 from export.train.model import Seq2Seq

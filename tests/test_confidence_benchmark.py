@@ -1,4 +1,4 @@
-"""benchmarks/confidence.py's statistics against their definitions, and a run end to end."""
+"""benchmarks/quality/confidence.py's statistics against their definitions, and a run end to end."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import confidence
+from benchmarks.quality import confidence
 from tests.conftest import DEFAULT_BUNDLE, REPO
 
 

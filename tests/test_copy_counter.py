@@ -1,7 +1,8 @@
-"""benchmarks/native/cuda_copy_counter.c, preloaded before a stand-in CUDA runtime: the copies a
+"""benchmarks/gpu/cuda_copy_counter.c, preloaded before a stand-in CUDA runtime: the copies a
 library makes through libcudart's symbols are counted by direction and still happen, and
-benchmarks.gpu reads the counts. (On a GPU host the library is onnxruntime-gpu's CUDA provider and
-the runtime is CUDA's; scripts/gpu_check.sh sets the counts beside the transfer ledger's.)"""
+benchmarks.gpu.decode_loop reads the counts. (On a GPU host the library is onnxruntime-gpu's CUDA
+provider and the runtime is CUDA's; scripts/gpu_check.sh sets the counts beside the transfer
+ledger's.)"""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ int copy_2d(void *d, const void *s, size_t w, size_t h, int kind) {
 SCRIPT = r"""
 import ctypes, json, sys
 sys.path.insert(0, sys.argv[1])
-from benchmarks.gpu import COUNTER
+from benchmarks.gpu.decode_loop import COUNTER
 caller = ctypes.CDLL(sys.argv[2])
 fake = ctypes.CDLL(sys.argv[3])
 fake.fake_device_memory.restype = ctypes.c_void_p
@@ -83,7 +84,7 @@ def build(tmp: Path) -> tuple[Path, Path, Path]:
         check=True,
     )
     subprocess.run([*shared, "-o", str(caller), str(tmp / "caller.c"), str(cudart)], check=True)
-    source = REPO / "benchmarks" / "native" / "cuda_copy_counter.c"
+    source = REPO / "benchmarks" / "gpu" / "cuda_copy_counter.c"
     subprocess.run([*shared, "-o", str(counter), str(source), "-ldl"], check=True)
     return cudart, caller, counter
 
@@ -111,7 +112,7 @@ def test_preloaded_counter_counts_host_to_device_bytes_and_the_copies_still_happ
 
 
 def test_without_the_counter_preloaded_the_benchmark_reports_no_measured_bytes() -> None:
-    from benchmarks.gpu import CopyCounter
+    from benchmarks.gpu.decode_loop import CopyCounter
 
     assert "LD_PRELOAD" not in os.environ or "cuda_copy_counter" not in os.environ["LD_PRELOAD"]
     assert CopyCounter().snapshot() is None

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.placement import profile_bundle
+from benchmarks.gpu.placement import profile_bundle
 from benchmarks.sample_texts import bundle_texts
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
@@ -45,8 +45,8 @@ def test_require_provider_passes_and_the_diagnosis_sees_cuda() -> None:
 @pytest.mark.parametrize("bundle", BUNDLES, ids=lambda p: p.name)
 def test_every_computing_node_runs_on_cuda_and_the_step_copies_nothing_inside(bundle: Path) -> None:
     """Shape arithmetic (sizes computed from Shape outputs) is ONNX Runtime's to place on the CPU,
-    where shapes live (benchmarks/placement.py); every other node runs on CUDA, and no Memcpy node
-    sits inside the decoder step."""
+    where shapes live (benchmarks/gpu/placement.py); every other node runs on CUDA, and no Memcpy
+    node sits inside the decoder step."""
     encoder, *steps = profile_bundle(bundle, "cuda", bundle_texts(bundle)[:6])
     assert [g.graph for g in steps] == ["decoder_step", "search_step"]  # both searches' steps
     for graph in (encoder, *steps):

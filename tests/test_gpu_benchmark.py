@@ -1,11 +1,11 @@
-"""benchmarks.gpu runs on a machine without a GPU: CPU rows only, with the ledger's bytes per step,
+"""benchmarks.gpu.decode_loop runs on a machine without a GPU: CPU rows only, with the ledger's bytes per step,
 both searches side by side."""
 
 from __future__ import annotations
 
 import argparse
 
-from benchmarks import gpu
+from benchmarks.gpu import decode_loop as gpu
 
 
 def test_gpu_benchmark_runs_on_the_cpu_provider_and_reports_bytes_per_step() -> None:

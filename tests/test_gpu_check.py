@@ -90,9 +90,9 @@ def test_one_architecture_is_kept_and_the_rest_zeroed_in_place() -> None:
 
 def test_the_verdicts_put_the_float16_step_beside_the_float32_one() -> None:
     """On CUDA the decode stage measures the device search over the float16 decoder step too
-    (benchmarks.gpu's device-fp16 rows); the report says how fast it is against the float32 step,
-    row by row of the same run, and the aims stay the float32 device search's."""
-    from benchmarks import gpu_check
+    (benchmarks.gpu.decode_loop's device-fp16 rows); the report says how fast it is against the
+    float32 step, row by row of the same run, and the aims stay the float32 device search's."""
+    from benchmarks.gpu import gpu_check
 
     def row(search: str, static: float, churn: float) -> dict[str, object]:
         figures = {"outside_run_share": 0.2}

@@ -1,4 +1,4 @@
-"""benchmarks/grc_en.py and its baselines, on tiny inputs (the tiny model, a few lines of data)."""
+"""benchmarks/alignment/grc_en.py and its baselines, on tiny inputs (the tiny model, a few lines of data)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import grc_en
-from benchmarks.grc_en_baselines import TranslationMemory, eflomal_directions, fold
+from benchmarks.alignment import grc_en
+from benchmarks.alignment.grc_en_baselines import TranslationMemory, eflomal_directions, fold
 from export.data import bible
 from export.metrics.aer import parse_pharaoh
 from tests.conftest import TinyModel

@@ -1,4 +1,4 @@
-"""benchmarks/grc_en_dev.py: dev scores per decoding setting, for choosing a model without John."""
+"""benchmarks/quality/grc_en_dev.py: dev scores per decoding setting, for choosing a model without John."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import grc_en_dev
+from benchmarks.quality import grc_en_dev
 from tests.conftest import TinyModel
 
 

@@ -1,5 +1,5 @@
-"""benchmarks/import_bible_table.py's parts that need no toolkit: the interleaved timing it shares
-with benchmarks/import_speed.py, the int8 copy of a bundle, and the table it prints."""
+"""benchmarks/importing/import_bible_table.py's parts that need no toolkit: the interleaved timing it shares
+with benchmarks/importing/import_speed.py, the int8 copy of a bundle, and the table it prints."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import import_bible_table, import_speed
+from benchmarks.importing import import_bible_table, import_speed
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.options import SearchOptions

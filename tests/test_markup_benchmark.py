@@ -1,11 +1,11 @@
-"""benchmarks/markup.py's own pieces, without a model: the spans drawn, the tagged sources and
+"""benchmarks/alignment/markup.py's own pieces, without a model: the spans drawn, the tagged sources and
 answers read back, the naive projection, the tagged verses of the translate part and their checks."""
 
 from __future__ import annotations
 
 import random
 
-from benchmarks.markup import (
+from benchmarks.alignment.markup import (
     Score,
     Span,
     check_answer,

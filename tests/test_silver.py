@@ -98,7 +98,8 @@ def test_silver_links_vote_over_runs_then_attach_what_is_left_unaligned() -> Non
     assert score_corpus(links, gold).aer < 0.1
     record = cfg.eflomal_settings()
     assert (record["runs"], record["min_votes"], record["attach_unaligned"]) == (3, 2, "right")
-    # what the manifest records reads back as the same teacher (benchmarks/grc_en_silver.py)
+    # what the manifest records reads back as the same teacher
+    # (benchmarks/alignment/grc_en_silver.py)
     assert AlignmentConfig.from_record(record | {"pairs": 160, "seconds": 1.0}) == cfg
 
 

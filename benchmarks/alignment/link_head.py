@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from benchmarks.align_modes import read_split
+from benchmarks.alignment.align_modes import read_split
 from service.decode.aligner import align, prepare_pair
 from service.decode.alignment import mean_pool
 from service.decode.config import EngineLimits, RuntimeConfig

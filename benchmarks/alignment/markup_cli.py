@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.align_modes import read_split
+from benchmarks.alignment.align_modes import read_split
 from benchmarks.alignment.link_head import read_graph, report, with_head
 from service.model import markup
 

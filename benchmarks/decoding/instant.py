@@ -120,21 +120,14 @@ def encoder_graph() -> onnx.ModelProto:
     )
 
 
-def decoder_graph(seed: int = 0) -> onnx.ModelProto:
-    """tokens (N,), state (R, 2), reorder (N,), values, keys (B, S, 1), mask (B, S), k () →
-    log_probs (N, k), token_ids (N, k), new_state (N, 2), attention (N, S).
-
-    The top k needs no sort: each previous token's row of the table is stored sorted (the end of
-    sentence left out), and the end of sentence is either last (before the sentence's step L: its
-    logit -EOS_LOGIT) or first (past step L: +EOS_LOGIT). A TopK over the vocabulary would
-    cost ~0.2 µs a row in ONNX Runtime's CPU kernel (a heap per row), 250 µs a step at 1,280
-    hypotheses: more than the search this model is for measuring."""
+def _sorted_tables(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The step's whole model: log-probs (2V, V) float32 and their token ids (2V, V) int64, one row
+    per previous token, sorted best first. Rows 0..V-1: before the sentence's step L (the end of
+    sentence at -EOS_LOGIT: last of the words); rows V..2V-1: past it (at +EOS_LOGIT: first)."""
     rng = np.random.default_rng(seed)
     logits = rng.normal(0.0, 1.0, (VOCAB, VOCAB))  # (V, V) next-token logits by previous token
     logits[:, :EOS_ID] = -30.0  # never pad or BOS
     tables, ids = [], []
-    # rows 0..V-1: before the sentence's step L (the end of sentence at -EOS_LOGIT: last of the
-    # words); rows V..2V-1: past it (at +EOS_LOGIT: first); each row sorted, best first
     for eos_logit in (-EOS_LOGIT, EOS_LOGIT):
         row = logits.copy()
         row[:, EOS_ID] = eos_logit
@@ -145,8 +138,14 @@ def decoder_graph(seed: int = 0) -> onnx.ModelProto:
         ids.append(order)
     table = np.concatenate(tables).astype(np.float32)  # (2V, V)
     table_ids = np.concatenate(ids).astype(np.int64)  # (2V, V)
+    return table, table_ids
+
+
+def _top_k_nodes() -> list[onnx.NodeProto]:
+    """state (R, 2) (L, step) followed by `reorder`, one step on; the table's row by the previous
+    token and whether step L is past; its first k entries: log_probs, token_ids (N, k)."""
     n = helper.make_node
-    nodes = [
+    return [
         n("Gather", ["state", "reorder"], ["followed"], axis=0),  # (N, 2)
         n("Split", ["followed"], ["target_len", "last_step"], axis=1),  # (N, 1) each
         # (N, 1) + (1, 1): ONNX Runtime's CPU kernel broadcasts a 0-d scalar over a (N, 1) column
@@ -163,7 +162,13 @@ def decoder_graph(seed: int = 0) -> onnx.ModelProto:
         n("Slice", ["ids", "zero", "k1", "one"], ["top_ids"]),  # (2V, k)
         n("Gather", ["top", "row"], ["log_probs"], axis=0),  # (N, k)
         n("Gather", ["top_ids", "row"], ["token_ids"], axis=0),  # (N, k)
-        # the fixed attention: each hypothesis reads its sentence's row of keys
+    ]
+
+
+def _attention_nodes() -> list[onnx.NodeProto]:
+    """The fixed attention (N, S): each hypothesis reads its sentence's row of keys."""
+    n = helper.make_node
+    return [
         n("Shape", ["tokens"], ["N"]),  # (1,)
         n("Shape", ["mask"], ["mask_shape"]),  # (2,) B, S
         n("Split", ["mask_shape"], ["B", "S"], axis=0),  # (1,) each
@@ -174,6 +179,19 @@ def decoder_graph(seed: int = 0) -> onnx.ModelProto:
         n("Expand", ["keys_t", "expanded_shape"], ["expanded"]),  # (B, K, S)
         n("Reshape", ["expanded", "attention_shape"], ["attention"]),  # (N, S)
     ]
+
+
+def decoder_graph(seed: int = 0) -> onnx.ModelProto:
+    """tokens (N,), state (R, 2), reorder (N,), values, keys (B, S, 1), mask (B, S), k () →
+    log_probs (N, k), token_ids (N, k), new_state (N, 2), attention (N, S).
+
+    The top k needs no sort: each previous token's row of the table is stored sorted (the end of
+    sentence left out), and the end of sentence is either last (before the sentence's step L: its
+    logit -EOS_LOGIT) or first (past step L: +EOS_LOGIT). A TopK over the vocabulary would
+    cost ~0.2 µs a row in ONNX Runtime's CPU kernel (a heap per row), 250 µs a step at 1,280
+    hypotheses: more than the search this model is for measuring."""
+    table, table_ids = _sorted_tables(seed)
+    nodes = [*_top_k_nodes(), *_attention_nodes()]
     inits = [
         _const("table", table),
         _const("ids", table_ids),

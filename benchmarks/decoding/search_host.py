@@ -15,9 +15,9 @@ finished sentence to text and alignment, the same for both, is left out):
   the n-best lists) / 30;
 - **churn**: B sentences running, each ending at its own length (drawn between L/2 and 3L/2
   steps, L = min(B, 256): about one sentence leaves a step up to 256 sentences, as in
-  benchmarks.gpu's churn, and four at 1,024, whose sentences would otherwise live a thousand steps);
-  before each step the batch is filled up to B again from a pool of encoded sentences: µs a step
-  over `--steps` steps, after B warm-up steps.
+  benchmarks.gpu.decode_loop's churn, and four at 1,024, whose sentences would otherwise live a
+  thousand steps); before each step the batch is filled up to B again from a pool of encoded
+  sentences: µs a step over `--steps` steps, after B warm-up steps.
 
 The host's µs are CPU time (`time.thread_time`: the search runs in this thread, ONNX Runtime's
 single intra-op thread included): on this shared 2-core machine the wall clock also counts the

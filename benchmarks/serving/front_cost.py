@@ -5,7 +5,7 @@ at once behind the real channel (benchmarks/serving/instant_engine.py).
         [--repeat 3] [--channels 16 1] [--log-level INFO] [--profile OUT.prof] [--json PATH]
 
 The front is started exactly as the supervisor starts one (`python -m service.serve.server --role
-front`), on one engine: the instant one. The request is benchmarks.served's: one text of the
+front`), on one engine: the instant one. The request is benchmarks.serving.served's: one text of the
 bundle's sample texts, beam 5, n-best 2, word alignment. Closed-loop clients in another process
 (grpc.aio, the request serialized once, the answer left as bytes: the client costs little) send
 one at a time each, over `--channels` HTTP/2 connections. Over the measured window the front's

@@ -6,13 +6,13 @@
         --layout "1 front, 2 engines x 1 thread=--engines 2 --intra-op-threads 1" [--json PATH]
 
 Each layout is `NAME=FLAGS`: the server started as users start it (`python -m service.serve.server`
-with those flags; "default" with none, so on this machine's cores), measured by benchmarks.served's
-closed loop (`--users` clients in `--client-processes` processes, one text of the bundle's sample
-texts a request, beam 5, n-best 2, word alignment; requests that start and end inside the window
-count). `--baseline DIR` adds the server of another checkout (today's single-process server: `git
-archive` of the commit before the split, with the generated stubs copied in), started from DIR.
-The layouts take turns `--repeat` times, so that a machine shared with other work weighs on each
-alike; the report gives every run and each layout's median.
+with those flags; "default" with none, so on this machine's cores), measured by
+benchmarks.serving.served's closed loop (`--users` clients in `--client-processes` processes, one
+text of the bundle's sample texts a request, beam 5, n-best 2, word alignment; requests that start
+and end inside the window count). `--baseline DIR` adds the server of another checkout (today's
+single-process server: `git archive` of the commit before the split, with the generated stubs copied
+in), started from DIR. The layouts take turns `--repeat` times, so that a machine shared with other
+work weighs on each alike; the report gives every run and each layout's median.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.sample_texts import bundle_texts
-from benchmarks.served import measure
+from benchmarks.serving.served import measure
 from loadtest.harness import LocalServer, RunFailed
 
 REPO = Path(__file__).resolve().parent.parent.parent

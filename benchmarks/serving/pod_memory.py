@@ -5,7 +5,7 @@
 
 Starts the server on the repository (every model loaded, as the images serve it), reads each
 process's VmRSS (the supervisor and its children, by role from its log), loads it with
-benchmarks.served's closed loop on the Greek model (the largest: beam 5, n-best 2, word
+benchmarks.serving.served's closed loop on the Greek model (the largest: beam 5, n-best 2, word
 alignment), and reads them again.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.sample_texts import bundle_texts
-from benchmarks.served import measure
+from benchmarks.serving.served import measure
 from loadtest.harness import LocalServer
 
 REPO = Path(__file__).resolve().parent.parent.parent

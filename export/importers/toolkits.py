@@ -5,10 +5,11 @@
 trains one tiny subword model with the toolkit's own command line (a minute on 2 cores) and prints
 what it wrote: a checkpoint to try s2s-import on (docs/import.md walks through it).
 
-The import tests and benchmarks/import_speed.py use these to make real checkpoints in seconds and to
-get each toolkit's own translations of the same sentences. The task: random sentences over 40
-lower-case words, the target the source reversed and upper-cased (so source and target vocabularies
-differ). Both toolkits must be installed (the `import` extra plus scripts/install_toolkits.sh).
+The import tests and benchmarks/importing/import_speed.py use these to make real checkpoints in
+seconds and to get each toolkit's own translations of the same sentences. The task: random sentences
+over 40 lower-case words, the target the source reversed and upper-cased (so source and target
+vocabularies differ). Both toolkits must be installed (the `import` extra plus
+scripts/install_toolkits.sh).
 """
 
 from __future__ import annotations

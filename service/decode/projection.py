@@ -36,9 +36,9 @@ from service.model.markup import Code, Element, Marked, Node
 Link = tuple[int, int]  # (source word, target word)
 
 # A target word is inside an element when more than this share of its weight falls on the
-# element's source words. Chosen on the Greek model's dev split (benchmarks/markup.py, 418 verses,
-# one tagged span each, three draws): exact span with grc-en-nt's / grc-en-nt-silver's link head
-# 0.719 / 0.570 at 0.5, against 0.717 / 0.566 at 0.4 and 0.693 / 0.565 at 0.6 (the first to the
+# element's source words. Chosen on the Greek model's dev split (benchmarks/alignment/markup.py, 418
+# verses, one tagged span each, three draws): exact span with grc-en-nt's / grc-en-nt-silver's link
+# head 0.719 / 0.570 at 0.5, against 0.717 / 0.566 at 0.4 and 0.693 / 0.565 at 0.6 (the first to the
 # last linked word: 0.656 / 0.506; each target word's source softmax alone, without agreement,
 # 0.707 / 0.571). Other readings of the scores (sigmoids, span-level and learned interval scorers)
 # did not reach the floors on dev either (docs/markup.md, Align with markup). The head retrained

@@ -163,8 +163,8 @@ def make_session(
     shared: SharedWeights | None = None,
 ) -> ort.InferenceSession:
     """A session on the configured providers; with `profile_prefix`, ONNX Runtime's profiler on
-    (benchmarks/placement.py reads which provider ran each node from it); `shared`: the weights it
-    reads instead of its own copy."""
+    (benchmarks/gpu/placement.py reads which provider ran each node from it); `shared`: the weights
+    it reads instead of its own copy."""
     options = ort.SessionOptions()
     if shared is not None:
         shared.add_to(options)
@@ -508,7 +508,7 @@ class OnnxModel:
         self._forced_made = False
         self._forced_lock = threading.Lock()
         # the device search's sessions (service/decode/device_search.py), made on first use; with
-        # a profile prefix, under ONNX Runtime's profiler (benchmarks/placement.py)
+        # a profile prefix, under ONNX Runtime's profiler (benchmarks/gpu/placement.py)
         # (at most config.max_search_sessions, the least recently used dropped first: a session
         # holds its packed weights, 9 MiB on grc-en-nt)
         self._searches: OrderedDict[SearchVariant, ort.InferenceSession] = OrderedDict()
@@ -556,7 +556,7 @@ class OnnxModel:
             return session
 
     def search_graph(self, variant: SearchVariant) -> onnx.ModelProto:
-        """The graph `search_session(variant)` runs (for inspection: benchmarks/placement.py)."""
+        """The graph `search_session(variant)` runs (for inspection: benchmarks/gpu/placement.py)."""
         V = self.bundle.architecture.tgt_vocab_size
         model = self._decoder_model()
         topk_reads_k_on_the_host(model)

@@ -25,10 +25,10 @@ The join (`join_hypotheses`), for one input of segments 1..n:
 - score and log_prob are summed; finished is true when every segment finished;
 - confidence is the geometric-mean token probability over every token the model scored (each
   segment's tokens and end-of-sentence; the separators' pieces are not the model's): exp(sum of
-  log_probs / sum of scored tokens). benchmarks/confidence.py compared it with the lowest segment's
-  confidence: on models/default with these rules, AUROC 0.986 against 0.973, and 48% of the inputs
-  accepted at 99% precision against 18% (a short segment's mean is noisy: the minimum over many
-  segments is low for right answers too);
+  log_probs / sum of scored tokens). benchmarks/quality/confidence.py compared it with the lowest
+  segment's confidence: on models/default with these rules, AUROC 0.986 against 0.973, and 48% of
+  the inputs accepted at 99% precision against 18% (a short segment's mean is noisy: the minimum
+  over many segments is low for right answers too);
 - the alignment is block-diagonal over the source pieces (segment pieces and separator pieces, in
   order): segment k's matrix in its own block; each separator's target pieces attend uniformly to
   that separator's source pieces (each row 1/len); everything else is 0, so every row still sums to 1.

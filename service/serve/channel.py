@@ -1,8 +1,9 @@
 """The channel between front processes and engine processes: the only module that knows the wire.
 
-ZeroMQ (pyzmq) carries the messages and msgspec's msgpack encodes them (benchmarks/serving/
-channel.py chose it by measurement: 4x faster than msgpack's own package on a job, 3x on results); a numpy array travels as its raw bytes (a msgpack extension: dtype,
-shape, buffer), never as a list of numbers. An engine binds a ROUTER socket (`ipc://` between
+ZeroMQ (pyzmq) carries the messages and msgspec's msgpack encodes them
+(benchmarks/serving/zmq_channel.py chose it by measurement: 4x faster than msgpack's own package on
+a job, 3x on results); a numpy array travels as its raw bytes (a msgpack extension: dtype, shape,
+buffer), never as a list of numbers. An engine binds a ROUTER socket (`ipc://` between
 processes, `inproc://` in the single-process mode, where both halves share one process); each
 front connects one DEALER socket to it. A message is one frame: a list whose first item says what
 it is.

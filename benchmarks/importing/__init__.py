@@ -1,0 +1,10 @@
+"""Imported models (s2s-import) beside the toolkits that trained them, on the same weights.
+
+- import_speed: decode-only throughput against OpenNMT-py and Joey NMT;
+- import_bible_table: our Greek→English model beside the same split's OpenNMT-py and Joey NMT
+  models, imported: quality and speed on John in one table;
+- marian_side_by_side: Marian's s2s models beside their import: fidelity, quality and speed;
+- onmt_controls_john: the decoding controls against onmt_translate's, verse by verse on John;
+- compare_bundles: two bundles of one model (an export change, a re-import): the same outputs, and
+  which decodes faster.
+"""
