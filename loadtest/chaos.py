@@ -60,6 +60,11 @@ MAX_DURATION_S = 2 * 3600
 GATHER_S = 5.0  # service/serve/pod_metrics.py's: what a killed process's counts may lag by
 SCORE_TOLERANCE = 1e-3
 DEADLINE_SLACK_S = 1.0
+# A request a client sends on its connection to a front in the moment that front is killed fails
+# with the transport's reset before the client has seen the connection close: the front died
+# holding it. How long after the kill (as this tool reads its clock), and what the reset says:
+FRONT_RESET_S = 1.0
+TRANSPORT_RESETS = ("Stream removed", "Connection reset", "Socket closed", "failed to connect")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -230,9 +235,18 @@ class Report:
 
 
 def held(outcome: closed_loop.Outcome, kills: Sequence[Event]) -> bool:
-    """Whether the request was in flight when a process was killed."""
+    """Whether the request was in flight when a process was killed, or sent on the connection of a
+    front killed a moment before and failed by the transport's reset."""
     end = outcome.started + outcome.seconds
-    return any(outcome.started <= k.at <= end for k in kills)
+    return any(outcome.started <= k.at <= end or reset_by_front_kill(outcome, k) for k in kills)
+
+
+def reset_by_front_kill(outcome: closed_loop.Outcome, kill: Event) -> bool:
+    return (
+        kill.what.startswith("front-")
+        and kill.at <= outcome.started <= kill.at + FRONT_RESET_S
+        and any(reset in outcome.details for reset in TRANSPORT_RESETS)
+    )
 
 
 def lost_by_kills(outcomes: Sequence[closed_loop.Outcome], kills: Sequence[Event]) -> int:
@@ -334,7 +348,13 @@ def run(args: argparse.Namespace) -> Report:
     report.answered = sum(1 for o in outcomes if o.code == "OK")
     report.cancelled = sum(1 for o in outcomes if o.code == closed_loop.CANCELLED_BY_CLIENT)
     report.failed = [
-        {"kind": o.kind, "code": o.code, "details": o.details[:200], "held": held(o, kills)}
+        {
+            "kind": o.kind,
+            "code": o.code,
+            "details": o.details[:200],
+            "at": round(o.started - t0, 2),
+            "held": held(o, kills),
+        }
         for o in outcomes
         if o.code not in ("OK", closed_loop.CANCELLED_BY_CLIENT)
     ]

@@ -151,3 +151,21 @@ def test_a_20_second_soak_passes_and_writes_its_report(tmp_path: Path) -> None:
     assert (out / "rss.png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
     for name in ("locust_stats.csv", "server.log", "metrics.txt", "summary.json"):
         assert (out / name).is_file(), name
+
+
+def test_the_chaos_soak_counts_a_failure_held_only_when_a_kill_explains_it() -> None:
+    from loadtest.chaos import Event, held
+    from loadtest.closed_loop import Outcome
+
+    front = Event(at=100.0, what="front-0", pid=1)
+    engine = Event(at=100.0, what="engine-0", pid=2)
+    reset = "Stream removed (recvmsg:Connection reset by peer (104))"
+    in_flight = Outcome("t", started=99.0, seconds=2.0, code="UNAVAILABLE", details="engine died")
+    assert held(in_flight, [engine]) and held(in_flight, [front])
+    # sent on the dead front's connection a moment after its kill: the reset is the front's doing
+    after_front = Outcome("t", started=100.3, seconds=0.01, code="UNAVAILABLE", details=reset)
+    assert held(after_front, [front])
+    assert not held(after_front, [engine])  # an engine's kill resets no client connection
+    assert not held(Outcome("t", 100.3, 0.01, "UNAVAILABLE", "engine died"), [front])
+    assert not held(Outcome("t", 102.0, 0.01, "UNAVAILABLE", reset), [front])  # too late
+    assert not held(Outcome("t", 99.0, 0.5, "UNAVAILABLE", reset), [front])  # ended before it
