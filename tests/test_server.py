@@ -32,7 +32,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 import service.serve.engine_host
-import service.serve.server
+import service.serve.grpc_api
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli.client import TranslatorClient
@@ -1090,11 +1090,11 @@ def test_a_cancellation_at_the_client_deadline_counts_as_a_deadline() -> None:
     the server while the server's view of the same deadline (taken when the request arrived, later)
     still has a few milliseconds left: one expiry in 27 was counted CANCELLED for that. Within the
     margin it is DEADLINE_EXCEEDED; a cancel well before the deadline, or with none, stays CANCELLED."""
-    assert service.serve.server.cancel_code(-0.5) == Code.DEADLINE_EXCEEDED
-    assert service.serve.server.cancel_code(0.004) == Code.DEADLINE_EXCEEDED
+    assert service.serve.grpc_api.cancel_code(-0.5) == Code.DEADLINE_EXCEEDED
+    assert service.serve.grpc_api.cancel_code(0.004) == Code.DEADLINE_EXCEEDED
     assert (
-        service.serve.server.cancel_code(service.serve.server.DEADLINE_MARGIN_S)
+        service.serve.grpc_api.cancel_code(service.serve.grpc_api.DEADLINE_MARGIN_S)
         == Code.DEADLINE_EXCEEDED
     )
-    assert service.serve.server.cancel_code(2.0) == Code.CANCELLED
-    assert service.serve.server.cancel_code(None) == Code.CANCELLED
+    assert service.serve.grpc_api.cancel_code(2.0) == Code.CANCELLED
+    assert service.serve.grpc_api.cancel_code(None) == Code.CANCELLED
