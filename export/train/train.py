@@ -295,17 +295,6 @@ def lowercase_sources(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(s.lower(), t) for s, t in pairs]
 
 
-def dev_bleu(
-    model: Seq2Seq,
-    pairs: list[tuple[str, str]],
-    src_tok: Tokenizer,
-    tgt_tok: Tokenizer,
-    device: torch.device,
-) -> float:
-    hyps = translate_greedy(model, [src_tok.encode(s) for s, _ in pairs], tgt_tok, device)
-    return float(sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score)
-
-
 def train_step(
     model: Seq2Seq,
     batch: Batch,
