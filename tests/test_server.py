@@ -32,7 +32,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 import service.serve.engine_host
-import service.serve.server
+import service.serve.grpc_api
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli.client import TranslatorClient
@@ -928,6 +928,81 @@ def handled_requests(log_text: str) -> dict[str, str]:
     return handled
 
 
+# (request id, sent, answered, code), the times by time.monotonic()
+CallRecord = tuple[str, float, float, grpc.StatusCode]
+
+
+class TranslateLoad:
+    """`clients` threads each sending `request(request_id)` in a loop, every call recorded in
+    `results`; once `sigterm_sent` is set, a client stops at its first call that is not OK."""
+
+    def __init__(
+        self,
+        stub: pb_grpc.TranslatorStub,
+        request: Callable[[str], pb.TranslateRequest],
+        clients: int = 4,
+    ) -> None:
+        self.stub, self.request = stub, request
+        self.results: list[CallRecord] = []
+        self.lock, self.sigterm_sent = threading.Lock(), threading.Event()
+        self.threads = [
+            threading.Thread(target=self.client, args=(f"client{i}",)) for i in range(clients)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def client(self, name: str) -> None:
+        for n in range(10_000):
+            request_id, sent = f"{name}-{n}", time.monotonic()
+            try:
+                self.stub.Translate(self.request(request_id), timeout=WAIT_S)
+                code = Code.OK
+            except grpc.RpcError as err:
+                code = err.code()  # type: ignore[attr-defined]
+            with self.lock:
+                self.results.append((request_id, sent, time.monotonic(), code))
+            if self.sigterm_sent.is_set() and code != Code.OK:
+                return
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join(WAIT_S)
+
+
+def translate_in_flight(metrics_port: int) -> float:
+    """s2s_requests_in_flight{method="Translate"}, read from the server's /metrics."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as page:
+        for line in page.read().decode().splitlines():
+            if line.startswith('s2s_requests_in_flight{method="Translate"}'):
+                return float(line.split()[-1])
+    raise AssertionError("no s2s_requests_in_flight in /metrics")
+
+
+def assert_drained(results: list[CallRecord], handled: dict[str, str], sigterm_at: float) -> None:
+    """Each call a handler took got the code the server's log gives it, OK or UNAVAILABLE (refused
+    while draining), and OK when sent over 1 s before the SIGTERM; a call no handler took was
+    refused UNAVAILABLE, sent no earlier than 1 s before the SIGTERM; a call in flight across the
+    SIGTERM was answered OK."""
+    report = [
+        (rid, round(sent - sigterm_at, 3), round(answered - sigterm_at, 3), code.name)
+        for rid, sent, answered, code in results
+    ]
+    for request_id, sent, _, code in results:
+        if request_id in handled:  # accepted → OK; refused while draining → UNAVAILABLE
+            assert handled[request_id] == code.name and code in (Code.OK, Code.UNAVAILABLE), report
+        else:  # never reached a handler: sent after the listener closed
+            assert code == Code.UNAVAILABLE and sent > sigterm_at - 1.0, report
+    assert any(
+        sent < sigterm_at < answered and code == Code.OK for _, sent, answered, code in results
+    ), report
+    assert all(
+        handled[rid] == "OK"
+        for rid, sent, _, _ in results
+        if rid in handled and sent < sigterm_at - 1.0
+    )
+
+
 @pytest.mark.slow
 def test_sigterm_drains_a_loaded_server_process(
     bundle: Path, texts: list[str], tmp_path: Path
@@ -958,67 +1033,23 @@ def test_sigterm_drains_a_loaded_server_process(
                 return False
 
         wait_for(serving, "the server process to be SERVING", timeout=60)
-        stub = pb_grpc.TranslatorStub(channel)
         batch = sorted(texts, key=len, reverse=True)[:12]
         o = Opts(beam=5, max_length=128)
-        # (request id, sent, answered, code)
-        results: list[tuple[str, float, float, grpc.StatusCode]] = []
-        lock, sigterm_sent = threading.Lock(), threading.Event()
-
-        def client(name: str) -> None:
-            for n in range(10_000):
-                request_id, sent = f"{name}-{n}", time.monotonic()
-                try:
-                    stub.Translate(o.request(batch, request_id=request_id), timeout=WAIT_S)
-                    code = Code.OK
-                except grpc.RpcError as err:
-                    code = err.code()  # type: ignore[attr-defined]
-                with lock:
-                    results.append((request_id, sent, time.monotonic(), code))
-                if sigterm_sent.is_set() and code != Code.OK:
-                    return
-
-        threads = [threading.Thread(target=client, args=(f"client{i}",)) for i in range(4)]
-        for t in threads:
-            t.start()
-
-        def in_flight() -> float:
-            url = f"http://127.0.0.1:{metrics_port}/metrics"
-            with urllib.request.urlopen(url, timeout=5) as page:
-                for line in page.read().decode().splitlines():
-                    if line.startswith('s2s_requests_in_flight{method="Translate"}'):
-                        return float(line.split()[-1])
-            raise AssertionError("no s2s_requests_in_flight in /metrics")
-
-        wait_for(lambda: len(results) >= 4, "some load to have been served")
-        wait_for(lambda: in_flight() >= 2, "requests to be in the server's handlers")
+        load = TranslateLoad(
+            pb_grpc.TranslatorStub(channel), lambda request_id: o.request(batch, request_id)
+        )
+        wait_for(lambda: len(load.results) >= 4, "some load to have been served")
+        wait_for(
+            lambda: translate_in_flight(metrics_port) >= 2,
+            "requests to be in the server's handlers",
+        )
         sigterm_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        sigterm_sent.set()
-        for t in threads:
-            t.join(WAIT_S)
+        load.sigterm_sent.set()
+        load.join()
         assert proc.wait(grace) == 0
         assert time.monotonic() - sigterm_at < grace
-        handled = handled_requests(log_path.read_text())
-        report = [
-            (rid, round(sent - sigterm_at, 3), round(answered - sigterm_at, 3), code.name)
-            for rid, sent, answered, code in results
-        ]
-        for request_id, sent, _, code in results:
-            if request_id in handled:  # accepted → OK; refused while draining → UNAVAILABLE
-                assert handled[request_id] == code.name and code in (Code.OK, Code.UNAVAILABLE), (
-                    report
-                )
-            else:  # never reached a handler: sent after the listener closed
-                assert code == Code.UNAVAILABLE and sent > sigterm_at - 1.0, report
-        assert any(
-            sent < sigterm_at < answered and code == Code.OK for _, sent, answered, code in results
-        ), report
-        assert all(
-            handled[rid] == "OK"
-            for rid, sent, _, _ in results
-            if rid in handled and sent < sigterm_at - 1.0
-        )
+        assert_drained(load.results, handled_requests(log_path.read_text()), sigterm_at)
     finally:
         channel.close()
         if proc.poll() is None:
@@ -1091,11 +1122,11 @@ def test_a_cancellation_at_the_client_deadline_counts_as_a_deadline() -> None:
     the server while the server's view of the same deadline (taken when the request arrived, later)
     still has a few milliseconds left: one expiry in 27 was counted CANCELLED for that. Within the
     margin it is DEADLINE_EXCEEDED; a cancel well before the deadline, or with none, stays CANCELLED."""
-    assert service.serve.server.cancel_code(-0.5) == Code.DEADLINE_EXCEEDED
-    assert service.serve.server.cancel_code(0.004) == Code.DEADLINE_EXCEEDED
+    assert service.serve.grpc_api.cancel_code(-0.5) == Code.DEADLINE_EXCEEDED
+    assert service.serve.grpc_api.cancel_code(0.004) == Code.DEADLINE_EXCEEDED
     assert (
-        service.serve.server.cancel_code(service.serve.server.DEADLINE_MARGIN_S)
+        service.serve.grpc_api.cancel_code(service.serve.grpc_api.DEADLINE_MARGIN_S)
         == Code.DEADLINE_EXCEEDED
     )
-    assert service.serve.server.cancel_code(2.0) == Code.CANCELLED
-    assert service.serve.server.cancel_code(None) == Code.CANCELLED
+    assert service.serve.grpc_api.cancel_code(2.0) == Code.CANCELLED
+    assert service.serve.grpc_api.cancel_code(None) == Code.CANCELLED

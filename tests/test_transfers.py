@@ -26,7 +26,7 @@ from service.decode.preparation import DecodeRequest, Prepared
 from service.decode.runtime import EncodedSentence, OnnxModel
 from service.decode.search import HostSearch
 from service.decode.search_graph import PARAMS
-from service.decode.transfers import DIRECTIONS, REASONS, TransferLedger
+from service.decode.transfers import DIRECTIONS, REASONS, TransferLedger, TransferTotals
 from service.serve.metrics import Metrics
 from tests.conftest import DEFAULT_BUNDLE, needs_cuda
 
@@ -116,6 +116,59 @@ class StepRecord:
     feeding: bool  # sentences were still waiting to join
 
 
+def joining_requests(
+    joining: list[tuple[int, Prepared]], rng: random.Random
+) -> list[DecodeRequest]:
+    """The joining sentences as requests, each with a random short length limit."""
+    return [
+        DecodeRequest(
+            i,
+            sentence,
+            SearchOptions(beam_size=BEAM, max_length_a=1.0, max_length_b=rng.randint(2, 8)),
+            "none",
+        )
+        for i, sentence in joining
+    ]
+
+
+def host_search_bytes(N: int, k: int, S: int, finished: int) -> tuple[int, int]:
+    """The host search's (step, leave) bound: each step's tokens, back-pointers, k, top-k and
+    attention rows; each leave's moved rows' indices and a refit's pads."""
+    step_bytes = N * (8 + 8) + 8 + N * k * (4 + 8) + N * S * 4
+    leave_bytes = 2 * 8 * finished + 32 * 8
+    return step_bytes, leave_bytes
+
+
+def device_search_bytes(
+    moved: TransferTotals,
+    device: DeviceSearch,
+    running: int,
+    B_before: int,
+    n: int,
+    left_before: int,
+    S: int,
+) -> tuple[int, int]:
+    """The device search's (step, leave) bound, its step's copies checked on the way: one done
+    flag per sentence, no top-k and no attention, and nothing else on a step where nobody joined,
+    left or finished."""
+    N = running * BEAM
+    W = device.sentence_rows
+    assert moved.by_reason()["topk"] == moved.by_reason()["attention"] == 0
+    changed = bool(n or left_before)
+    # the done flags; when sentences joined or left, the index array that picks the batch
+    # and the joining sentences' fields, tokens and back-pointers, and settings
+    join_fields = n * (W + 2 * BEAM + len(PARAMS)) * 8
+    step_bytes = running + (8 * running + join_fields if changed else 0)
+    step_bytes += 2 * 2 * 8 * N  # the index buffers grown, when the batch outgrows them
+    T = S + 8  # the longest a sentence of this workload decodes (max_length_a 1, b <= 8)
+    done = B_before - len(device)  # entries (segments) done at this step
+    assert moved.by_reason()["done"] == running == B_before  # one flag per sentence
+    if not changed and not done:  # nobody joined, left or finished: the flags, nothing else
+        assert moved.total_bytes == running, moved.bytes
+    leave_bytes = done * (W * 8 + T * BEAM * (2 + S) * 4 + 2 * 8) + 32 * 8
+    return step_bytes, leave_bytes
+
+
 def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batch(
     engine: Engine, sources: list[Prepared]
 ) -> None:
@@ -129,16 +182,8 @@ def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batc
     while pending or len(batch):
         joining = [pending.pop(0) for _ in range(min(len(pending), rng.choice([0, 1, 1, 2, 3])))]
         before = ledger.snapshot()
-        requests = [
-            DecodeRequest(
-                i,
-                sentence,
-                SearchOptions(beam_size=BEAM, max_length_a=1.0, max_length_b=rng.randint(2, 8)),
-                "none",
-            )
-            for i, sentence in joining
-        ]
-        batch.add(requests)  # encodes them here: one encoder call, its outputs downloaded
+        # encodes them here: one encoder call, its outputs downloaded
+        batch.add(joining_requests(joining, rng))
         running = len(batch)
         if not running:
             continue
@@ -154,32 +199,17 @@ def test_bytes_per_step_follow_the_joining_sentences_and_hypotheses_not_the_batc
         # each decoded part joins as a row: a segmented sentence's segments, else the sentence
         parts = [part for _, sentence in joining for part in sentence.parts]
         S_join = max((len(part.ids) for part in parts), default=0)
-        N = running * BEAM
         n = len(parts)
         # the encoder's outputs stay on the device from the encoder to the running batch
         assert moved.by_reason()["encoder_rows"] == moved.by_reason()["state"] == 0
         join_bytes = n * (S_join * 8 + 8 + 2 * 8)  # source ids and length up; 2 row indices
         join_bytes += 4 * 8 * 8  # an empty initial state's shape, a refit's pads (by graph)
         if device is None:
-            step_bytes = (
-                N * (8 + 8) + 8 + N * k * (4 + 8) + N * S * 4
-            )  # tokens, back-pointers, k, top-k, attention
-            leave_bytes = 2 * 8 * len(finished) + 32 * 8  # moved rows' indices, a refit's pads
+            step_bytes, leave_bytes = host_search_bytes(running * BEAM, k, S, len(finished))
         else:
-            W = device.sentence_rows
-            assert moved.by_reason()["topk"] == moved.by_reason()["attention"] == 0
-            changed = bool(n or left_before)
-            # the done flags; when sentences joined or left, the index array that picks the batch
-            # and the joining sentences' fields, tokens and back-pointers, and settings
-            join_fields = n * (W + 2 * BEAM + len(PARAMS)) * 8
-            step_bytes = running + (8 * running + join_fields if changed else 0)
-            step_bytes += 2 * 2 * 8 * N  # the index buffers grown, when the batch outgrows them
-            T = S + 8  # the longest a sentence of this workload decodes (max_length_a 1, b <= 8)
-            done = B_before - len(device)  # entries (segments) done at this step
-            assert moved.by_reason()["done"] == running == B_before  # one flag per sentence
-            if not changed and not done:  # nobody joined, left or finished: the flags, nothing else
-                assert moved.total_bytes == running, moved.bytes
-            leave_bytes = done * (W * 8 + T * BEAM * (2 + S) * 4 + 2 * 8) + 32 * 8
+            step_bytes, leave_bytes = device_search_bytes(
+                moved, device, running, B_before, n, left_before, S
+            )
         left_before = 0 if device is None else B_before - len(device)  # entries (segments) done
         records.append(
             StepRecord(

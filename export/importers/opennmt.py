@@ -247,16 +247,41 @@ def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
     check_rows("the target embedding", tgt_emb, len(tgt_tokens), "target")
     gen_w = weights.get("generator.weight", tgt_emb)
     check_rows("the generator", gen_w, len(tgt_tokens), "target")
+    cfg = model_config(opt, len(src_tokens), len(tgt_tokens), int(src_emb.shape[1]))
+    attn = str(_opt(opt, "global_attention", "general"))
+    model = OnmtRnn(cfg, attn, tgt_emb_dim=int(tgt_emb.shape[1]))
+    tensors: dict[str, Tensor] = {
+        "src_embed.weight": permuted(src_emb, src_order),
+        "tgt_embed.weight": permuted(tgt_emb, tgt_order),
+        "generator.weight": permuted(gen_w, tgt_order),
+        "generator.bias": permuted(
+            weights.get("generator.bias", torch.zeros(len(tgt_tokens))), tgt_order
+        ),
+        **layer_weights(weights, cfg),
+    }
+    load_weights(model, tensors)
+    model.eval()
+    facts = {
+        "src_tokens": src_tokens,
+        "tgt_tokens": tgt_tokens,
+        "src_order": src_order,
+        "tgt_order": tgt_order,
+    }
+    return model, facts
+
+
+def model_config(opt: Any, src_vocab: int, tgt_vocab: int, emb_dim: int) -> ModelConfig:
+    """The checkpoint's options (checked by `check_options`) as this project's model config."""
     rnn = gru_or_lstm(_opt(opt, "rnn_type", "LSTM"))
     bidirectional = _opt(opt, "encoder_type") == "brnn"
     H = int(_opt(opt, "dec_hid_size"))
     L = int(_opt(opt, "dec_layers"))
     refuse_unless(not bidirectional or H % 2 == 0, f"-hidden_size {H} is odd for a brnn encoder")
     attn = str(_opt(opt, "global_attention", "general"))
-    cfg = ModelConfig(
-        src_vocab_size=len(src_tokens),
-        tgt_vocab_size=len(tgt_tokens),
-        emb_dim=int(src_emb.shape[1]),
+    return ModelConfig(
+        src_vocab_size=src_vocab,
+        tgt_vocab_size=tgt_vocab,
+        emb_dim=emb_dim,
         enc_hidden=H // 2 if bidirectional else H,
         dec_hidden=H,
         enc_layers=L,
@@ -271,16 +296,12 @@ def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
         bridge="onmt" if _opt(opt, "bridge", False) else "final_state",
         input_feed=bool(_opt(opt, "input_feed", 1)),
     )
-    model = OnmtRnn(cfg, attn, tgt_emb_dim=int(tgt_emb.shape[1]))
-    tensors: dict[str, Tensor] = {
-        "src_embed.weight": permuted(src_emb, src_order),
-        "tgt_embed.weight": permuted(tgt_emb, tgt_order),
-        "generator.weight": permuted(gen_w, tgt_order),
-        "generator.bias": permuted(
-            weights.get("generator.bias", torch.zeros(len(tgt_tokens))), tgt_order
-        ),
-        "linear_out.weight": weights.get("decoder.attn.linear_out.weight", torch.empty(0)),
-    }
+
+
+def layer_weights(weights: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """The attention's, the encoder's (and bridge's) and the decoder's weights under OnmtRnn's
+    names; the embeddings and the generator, whose rows are permuted, are not among them."""
+    tensors = {"linear_out.weight": weights.get("decoder.attn.linear_out.weight", torch.empty(0))}
     for name in (
         "linear_out.bias",
         "linear_in.weight",
@@ -296,7 +317,7 @@ def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
             tensors["enc_rnn." + name[len("encoder.rnn.") :]] = value
         elif name.startswith("encoder.bridge."):
             tensors["bridge." + name[len("encoder.bridge.") :]] = value
-    for layer in range(L):
+    for layer in range(cfg.dec_layers):
         for part in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
             if cfg.input_feeding:  # StackedGRU/StackedLSTM: decoder.rnn.layers.{l}.{part}
                 source = f"decoder.rnn.layers.{layer}.{part}"
@@ -304,15 +325,7 @@ def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
                 source = f"decoder.rnn.{part}_l{layer}"
             if source in weights:
                 tensors[f"dec_rnn.{part}_l{layer}"] = weights[source]
-    load_weights(model, tensors)
-    model.eval()
-    facts = {
-        "src_tokens": src_tokens,
-        "tgt_tokens": tgt_tokens,
-        "src_order": src_order,
-        "tgt_order": tgt_order,
-    }
-    return model, facts
+    return tensors
 
 
 def subword_transform(opt: Any) -> str | None:

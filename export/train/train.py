@@ -295,17 +295,6 @@ def lowercase_sources(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(s.lower(), t) for s, t in pairs]
 
 
-def dev_bleu(
-    model: Seq2Seq,
-    pairs: list[tuple[str, str]],
-    src_tok: Tokenizer,
-    tgt_tok: Tokenizer,
-    device: torch.device,
-) -> float:
-    hyps = translate_greedy(model, [src_tok.encode(s) for s, _ in pairs], tgt_tok, device)
-    return float(sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score)
-
-
 def train_step(
     model: Seq2Seq,
     batch: Batch,
@@ -450,6 +439,35 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False, resume: bool = False
     else:
         src_path, tgt_path = make_tokenizers(cfg, splits["train"], out)
     src_tok, tgt_tok = Tokenizer.load(src_path), Tokenizer.load(tgt_path)
+    model, model_cfg = build_model(cfg, src_tok, tgt_tok, device, resume)
+    train_examples = encode_pairs(splits["train"], src_tok, tgt_tok)
+    guides = (
+        train_guides(cfg.data, out, train_examples, src_tok, tgt_tok)
+        if o.guided_alignment
+        else None
+    )
+    opt = torch.optim.Adam([w for w in model.parameters() if w.requires_grad], lr=o.lr)
+    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=o.label_smoothing)
+    rng = random.Random(o.seed)
+    p = Progress(epoch_rng=rng.getstate())
+    if resume:
+        p = resume_from(out / LAST, model, opt, model_cfg)
+        rng.setstate(p.epoch_rng)
+        tqdm.write(f"resuming {out} at step {p.step} (epoch {p.epoch}, {p.minutes:.1f} min done)")
+    else:
+        (out / "train_log.jsonl").write_text("")
+    started = time.monotonic() - p.minutes * 60  # minutes count across resumed runs
+    run = Run(cfg, out, model, opt, splits["dev"], src_tok, tgt_tok, device, p, started, quiet)
+    ended_by = train_epochs(run, train_examples, guides, loss_fn, rng)
+    return finish(run, ended_by)
+
+
+def build_model(
+    cfg: TrainConfig, src_tok: Tokenizer, tgt_tok: Tokenizer, device: torch.device, resume: bool
+) -> tuple[Seq2Seq, ModelConfig]:
+    """The model for the tokenizers' vocabularies: initialized from optim.init_from (unless
+    resuming: last.pt's weights come later), its encoder frozen with optim.freeze_encoder."""
+    o = cfg.optim
     model_cfg = ModelConfig(
         src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, **cfg.model
     )
@@ -463,142 +481,170 @@ def train(cfg: TrainConfig, out: Path, quiet: bool = False, resume: bool = False
         model.load_state_dict(start.state_dict())
     if o.freeze_encoder:
         model.encoder.requires_grad_(False)
-    train_examples = encode_pairs(splits["train"], src_tok, tgt_tok)
-    guides = (
-        train_guides(cfg.data, out, train_examples, src_tok, tgt_tok)
-        if o.guided_alignment
-        else None
-    )
-    opt = torch.optim.Adam([w for w in model.parameters() if w.requires_grad], lr=o.lr)
-    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=o.label_smoothing)
-    rng = random.Random(o.seed)
-    p = Progress(epoch_rng=rng.getstate())
-    log_path = out / "train_log.jsonl"
-    if resume:
-        p = resume_from(out / LAST, model, opt, model_cfg)
-        rng.setstate(p.epoch_rng)
-        tqdm.write(f"resuming {out} at step {p.step} (epoch {p.epoch}, {p.minutes:.1f} min done)")
-    else:
-        log_path.write_text("")
-    started = time.monotonic() - p.minutes * 60  # minutes count across resumed runs
-    extra = {"train_config": cfg.to_json(), "dev_bleu": 0.0, "step": 0}
-    by_wer = o.select_by == "wer"
-    steps_per_epoch = 1
+    return model, model_cfg
 
-    def evaluate_and_checkpoint() -> bool:
-        """Dev score, checkpoint on gain, lr decay on no gain; returns True to stop early."""
-        p.last_eval = p.step
-        dev = splits["dev"]
-        hyps = translate_greedy(model, [src_tok.encode(s) for s, _ in dev], tgt_tok, device)
-        references = [[t for _, t in dev]]
-        bleu = float(sacrebleu.corpus_bleu(hyps, references).score)
-        # WER over distinct sources: a hypothesis is right when it equals any target of its source
-        wer = word_error_rate(dev, hyps)
-        minutes = (time.monotonic() - started) / 60
-        # the figures that mean something for the task: WER where whole answers are right or
-        # wrong (selecting by it: G2P), chrF beside BLEU for translation
-        figures = (
-            {"dev_bleu": round(bleu, 2), "dev_wer": round(wer, 2)}
-            if by_wer
-            else {
-                "dev_bleu": round(bleu, 2),
-                "dev_chrf": round(float(sacrebleu.corpus_chrf(hyps, references).score), 2),
-            }
-        )
-        entry = {
-            "step": p.step,
-            "epoch": p.epoch,
-            "train_loss": round(p.loss_sum / max(p.loss_steps, 1), 4),
-            **figures,
-            "lr": opt.param_groups[0]["lr"],
-            "minutes": round(minutes, 2),
-            "minutes_left": round(minutes_left(o, p.step, minutes, steps_per_epoch), 1),
-        }
-        p.loss_sum, p.loss_steps = 0.0, 0
-        gain = -wer if by_wer else bleu
-        with log_path.open("a") as f:
+
+@dataclass
+class Run:
+    """A training run's parts, shared by its steps: the model and its optimizer, the dev split
+    it is scored on, where it writes, and its counters."""
+
+    cfg: TrainConfig
+    out: Path
+    model: Seq2Seq
+    opt: torch.optim.Optimizer
+    dev: list[tuple[str, str]]
+    src_tok: Tokenizer
+    tgt_tok: Tokenizer
+    device: torch.device
+    p: Progress
+    started: float  # time.monotonic() at the start, less the minutes of earlier (resumed) runs
+    quiet: bool
+    steps_per_epoch: int = 1  # the current epoch's batches (for the time left)
+
+    @property
+    def log_path(self) -> Path:
+        return self.out / "train_log.jsonl"
+
+    def minutes(self) -> float:
+        """Training minutes so far, earlier runs included."""
+        return (time.monotonic() - self.started) / 60
+
+    def log(self, entry: dict[str, Any]) -> None:
+        with self.log_path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
-        if not quiet:
-            tqdm.write(json.dumps(entry))
-        stop = False
-        if gain > p.best:
-            p.best, p.stale = gain, 0
-            save_checkpoint(
-                out / "best.pt",
-                model,
-                {**extra, "dev_bleu": bleu, "dev_wer": wer, "step": p.step},
-            )
-        else:
-            p.stale += 1
-            for group in opt.param_groups:
-                group["lr"] = max(group["lr"] * o.lr_decay, o.min_lr)
-            stop = p.stale >= o.patience
-        p.minutes = minutes
-        save_training_state(out / LAST, model, opt, asdict(p))
-        return stop
 
-    stop, ended_by = False, "max_epochs"
+
+def train_epochs(
+    run: Run,
+    examples: list[tuple[list[int], list[int]]],
+    guides: list[np.ndarray | None] | None,
+    loss_fn: nn.Module,
+    rng: random.Random,
+) -> str:
+    """Epochs from the run's counters on, until a limit; returns which limit ended the run."""
+    o, p = run.cfg.optim, run.p
     while p.epoch < o.max_epochs:
         p.epoch_rng = rng.getstate()
-        epoch_batches = list(batches(train_examples, o.max_tokens, rng, guides=guides))
-        steps_per_epoch = len(epoch_batches)
-        bar = tqdm(
-            epoch_batches[p.batch_in_epoch :],
-            desc=f"epoch {p.epoch}",
-            disable=quiet,
-            leave=False,
-            mininterval=5.0,
-        )
-        for batch in bar:
-            tick = time.monotonic()
-            loss = train_step(
-                model, batch.to(device), loss_fn, opt, o.clip_norm, o.guided_alignment
-            )
-            p.step += 1
-            p.batch_in_epoch += 1
-            p.loss_sum, p.loss_steps = p.loss_sum + loss, p.loss_steps + 1
-            minutes = (time.monotonic() - started) / 60
-            bar.set_postfix(
-                step=p.step,
-                loss=f"{loss:.3f}",
-                tok_s=f"{batch.n_target_tokens / (time.monotonic() - tick):.0f}",
-                left=f"{minutes_left(o, p.step, minutes, steps_per_epoch):.0f}m",
-            )
-            spent = budget_spent(o, p.step, minutes)
-            if p.step % o.eval_every == 0 or spent:
-                stop = evaluate_and_checkpoint() or spent is not None
-                ended_by = spent or ("patience" if stop else ended_by)
-            if stop:
-                break
-        if stop:
-            break
+        epoch_batches = list(batches(examples, o.max_tokens, rng, guides=guides))
+        run.steps_per_epoch = len(epoch_batches)
+        ended_by = train_epoch(run, epoch_batches[p.batch_in_epoch :], loss_fn)
+        if ended_by is not None:
+            return ended_by
         p.epoch, p.batch_in_epoch = p.epoch + 1, 0
-    else:
-        if p.last_eval != p.step:
-            evaluate_and_checkpoint()
-    step, best = p.step, p.best
-    minutes = (time.monotonic() - started) / 60
-    end = {"step": step, "ended_by": ended_by, "minutes": round(minutes, 2)}
-    with log_path.open("a") as f:
-        f.write(json.dumps(end) + "\n")
-    if not quiet:
-        tqdm.write(describe_end(o, ended_by, step, minutes))
-    if (
-        out / "best.pt"
-    ).is_file():  # the checkpoint says how its run ended (it may predate the end)
-        best_model, meta = load_checkpoint(out / "best.pt")
-        save_checkpoint(
-            out / "best.pt", best_model, {**meta, "ended_by": ended_by, "last_step": step}
+    if p.last_eval != p.step:
+        evaluate_and_checkpoint(run)
+    return "max_epochs"
+
+
+def train_epoch(run: Run, epoch_batches: list[Batch], loss_fn: nn.Module) -> str | None:
+    """The epoch's batches not trained yet, evaluated every optim.eval_every steps; returns the
+    limit reached (a budget spent, or "patience"), None at the end of the epoch."""
+    o, p = run.cfg.optim, run.p
+    bar = tqdm(
+        epoch_batches,
+        desc=f"epoch {p.epoch}",
+        disable=run.quiet,
+        leave=False,
+        mininterval=5.0,
+    )
+    for batch in bar:
+        tick = time.monotonic()
+        loss = train_step(
+            run.model, batch.to(run.device), loss_fn, run.opt, o.clip_norm, o.guided_alignment
         )
+        p.step += 1
+        p.batch_in_epoch += 1
+        p.loss_sum, p.loss_steps = p.loss_sum + loss, p.loss_steps + 1
+        minutes = run.minutes()
+        bar.set_postfix(
+            step=p.step,
+            loss=f"{loss:.3f}",
+            tok_s=f"{batch.n_target_tokens / (time.monotonic() - tick):.0f}",
+            left=f"{minutes_left(o, p.step, minutes, run.steps_per_epoch):.0f}m",
+        )
+        spent = budget_spent(o, p.step, minutes)
+        if p.step % o.eval_every == 0 or spent:
+            stop = evaluate_and_checkpoint(run) or spent is not None
+            if stop:
+                return spent or "patience"
+    return None
+
+
+def evaluate_and_checkpoint(run: Run) -> bool:
+    """Dev score, checkpoint on gain, lr decay on no gain; returns True to stop early."""
+    o, p, opt = run.cfg.optim, run.p, run.opt
+    by_wer = o.select_by == "wer"
+    p.last_eval = p.step
+    dev = run.dev
+    hyps = translate_greedy(
+        run.model, [run.src_tok.encode(s) for s, _ in dev], run.tgt_tok, run.device
+    )
+    references = [[t for _, t in dev]]
+    bleu = float(sacrebleu.corpus_bleu(hyps, references).score)
+    # WER over distinct sources: a hypothesis is right when it equals any target of its source
+    wer = word_error_rate(dev, hyps)
+    minutes = run.minutes()
+    # the figures that mean something for the task: WER where whole answers are right or
+    # wrong (selecting by it: G2P), chrF beside BLEU for translation
+    figures = (
+        {"dev_bleu": round(bleu, 2), "dev_wer": round(wer, 2)}
+        if by_wer
+        else {
+            "dev_bleu": round(bleu, 2),
+            "dev_chrf": round(float(sacrebleu.corpus_chrf(hyps, references).score), 2),
+        }
+    )
+    entry = {
+        "step": p.step,
+        "epoch": p.epoch,
+        "train_loss": round(p.loss_sum / max(p.loss_steps, 1), 4),
+        **figures,
+        "lr": opt.param_groups[0]["lr"],
+        "minutes": round(minutes, 2),
+        "minutes_left": round(minutes_left(o, p.step, minutes, run.steps_per_epoch), 1),
+    }
+    p.loss_sum, p.loss_steps = 0.0, 0
+    gain = -wer if by_wer else bleu
+    run.log(entry)
+    if not run.quiet:
+        tqdm.write(json.dumps(entry))
+    stop = False
+    if gain > p.best:
+        p.best, p.stale = gain, 0
+        meta = {"train_config": run.cfg.to_json(), "dev_bleu": bleu, "step": p.step, "dev_wer": wer}
+        save_checkpoint(run.out / "best.pt", run.model, meta)
+    else:
+        p.stale += 1
+        for group in opt.param_groups:
+            group["lr"] = max(group["lr"] * o.lr_decay, o.min_lr)
+        stop = p.stale >= o.patience
+    p.minutes = minutes
+    save_training_state(run.out / LAST, run.model, opt, asdict(p))
+    return stop
+
+
+def finish(run: Run, ended_by: str) -> dict[str, Any]:
+    """The run's last log line and summary.json; best.pt told how the run ended. Returns the
+    summary."""
+    o, step, best = run.cfg.optim, run.p.step, run.p.best
+    minutes = run.minutes()
+    run.log({"step": step, "ended_by": ended_by, "minutes": round(minutes, 2)})
+    if not run.quiet:
+        tqdm.write(describe_end(o, ended_by, step, minutes))
+    best_path = run.out / "best.pt"
+    if best_path.is_file():  # the checkpoint says how its run ended (it may predate the end)
+        best_model, meta = load_checkpoint(best_path)
+        save_checkpoint(best_path, best_model, {**meta, "ended_by": ended_by, "last_step": step})
     summary = {
-        f"best_dev_{o.select_by}": round(-best if by_wer else best, 2),
+        f"best_dev_{o.select_by}": round(-best if o.select_by == "wer" else best, 2),
         "steps": step,
         "ended_by": ended_by,
         "minutes": round(minutes, 2),
-        "parameters": count_parameters(model),
-        "checkpoint": str(out / "best.pt"),
+        "parameters": count_parameters(run.model),
+        "checkpoint": str(best_path),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (run.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from service.cli.parallel import read_parallel
 from service.cli.translate import DEFAULT_BUNDLE, DEFAULT_PROVIDERS, length_sorted_batches
 from service.decode.aligner import align_prepared, check_aligner, prepare_pair
 from service.decode.config import EngineLimits, RuntimeConfig
@@ -72,15 +73,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.batch_size < 1:
         p.error("--batch-size must be >= 1")
     return args
-
-
-def read_parallel(source: Path, target: Path) -> list[tuple[str, str]]:
-    """The two files' lines as pairs; ValueError naming both files when their line counts differ."""
-    src = source.read_text(encoding="utf-8").splitlines()
-    tgt = target.read_text(encoding="utf-8").splitlines()
-    if len(src) != len(tgt):
-        raise ValueError(f"{source} has {len(src)} lines but {target} has {len(tgt)}")
-    return list(zip(src, tgt, strict=True))
 
 
 def align_all(

@@ -31,6 +31,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli.heatmap import save_heatmap_png
+from service.cli.parallel import read_parallel
 from service.cli.render import alternative_column, origin_column, translation_to_json
 from service.decode.alignment import render_text_heatmap
 from service.decode.forced import AlignedPair
@@ -441,15 +442,6 @@ def read_pair_lines(lines: Sequence[str]) -> list[tuple[str, str]]:
             raise ValueError(f'line {i} is not "source ||| target": {line[:60]!r}')
         pairs.append((source.strip(), target.strip()))
     return pairs
-
-
-def read_parallel(source: Path, target: Path) -> list[tuple[str, str]]:
-    """The two files' lines as pairs; ValueError when their line counts differ."""
-    src = source.read_text(encoding="utf-8").splitlines()
-    tgt = target.read_text(encoding="utf-8").splitlines()
-    if len(src) != len(tgt):
-        raise ValueError(f"{source} has {len(src)} lines but {target} has {len(tgt)}")
-    return list(zip(src, tgt, strict=True))
 
 
 def align_options(args: argparse.Namespace) -> dict[str, Any]:

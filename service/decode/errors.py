@@ -1,6 +1,6 @@
 """Every error a request can meet, as plain exceptions: no grpc here, and no engine.
 
-The transports map them to their status codes (service/serve/server.py for gRPC), so the engine, the
+The transports map them to their status codes (service/serve/status.py, in one place for both faces), so the engine, the
 worker and the benchmarks raise and catch them without importing grpc.
 """
 

@@ -77,12 +77,6 @@ def head_links(logits: np.ndarray, row_threshold: float, cell_threshold: float) 
     return links | {(int(s), int(t)) for t, s in zip(rows.tolist(), cols.tolist(), strict=True)}
 
 
-def row_softmax(logits: np.ndarray) -> np.ndarray:
-    """(T, S) → rows summing to 1."""
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return (shifted / shifted.sum(axis=1, keepdims=True)).astype(np.float32)
-
-
 def head_inputs(
     word_states: np.ndarray,
     src_ids: Sequence[int] | np.ndarray,

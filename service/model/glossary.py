@@ -17,7 +17,7 @@ parse refuses the whole file, naming it and the line.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,8 +161,3 @@ def read_glossary(
             raise GlossaryFileError(f"{path}:{number}: {err}") from err
         terms.append(Term(key, target.strip()))
     return Glossary(tuple(terms), (str(path),))
-
-
-def request_terms(pairs: Iterable[Sequence[str]]) -> tuple[Term, ...]:
-    """A request's (source, target) pairs as terms, sources as given (the engine normalizes)."""
-    return tuple(Term(source, target) for source, target in pairs)

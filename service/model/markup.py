@@ -149,10 +149,6 @@ class Marked:
     mode: MarkupMode = "none"  # "none" when the text has no markup (or was read as text)
     spellings: dict[str, str] = field(default_factory=dict)  # a character → its entity as written
 
-    @property
-    def has_markup(self) -> bool:
-        return bool(self.nodes)
-
     def escape(self, text: str) -> str:
         """Plain text as the answer writes it: in markup, `&` and `<` escaped, and every
         character the source wrote as an entity written as the source wrote it."""

@@ -29,8 +29,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import generate_latest
-
 from service.decode.aligner import head_weights_for
 from service.decode.engine import Engine
 from service.decode.errors import ModelNotFound, QueueFull, ShuttingDown
@@ -39,7 +37,8 @@ from service.model.embedded import resolve_bundle, resolve_repository
 from service.serve import channel as ch
 from service.serve import glossary_files, memory_files
 from service.serve.config import Settings, VersionPolicy
-from service.serve.metrics import Metrics, start_metrics_http_server
+from service.serve.metrics import Metrics
+from service.serve.metrics_endpoint import ProcessMetrics
 from service.serve.repository import Events, ModelVersion, ReloadReport, Repository, single
 from service.serve.request_trace import NO_TRACE
 from service.serve.tracing import Tracing
@@ -386,8 +385,7 @@ def run_engine_process(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: reload.set())
-    server, port = start_metrics_http_server(0, "127.0.0.1", metrics.registry)
-    (run_dir / "metrics" / f"{name}.port").write_text(str(port))
+    process_metrics = ProcessMetrics(metrics, run_dir, name)
     host.start()
     log.info(
         "engine serving",
@@ -413,7 +411,6 @@ def run_engine_process(
     host.close_intake()
     host.stop(settings.server.grace_s)
     host.tracing().shutdown()  # the spans still buffered
-    (run_dir / "metrics" / f"{name}.final").write_bytes(generate_latest(metrics.registry))
-    server.shutdown()
+    process_metrics.close()
     log.info("stopped", extra={"engine": name})
     return 0

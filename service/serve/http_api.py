@@ -24,7 +24,6 @@ import asyncio
 import json
 import logging
 import math
-import ssl
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -42,6 +41,7 @@ from service.decode.errors import InvalidInput
 from service.serve.config import Settings
 from service.serve.protocol import MAX_REQUEST_ID_CHARS
 from service.serve.repository import ModelVersion
+from service.serve.tls import ssl_context
 from service.serve.translator import TranslatorCore
 
 log = logging.getLogger("s2s.http")
@@ -406,16 +406,3 @@ class HttpFace:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
-
-
-def ssl_context(settings: Settings) -> ssl.SSLContext | None:
-    """The gRPC server's certificate and key (and client CA for mutual TLS), for HTTPS."""
-    s = settings.server
-    if not s.tls_cert:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(s.tls_cert, s.tls_key)
-    if s.tls_client_ca:
-        context.verify_mode = ssl.CERT_REQUIRED
-        context.load_verify_locations(s.tls_client_ca)
-    return context

@@ -1,18 +1,25 @@
-"""The gRPC server: translation.v1.Translator over grpc.aio, with health, reflection and metrics.
+"""The server's life cycle and entry points: s2s-serve, `create_server` and `serve`.
 
     s2s-serve --bundle models/default --port 50051 --metrics-port 9090
     s2s-serve --models /srv/models   # a repository: DIR/NAME/VERSION/ bundles, reloaded on SIGHUP
 
-Protobuf stays at this edge: service/serve/protocol.py validates requests and converts them to plain
-types, the worker decodes, and results are converted back; errors become status codes here
-(service/serve/status.py); logs are JSON lines (service/serve/logs.py). Life cycle: NOT_SERVING while the model loads and
-warms up, SERVING after; on SIGTERM NOT_SERVING again, new requests refused (the worker's intake
-closed), accepted ones finished within the grace period.
+`create_server` starts a front: the gRPC face (service/serve/grpc_api.py) with health and
+reflection, and the HTTP face (service/serve/http_api.py), over the front's versions and its link to
+the engines; in the single-process mode, the engine half beside it. Protobuf stays at the faces:
+service/serve/protocol.py validates requests and converts them to plain types, the engines decode,
+and results are converted back; errors become status codes in one place (service/serve/status.py);
+logs are JSON lines (service/serve/logs.py); TLS is service/serve/tls.py's, the metrics endpoints
+service/serve/metrics_endpoint.py's. Life cycle: NOT_SERVING while the model loads and warms up,
+SERVING after; on SIGTERM NOT_SERVING again, new requests refused (the intake closed), accepted ones
+finished within the grace period.
 
 Several models (service/serve/repository.py): a request names its model (or gets the default one), holds
 that version until it is answered, and decodes in that version's batches. SIGHUP and a polling
 interval reload the repository off the event loop; health has a service name per model
 (`translation.v1.Translator/NAME`), SERVING while a version of it is loaded.
+
+`main` is s2s-serve: the single-process server, or the supervisor (service/serve/supervisor.py),
+or one of the engine and front processes it starts.
 """
 
 from __future__ import annotations
@@ -24,229 +31,43 @@ import logging
 import os
 import signal
 import sys
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import generate_latest
 
-from proto.translation.v1 import translation_pb2 as pb
-from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.decode.engine import Engine
-from service.decode.errors import ModelNotFound, NotReady
 from service.decode.providers import require_provider
 from service.serve.config import Settings, load_settings
 from service.serve.engine_host import EngineHost, build_engine_host, run_engine_process
 from service.serve.engine_link import EngineLink
+from service.serve.grpc_api import SERVICE_NAME, TranslatorServicer, add_translator_servicer
 from service.serve.http_api import HttpFace
 from service.serve.logs import configure_logging
-from service.serve.metrics import Metrics, start_metrics_http_server
-from service.serve.mirror import Follower, shared_engines, text_sides
-from service.serve.protocol import (
-    MAX_REQUEST_ID_CHARS,
-    MalformedRequest,
-    deserialize_align_request,
-    deserialize_translate_request,
+from service.serve.metrics import Metrics
+from service.serve.metrics_endpoint import (
+    ProcessMetrics,
+    start_metrics_endpoint,
+    stop_metrics_endpoint,
 )
+from service.serve.mirror import Follower, shared_engines, text_sides
 from service.serve.repository import Events, ModelVersion, ReloadReport, Repository
 from service.serve.status import status_for
 from service.serve.supervisor import die_with_parent, layout, start_failure, supervise
-from service.serve.tracing import traced
-from service.serve.translator import TranslatorCore
+from service.serve.tls import bind_grpc_port
 from service.serve.worker import Worker
 
 log = logging.getLogger("s2s.server")
 
-ResponseT = TypeVar("ResponseT", pb.TranslateResponse, pb.AlignResponse)
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
-
-
-# A client's deadline passes on the client's clock, which runs ahead of the server's view of the same
-# deadline by the time the request took to arrive: its cancellation can reach the server while
-# `time_remaining()` is still a little above 0. Within this margin it counts as a deadline.
-DEADLINE_MARGIN_S = 0.25
 # On stop, the gRPC server is shut once no Translate handler has run for this long: requests that
 # reached gRPC core before the stop began have been handed to a handler by then.
 QUIET_S = 0.3
-
-
-def cancel_code(remaining: float | None) -> grpc.StatusCode:
-    """The status of a handler cancelled by gRPC, from the time its deadline had left then."""
-    if remaining is not None and remaining <= DEADLINE_MARGIN_S:
-        return grpc.StatusCode.DEADLINE_EXCEEDED
-    return grpc.StatusCode.CANCELLED
-
-
-class Handlers:
-    """Counts the Translate handlers running, so a stop can wait until none has run for a while
-    (gRPC core may still hold requests the server has not picked up: stopping it then would answer
-    them CANCELLED, unlogged and uncounted)."""
-
-    def __init__(self) -> None:
-        self.active = 0
-        self.last_ended = time.monotonic()
-
-    @contextlib.contextmanager
-    def track(self) -> Iterator[None]:
-        self.active += 1
-        try:
-            yield
-        finally:
-            self.active -= 1
-            self.last_ended = time.monotonic()
-
-    def idle_for(self) -> float:
-        """Seconds since the last handler ended; 0 while one runs."""
-        return 0.0 if self.active else time.monotonic() - self.last_ended
-
-
-# --- the servicer ------------------------------------------------------------------------------
-
-
-class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
-    """Registered before the server starts; answers UNAVAILABLE until `attach` gives it the model.
-
-    The work is TranslatorCore's (service/serve/translator.py), shared with the HTTP face; this class
-    adds the gRPC context: deadlines, cancellation, status codes, and counts its handlers for the
-    stop."""
-
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
-        super().__init__(settings, metrics)
-        self.handlers = Handlers()
-
-    @traced("Translate")
-    async def Translate(
-        self, request: pb.TranslateRequest | MalformedRequest, context: grpc.aio.ServicerContext
-    ) -> pb.TranslateResponse:
-        async def call(request_id: str, model: ModelVersion) -> pb.TranslateResponse:
-            return await self.translate(request, request_id, context, model)
-
-        return await self.handle("Translate", request, context, len(request.texts), call)
-
-    @traced("Align")
-    async def Align(
-        self, request: pb.AlignRequest | MalformedRequest, context: grpc.aio.ServicerContext
-    ) -> pb.AlignResponse:
-        async def call(request_id: str, model: ModelVersion) -> pb.AlignResponse:
-            return await self.align(request, request_id, context.time_remaining(), model)
-
-        pairs = len(request.pairs) if isinstance(request, pb.AlignRequest) else 0
-        return await self.handle("Align", request, context, pairs, call)
-
-    async def handle(
-        self,
-        method: str,
-        request: pb.TranslateRequest | pb.AlignRequest | MalformedRequest,
-        context: grpc.aio.ServicerContext,
-        texts: int,
-        call: Callable[[str, ModelVersion], Awaitable[ResponseT]],
-    ) -> ResponseT:
-        """A decoding RPC: its model version held until answered, `call(request_id, model)`, and
-        its status code, log line and metrics (`texts`: the texts or pairs it holds)."""
-        request_id = request.request_id or uuid.uuid4().hex[:16]
-        if len(request_id) > MAX_REQUEST_ID_CHARS:  # refused by parse_request: not logged whole
-            request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
-        started = time.perf_counter()
-        code, message, response = grpc.StatusCode.OK, "", None
-        error: Exception | None = None
-        model: ModelVersion | None = None
-        with self.handlers.track(), self.metrics.track_in_flight(method):
-            try:
-                # held until answered: a reload does not unload it meanwhile
-                model = self.acquire(request)
-                response = await call(request_id, model)
-            except asyncio.CancelledError:  # the client cancelled or a deadline passed
-                code = cancel_code(context.time_remaining())
-                self.finish(method, request_id, code, started, texts, model=model)
-                raise
-            except Exception as err:
-                error = err
-                code, message = status_for(err)
-                if code == grpc.StatusCode.INTERNAL:
-                    log.error("request failed", exc_info=err, extra={"request_id": request_id})
-            finally:
-                if model is not None:
-                    self.repository.release(model)
-        self.finish(method, request_id, code, started, texts, message, error, model=model)
-        if code != grpc.StatusCode.OK:
-            await context.abort(code, message)
-        assert response is not None
-        return response
-
-    async def translate(
-        self,
-        request: pb.TranslateRequest | MalformedRequest,
-        request_id: str,
-        context: grpc.aio.ServicerContext,
-        model: ModelVersion,
-    ) -> pb.TranslateResponse:
-        return await self.decode(request, request_id, context.time_remaining(), model)
-
-    @traced("GetModelInfo")
-    async def GetModelInfo(
-        self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ModelInfo:
-        started = time.perf_counter()
-        with self.metrics.track_in_flight("GetModelInfo"):
-            try:
-                info = self.model_info(request.model)
-            except (NotReady, ModelNotFound) as err:
-                code, message = status_for(err)
-                self.finish("GetModelInfo", "", code, started, 0, message, err)
-                await context.abort(code, message)
-        self.finish("GetModelInfo", "", grpc.StatusCode.OK, started, 0)
-        return info
-
-    @traced("ListModels")
-    async def ListModels(
-        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ListModelsResponse:
-        started = time.perf_counter()
-        with self.metrics.track_in_flight("ListModels"):
-            try:
-                response = self.list_models()
-            except NotReady as err:
-                code, message = status_for(err)
-                self.finish("ListModels", "", code, started, 0, message, err)
-                await context.abort(code, message)
-        self.finish("ListModels", "", grpc.StatusCode.OK, started, 0)
-        return response
-
-
-def add_translator_servicer(servicer: TranslatorServicer, server: grpc.aio.Server) -> None:
-    """As the generated `add_TranslatorServicer_to_server`, with Translate's bytes parsed by
-    `deserialize_translate_request`."""
-    handlers = {
-        "Translate": grpc.unary_unary_rpc_method_handler(
-            servicer.Translate,
-            request_deserializer=deserialize_translate_request,
-            response_serializer=pb.TranslateResponse.SerializeToString,
-        ),
-        "Align": grpc.unary_unary_rpc_method_handler(
-            servicer.Align,
-            request_deserializer=deserialize_align_request,
-            response_serializer=pb.AlignResponse.SerializeToString,
-        ),
-        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
-            servicer.GetModelInfo,
-            request_deserializer=pb.ModelInfoRequest.FromString,
-            response_serializer=pb.ModelInfo.SerializeToString,
-        ),
-        "ListModels": grpc.unary_unary_rpc_method_handler(
-            servicer.ListModels,
-            request_deserializer=pb.ListModelsRequest.FromString,
-            response_serializer=pb.ListModelsResponse.SerializeToString,
-        ),
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 # --- life cycle --------------------------------------------------------------------------------
@@ -267,7 +88,7 @@ class Running:
     link: EngineLink
     host: EngineHost | None = None  # the single-process mode's engine half
     metrics_port: int | None = None
-    metrics_http: Any = None
+    metrics_http: WSGIServer | None = None
     health_names: set[str] = field(default_factory=set)  # per-model names set so far
     http: HttpFace | None = None  # the HTTP/JSON face (service/serve/http_api.py), --http-port >= 0
     serving: bool = False
@@ -357,8 +178,7 @@ class Running:
             await loop.run_in_executor(None, self.host.stop, 5.0)
         await self.link.stop()
         if self.metrics_http is not None:
-            self.metrics_http.shutdown()
-            self.metrics_http.server_close()  # release the port: shutdown() only ends the serving loop
+            stop_metrics_endpoint(self.metrics_http)
         await loop.run_in_executor(None, self.servicer.tracing.shutdown)  # spans still buffered
 
 
@@ -395,48 +215,6 @@ def connection_age_options(seconds: float) -> list[tuple[str, int]]:
     ]
 
 
-def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    s = settings.server
-    if not s.tls_cert:
-        return None
-    with open(s.tls_key, "rb") as f:
-        key = f.read()
-    with open(s.tls_cert, "rb") as f:
-        cert = f.read()
-    client_ca = read_client_ca(s.tls_client_ca) if s.tls_client_ca else None
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=client_ca, require_client_auth=bool(client_ca)
-    )
-
-
-def read_client_ca(path: str) -> bytes:
-    """The client CA bundle, refused by name when it holds no PEM certificate: grpc would only
-    fail to bind, and the message would blame the (valid) server certificate and key."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as err:
-        raise OSError(err.errno, f"cannot read the TLS client CA {path}: {err.strerror}") from err
-    if b"-----BEGIN CERTIFICATE-----" not in data:
-        raise ValueError(
-            f"TLS client CA {path} holds no PEM certificate (expected '-----BEGIN CERTIFICATE-----')"
-        )
-    return data
-
-
-def start_metrics_endpoint(settings: Settings, metrics: Metrics) -> tuple[Any, int]:
-    """The Prometheus endpoint; a port in use is named, with what to do about it."""
-    host, port = settings.server.metrics_host, settings.server.metrics_port
-    try:
-        return start_metrics_http_server(port, host, metrics.registry)
-    except OSError as err:
-        raise OSError(
-            err.errno,
-            f"cannot serve metrics on {host}:{port}: {err.strerror} "
-            "(choose another --metrics-port, 0 for any free port, or -1 to disable metrics)",
-        ) from err
-
-
 @dataclass
 class Faces:
     """A front's started faces: gRPC (with health and reflection) and HTTP, and the servicer."""
@@ -468,23 +246,7 @@ async def start_front(settings: Settings, metrics: Metrics, reuse_port: bool = F
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-    address = f"{settings.server.host}:{settings.server.port}"
-    credentials = server_credentials(settings)
-    try:
-        port = (
-            server.add_secure_port(address, credentials)
-            if credentials
-            else server.add_insecure_port(address)
-        )
-    except RuntimeError as err:  # grpc says "Failed to bind" for a bad key or certificate too
-        if not credentials:
-            raise
-        s = settings.server
-        ca = f", and {s.tls_client_ca} PEM CA certificates" if s.tls_client_ca else ""
-        raise RuntimeError(
-            f"{err} (or the TLS files are wrong: {s.tls_cert} and {s.tls_key} must be a PEM "
-            f"certificate and its private key{ca})"
-        ) from err
+    port = bind_grpc_port(server, settings)
     servicer = TranslatorServicer(settings, metrics)
     add_translator_servicer(servicer, server)  # before start: grpc takes no handlers after it
     await server.start()  # health answers NOT_SERVING, Translate UNAVAILABLE, while the model loads
@@ -497,6 +259,25 @@ async def start_front(settings: Settings, metrics: Metrics, reuse_port: bool = F
         await server.stop(None)
         raise
     return Faces(server, port, health_servicer, servicer, http)
+
+
+@dataclass
+class Starting:
+    """What `create_server` has started so far: released, the ports first, when the start fails."""
+
+    faces: Faces | None = None
+    host: EngineHost | None = None  # the single-process mode's engine half
+    link: EngineLink | None = None
+
+    async def release(self) -> None:
+        if self.faces is not None:
+            if self.faces.http is not None:
+                await self.faces.http.stop()
+            await self.faces.server.stop(None)
+        if self.link is not None:
+            await self.link.stop()
+        if self.host is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.host.stop, 0.0)
 
 
 async def create_server(
@@ -519,86 +300,105 @@ async def create_server(
     require_provider(settings.runtime.require_provider, settings.runtime.device_id)
     metrics = metrics or Metrics()
     loop = asyncio.get_running_loop()
-    host: EngineHost | None = None
-    link: EngineLink | None = None
-    faces: Faces | None = None
+    started = Starting()
     try:
-        if engines is None:
-            faces = await start_front(settings, metrics)
-            host = await loop.run_in_executor(
-                None, start_engine_half, settings, metrics, engine, faces.servicer
+        if engines is None:  # the single-process mode
+            started.faces = await start_front(settings, metrics)
+            started.host = await loop.run_in_executor(
+                None, start_engine_half, settings, metrics, engine, started.faces.servicer
             )
-            follower = Follower(
-                Repository.of(events=FrontEvents(metrics)),
-                settings,
-                partial(shared_engines, host.repository),
-            )
-            engines = [host.endpoint.address]
-        else:
-            follower = Follower(
-                Repository.of(events=FrontEvents(metrics)), settings, partial(text_sides, settings)
-            )
-        repository = follower.repository
-        repository.default_name = settings.server.default_model
-        changed = asyncio.Event()
-        link = EngineLink(
-            engines,
-            name,
-            follower.follow,
-            changed.set,
-            hang_s=settings.server.engine_hang_s,
-            # the single-process mode has no restarts to wait for
-            wait_s=0.0 if host is not None else settings.server.engine_restart_wait_s,
-            queue_sentences=settings.batching.max_queue_sentences,
-            start_failure=(lambda i: "") if run_dir is None else partial(start_failure, run_dir),
-            metrics=metrics,
+            engines = [started.host.endpoint.address]
+        follower = front_follower(settings, metrics, started.host)
+        changed = asyncio.Event()  # the engines' versions, or an engine's state, changed
+        started.link = link_engines(
+            settings, metrics, engines, name, run_dir, follower, changed, started.host
         )
-        await link.start()
-        while not link.serving():
+        await started.link.start()
+        while not started.link.serving():
             await asyncio.sleep(0.005)
-        if faces is None:
-            faces = await start_front(settings, metrics, reuse_port=True)
-        faces.servicer.attach(repository, link)
+        if started.faces is None:
+            started.faces = await start_front(settings, metrics, reuse_port=True)
+        faces = started.faces
         running = Running(
             faces.server,
             faces.port,
             faces.health,
             metrics,
             settings,
-            repository,
+            follower.repository,
             faces.servicer,
-            link,
-            host,
+            started.link,
+            started.host,
             http=faces.http,
         )
-        running.health_task = loop.create_task(follow_health(running, changed))
-        if settings.server.metrics_port >= 0 and host is not None:
-            running.metrics_http, running.metrics_port = start_metrics_endpoint(settings, metrics)
-        await running.set_serving(True)
-        log.info(
-            "serving",
-            extra={
-                "port": running.port,
-                "metrics_port": running.metrics_port,
-                "http_port": running.http_port,
-                "model": repository.default(),
-                "models": [str(m) for m in repository.loaded()],
-                "providers": running.engine.model.providers,
-                "engines": len(engines),
-                "front": name,
-            },
-        )
+        await start_serving(running, changed, len(engines), name)
     except BaseException:  # a bad bundle, a failed warm-up: release the port before raising
-        if faces is not None:
-            if faces.http is not None:
-                await faces.http.stop()
-            await faces.server.stop(None)
-        if link is not None:
-            await link.stop()
-        if host is not None:
-            await loop.run_in_executor(None, host.stop, 0.0)
+        await started.release()
         raise
     return running
+
+
+def front_follower(settings: Settings, metrics: Metrics, host: EngineHost | None) -> Follower:
+    """The front's versions, following the engines': the single-process mode's front shares the
+    engine half's Engine objects, a front process loads their text sides."""
+    engines_of = (
+        partial(text_sides, settings) if host is None else partial(shared_engines, host.repository)
+    )
+    follower = Follower(Repository.of(events=FrontEvents(metrics)), settings, engines_of)
+    follower.repository.default_name = settings.server.default_model
+    return follower
+
+
+def link_engines(
+    settings: Settings,
+    metrics: Metrics,
+    engines: Sequence[str],
+    name: str,
+    run_dir: Path | None,
+    follower: Follower,
+    changed: asyncio.Event,
+    host: EngineHost | None,
+) -> EngineLink:
+    """The front's link to its engines (not started): their versions to `follower`, any change
+    to `changed`."""
+    return EngineLink(
+        engines,
+        name,
+        follower.follow,
+        changed.set,
+        hang_s=settings.server.engine_hang_s,
+        # the single-process mode has no restarts to wait for
+        wait_s=0.0 if host is not None else settings.server.engine_restart_wait_s,
+        queue_sentences=settings.batching.max_queue_sentences,
+        start_failure=(lambda i: "") if run_dir is None else partial(start_failure, run_dir),
+        metrics=metrics,
+    )
+
+
+async def start_serving(running: Running, changed: asyncio.Event, engines: int, name: str) -> None:
+    """The servicer given the front's versions and engines, health following them, the
+    single-process mode's metrics endpoint (a front process's are the supervisor's), SERVING."""
+    settings, repository = running.settings, running.repository
+    running.servicer.attach(repository, running.link)
+    running.health_task = asyncio.get_running_loop().create_task(follow_health(running, changed))
+    if settings.server.metrics_port >= 0 and running.host is not None:
+        running.metrics_http, running.metrics_port = start_metrics_endpoint(
+            settings, running.metrics
+        )
+    await running.set_serving(True)
+    log.info(
+        "serving",
+        extra={
+            "port": running.port,
+            "metrics_port": running.metrics_port,
+            "http_port": running.http_port,
+            "model": repository.default(),
+            "models": [str(m) for m in repository.loaded()],
+            "providers": running.engine.model.providers,
+            "engines": engines,
+            "front": name,
+        },
+    )
 
 
 async def follow_health(running: Running, changed: asyncio.Event) -> None:
@@ -684,14 +484,11 @@ async def serve_front(settings: Settings, role: argparse.Namespace) -> None:
     running = await create_server(
         settings, metrics=metrics, engines=role.channel.split(","), name=name, run_dir=role.run_dir
     )
-    server, port = start_metrics_http_server(0, "127.0.0.1", metrics.registry)
-    label = f"front-{role.front_index}"
-    (role.run_dir / "metrics" / f"{label}.port").write_text(str(port))
+    process_metrics = ProcessMetrics(metrics, role.run_dir, f"front-{role.front_index}")
     try:
         await run_until_stopped(running, settings)
     finally:
-        (role.run_dir / "metrics" / f"{label}.final").write_bytes(generate_latest(metrics.registry))
-        server.shutdown()
+        process_metrics.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

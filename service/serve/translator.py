@@ -1,6 +1,6 @@
 """The transport-neutral core of the Translator API: protobuf request in, protobuf response out.
 
-Both faces call it, the gRPC servicer (service/serve/server.py) and the HTTP/JSON one (service/serve/http_api.py),
+Both faces call it, the gRPC servicer (service/serve/grpc_api.py) and the HTTP/JSON one (service/serve/http_api.py),
 so both validate, decode, limit and account for requests (`finish`: metrics and the log line) the same way. It raises only the domain errors of
 service/decode/errors.py; each face maps them to its own status codes and counts them in the metrics.
 
