@@ -1,7 +1,7 @@
 """Every error a request can meet, as plain exceptions: no grpc here, and no engine.
 
-The transports map them to their status codes (service/serve/status.py, in one place for both faces), so the engine, the
-worker and the benchmarks raise and catch them without importing grpc.
+The transports map them to their status codes (service/serve/status.py, one place for both faces),
+so the engine, the worker and the benchmarks raise and catch them without importing grpc.
 """
 
 from __future__ import annotations
