@@ -4,6 +4,7 @@
         [--src-subword-model spm.model --tgt-subword-model spm.model]   (where the checkpoint's moved)
     s2s-import joeynmt --config config.yaml --checkpoint best.ckpt --out models/mine [...]
     s2s-import marian --model model.npz --vocabs src.spm tgt.spm --out models/mine [...]
+    s2s-import huggingface --model opus-mt-de-en/ --out models/mine [...]   (a MarianMTModel directory)
 
 A checkpoint the importer cannot rebuild exactly (an option it does not support, a configuration
 that does not match the weights, a vocabulary of the wrong size, a file that is not a checkpoint)
@@ -41,6 +42,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar=("SRC", "TGT"),
         help="the vocabularies as Marian takes them: SentencePiece .spm files or .yml word lists",
     )
+    hf = sub.add_parser("huggingface", help="a Hugging Face MarianMTModel directory (Transformer)")
+    hf.add_argument(
+        "--model",
+        required=True,
+        type=Path,
+        help="the directory: config.json, model.safetensors or pytorch_model.bin, source.spm, "
+        "target.spm, vocab.json",
+    )
     for side in ("src", "tgt"):
         onmt.add_argument(
             f"--{side}-subword-model",
@@ -50,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     for p in (onmt, joey):
         p.add_argument("--checkpoint", required=True, type=Path)
-    for p in (onmt, joey, marian):
+    for p in (onmt, joey, marian, hf):
         p.add_argument("--out", required=True, type=Path, help="bundle directory to write")
         p.add_argument("--name", default="imported")
         p.add_argument("--version", default="0.1.0")
@@ -83,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.src_subword_model,
                 args.tgt_subword_model,
             )
+        elif args.toolkit == "huggingface":
+            from export.importers import huggingface
+
+            out = huggingface.import_model(args.model, args.out, args.name, args.version, args.int8)
         elif args.toolkit == "marian":
             from export.importers import marian
 

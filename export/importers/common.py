@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,7 @@ def write_bundle(
     info: dict[str, Any],
     files: dict[str, bytes] | None = None,
     decoding: dict[str, Any] | None = None,
+    export: Callable[[Any, Path], object] = export_graphs,
 ) -> Path:
     """Graphs, vocabularies, the tokenizer's `files` (bundle name → content) and manifest,
     written to a temporary directory, verified by loading (tokenizers included), then moved to
@@ -121,7 +122,7 @@ def write_bundle(
     parent = out.parent if out.parent.exists() else None
     with tempfile.TemporaryDirectory(dir=parent) as tmp_name:
         tmp = Path(tmp_name)
-        export_graphs(model, tmp)  # type: ignore[arg-type]  # same interface as export.train.model.Seq2Seq
+        export(model, tmp)  # an RNN's exporter, or a Transformer's (export/transformer/graphs.py)
         if int8:
             quantize_decoder(tmp / "decoder.onnx", tmp / "decoder.int8.onnx")
         for side, (tokens, order) in vocabs.items():

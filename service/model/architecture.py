@@ -12,12 +12,12 @@ from typing import Any, Literal
 RnnKind = Literal["gru", "lstm"]
 AttentionKind = Literal["additive", "dot", "general", "concat", "scaled_dot", "none"]
 DecoderStyle = Literal["bahdanau", "luong", "cgru"]
-Toolkit = Literal["native", "opennmt-py", "joeynmt", "marian"]
+Toolkit = Literal["native", "opennmt-py", "joeynmt", "marian", "huggingface"]
 
 RNN_KINDS: tuple[str, ...] = ("gru", "lstm")
 ATTENTION_KINDS: tuple[str, ...] = ("additive", "dot", "general", "concat", "scaled_dot", "none")
 DECODER_STYLES: tuple[str, ...] = ("bahdanau", "luong", "cgru")
-TOOLKITS: tuple[str, ...] = ("native", "opennmt-py", "joeynmt", "marian")
+TOOLKITS: tuple[str, ...] = ("native", "opennmt-py", "joeynmt", "marian", "huggingface")
 # The toolkits whose decoders are conditional (cGRU): ours, and Marian's s2s.
 CONDITIONAL_TOOLKITS: tuple[str, ...] = ("native", "marian")
 
@@ -46,6 +46,58 @@ class StateSpec:
             out.append(f"decoder state name {self.name!r} is not a free identifier")
         if self.width < 1:
             out.append(f"decoder state {self.name!r} needs a width >= 1")
+        return out
+
+
+ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "gelu_tanh", "swish")
+POSITIONS: tuple[str, ...] = ("sinusoidal_halves", "sinusoidal_marian", "learned")
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """A Transformer encoder-decoder's shape, as its graphs were built (export/transformer/).
+
+    Serving reads only what the graph contract needs of it (the width of the cross-attention keys
+    and values the encoder hands the decoder: `dec_layers * d_model`); the rest records the
+    equations the importer rebuilt, so that a bundle says what it is. `positions`:
+    "sinusoidal_halves" (sines then cosines, Hugging Face's Marian and OpenNMT-py), "sinusoidal_marian"
+    (Marian's own timescales), "learned" (a table). `align_layer`/`align_heads`: which decoder
+    layer's cross-attention the graphs return as the alignment, and which of its heads are averaged
+    (empty: all)."""
+
+    d_model: int
+    heads: int
+    ffn_dim: int
+    enc_layers: int
+    dec_layers: int
+    activation: str = "relu"
+    pre_norm: bool = False
+    positions: str = "sinusoidal_halves"
+    scale_embedding: bool = True
+    align_layer: int = -1
+    align_heads: tuple[int, ...] = ()
+
+    def problems(self) -> list[str]:
+        out: list[str] = []
+        for name in ("d_model", "heads", "ffn_dim", "enc_layers", "dec_layers"):
+            if getattr(self, name) < 1:
+                out.append(f"transformer {name} must be >= 1")
+        if self.heads >= 1 and self.d_model % self.heads:
+            out.append(
+                f"transformer d_model {self.d_model} is not a multiple of heads {self.heads}"
+            )
+        if self.activation not in ACTIVATIONS:
+            out.append(
+                f"transformer activation must be one of {ACTIVATIONS}, got {self.activation!r}"
+            )
+        if self.positions not in POSITIONS:
+            out.append(f"transformer positions must be one of {POSITIONS}, got {self.positions!r}")
+        if not -self.dec_layers <= self.align_layer < self.dec_layers:
+            out.append(
+                f"align_layer {self.align_layer} is not one of {self.dec_layers} decoder layers"
+            )
+        if any(not 0 <= h < self.heads for h in self.align_heads):
+            out.append(f"align_heads {list(self.align_heads)} are not among {self.heads} heads")
         return out
 
 
@@ -91,6 +143,8 @@ class ModelConfig:
     input_feed: bool | None = None  # None: Luong style feeds h~ (the native rule)
     # the decoder's state tensors besides `state` (none for the RNNs: StateSpec)
     decoder_states: tuple[StateSpec, ...] = ()
+    # a Transformer's shape; None for the RNNs, whose fields above then describe it
+    transformer: TransformerShape | None = None
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -99,6 +153,8 @@ class ModelConfig:
 
     def problems(self) -> list[str]:
         out: list[str] = []
+        if self.transformer is not None:
+            return out + self.transformer.problems() + self.state_problems()
         if self.rnn not in RNN_KINDS:
             out.append(f"rnn must be one of {RNN_KINDS}, got {self.rnn!r}")
         if self.attention not in ATTENTION_KINDS:
@@ -119,11 +175,7 @@ class ModelConfig:
             out.append(f"toolkit must be one of {TOOLKITS}, got {self.toolkit!r}")
         if not 0.0 <= self.dropout < 1.0:
             out.append(f"dropout must be in [0, 1), got {self.dropout}")
-        for spec in self.decoder_states:
-            out += spec.problems()
-        names = [spec.name for spec in self.decoder_states]
-        if len(set(names)) != len(names):
-            out.append(f"decoder state names must differ, got {names}")
+        out += self.state_problems()
         if self.attention in ("dot", "scaled_dot") and self.dec_hidden != self.enc_out_dim:
             out.append(
                 f"{self.attention} attention scores s·h directly, so dec_hidden ({self.dec_hidden}) "
@@ -132,8 +184,19 @@ class ModelConfig:
             )
         return out
 
+    def state_problems(self) -> list[str]:
+        out = [problem for spec in self.decoder_states for problem in spec.problems()]
+        names = [spec.name for spec in self.decoder_states]
+        if len(set(names)) != len(names):
+            out.append(f"decoder state names must differ, got {names}")
+        return out
+
     @property
     def enc_out_dim(self) -> int:
+        """The width of the encoder's `values`: its states (an RNN), or every decoder layer's
+        cross-attention values side by side (a Transformer)."""
+        if self.transformer is not None:
+            return self.transformer.dec_layers * self.transformer.d_model
         return (2 if self.bidirectional else 1) * self.enc_hidden
 
     @property
@@ -150,7 +213,10 @@ class ModelConfig:
 
     @property
     def state_dim(self) -> int:
-        """Width of the packed decoder state row: every layer's h (and c for LSTM), then h~."""
+        """Width of the packed decoder state row: every layer's h (and c for LSTM), then h~; 0 for
+        a Transformer, whose state is its declared tensors."""
+        if self.transformer is not None:
+            return 0
         per_layer = self.dec_hidden * (2 if self.rnn == "lstm" else 1)
         return self.dec_layers * per_layer + (self.dec_hidden if self.input_feeding else 0)
 
@@ -159,6 +225,10 @@ class ModelConfig:
         bundles' manifests read as they always did)."""
         data = asdict(self)
         states = data.pop("decoder_states")
+        if data["transformer"] is None:
+            del data["transformer"]
+        else:
+            data["transformer"]["align_heads"] = list(data["transformer"]["align_heads"])
         return {**data, "decoder_states": list(states)} if states else data
 
     @classmethod
@@ -170,7 +240,23 @@ class ModelConfig:
         states = data.get("decoder_states", ())
         if not isinstance(states, list | tuple) or not all(isinstance(s, dict) for s in states):
             raise ValueError("decoder_states must be a list of {name, width, growing} objects")
-        return cls(**{**data, "decoder_states": tuple(StateSpec(**s) for s in states)})
+        shape = data.get("transformer")
+        if shape is not None:
+            if not isinstance(shape, dict):
+                raise ValueError("transformer must be an object of the Transformer's shape")
+            unknown = sorted(set(shape) - {f.name for f in fields(TransformerShape)})
+            if unknown:
+                raise ValueError(f"unknown transformer keys: {unknown}")
+            shape = TransformerShape(
+                **{**shape, "align_heads": tuple(shape.get("align_heads", ()))}
+            )
+        return cls(
+            **{
+                **data,
+                "decoder_states": tuple(StateSpec(**s) for s in states),
+                "transformer": shape,
+            }
+        )
 
     @property
     def growing_state(self) -> bool:

@@ -1,0 +1,123 @@
+"""A small Hugging Face `MarianMTModel` directory, made here (no download): what the Hub's
+OPUS-MT conversions hold (config.json, model.safetensors, source.spm, target.spm, vocab.json,
+generation_config.json), at a size the tests and benchmarks build in seconds.
+
+    python -m export.importers.hf_fixture --out /tmp/hf-marian [--d-model 64 --layers 2]
+
+With `--train-steps`, the model is trained to copy its source (a few hundred steps): its
+translations end and vary, so that beam searches compare rules, not near-ties; without, the
+weights are random (enough for the step's equations and for speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import sentencepiece as spm
+import torch
+
+WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "twenty", "thirty", "forty", "fifty", "hundred", "thousand", "and", "minus", "point"]  # fmt: skip
+
+
+def corpus(lines: int = 400, seed: int = 0) -> list[str]:
+    """Number-like word sequences the SentencePiece models are trained on."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(lines):
+        n = int(torch.randint(2, 9, (1,), generator=gen))
+        idx = torch.randint(0, len(WORDS), (n,), generator=gen).tolist()
+        out.append(" ".join(WORDS[i] for i in idx))
+    return out
+
+
+def train_spm(lines: list[str], vocab_size: int) -> bytes:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
+        model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=1, unk_id=0, pad_id=-1,
+        minloglevel=2,
+    )  # fmt: skip
+    return model.getvalue()
+
+
+def train_copy(
+    model: torch.nn.Module, ids: list[list[int]], pad: int, steps: int, seed: int
+) -> None:
+    """Teach the model to copy its source: Adam, batches of 32, teacher forcing."""
+    gen = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        rows = [ids[int(i)] for i in torch.randint(0, len(ids), (32,), generator=gen)]
+        width = max(len(r) for r in rows)
+        src = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+        labels = torch.tensor([r + [-100] * (width - len(r)) for r in rows])
+        loss = model(input_ids=src, attention_mask=src != pad, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def write_model(
+    out: Path, d_model: int = 32, layers: int = 2, heads: int = 4, ffn: int = 64,
+    activation: str = "swish", seed: int = 0, train_steps: int = 0, vocab_size: int = 40,
+) -> Path:  # fmt: skip
+    """Write the directory; returns it."""
+    from transformers import MarianConfig, MarianMTModel
+
+    out.mkdir(parents=True, exist_ok=True)
+    content = train_spm(corpus(seed=seed), vocab_size)
+    (out / "source.spm").write_bytes(content)
+    (out / "target.spm").write_bytes(content)
+    processor = spm.SentencePieceProcessor(model_proto=content)
+    pieces = ["</s>", "<unk>"] + [
+        processor.IdToPiece(i) for i in range(processor.GetPieceSize())
+        if processor.IdToPiece(i) not in ("</s>", "<unk>")
+    ] + ["<pad>"]  # fmt: skip
+    vocab = {piece: i for i, piece in enumerate(pieces)}
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    pad = vocab["<pad>"]
+    torch.manual_seed(seed)
+    config = MarianConfig(
+        vocab_size=len(pieces), decoder_vocab_size=len(pieces), d_model=d_model,
+        encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
+        decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
+        activation_function=activation, max_position_embeddings=256, pad_token_id=pad,
+        eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0,
+        share_encoder_decoder_embeddings=True, scale_embedding=True,
+    )  # fmt: skip
+    model = MarianMTModel(config)
+    if train_steps:
+        lines = corpus(2000, seed=seed + 1)
+        ids = [[vocab.get(p, 1) for p in processor.EncodeAsPieces(line)] + [0] for line in lines]
+        train_copy(model, ids, pad, train_steps, seed)
+    model.generation_config.bad_words_ids = [[pad]]
+    model.generation_config.num_beams = 5
+    model.generation_config.max_length = 64
+    model.save_pretrained(str(out))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--d-model", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--ffn", type=int, default=64)
+    parser.add_argument("--activation", default="swish")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train-steps", type=int, default=0)
+    args = parser.parse_args(argv)
+    write_model(args.out, args.d_model, args.layers, args.heads, args.ffn, args.activation,
+                args.seed, args.train_steps)  # fmt: skip
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,174 @@
+"""s2s-import huggingface: a MarianMTModel directory → a bundle whose Transformer graphs compute
+what transformers computes, step by step, and whose translations are generate()'s.
+
+The model is made here (export/importers/hf_fixture.py: SentencePiece models trained on number
+words, a 2 + 2 layer Marian trained a few hundred steps to copy its source), saved with
+save_pretrained as the Hub's conversions are, and read back by transformers itself for the checks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+from export.importers.common import ImportRefused  # noqa: E402
+from export.importers.hf_fixture import corpus, write_model  # noqa: E402
+from export.importers.huggingface import import_model  # noqa: E402
+from service.decode.config import RuntimeConfig  # noqa: E402
+from service.decode.engine import Engine  # noqa: E402
+from service.decode.options import SearchOptions  # noqa: E402
+
+TEXTS = corpus(24, seed=11)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model(tmp_path_factory.mktemp("hf") / "marian", train_steps=800)
+
+
+@pytest.fixture(scope="module")
+def bundle(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return import_model(hf_dir, tmp_path_factory.mktemp("b") / "bundle", "tiny", "1")
+
+
+def hf_model(hf_dir: Path):  # type: ignore[no-untyped-def]
+    from transformers import MarianMTModel, MarianTokenizer
+
+    model = MarianMTModel.from_pretrained(str(hf_dir), attn_implementation="eager").eval()
+    return model, MarianTokenizer.from_pretrained(str(hf_dir))
+
+
+def our_ids(bundle: Path, hf_dir: Path) -> dict[int, int]:
+    """The toolkit's id → ours, through the two vocabularies' pieces."""
+    ours = (bundle / "target.vocab").read_text(encoding="utf-8").splitlines()
+    theirs = json.loads((hf_dir / "vocab.json").read_text(encoding="utf-8"))
+    index = {piece: i for i, piece in enumerate(ours)}
+    return {hf_id: index[piece] for piece, hf_id in theirs.items()}
+
+
+def test_each_step_computes_what_transformers_computes(hf_dir: Path, bundle: Path) -> None:
+    """Teacher-forced on the same tokens, a batch of two sentences of different lengths: every
+    step's log-probabilities within 1e-5 of MarianMTModel's log-softmax, the alignment (the last
+    layer's cross-attention, heads averaged) within 1e-5 of output_attentions."""
+    model, tokenizer = hf_model(hf_dir)
+    mapping = our_ids(bundle, hf_dir)
+    to_ours = np.vectorize(lambda i: mapping[int(i)])
+    batch = tokenizer(TEXTS[:2], return_tensors="pt", padding=True)
+    pad = model.config.pad_token_id
+    targets = torch.tensor([[pad, 5, 6, 7, 8, 9, 10], [pad, 11, 9, 7, 5, 3, 2]])
+    with torch.no_grad():
+        out = model(**batch, decoder_input_ids=targets, output_attentions=True)
+    expected = torch.log_softmax(out.logits, -1).numpy()
+    cross = out.cross_attentions[-1].mean(1).numpy()  # (B, T, S)
+    encoder = ort.InferenceSession(str(bundle / "encoder.onnx"))
+    decoder = ort.InferenceSession(str(bundle / "decoder.onnx"))
+    src = to_ours(batch["input_ids"].numpy()).astype(np.int64)
+    lengths = batch["attention_mask"].sum(1).numpy().astype(np.int64)
+    values, keys, mask, state = encoder.run(None, {"src": src, "src_lengths": lengths})
+    widths = {i.name: i.shape[2] for i in decoder.get_inputs() if i.name.startswith("self_")}
+    caches = {name: np.zeros((2, 0, width), np.float32) for name, width in widths.items()}
+    names = [o.name for o in decoder.get_outputs()]
+    vocab = len(mapping) + 1
+    tokens = to_ours(targets.numpy()).astype(np.int64)
+    worst_lp = worst_attention = 0.0
+    for t in range(targets.shape[1]):
+        feed = {"tokens": tokens[:, t], "state": state, "reorder": np.arange(2), "values": values,
+                "keys": keys, "mask": mask, "k": np.array(vocab, np.int64),
+                "positions": np.full(2, t, np.int64), **caches}  # fmt: skip
+        got = dict(zip(names, decoder.run(None, feed), strict=True))
+        log_probs = np.full((2, vocab), -np.inf, np.float32)
+        np.put_along_axis(log_probs, got["token_ids"], got["log_probs"], 1)
+        for hf_id, ours in mapping.items():
+            if hf_id != pad:  # banned: -inf in both
+                worst_lp = max(worst_lp, np.abs(log_probs[:, ours] - expected[:, t, hf_id]).max())
+        assert np.all(np.isneginf(log_probs[:, mapping[pad]]))
+        worst_attention = max(worst_attention, np.abs(got["attention"] - cross[:, t]).max())
+        caches = {name[len("new_") :]: got[name] for name in names if name.startswith("new_self")}
+        state = got["new_state"]
+    assert worst_lp < 1e-5
+    assert worst_attention < 1e-5
+
+
+def load(bundle: Path, search: str) -> Engine:
+    config = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1, search=search)
+    return Engine.load(bundle, config)
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_translations_are_generates(hf_dir: Path, bundle: Path, beam: int) -> None:
+    """The served best translation is MarianMTModel.generate's, greedy and at beam 5, for every
+    text, through the host search and the device search alike."""
+    model, tokenizer = hf_model(hf_dir)
+    expected = []
+    for text in TEXTS:
+        with torch.no_grad():
+            ids = model.generate(**tokenizer([text], return_tensors="pt"), num_beams=beam)
+        expected.append(tokenizer.decode(ids[0], skip_special_tokens=True))
+    assert len(set(expected)) > len(TEXTS) // 2  # the fixture translates, not one string
+    for search in ("host", "device"):
+        engine = load(bundle, search)
+        options = SearchOptions(**{**engine.decoding_defaults, "beam_size": beam, "n_best": 1})
+        got = [r.hypotheses[0].text for r in engine.translate(TEXTS, options)]
+        assert got == expected, search
+
+
+def test_an_answer_carries_the_cross_attention_as_its_alignment(bundle: Path) -> None:
+    """Every n-best hypothesis comes with its own matrix: a row per target piece, each a
+    distribution over the source's pieces (its `</s>` included)."""
+    engine = load(bundle, "host")
+    result = engine.translate([TEXTS[0]], SearchOptions(beam_size=5, n_best=2), "subword")[0]
+    assert len(result.hypotheses) == 2
+    for hypothesis in result.hypotheses:
+        assert hypothesis.alignment is not None
+        matrix = hypothesis.alignment.matrix
+        assert matrix.shape == (len(hypothesis.tokens), len(result.source_tokens))
+        np.testing.assert_allclose(matrix.sum(axis=1), 1.0, atol=1e-5)
+
+
+def broken(hf_dir: Path, tmp_path: Path, edit: dict[str, object]) -> Path:
+    copy = tmp_path / "broken"
+    shutil.copytree(hf_dir, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, **edit}))
+    return copy
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        ({"model_type": "bart"}, "model_type 'bart'"),
+        ({"activation_function": "tanh"}, "activation_function 'tanh'"),
+        ({"normalize_before": True}, "normalize_before"),
+        ({"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings"),
+        ({"vocab_size": 999}, "vocab_size 999"),
+        ({"d_model": 48}, "d_model 48"),
+    ],
+)
+def test_what_the_graphs_do_not_carry_is_refused_naming_it(
+    hf_dir: Path, tmp_path: Path, edit: dict[str, object], words: str
+) -> None:
+    source = broken(hf_dir, tmp_path, edit)
+    out = tmp_path / "bundle"
+    with pytest.raises(ImportRefused, match=words) as err:
+        import_model(source, out, "x", "1")
+    assert "config.json" in str(err.value) or str(source) in str(err.value)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("missing", ["vocab.json", "model.safetensors", "source.spm"])
+def test_a_missing_file_is_refused_naming_it(hf_dir: Path, tmp_path: Path, missing: str) -> None:
+    copy = broken(hf_dir, tmp_path, {})
+    (copy / missing).unlink()
+    out = tmp_path / "bundle"
+    with pytest.raises(ImportRefused) as err:
+        import_model(copy, out, "x", "1")
+    assert missing.split(".")[0] in str(err.value) or "pytorch_model.bin" in str(err.value)
+    assert not out.exists()
