@@ -172,3 +172,39 @@ def test_a_missing_file_is_refused_naming_it(hf_dir: Path, tmp_path: Path, missi
         import_model(copy, out, "x", "1")
     assert missing.split(".")[0] in str(err.value) or "pytorch_model.bin" in str(err.value)
     assert not out.exists()
+
+
+def test_the_server_answers_with_a_matrix_per_hypothesis_and_aligns(bundle: Path) -> None:
+    """Behind the gRPC server (one process): Translate returns each n-best hypothesis with its own
+    matrix, and Align on the best translation gives back its log-probability and its matrix (the
+    forced pass reads the same step)."""
+    from proto.translation.v1 import translation_pb2 as pb
+    from tests.test_server import ServerThread, base_args
+
+    server = ServerThread.start(base_args(bundle))
+    try:
+        options = pb.DecodingOptions(beam_size=5, n_best=3, alignment=pb.ALIGNMENT_MODE_SUBWORD)
+        reply = server.stub.Translate(pb.TranslateRequest(texts=TEXTS[:4], options=options))
+        pairs = []
+        for text, translation in zip(TEXTS[:4], reply.translations, strict=True):
+            assert len(translation.hypotheses) == 3
+            for hyp in translation.hypotheses:
+                a = hyp.alignment
+                matrix = np.array(a.weights).reshape(a.rows, a.cols)
+                assert a.rows == len(hyp.tokens) and a.cols == len(translation.source_tokens)
+                np.testing.assert_allclose(matrix.sum(axis=1), 1.0, atol=1e-5)
+            pairs.append((text, translation.hypotheses[0]))
+        aligned = server.stub.Align(
+            pb.AlignRequest(
+                pairs=[pb.AlignPair(source=s, target=h.text) for s, h in pairs],
+                options=pb.AlignOptions(alignment=pb.ALIGNMENT_MODE_SUBWORD),
+            )
+        )
+        for (_, best), got in zip(pairs, aligned.alignments, strict=True):
+            assert list(got.target_tokens) == list(best.tokens)
+            assert got.log_prob == pytest.approx(best.log_prob, abs=1e-4)
+            np.testing.assert_allclose(
+                np.array(got.subword.weights), np.array(best.alignment.weights), atol=1e-5
+            )
+    finally:
+        server.close()

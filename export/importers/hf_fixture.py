@@ -65,8 +65,11 @@ def train_copy(
 def write_model(
     out: Path, d_model: int = 32, layers: int = 2, heads: int = 4, ffn: int = 64,
     activation: str = "swish", seed: int = 0, train_steps: int = 0, vocab_size: int = 40,
+    extra_pieces: int = 0,
 ) -> Path:  # fmt: skip
-    """Write the directory; returns it."""
+    """Write the directory; returns it. `extra_pieces`: vocabulary entries past the SentencePiece
+    model's (pieces no text is cut into, which the model may still emit): a vocabulary of
+    OPUS-MT's size for speed, where the text does not matter."""
     from transformers import MarianConfig, MarianMTModel
 
     out.mkdir(parents=True, exist_ok=True)
@@ -77,7 +80,7 @@ def write_model(
     pieces = ["</s>", "<unk>"] + [
         processor.IdToPiece(i) for i in range(processor.GetPieceSize())
         if processor.IdToPiece(i) not in ("</s>", "<unk>")
-    ] + ["<pad>"]  # fmt: skip
+    ] + [f"▁x{i}" for i in range(extra_pieces)] + ["<pad>"]  # fmt: skip
     vocab = {piece: i for i, piece in enumerate(pieces)}
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     pad = vocab["<pad>"]
@@ -112,9 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--activation", default="swish")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-steps", type=int, default=0)
+    parser.add_argument("--extra-pieces", type=int, default=0)
     args = parser.parse_args(argv)
     write_model(args.out, args.d_model, args.layers, args.heads, args.ffn, args.activation,
-                args.seed, args.train_steps)  # fmt: skip
+                args.seed, args.train_steps, extra_pieces=args.extra_pieces)  # fmt: skip
     print(f"wrote {args.out}")
     return 0
 

@@ -1,0 +1,182 @@
+"""A Transformer's speed on identical weights: this engine beside CTranslate2 and transformers.
+
+    python -m benchmarks.importing.transformer_speed --shape opus-mt --sentences 128 \
+        --threads 1 2 [--int8] [--json docs/benchmarks/transformer-speed.json]
+
+One Hugging Face MarianMTModel directory (export/importers/hf_fixture.py: `opus-mt` is OPUS-MT's
+shape, 6 + 6 layers, 512 wide, 8 heads, 2,048 swish feed-forward, a 32k shared vocabulary, random
+weights; `tiny` is the tests' 2 + 2 layer model trained to copy) is imported with s2s-import
+huggingface and converted with CTranslate2's own TransformersConverter, float32 and int8. Each
+side translates the same sentences (10-40 source pieces), beam 5, batches of 32 sorted by length,
+at most `--max-tokens` target tokens, at 1 and 2 threads; ours returns every hypothesis's
+alignment matrix (subword). The figure is target tokens per second, each side counting the tokens
+it produced (the end of sentence counted), with the ratio ours / CTranslate2. Beside them, at one
+thread only: MarianMTModel.generate (torch) on the same batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SHAPES = {
+    "opus-mt": {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "extra_pieces": 32000},
+    "tiny": {"d_model": 32, "layers": 2, "heads": 4, "ffn": 64, "train_steps": 800},
+}
+BATCH, BEAM = 32, 5
+
+
+@dataclass
+class Row:
+    system: str
+    threads: int
+    sentences: int
+    target_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.target_tokens / self.seconds
+
+
+def sentences(count: int, seed: int) -> list[str]:
+    """Texts of number words whose SentencePiece cut is 10-40 pieces long."""
+    from export.importers.hf_fixture import WORDS
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 22))) for _ in range(count)]
+
+
+def by_length(texts: list[str], pieces: list[list[str]]) -> list[int]:
+    return sorted(range(len(texts)), key=lambda i: len(pieces[i]))
+
+
+def ours(bundle: Path, texts: list[str], threads: int, int8: bool, max_tokens: int) -> Row:
+    from service.decode.config import RuntimeConfig
+    from service.decode.engine import Engine
+    from service.decode.options import SearchOptions
+
+    config = RuntimeConfig(
+        providers=("CPUExecutionProvider",), intra_op_threads=threads, encoder_threads=threads,
+        int8_decoder=int8,
+    )  # fmt: skip
+    engine = Engine.load(bundle, config)
+    options = SearchOptions(**{**engine.decoding_defaults, "beam_size": BEAM, "n_best": 1,
+                               "max_length": max_tokens, "max_length_b": max_tokens})  # fmt: skip
+    engine.translate(texts[:BATCH], options, "subword")  # warm-up
+    tokens = 0
+    start = time.perf_counter()
+    for i in range(0, len(texts), BATCH):
+        for result in engine.translate(texts[i : i + BATCH], options, "subword"):
+            best = result.hypotheses[0]
+            assert best.alignment is not None
+            tokens += len(best.token_ids) + int(best.finished)
+    return Row("ours" + (" int8" if int8 else ""), threads, len(texts), tokens,
+               time.perf_counter() - start)  # fmt: skip
+
+
+def ctranslate2_row(
+    model: Path, pieces: list[list[str]], threads: int, int8: bool, max_tokens: int
+) -> Row:
+    import ctranslate2
+
+    translator = ctranslate2.Translator(
+        str(model), device="cpu", compute_type="int8" if int8 else "float32",
+        inter_threads=1, intra_threads=threads,
+    )  # fmt: skip
+    kwargs = {"beam_size": BEAM, "max_decoding_length": max_tokens, "return_end_token": True}
+    translator.translate_batch(pieces[:BATCH], **kwargs)
+    tokens = 0
+    start = time.perf_counter()
+    for i in range(0, len(pieces), BATCH):
+        for result in translator.translate_batch(pieces[i : i + BATCH], **kwargs):
+            tokens += len(result.hypotheses[0])
+    return Row("ctranslate2" + (" int8" if int8 else " float32"), threads, len(pieces), tokens,
+               time.perf_counter() - start)  # fmt: skip
+
+
+def generate_row(model_dir: Path, texts: list[str], threads: int, max_tokens: int) -> Row:
+    import torch
+    from transformers import MarianMTModel, MarianTokenizer
+
+    torch.set_num_threads(threads)
+    model = MarianMTModel.from_pretrained(str(model_dir)).eval()
+    tokenizer = MarianTokenizer.from_pretrained(str(model_dir))
+    tokens = 0
+    start = time.perf_counter()
+    for i in range(0, len(texts), BATCH):
+        batch = tokenizer(texts[i : i + BATCH], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(**batch, num_beams=BEAM, max_new_tokens=max_tokens)
+        eos, pad = model.config.eos_token_id, model.config.pad_token_id
+        for row in out:  # the start token and the padding after the end are not tokens
+            tokens += int(((row != pad) | (row == eos)).sum())
+    return Row("transformers generate", threads, len(texts), tokens, time.perf_counter() - start)
+
+
+def prepare(shape: str, work: Path) -> tuple[Path, Path, dict[bool, Path]]:
+    from ctranslate2.converters import TransformersConverter
+
+    from export.importers.hf_fixture import write_model
+    from export.importers.huggingface import import_model
+
+    model_dir = write_model(work / "hf", **SHAPES[shape])  # type: ignore[arg-type]
+    bundle = import_model(model_dir, work / "bundle", shape, "1", int8=True)
+    converted = {}
+    for int8 in (False, True):
+        out = work / ("ct2-int8" if int8 else "ct2")
+        TransformersConverter(str(model_dir)).convert(
+            str(out), quantization="int8" if int8 else None
+        )
+        converted[int8] = out
+    return model_dir, bundle, converted
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="opus-mt")
+    parser.add_argument("--sentences", type=int, default=128)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--int8", action="store_true", help="int8 rows too")
+    parser.add_argument("--no-generate", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    import sentencepiece as spm
+
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir, bundle, converted = prepare(args.shape, Path(tmp))
+        cutter = spm.SentencePieceProcessor(model_file=str(model_dir / "source.spm"))
+        texts = sentences(args.sentences, seed=5)
+        pieces = [cutter.EncodeAsPieces(t) + ["</s>"] for t in texts]
+        order = by_length(texts, pieces)
+        texts, pieces = [texts[i] for i in order], [pieces[i] for i in order]
+        for threads in args.threads:
+            for int8 in (False, True) if args.int8 else (False,):
+                rows.append(ctranslate2_row(converted[int8], pieces, threads, int8, args.max_tokens))
+                rows.append(ours(bundle, texts, threads, int8, args.max_tokens))
+                print(rows[-2], rows[-1], flush=True)
+        if not args.no_generate:
+            rows.append(generate_row(model_dir, texts, 1, args.max_tokens))
+    print(f"| system | threads | target tokens | s | tokens/s | x CTranslate2 ({args.shape}) |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        peer = next((r for r in rows if r.threads == row.threads and r.system.startswith(
+            "ctranslate2") and r.system.endswith("int8") == row.system.endswith("int8")), None)  # fmt: skip
+        ratio = f"{row.tokens_per_s / peer.tokens_per_s:.2f}" if peer else "-"
+        print(f"| {row.system} | {row.threads} | {row.target_tokens} | {row.seconds:.1f} | "
+              f"{row.tokens_per_s:.0f} | {ratio} |")  # fmt: skip
+    if args.json:
+        rows_out = [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in rows]
+        args.json.write_text(json.dumps({"shape": args.shape, "rows": rows_out}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
