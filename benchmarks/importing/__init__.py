@@ -5,6 +5,9 @@
   models, imported: quality and speed on John in one table;
 - marian_side_by_side: Marian's s2s models beside their import: fidelity, quality and speed;
 - onmt_controls_john: the decoding controls against onmt_translate's, verse by verse on John;
+- transformer_speed: a Transformer (Hugging Face's MarianMTModel, OPUS-MT's shape or a small one)
+  imported beside CTranslate2 converted from the same weights, and transformers' generate: target
+  tokens per second, float32 and int8, at 1 and 2 threads;
 - compare_bundles: two bundles of one model (an export change, a re-import): the same outputs, and
   which decodes faster.
 """
