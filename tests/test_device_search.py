@@ -286,7 +286,8 @@ def test_the_device_search_holds_the_mask_and_prefix_controls(pair: Pair) -> Non
     for name, on_device in [("prefix", True), ("min_length", True), ("ngram", False),
                          ("repetition", False), ("sampling", False)]:  # fmt: skip
         options = pair.options(beam_size=5, **{"n_best": 2, **cases[name]})
-        assert device.takes(pair.device.controls(options)) == (on_device and masks), name
+        took = device.takes(options, pair.device.controls(options))
+        assert took == (on_device and masks), name
 
 
 def test_every_control_mixed_in_one_running_batch(pair: Pair) -> None:

@@ -104,8 +104,8 @@ def load(bundle: Path, search: str) -> Engine:
 
 @pytest.mark.parametrize("beam", [1, 5])
 def test_translations_are_generates(hf_dir: Path, bundle: Path, beam: int) -> None:
-    """The served best translation is MarianMTModel.generate's, greedy and at beam 5, for every
-    text, through the host search and the device search alike."""
+    """The best translation is MarianMTModel.generate's, greedy and at beam 5, for every text,
+    with the bundle's decoding defaults (generate's rules: the "heuristic" stopping rule)."""
     model, tokenizer = hf_model(hf_dir)
     expected = []
     for text in TEXTS:
@@ -113,11 +113,30 @@ def test_translations_are_generates(hf_dir: Path, bundle: Path, beam: int) -> No
             ids = model.generate(**tokenizer([text], return_tensors="pt"), num_beams=beam)
         expected.append(tokenizer.decode(ids[0], skip_special_tokens=True))
     assert len(set(expected)) > len(TEXTS) // 2  # the fixture translates, not one string
+    engine = load(bundle, "host")
+    options = SearchOptions(**{**engine.decoding_defaults, "beam_size": beam, "n_best": 1})
+    got = [r.hypotheses[0].text for r in engine.translate(TEXTS, options)]
+    assert got == expected
+
+
+@pytest.mark.parametrize("stopping", ["exact", "patience", "first"])
+def test_the_device_search_answers_as_the_host_search(bundle: Path, stopping: str) -> None:
+    """Every rule the device search takes (generate's own, "heuristic", stays on the host: its
+    finished set is the beam's): the same n-best texts, scores and matrices on the Transformer,
+    whose cache the device search carries between steps."""
+    answers = []
     for search in ("host", "device"):
         engine = load(bundle, search)
-        options = SearchOptions(**{**engine.decoding_defaults, "beam_size": beam, "n_best": 1})
-        got = [r.hypotheses[0].text for r in engine.translate(TEXTS, options)]
-        assert got == expected, search
+        options = SearchOptions(
+            **{**engine.decoding_defaults, "beam_size": 5, "n_best": 2, "stopping": stopping}
+        )
+        answers.append(engine.translate(TEXTS, options, "subword"))
+    for host, device in zip(*answers, strict=True):
+        assert [h.text for h in host.hypotheses] == [h.text for h in device.hypotheses]
+        for a, b in zip(host.hypotheses, device.hypotheses, strict=True):
+            assert a.score == pytest.approx(b.score, abs=1e-5)
+            assert a.alignment is not None and b.alignment is not None
+            np.testing.assert_allclose(a.alignment.matrix, b.alignment.matrix, atol=1e-5)
 
 
 def test_an_answer_carries_the_cross_attention_as_its_alignment(bundle: Path) -> None:

@@ -275,14 +275,11 @@ def test_the_schedules_take_the_paths_they_are_for(default_bench: Bench) -> None
     assert isinstance(device, DeviceSearch)
     words = default_bench.words[1]
     engine, prepared = default_bench.pair.device, default_bench.prepared[1]
-    took = {
-        control: device.takes(
-            engine.sentence_controls(
-                prepared,
-                replace(default_bench.pair.options(), **control_changes(words, control, K, 3)),
-            )[0]
-        )
-        for control in CONTROLS
-    }
+
+    def takes(control: str) -> bool:
+        options = replace(default_bench.pair.options(), **control_changes(words, control, K, 3))
+        return device.takes(options, engine.sentence_controls(prepared, options)[0])
+
+    took = {control: takes(control) for control in CONTROLS}
     assert took["prefix"] and took["min_length"]
     assert not took["ngram"] and not took["sampling"] and not took["glossary"]

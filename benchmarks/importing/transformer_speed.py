@@ -154,12 +154,14 @@ def main(argv: list[str] | None = None) -> int:
         model_dir, bundle, converted = prepare(args.shape, Path(tmp))
         cutter = spm.SentencePieceProcessor(model_file=str(model_dir / "source.spm"))
         texts = sentences(args.sentences, seed=5)
-        pieces = [cutter.EncodeAsPieces(t) + ["</s>"] for t in texts]
+        pieces = [[*cutter.EncodeAsPieces(t), "</s>"] for t in texts]
         order = by_length(texts, pieces)
         texts, pieces = [texts[i] for i in order], [pieces[i] for i in order]
         for threads in args.threads:
             for int8 in (False, True) if args.int8 else (False,):
-                rows.append(ctranslate2_row(converted[int8], pieces, threads, int8, args.max_tokens))
+                rows.append(
+                    ctranslate2_row(converted[int8], pieces, threads, int8, args.max_tokens)
+                )
                 rows.append(ours(bundle, texts, threads, int8, args.max_tokens))
                 print(rows[-2], rows[-1], flush=True)
         if not args.no_generate:

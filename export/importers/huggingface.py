@@ -250,9 +250,16 @@ def load_all(net: TransformerSeq2Seq, tensors: dict[str, Tensor], directory: Pat
 def decoding_defaults(generation: dict[str, Any]) -> dict[str, Any]:
     """`generate`'s rules as the bundle's decoding defaults: scores over length^length_penalty
     (the end of sentence counted), at most max_length - 1 tokens whatever the source's length
-    (its decoder start is counted in max_length), capped at MAX_STEPS."""
+    (its decoder start is counted in max_length), capped at MAX_STEPS, and its stopping rule
+    (early_stopping False: "heuristic"; True: "patience" 1, done once beam_size have ended;
+    "never": "exact")."""
     steps = min(int(generation.get("max_length", 512)) - 1, MAX_STEPS)
+    early = generation.get("early_stopping", False)
+    stopping = {False: "heuristic", True: "patience", "never": "exact"}.get(early)
+    refuse_unless(stopping is not None, f"early_stopping {early!r} is not one generate knows")
     return {
+        "stopping": stopping,
+        "patience": 1.0,
         "normalize": float(generation.get("length_penalty", 1.0)),
         "max_length_a": 0.0,
         "max_length_b": steps,
@@ -264,7 +271,7 @@ def import_model(directory: Path, out: Path, name: str, version: str, int8: bool
     """A MarianMTModel directory → a bundle at `out` (nothing written if refused)."""
     refuse_unless(directory.is_dir(), f"the model directory is not found: {directory}")
     net, tokens, order, generation = build(directory)
-    tokenizer: dict[str, Any] = {"kind": "subword", "toolkit": "marian"}
+    tokenizer: dict[str, Any] = {"kind": "subword", "toolkit": "huggingface"}
     files: dict[str, bytes] = {}
     for side, spm_name in (("source", "source.spm"), ("target", "target.spm")):
         tokenizer[side], content = subword_side(

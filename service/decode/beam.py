@@ -28,7 +28,14 @@ from service.decode import controls as ctl
 from service.decode.constraints import START, Constraints, SlotTable, State, bank_order
 from service.decode.controls import NO_CONTROLS, Controls, unusable_controls
 from service.decode.options import SearchOptions
-from service.decode.rules import cannot_improve, coverage_penalty, max_length, normalized_score
+from service.decode.rules import (
+    cannot_improve,
+    coverage_penalty,
+    heuristic_ends,
+    kept_finished,
+    max_length,
+    normalized_score,
+)
 
 
 @dataclass(frozen=True)
@@ -281,8 +288,9 @@ class _Sentence:
 
     @property
     def wanted(self) -> int:
-        """The finished hypotheses it returns: its n-best, or every alternative."""
-        return self.options.beam_size if self.controls.alternatives else self.options.n_best
+        """The finished hypotheses it keeps: its n-best (its beam under the heuristic rule,
+        rules.kept_finished), or every alternative."""
+        return self.options.beam_size if self.controls.alternatives else kept_finished(self.options)
 
     def finish(
         self,
@@ -338,6 +346,8 @@ class _Sentence:
             return ended >= math.ceil(self.options.beam_size * self.options.patience)
         if rule == "narrowing":
             return self.width == 0
+        if rule == "heuristic":
+            return heuristic_ends(best_live, self.steps, self.finished[-1].score, self.options)
         return self.cannot_improve(best_live)
 
     def cannot_improve(self, best_live: float) -> bool:
@@ -349,8 +359,9 @@ class _Sentence:
         return cannot_improve(best_live, self.steps, worst, self.max_len, self.options)
 
     def n_best(self) -> list[Hypothesis]:
-        """The finished hypotheses, best first, back-traced."""
-        return [self._hypothesis(f) for f in self.finished]
+        """The finished hypotheses it returns, best first, back-traced."""
+        count = self.wanted if self.controls.alternatives else self.options.n_best
+        return [self._hypothesis(f) for f in self.finished[:count]]
 
     def _hypothesis(self, f: _Finished) -> Hypothesis:
         tokens, attention, log_probs = self.history.backtrace(f.slot, f.prefix_steps)

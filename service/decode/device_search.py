@@ -329,8 +329,8 @@ class DeviceSearch:
                 f"sentence beam_size {options.beam_size} exceeds the batch's beam size "
                 f"{self._beam_size}"
             )
-        if controls is not NO_CONTROLS and controls.active and not self.takes(controls):
-            raise ValueError("the device search does not take these decoding controls")
+        if not self.takes(options, controls):
+            raise ValueError("the device search does not take these options or controls")
         problem = unusable_controls(controls, self.model.bundle.architecture.tgt_vocab_size)
         if problem:
             raise ValueError(f"sentence {sentence_id!r}: {problem}")
@@ -352,9 +352,12 @@ class DeviceSearch:
             known = self._known[id(options)] = _Known.of(options)
         return known
 
-    def takes(self, controls: Controls) -> bool:
+    def takes(self, options: SearchOptions, controls: Controls) -> bool:
         """Whether the device search applies these controls (`device_controls`) on this model's
-        graph (the others stay with the numpy search: docs/decoding.md)."""
+        graph, and its stopping rule (not "heuristic", whose finished set is the beam's); the
+        others stay with the numpy search: docs/decoding.md."""
+        if options.stopping == "heuristic":
+            return False
         if not controls.active:
             return True
         if not device_controls(controls):

@@ -36,6 +36,7 @@ from service.decode.terms import Terms
 from service.decode.translation import ALIGNMENT_MODES, AlignmentMode, Translation
 from service.model import graph_contract as contract
 from service.model import memory as mem
+from service.model.architecture import NARROWING_TOOLKITS
 from service.model.bundle import MANIFEST, Bundle, BundleError, load_bundle
 from service.model.embedded import resolve_bundle
 from service.model.spelling import control_problem, spelling_problem
@@ -315,7 +316,7 @@ class Engine:
         decodes on the host, as with search "host"), then the numpy search, which takes every
         sentence."""
         cfg = self.cfg
-        narrow = cfg.toolkit != "native"  # imported models: the toolkit's beam rule
+        narrow = cfg.toolkit in NARROWING_TOOLKITS  # the toolkit's beam rule
         host = HostSearch(
             self.model, beam_size, cfg.bos_id, cfg.eos_id, cfg.tgt_vocab_size, narrow,
             self.continues_word,
@@ -514,7 +515,7 @@ class RunningBatch(Generic[KeyT]):
                 self.failed.append((request, error))
                 continue
             for entry in self.joining(request, control, rows):
-                routed[self.search_for(entry.controls)].append(entry)
+                routed[self.search_for(entry.options, entry.controls)].append(entry)
             parts = request.sentence.segments
             if parts:
                 self.segments[request.key] = [None] * len(parts)
@@ -544,9 +545,10 @@ class RunningBatch(Generic[KeyT]):
             for key, part_controls, encoded in zip(keys, controls, rows, strict=True)
         ]
 
-    def search_for(self, controls: Controls) -> int:
-        """The first of the batch's searches that takes a sentence with these controls."""
-        return next(i for i, search in enumerate(self.searches) if search.takes(controls))
+    def search_for(self, options: SearchOptions, controls: Controls) -> int:
+        """The first of the batch's searches that takes a sentence with these options and
+        controls."""
+        return next(i for i, s in enumerate(self.searches) if s.takes(options, controls))
 
     def part_controls(self, request: DecodeRequest[KeyT]) -> list[Controls]:
         """The controls of each part of a request's sentence (`Engine.sentence_controls`)."""

@@ -94,7 +94,7 @@ class OptionSpec:
     name: str = ""
 
 
-STOPPING_RULES: tuple[str, ...] = ("exact", "first", "patience", "narrowing")
+STOPPING_RULES: tuple[str, ...] = ("exact", "first", "patience", "narrowing", "heuristic")
 # The inexact rules that cut a search short where GNMT's penalties leave the exact bound loose
 # (docs/decoding.md#stopping-rules); without a penalty the exact bound is tight.
 PENALTY_RULES: tuple[str, ...] = ("first", "patience")
@@ -146,7 +146,9 @@ class SearchOptions:
                    "can still win), first (its best-ranked candidate ended: OpenNMT-py, Joey NMT), "
                    "patience (beam_size x patience hypotheses ended: CTranslate2) or narrowing "
                    "(the beam narrows by each hypothesis that ends, done when beam_size have: "
-                   "Marian)", ("--stopping",), choices=STOPPING_RULES)
+                   "Marian) or heuristic (beam_size have ended and the best live hypothesis, "
+                   "scored at its current length, cannot beat them: transformers' generate)",
+                   ("--stopping",), choices=STOPPING_RULES)
     )  # fmt: skip
     normalize: float = option(
         OptionSpec(float, 0.0, "Marian's length normalization: scores divided by length^normalize "

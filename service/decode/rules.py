@@ -69,6 +69,20 @@ def cannot_improve(
     return spent / length_normalizer(max_len, options) <= worst_kept
 
 
+def heuristic_ends(best_live: float, steps: int, worst_kept: float, options: SearchOptions) -> bool:
+    """transformers' generate (early_stopping=False): the best live hypothesis, scored as if it
+    ended now (its `steps` tokens, normalized), cannot beat the worst of the beam_size finished
+    ones kept. Not a bound: a longer hypothesis may still score higher where lengths are rewarded,
+    which generate accepts, and so does this rule."""
+    return normalized_score(best_live, steps, options) <= worst_kept
+
+
+def kept_finished(options: SearchOptions) -> int:
+    """How many finished hypotheses a sentence keeps: its n-best, or its beam under the
+    heuristic rule (generate keeps beam_size and stops on the worst of them)."""
+    return options.beam_size if options.stopping == "heuristic" else options.n_best
+
+
 def exact_rule_applies(options: SearchOptions) -> bool:
     """Whether the exact rule bounds this sentence's search (its stopping rule is "exact" and its
     word penalty no reward)."""

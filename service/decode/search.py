@@ -50,8 +50,8 @@ class Search(Protocol):
         """The sentences decoding (joined ones included)."""
         ...
 
-    def takes(self, controls: Controls) -> bool:
-        """Whether it decodes a sentence with these controls."""
+    def takes(self, options: SearchOptions, controls: Controls) -> bool:
+        """Whether it decodes a sentence with these options and controls."""
         ...
 
     def add(self, joining: Sequence[Joining]) -> None:
@@ -105,7 +105,7 @@ class HostSearch:
     def __len__(self) -> int:
         return len(self.search)
 
-    def takes(self, controls: Controls) -> bool:
+    def takes(self, options: SearchOptions, controls: Controls) -> bool:
         return True
 
     def add(self, joining: Sequence[Joining]) -> None:

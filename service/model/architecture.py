@@ -18,6 +18,9 @@ RNN_KINDS: tuple[str, ...] = ("gru", "lstm")
 ATTENTION_KINDS: tuple[str, ...] = ("additive", "dot", "general", "concat", "scaled_dot", "none")
 DECODER_STYLES: tuple[str, ...] = ("bahdanau", "luong", "cgru")
 TOOLKITS: tuple[str, ...] = ("native", "opennmt-py", "joeynmt", "marian", "huggingface")
+# The toolkits whose beam narrows by its finished hypotheses (OpenNMT-py's, Joey NMT's and
+# Marian's searches); ours and transformers' generate keep the beam full (service/decode/beam.py).
+NARROWING_TOOLKITS: tuple[str, ...] = ("opennmt-py", "joeynmt", "marian")
 # The toolkits whose decoders are conditional (cGRU): ours, and Marian's s2s.
 CONDITIONAL_TOOLKITS: tuple[str, ...] = ("native", "marian")
 

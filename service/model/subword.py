@@ -28,7 +28,7 @@ from service.model.tokenizer import TokenizerError
 
 WORD_START = "\u2581"  # SentencePiece's "▁", the project's mark of a word's first piece
 SEGMENTERS = ("sentencepiece", "bpe")
-TOOLKITS = ("opennmt-py", "joeynmt", "marian")
+TOOLKITS = ("opennmt-py", "joeynmt", "marian", "huggingface")
 # subword-nmt caches every word it has segmented; a server sees words without end.
 MAX_BPE_CACHE = 100_000
 LOOKAHEAD = 16  # characters a piece may skip in the text (an unknown or escaped piece's text)
@@ -66,9 +66,10 @@ class SentencePieceSegmenter:
         return list(self.processor.encode(text, out_type=str))
 
     def join(self, pieces: list[str]) -> str:
-        """OpenNMT-py and Marian: DecodePieces; Joey NMT: decode, "▁" to spaces, stripped."""
+        """OpenNMT-py and Marian: DecodePieces; Joey NMT and transformers' MarianTokenizer:
+        decode, "▁" to spaces, stripped."""
         text = str(self.processor.DecodePieces(pieces))
-        if self.toolkit == "joeynmt":
+        if self.toolkit in ("joeynmt", "huggingface"):
             text = text.replace(WORD_START, " ").strip()
         return text
 
