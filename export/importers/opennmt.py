@@ -13,7 +13,8 @@ global_attention.py and stacked_rnn.py of 3.5.1):
   general (not mlp); the generator is a Linear on h~, log-softmax at translation time;
 - the `sentencepiece` or `bpe` transform: its model file goes into the bundle, which then cuts the
   client's text as the transform does (service/model/subword.py).
-Everything else (copy attention, coverage, context gates, transformers, features, ...) is refused.
+Transformer checkpoints (`-encoder_type transformer`) go to export/importers/opennmt_transformer.py.
+Everything else (copy attention, coverage, context gates, features, ...) is refused.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from export.importers import opennmt_transformer
 from export.importers.common import (
     attend,
     check_rows,
@@ -40,7 +42,9 @@ from export.importers.common import (
     unpack_state,
     write_bundle,
 )
+from export.onnx.to_onnx import export_graphs
 from export.train.model import Encoded, FoldedEmbedding
+from export.transformer import graphs as transformer_graphs
 from service.model.architecture import ModelConfig
 
 PAD, BOS, EOS, UNK = "<blank>", "<s>", "</s>", "<unk>"  # onmt.constants.DefaultTokens
@@ -222,10 +226,9 @@ def check_options(opt: Any) -> None:
     )
 
 
-def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
-    """The model with the checkpoint's weights (vocabulary rows permuted), and the import facts."""
-    opt, vocab = ckpt["opt"], ckpt["vocab"]
-    check_options(opt)
+def vocab_facts(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's tokens and the toolkit's row of each of our ids, both sides."""
+    vocab = ckpt["vocab"]
     refuse_unless(
         isinstance(vocab, dict)
         and isinstance(vocab.get("src"), list)
@@ -234,9 +237,27 @@ def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
     )
     start = vocab.get("decoder_start_token", BOS)
     src_tokens, tgt_tokens = list(vocab["src"]), list(vocab["tgt"])
-    src_order = special_order(src_tokens, PAD, BOS, EOS, UNK, "source")
-    tgt_order = special_order(tgt_tokens, PAD, start, EOS, UNK, "target")
-    weights = {**ckpt["model"], **{f"generator.{k}": v for k, v in ckpt["generator"].items()}}
+    return {
+        "src_tokens": src_tokens,
+        "tgt_tokens": tgt_tokens,
+        "src_order": special_order(src_tokens, PAD, BOS, EOS, UNK, "source"),
+        "tgt_order": special_order(tgt_tokens, PAD, start, EOS, UNK, "target"),
+    }
+
+
+def checkpoint_weights(ckpt: dict[str, Any]) -> dict[str, Tensor]:
+    """The model's and the generator's tensors by name (the generator's under `generator.`)."""
+    return {**ckpt["model"], **{f"generator.{k}": v for k, v in ckpt["generator"].items()}}
+
+
+def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
+    """The model with the checkpoint's weights (vocabulary rows permuted), and the import facts."""
+    opt = ckpt["opt"]
+    check_options(opt)
+    facts = vocab_facts(ckpt)
+    src_tokens, tgt_tokens = facts["src_tokens"], facts["tgt_tokens"]
+    src_order, tgt_order = facts["src_order"], facts["tgt_order"]
+    weights = checkpoint_weights(ckpt)
     src_emb = weights.get("encoder.embeddings.make_embedding.emb_luts.0.weight")
     tgt_emb = weights.get("decoder.embeddings.make_embedding.emb_luts.0.weight")
     refuse_unless(
@@ -261,12 +282,6 @@ def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
     }
     load_weights(model, tensors)
     model.eval()
-    facts = {
-        "src_tokens": src_tokens,
-        "tgt_tokens": tgt_tokens,
-        "src_order": src_order,
-        "tgt_order": tgt_order,
-    }
     return model, facts
 
 
@@ -413,11 +428,18 @@ def import_checkpoint(
     src/tgt_subword_model: where the subword models are, when not where the checkpoint says."""
     ckpt = read_checkpoint(checkpoint)
     tokenizer, files = tokenizer_section(ckpt["opt"], src_subword_model, tgt_subword_model)
-    model, facts = build(ckpt)
     info = {"imported_from": "opennmt-py", "checkpoint": checkpoint.name}
+    if _opt(ckpt["opt"], "encoder_type") == "transformer":
+        facts = vocab_facts(ckpt)
+        orders = (facts["src_order"], facts["tgt_order"])
+        model: nn.Module = opennmt_transformer.build(ckpt["opt"], checkpoint_weights(ckpt), orders)
+        export: Any = transformer_graphs.export_graphs
+    else:
+        model, facts = build(ckpt)
+        export = export_graphs
     return write_bundle(
         model,
-        model.cfg,
+        cast(ModelConfig, model.cfg),
         {
             "source": (facts["src_tokens"], facts["src_order"]),
             "target": (facts["tgt_tokens"], facts["tgt_order"]),
@@ -429,4 +451,5 @@ def import_checkpoint(
         int8,
         info,
         files,
+        export=export,
     )

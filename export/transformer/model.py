@@ -66,7 +66,20 @@ def sinusoid_marian(rows: int, dim: int) -> Tensor:
     return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
 
 
+def sinusoid_interleaved(rows: int, dim: int) -> Tensor:
+    """Sines at even features, cosines at odd, frequencies exp(-2i · log(10000) / dim), in
+    float32: OpenNMT-py's SinusoidalInterleaved (onmt/modules/embeddings.py)."""
+    pe = torch.zeros(rows, dim)
+    position = torch.arange(0, rows).unsqueeze(1).float()
+    div = torch.exp(torch.arange(0, dim, 2, dtype=torch.float) * -(math.log(10000.0) / dim))
+    pe[:, 0::2] = torch.sin(position * div)
+    pe[:, 1::2] = torch.cos(position * div)
+    return pe
+
+
 def position_table(kind: str, rows: int, dim: int) -> Tensor:
+    if kind == "sinusoidal_interleaved":
+        return sinusoid_interleaved(rows, dim)
     if kind == "sinusoidal_halves":
         return sinusoid_halves(rows, dim)
     if kind == "sinusoidal_marian":
@@ -227,7 +240,7 @@ class TransformerSeq2Seq(nn.Module):
         max_positions: int,
         banned: tuple[int, ...] = (),
         final_norms: bool | None = None,
-        eps: float = 1e-5,
+        eps: float | None = None,
     ) -> None:
         super().__init__()
         shape = cfg.transformer
@@ -235,6 +248,7 @@ class TransformerSeq2Seq(nn.Module):
         self.cfg = cfg
         self.shape = shape
         d = shape.d_model
+        eps = shape.norm_eps if eps is None else eps
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d)
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, d)
         self.embed_scale = math.sqrt(d) if shape.scale_embedding else 1.0

@@ -53,7 +53,12 @@ class StateSpec:
 
 
 ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "gelu_tanh", "swish")
-POSITIONS: tuple[str, ...] = ("sinusoidal_halves", "sinusoidal_marian", "learned")
+POSITIONS: tuple[str, ...] = (
+    "sinusoidal_halves",
+    "sinusoidal_marian",
+    "sinusoidal_interleaved",
+    "learned",
+)
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,9 @@ class TransformerShape:
     Serving reads only what the graph contract needs of it (the width of the cross-attention keys
     and values the encoder hands the decoder: `dec_layers * d_model`); the rest records the
     equations the importer rebuilt, so that a bundle says what it is. `positions`:
-    "sinusoidal_halves" (sines then cosines, Hugging Face's Marian and OpenNMT-py), "sinusoidal_marian"
-    (Marian's own timescales), "learned" (a table). `align_layer`/`align_heads`: which decoder
+    "sinusoidal_halves" (sines then cosines, Hugging Face's Marian), "sinusoidal_marian" (Marian's
+    own timescales, OpenNMT-py's SinusoidalConcat), "sinusoidal_interleaved" (sines and cosines
+    alternating, OpenNMT-py's default), "learned" (a table). `norm_eps`: the layer norms' epsilon. `align_layer`/`align_heads`: which decoder
     layer's cross-attention the graphs return as the alignment, and which of its heads are averaged
     (empty: all)."""
 
@@ -79,6 +85,7 @@ class TransformerShape:
     scale_embedding: bool = True
     align_layer: int = -1
     align_heads: tuple[int, ...] = ()
+    norm_eps: float = 1e-5
 
     def problems(self) -> list[str]:
         out: list[str] = []

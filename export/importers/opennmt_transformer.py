@@ -1,0 +1,212 @@
+"""OpenNMT-py 3.x Transformer checkpoints → the Transformer graphs (export/transformer/).
+
+What is rebuilt (onmt/encoders/transformer.py, onmt/decoders/transformer.py,
+onmt/modules/multi_headed_attn.py, position_ffn.py and embeddings.py of 3.5.1): pre-norm encoder
+and decoder layers (a layer norm before self-attention, before the context attention and inside
+the feed-forward, whose residual it adds), a final layer norm after each stack, embeddings scaled
+by sqrt(d_model) plus the checkpoint's own sinusoid table (SinusoidalInterleaved or
+SinusoidalConcat), ReLU and GELU feed-forwards, q/k/v and feed-forward biases where
+add_qkvbias/add_ffnbias put them, the generator (tied to the target embedding where
+share_decoder_embeddings), layer norms of norm_eps.
+
+The alignment of a model trained with guided alignment (`lambda_align` > 0) is what
+`onmt_translate -report_align` reports: decoder layer `alignment_layer`, its first
+`alignment_heads` heads averaged (all of them for 0); of a model trained without, CTranslate2's
+default: the last layer, every head averaged. With `full_context_alignment`
+OpenNMT-py reads that layer again without the causal mask once the translation is known, which a
+step cannot: refused, as is every option the graphs do not carry (relative or rotary positions,
+average attention, multi-query heads, parallel residuals, RMS norms, the gated feed-forwards of
+silu and gated-gelu, copy attention, ...), each by name and value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from export.importers.common import check_rows, permuted, refuse_unless
+from export.transformer.model import TransformerSeq2Seq
+from service.model.architecture import ModelConfig, TransformerShape
+
+# silu and gated-gelu are gated feed-forwards in OpenNMT-py (a third matrix, w_3): not carried
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu"}
+POSITIONS = {
+    "SinusoidalInterleaved": "sinusoidal_interleaved",
+    "SinusoidalConcat": "sinusoidal_marian",
+}
+# (option, the values rebuilt, its value when a checkpoint does not record it)
+REQUIRED: tuple[tuple[str, tuple[Any, ...], Any], ...] = (
+    ("position_encoding", (True,), False),
+    ("self_attn_type", ("scaled-dot", "scaled-dot-flash"), "scaled-dot"),
+    ("max_relative_positions", (0,), 0),
+    ("relative_positions_buckets", (0,), 0),
+    ("layer_norm", ("standard",), "standard"),
+    ("num_kv", (0,), 0),
+    ("parallel_residual", (False,), False),
+    ("shared_layer_norm", (False,), False),
+    ("full_context_alignment", (False,), False),
+    ("copy_attn", (False,), False),
+    ("num_experts", (0,), 0),
+    ("sliding_window", (0,), 0),
+    ("model_task", ("seq2seq",), "seq2seq"),
+)
+
+
+def _opt(opt: Any, name: str, default: Any = None) -> Any:
+    return getattr(opt, name, default)
+
+
+def check_options(opt: Any) -> None:
+    decoder = _opt(opt, "decoder_type", "rnn")
+    refuse_unless(
+        decoder == "transformer",
+        f"unsupported OpenNMT-py options -encoder_type 'transformer' -decoder_type {decoder!r}: "
+        "the importer supports a Transformer encoder with a Transformer decoder",
+    )
+    for name, allowed, default in REQUIRED:
+        value = _opt(opt, name, default)
+        refuse_unless(
+            value in allowed,
+            f"unsupported OpenNMT-py option -{name} {value!r} for a Transformer: the importer "
+            f"supports {list(allowed)}",
+        )
+    act = _opt(opt, "pos_ffn_activation_fn", "relu")
+    refuse_unless(act in ACTIVATIONS, f"unsupported -pos_ffn_activation_fn {act!r}")
+    kind = _opt(opt, "position_encoding_type", "SinusoidalInterleaved")
+    refuse_unless(kind in POSITIONS, f"unsupported -position_encoding_type {kind!r}")
+    for side in ("enc", "dec"):
+        size = _opt(opt, f"{side}_hid_size", _opt(opt, "hidden_size"))
+        refuse_unless(
+            size == _opt(opt, "hidden_size"),
+            f"unsupported -{side}_hid_size {size}: encoder and decoder must be -hidden_size wide",
+        )
+
+
+def shape_of(opt: Any) -> TransformerShape:
+    heads = int(_opt(opt, "heads", 8))
+    layers = int(_opt(opt, "dec_layers", _opt(opt, "layers", 6)))
+    align_layer, align_heads = -1, 0  # no guided alignment: CTranslate2's default
+    if float(_opt(opt, "lambda_align", 0.0)) > 0:  # trained to align: what -report_align reads
+        align_layer = int(_opt(opt, "alignment_layer", -3))
+        refuse_unless(
+            -layers <= align_layer < layers,
+            f"-alignment_layer {align_layer} is not one of the decoder's {layers} layers",
+        )
+        align_heads = int(_opt(opt, "alignment_heads", 0))
+        refuse_unless(0 <= align_heads <= heads, f"-alignment_heads {align_heads} of {heads} heads")
+    return TransformerShape(
+        d_model=int(_opt(opt, "hidden_size")),
+        heads=heads,
+        ffn_dim=int(_opt(opt, "transformer_ff", 2048)),
+        enc_layers=int(_opt(opt, "enc_layers", _opt(opt, "layers", 6))),
+        dec_layers=layers,
+        activation=ACTIVATIONS[_opt(opt, "pos_ffn_activation_fn", "relu")],
+        pre_norm=True,
+        positions=POSITIONS[_opt(opt, "position_encoding_type", "SinusoidalInterleaved")],
+        scale_embedding=True,
+        align_layer=align_layer,
+        align_heads=tuple(range(align_heads)),
+        norm_eps=float(_opt(opt, "norm_eps", 1e-6)),
+    )
+
+
+def linear(weights: dict[str, Tensor], theirs: str, ours: str, out: dict[str, Tensor]) -> None:
+    """A Linear's weight, and its bias or zeros where the checkpoint has none (add_*bias off)."""
+    weight = weights[f"{theirs}.weight"]
+    out[f"{ours}.weight"] = weight
+    out[f"{ours}.bias"] = weights.get(f"{theirs}.bias", torch.zeros(weight.shape[0]))
+
+
+def norm(weights: dict[str, Tensor], theirs: str, ours: str, out: dict[str, Tensor]) -> None:
+    out[f"{ours}.weight"] = weights[f"{theirs}.weight"]
+    out[f"{ours}.bias"] = weights[f"{theirs}.bias"]
+
+
+ATTENTION = {"linear_query": "q", "linear_keys": "k", "linear_values": "v", "final_linear": "out"}
+
+
+def layer_tensors(weights: dict[str, Tensor], shape: TransformerShape) -> dict[str, Tensor]:
+    """Every layer's weights under our names (export/transformer/model.py)."""
+    out: dict[str, Tensor] = {}
+    for i in range(shape.enc_layers):
+        theirs, ours = f"encoder.transformer.{i}", f"encoder.{i}"
+        for proj, short in ATTENTION.items():
+            linear(weights, f"{theirs}.self_attn.{proj}", f"{ours}.self_attn.{short}", out)
+        norm(weights, f"{theirs}.layer_norm", f"{ours}.attn_norm.norm", out)
+        linear(weights, f"{theirs}.feed_forward.w_1", f"{ours}.ffn.fc1", out)
+        linear(weights, f"{theirs}.feed_forward.w_2", f"{ours}.ffn.fc2", out)
+        norm(weights, f"{theirs}.feed_forward.layer_norm", f"{ours}.ffn_norm.norm", out)
+    for i in range(shape.dec_layers):
+        theirs, ours = f"decoder.transformer_layers.{i}", f"decoder.{i}"
+        for attn, mine in (("self_attn", "self_attn"), ("context_attn", "cross_attn")):
+            for proj, short in ATTENTION.items():
+                linear(weights, f"{theirs}.{attn}.{proj}", f"{ours}.{mine}.{short}", out)
+        norm(weights, f"{theirs}.layer_norm_1", f"{ours}.self_norm.norm", out)
+        norm(weights, f"{theirs}.layer_norm_2", f"{ours}.cross_norm.norm", out)
+        linear(weights, f"{theirs}.feed_forward.w_1", f"{ours}.ffn.fc1", out)
+        linear(weights, f"{theirs}.feed_forward.w_2", f"{ours}.ffn.fc2", out)
+        norm(weights, f"{theirs}.feed_forward.layer_norm", f"{ours}.ffn_norm.norm", out)
+    norm(weights, "encoder.layer_norm", "enc_norm", out)
+    norm(weights, "decoder.layer_norm", "dec_norm", out)
+    return out
+
+
+def build(
+    opt: Any, weights: dict[str, Tensor], orders: tuple[list[int], list[int]]
+) -> TransformerSeq2Seq:
+    """The network with the checkpoint's weights; `orders`: the toolkit's row of each of our
+    source and target ids (opennmt.py's special_order)."""
+    check_options(opt)
+    shape = shape_of(opt)
+    src_order, tgt_order = orders
+    src_emb = weights["encoder.embeddings.make_embedding.emb_luts.0.weight"]
+    tgt_emb = weights["decoder.embeddings.make_embedding.emb_luts.0.weight"]
+    check_rows("the source embedding", src_emb, len(src_order), "source")
+    check_rows("the target embedding", tgt_emb, len(tgt_order), "target")
+    refuse_unless(
+        src_emb.shape[1] == shape.d_model and tgt_emb.shape[1] == shape.d_model,
+        f"-word_vec_size {src_emb.shape[1]} differs from -hidden_size {shape.d_model}",
+    )
+    gen_w = weights.get("generator.weight", tgt_emb)
+    check_rows("the generator", gen_w, len(tgt_order), "target")
+    table = weights.get("encoder.embeddings.make_embedding.pe.pe")
+    rows = int(table.shape[0]) if table is not None else 5000
+    cfg = ModelConfig(
+        src_vocab_size=len(src_order),
+        tgt_vocab_size=len(tgt_order),
+        emb_dim=shape.d_model,
+        attention="scaled_dot",
+        dropout=0.0,
+        toolkit="opennmt-py",
+        decoder_states=TransformerSeq2Seq.state_specs(shape),
+        transformer=shape,
+    )
+    net = TransformerSeq2Seq(cfg, rows, eps=shape.norm_eps, final_norms=True)
+    tensors = {
+        "src_embed.weight": permuted(src_emb, src_order),
+        "tgt_embed.weight": permuted(tgt_emb, tgt_order),
+        "out.weight": permuted(gen_w, tgt_order),
+        "out.bias": permuted(weights.get("generator.bias", torch.zeros(len(tgt_order))), tgt_order),
+        **layer_tensors(weights, shape),
+    }
+    if table is not None:  # the checkpoint's own sinusoids, exactly as it adds them
+        with torch.no_grad():
+            net.src_positions.copy_(table[:, 0, :])
+            net.tgt_positions.copy_(weights["decoder.embeddings.make_embedding.pe.pe"][:, 0, :])
+    missing = sorted(
+        set(dict(net.named_parameters())) - set(tensors) - {"src_positions", "tgt_positions"}
+    )
+    refuse_unless(not missing, f"the checkpoint lacks weights the options need: {missing[:4]}")
+    own = dict(net.named_parameters())
+    for name, value in tensors.items():
+        refuse_unless(
+            tuple(value.shape) == tuple(own[name].shape),
+            f"the options do not match the checkpoint: {name} is {tuple(value.shape)} in the "
+            f"checkpoint but {tuple(own[name].shape)} by the options",
+        )
+        with torch.no_grad():
+            own[name].copy_(value.float())
+    net.eval()
+    return net
