@@ -123,7 +123,7 @@ def test_http_json_takes_the_controls(
         ({"target_prefix": ["And\x00 he"]}, "target_prefix[0] has control characters (U+0000"),
         (
             {"stopping": "later"},
-            "stopping must be one of exact, first, patience, narrowing, got 'later'",
+            "stopping must be one of exact, first, patience, narrowing, heuristic, got 'later'",
         ),
     ],
 )
