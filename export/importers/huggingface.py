@@ -31,6 +31,7 @@ from torch import Tensor
 from export.importers.common import (
     ImportRefused,
     load_torch_file,
+    load_weights,
     permuted,
     refuse_unless,
     special_order,
@@ -222,29 +223,13 @@ def build(directory: Path) -> tuple[TransformerSeq2Seq, list[str], list[int], di
     if lm_head is not None and not torch.equal(lm_head, shared):
         refuse_unless(False, f"{directory}: lm_head.weight is not the shared embedding (untied)")
     net.tie_output()
-    load_all(net, tensors, directory)
+    load_weights(net, tensors)
     net.eval()
     return net, tokens, order, generation
 
 
 def _our_id(order: list[int], row: int) -> int:
     return order.index(row)
-
-
-def load_all(net: TransformerSeq2Seq, tensors: dict[str, Tensor], directory: Path) -> None:
-    """Every trainable parameter from tensors (shapes equal); a missing or misshapen one refused."""
-    own = {name: p for name, p in net.named_parameters() if p.requires_grad}
-    missing = sorted(set(own) - set(tensors))
-    refuse_unless(not missing, f"{directory}: the weights lack {missing[:4]}")
-    for name, param in own.items():
-        value = tensors[name]
-        refuse_unless(
-            tuple(value.shape) == tuple(param.shape),
-            f"{directory}: {name} is {tuple(value.shape)} in the weights but "
-            f"{tuple(param.shape)} by config.json",
-        )
-        with torch.no_grad():
-            param.copy_(value.float())
 
 
 def decoding_defaults(generation: dict[str, Any]) -> dict[str, Any]:

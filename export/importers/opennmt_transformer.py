@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from export.importers.common import check_rows, permuted, refuse_unless
+from export.importers.common import check_rows, load_weights, permuted, refuse_unless
 from export.transformer.model import TransformerSeq2Seq
 from service.model.architecture import ModelConfig, TransformerShape
 
@@ -127,6 +127,15 @@ def norm(weights: dict[str, Tensor], theirs: str, ours: str, out: dict[str, Tens
 ATTENTION = {"linear_query": "q", "linear_keys": "k", "linear_values": "v", "final_linear": "out"}
 
 
+def feed_forward(
+    weights: dict[str, Tensor], theirs: str, ours: str, out: dict[str, Tensor]
+) -> None:
+    """A layer's feed-forward (w_1, w_2, its pre-norm) under our names, encoder or decoder alike."""
+    linear(weights, f"{theirs}.feed_forward.w_1", f"{ours}.ffn.fc1", out)
+    linear(weights, f"{theirs}.feed_forward.w_2", f"{ours}.ffn.fc2", out)
+    norm(weights, f"{theirs}.feed_forward.layer_norm", f"{ours}.ffn_norm.norm", out)
+
+
 def layer_tensors(weights: dict[str, Tensor], shape: TransformerShape) -> dict[str, Tensor]:
     """Every layer's weights under our names (export/transformer/model.py)."""
     out: dict[str, Tensor] = {}
@@ -135,9 +144,7 @@ def layer_tensors(weights: dict[str, Tensor], shape: TransformerShape) -> dict[s
         for proj, short in ATTENTION.items():
             linear(weights, f"{theirs}.self_attn.{proj}", f"{ours}.self_attn.{short}", out)
         norm(weights, f"{theirs}.layer_norm", f"{ours}.attn_norm.norm", out)
-        linear(weights, f"{theirs}.feed_forward.w_1", f"{ours}.ffn.fc1", out)
-        linear(weights, f"{theirs}.feed_forward.w_2", f"{ours}.ffn.fc2", out)
-        norm(weights, f"{theirs}.feed_forward.layer_norm", f"{ours}.ffn_norm.norm", out)
+        feed_forward(weights, theirs, ours, out)
     for i in range(shape.dec_layers):
         theirs, ours = f"decoder.transformer_layers.{i}", f"decoder.{i}"
         for attn, mine in (("self_attn", "self_attn"), ("context_attn", "cross_attn")):
@@ -145,9 +152,7 @@ def layer_tensors(weights: dict[str, Tensor], shape: TransformerShape) -> dict[s
                 linear(weights, f"{theirs}.{attn}.{proj}", f"{ours}.{mine}.{short}", out)
         norm(weights, f"{theirs}.layer_norm_1", f"{ours}.self_norm.norm", out)
         norm(weights, f"{theirs}.layer_norm_2", f"{ours}.cross_norm.norm", out)
-        linear(weights, f"{theirs}.feed_forward.w_1", f"{ours}.ffn.fc1", out)
-        linear(weights, f"{theirs}.feed_forward.w_2", f"{ours}.ffn.fc2", out)
-        norm(weights, f"{theirs}.feed_forward.layer_norm", f"{ours}.ffn_norm.norm", out)
+        feed_forward(weights, theirs, ours, out)
     norm(weights, "encoder.layer_norm", "enc_norm", out)
     norm(weights, "decoder.layer_norm", "dec_norm", out)
     return out
@@ -183,7 +188,7 @@ def build(
         decoder_states=TransformerSeq2Seq.state_specs(shape),
         transformer=shape,
     )
-    net = TransformerSeq2Seq(cfg, rows, eps=shape.norm_eps, final_norms=True)
+    net = TransformerSeq2Seq(cfg, rows, final_norms=True)
     tensors = {
         "src_embed.weight": permuted(src_emb, src_order),
         "tgt_embed.weight": permuted(tgt_emb, tgt_order),
@@ -195,18 +200,6 @@ def build(
         with torch.no_grad():
             net.src_positions.copy_(table[:, 0, :])
             net.tgt_positions.copy_(weights["decoder.embeddings.make_embedding.pe.pe"][:, 0, :])
-    missing = sorted(
-        set(dict(net.named_parameters())) - set(tensors) - {"src_positions", "tgt_positions"}
-    )
-    refuse_unless(not missing, f"the checkpoint lacks weights the options need: {missing[:4]}")
-    own = dict(net.named_parameters())
-    for name, value in tensors.items():
-        refuse_unless(
-            tuple(value.shape) == tuple(own[name].shape),
-            f"the options do not match the checkpoint: {name} is {tuple(value.shape)} in the "
-            f"checkpoint but {tuple(own[name].shape)} by the options",
-        )
-        with torch.no_grad():
-            own[name].copy_(value.float())
+    load_weights(net, tensors)
     net.eval()
     return net

@@ -252,12 +252,12 @@ class TransformerSeq2Seq(nn.Module):
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d)
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, d)
         self.embed_scale = math.sqrt(d) if shape.scale_embedding else 1.0
-        self.src_positions = nn.Parameter(
-            position_table(shape.positions, max_positions, d), requires_grad=False
-        )
-        self.tgt_positions = nn.Parameter(
-            position_table(shape.positions, max_positions, d), requires_grad=False
-        )
+        # buffers, not parameters: an importer loads the weights, a learned or a toolkit's own
+        # table is copied in apart (export/importers/opennmt_transformer.py)
+        self.src_positions: Tensor
+        self.tgt_positions: Tensor
+        self.register_buffer("src_positions", position_table(shape.positions, max_positions, d))
+        self.register_buffer("tgt_positions", position_table(shape.positions, max_positions, d))
         self.encoder = nn.ModuleList(EncoderLayer(shape, eps) for _ in range(shape.enc_layers))
         self.decoder = nn.ModuleList(DecoderLayer(shape, eps) for _ in range(shape.dec_layers))
         norms = shape.pre_norm if final_norms is None else final_norms
