@@ -189,10 +189,13 @@ def build(
         transformer=shape,
     )
     net = TransformerSeq2Seq(cfg, rows, final_norms=True)
+    tied = bool(_opt(opt, "share_decoder_embeddings", False))
+    if tied:  # one weight, one initializer, as the checkpoint's one parameter
+        net.tie_output()
     tensors = {
         "src_embed.weight": permuted(src_emb, src_order),
         "tgt_embed.weight": permuted(tgt_emb, tgt_order),
-        "out.weight": permuted(gen_w, tgt_order),
+        **({} if tied else {"out.weight": permuted(gen_w, tgt_order)}),
         "out.bias": permuted(weights.get("generator.bias", torch.zeros(len(tgt_order))), tgt_order),
         **layer_tensors(weights, shape),
     }
