@@ -183,24 +183,13 @@ def test_int8_bundle_decodes(s2s: Trained) -> None:
 
 def rewritten(trained: Trained, tmp_path: Path, **changes: object) -> Path:
     """A copy of the model whose special:model.yml has `changes` (option names with - as _)."""
-    import yaml
-
-    with np.load(trained.model) as npz:
-        arrays = {name: npz[name] for name in npz.files}
-    text = bytes(arrays["special:model.yml"].astype(np.int8).tobytes()).decode()
-    options = yaml.safe_load(text.rstrip("\x00"))
-    for name, value in changes.items():
-        options[name.replace("_", "-")] = value
-    arrays["special:model.yml"] = np.frombuffer(yaml.safe_dump(options).encode() + b"\x00", np.int8)
-    path = tmp_path / "model.npz"
-    np.savez(path, **arrays)  # type: ignore[arg-type]
-    return path
+    return mt.rewrite_options(trained.model, tmp_path / "model.npz", changes)
 
 
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({"type": "transformer"}, "--type 'transformer'"),
+        ({"type": "amun"}, "--type 'amun'"),
         ({"enc_type": "alternating"}, "--enc-type 'alternating'"),
         ({"enc_depth": 2}, "--enc-depth 2"),
         ({"dec_depth": 2}, "--dec-depth 2"),

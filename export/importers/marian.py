@@ -39,6 +39,7 @@ import torch
 import yaml
 from torch import Tensor, nn
 
+from export.importers import marian_transformer
 from export.importers.common import (
     ImportRefused,
     attend,
@@ -52,6 +53,7 @@ from export.importers.common import (
     write_bundle,
 )
 from export.train.model import Encoded, FoldedEmbedding, gru_cell, lstm_cell
+from export.transformer.graphs import export_graphs as export_transformer
 from service.model.architecture import BOS_ID, PAD_ID, UNK_ID, ModelConfig, Toolkit
 
 # Marian writes no PAD or BOS token; the bundle's vocabularies name ids 0 and 1 with these.
@@ -75,8 +77,8 @@ DECODING: dict[str, Any] = {
 
 # Options that change the computation, with the values this importer rebuilds exactly (Marian's
 # defaults for s2s unless noted). Each is read from special:model.yml; others are refused by name.
+TYPES = ("s2s", "transformer")
 SUPPORTED: dict[str, tuple[Any, ...]] = {
-    "type": ("s2s",),
     "enc-type": ("bidirectional",),
     "enc-cell": ("gru", "lstm"),
     "dec-cell": ("gru", "lstm"),
@@ -137,6 +139,28 @@ def read_model(path: Path) -> MarianModel:
 
 def check_options(options: dict[str, Any]) -> None:
     """Refuse every computation-changing option this importer does not rebuild, by name and value."""
+    kind = options.get("type")
+    refuse_unless(
+        kind in TYPES,
+        f"unsupported Marian option --type {kind!r} (the importer supports {list(TYPES)})",
+    )
+    if is_transformer(options):
+        marian_transformer.check_options(options)
+    else:
+        check_s2s_options(options)
+    refuse_unless(
+        options.get("original-type") in (None, kind),
+        f"unsupported Marian option --type {options.get('original-type')!r} (converted from "
+        f"another type; the importer supports {list(TYPES)})",
+    )
+    dims = options.get("dim-vocabs")
+    refuse_unless(
+        isinstance(dims, list) and len(dims) == 2,
+        f"unsupported Marian option --dim-vocabs {dims!r}: one source and one target vocabulary",
+    )
+
+
+def check_s2s_options(options: dict[str, Any]) -> None:
     for name, allowed in SUPPORTED.items():
         if name not in options:
             continue
@@ -145,16 +169,6 @@ def check_options(options: dict[str, Any]) -> None:
             value in allowed,
             f"unsupported Marian option --{name} {value!r} (the importer supports {list(allowed)})",
         )
-    refuse_unless(
-        options.get("original-type") in (None, "s2s"),
-        f"unsupported Marian option --type {options.get('original-type')!r} (converted from "
-        "another type; the importer supports ['s2s'])",
-    )
-    dims = options.get("dim-vocabs")
-    refuse_unless(
-        isinstance(dims, list) and len(dims) == 2,
-        f"unsupported Marian option --dim-vocabs {dims!r}: one source and one target vocabulary",
-    )
 
 
 # --- vocabularies --------------------------------------------------------------------------------
@@ -426,13 +440,23 @@ def embedding_names(options: dict[str, Any]) -> tuple[str, str, str | None]:
     return src, tgt, (tgt if tied_out else None)
 
 
-def output_weight(model: MarianModel, tied: str | None) -> Tensor:
-    """(V, E): the tied embedding, `decoder_ff_logit_l2_Wt`, or a legacy untransposed `_W`."""
+def is_transformer(options: dict[str, Any]) -> bool:
+    return options.get("type") == "transformer"
+
+
+def output_prefix(options: dict[str, Any]) -> str:
+    """The output layer's parameters' prefix: the s2s deep output's second layer, or the
+    Transformer's output."""
+    return "decoder_ff_logit_out" if is_transformer(options) else "decoder_ff_logit_l2"
+
+
+def output_weight(model: MarianModel, tied: str | None, prefix: str) -> Tensor:
+    """(V, E): the tied embedding, `<prefix>_Wt`, or an untransposed `<prefix>_W`."""
     if tied is not None:
         return model.get(tied)
-    if "decoder_ff_logit_l2_Wt" in model.tensors:
-        return model.get("decoder_ff_logit_l2_Wt")
-    return model.get("decoder_ff_logit_l2_W").t()
+    if f"{prefix}_Wt" in model.tensors:
+        return model.get(f"{prefix}_Wt")
+    return model.get(f"{prefix}_W").t()
 
 
 def with_extra_rows(weight: Tensor) -> Tensor:
@@ -448,14 +472,26 @@ def without_ours(bias: Tensor) -> Tensor:
     return bias
 
 
-def build(
-    model: MarianModel, src_vocab: Vocabulary, tgt_vocab: Vocabulary
-) -> tuple[MarianS2S, tuple[list[str], list[int]], tuple[list[str], list[int]]]:
+@dataclass(frozen=True)
+class Sides:
+    """The embeddings and output layer in our id order, under the graphs' names
+    (`src_embed.weight`, `tgt_embed.weight`, `out.bias`, and `out.weight` unless tied to the
+    target embedding), each side's tokens and our ids' rows, and our ids of the target rows past
+    Marian's vocabulary (with_rows)."""
+
+    tensors: dict[str, Tensor]
+    source: tuple[list[str], list[int]]
+    target: tuple[list[str], list[int]]
+    unused: tuple[int, ...]
+
+
+def sides(model: MarianModel, src_vocab: Vocabulary, tgt_vocab: Vocabulary) -> Sides:
+    """What every Marian model type shares: embeddings, output layer, vocabularies."""
     options = model.options
-    check_options(options)
     src_name, tgt_name, tied_out = embedding_names(options)
     src_emb, tgt_emb = model.get(src_name), model.get(tgt_name)
-    out_w = output_weight(model, tied_out)
+    prefix = output_prefix(options)
+    out_w = output_weight(model, tied_out, prefix)
     refuse_unless(
         tgt_emb.shape[0] == out_w.shape[0],
         f"{tgt_name} has {tgt_emb.shape[0]} rows but the output layer {out_w.shape[0]}",
@@ -466,15 +502,49 @@ def build(
     src_tokens, src_order = vocab_order(src_vocab, "source")
     tgt_tokens, tgt_order = vocab_order(tgt_vocab, "target")
     unused = tuple(ours for ours, row in enumerate(tgt_order) if words <= row < tgt_emb.shape[0])
+    b_out = (
+        model.get(f"{prefix}_b").reshape(-1)
+        if f"{prefix}_b" in model.tensors
+        else torch.zeros(out_w.shape[0])
+    )
+    tensors: dict[str, Tensor] = {
+        "src_embed.weight": permuted(with_extra_rows(src_emb), src_order),
+        "tgt_embed.weight": permuted(with_extra_rows(tgt_emb), tgt_order),
+        "out.bias": without_ours(permuted(with_extra_rows(b_out), tgt_order)),
+    }
+    if tied_out != tgt_name:
+        tensors["out.weight"] = permuted(with_extra_rows(out_w), tgt_order)
+    return Sides(tensors, (src_tokens, src_order), (tgt_tokens, tgt_order), unused)
+
+
+def build(
+    model: MarianModel, src_vocab: Vocabulary, tgt_vocab: Vocabulary
+) -> tuple[nn.Module, Sides]:
+    """The network of the model's type with its weights, and its vocabularies' sides."""
+    options = model.options
+    check_options(options)
+    parts = sides(model, src_vocab, tgt_vocab)
+    if is_transformer(options):
+        banned = (UNK_ID, *parts.unused)
+        net = marian_transformer.build(
+            model.get, model.tensors.keys(), options, parts.tensors, banned, TOOLKIT
+        )
+        return net, parts
+    return build_s2s(model, parts), parts
+
+
+def build_s2s(model: MarianModel, parts: Sides) -> MarianS2S:
+    options = model.options
+    src_emb = parts.tensors["src_embed.weight"]
     E, H = int(options.get("dim-emb", src_emb.shape[1])), int(options.get("dim-rnn", 0))
     refuse_unless(
-        src_emb.shape[1] == E and tgt_emb.shape[1] == E,
-        f"--dim-emb {E} does not match the embeddings ({src_emb.shape[1]}, {tgt_emb.shape[1]})",
+        src_emb.shape[1] == E and parts.tensors["tgt_embed.weight"].shape[1] == E,
+        f"--dim-emb {E} does not match the embeddings' {src_emb.shape[1]} columns",
     )
     enc_cell, dec_cell = str(options.get("enc-cell", "gru")), str(options.get("dec-cell", "gru"))
     cfg = ModelConfig(
-        src_vocab_size=len(src_tokens),
-        tgt_vocab_size=len(tgt_tokens),
+        src_vocab_size=len(parts.source[0]),
+        tgt_vocab_size=len(parts.target[0]),
         emb_dim=E,
         enc_hidden=H,
         dec_hidden=H,
@@ -488,18 +558,11 @@ def build(
         bridge="marian_mean_tanh",
         input_feed=False,
     )
-    net = MarianS2S(cfg, enc_cell, unk_row=UNK_ID, unused_rows=unused)
-    b_out = (
-        model.get("decoder_ff_logit_l2_b").reshape(-1)
-        if "decoder_ff_logit_l2_b" in model.tensors
-        else torch.zeros(out_w.shape[0])
-    )
+    net = MarianS2S(cfg, enc_cell, unk_row=UNK_ID, unused_rows=parts.unused)
     readout_bias = sum(model.get(f"decoder_ff_logit_l1_b{i}").reshape(-1) for i in range(3))
     tensors: dict[str, Tensor] = {
-        "src_embed.weight": permuted(with_extra_rows(src_emb), src_order),
-        "tgt_embed.weight": permuted(with_extra_rows(tgt_emb), tgt_order),
-        "out.weight": permuted(with_extra_rows(out_w), tgt_order),
-        "out.bias": without_ours(permuted(with_extra_rows(b_out), tgt_order)),
+        "out.weight": parts.tensors["tgt_embed.weight"],  # where tied; else Sides gives its own
+        **parts.tensors,
         "ff_state.weight": model.get("decoder_ff_state_W").t(),
         "ff_state.bias": model.get("decoder_ff_state_b").reshape(-1),
         "w_comb.weight": model.get("decoder_W_comb_att").t(),
@@ -522,7 +585,7 @@ def build(
         tensors[f"cell2.{name}"] = value
     load_exact(net, tensors)
     net.eval()
-    return net, (src_tokens, src_order), (tgt_tokens, tgt_order)
+    return net
 
 
 def load_exact(module: nn.Module, tensors: dict[str, Tensor]) -> None:
@@ -580,22 +643,23 @@ def import_model(
     check_options(model.options)
     src_vocab, tgt_vocab = read_vocab(vocabs[0], "source"), read_vocab(vocabs[1], "target")
     tokenizer, files = tokenizer_section(src_vocab, tgt_vocab)
-    net, (src_tokens, src_order), (tgt_tokens, tgt_order) = build(model, src_vocab, tgt_vocab)
-    info = {
+    net, parts = build(model, src_vocab, tgt_vocab)
+    info: dict[str, Any] = {
         "imported_from": "marian",
         "model": model_path.name,
         "marian_type": str(model.options.get("type")),
         "marian_version": str(model.options.get("version", "")).strip(),
-        "decoder": "cgru (dec-cell-base-depth 2)",
-        "cells": {
-            "encoder": model.options.get("enc-cell"),
-            "decoder": model.options.get("dec-cell"),
-        },
     }
+    if is_transformer(model.options):
+        info["alignment"] = "layer --transformer-guided-alignment-layer, head 0"
+    else:
+        info["decoder"] = "cgru (dec-cell-base-depth 2)"
+        info["cells"] = {"encoder": model.options.get("enc-cell"),
+                         "decoder": model.options.get("dec-cell")}  # fmt: skip
     return write_bundle(
         net,
-        net.cfg,
-        {"source": (src_tokens, src_order), "target": (tgt_tokens, tgt_order)},
+        cast(ModelConfig, net.cfg),
+        {"source": parts.source, "target": parts.target},
         tokenizer,
         out,
         name,
@@ -604,4 +668,5 @@ def import_model(
         info,
         files,
         decoding=DECODING,
+        **({"export": export_transformer} if is_transformer(model.options) else {}),
     )

@@ -25,6 +25,14 @@ from export.importers.toolkits import make_subword_task
 
 # The s2s shapes the tests train: Marian's defaults apart from size and time.
 TINY = ["--dim-emb", "32", "--dim-rnn", "32", "--mini-batch", "32", "--learn-rate", "0.003"]
+# A Transformer as small: 2 + 2 post-norm layers 32 wide, 4 heads (OPUS-MT's equations, its
+# swish feed-forward and tied embeddings, at a test's size)
+TINY_TRANSFORMER = [
+    "--dim-emb", "32", "--enc-depth", "2", "--dec-depth", "2", "--transformer-heads", "4",
+    "--transformer-dim-ffn", "64", "--transformer-ffn-activation", "swish",
+    "--tied-embeddings-all", "--mini-batch", "32", "--learn-rate", "0.003",
+    "--lr-warmup", "100", "--transformer-dropout", "0",
+]  # fmt: skip
 MAIN = "import sys, _pymarian; _pymarian.main(sys.argv[1:])"
 
 
@@ -47,11 +55,13 @@ def train(
     options: list[str],
     after: str,
     threads: int = 1,
+    kind: str = "s2s",
 ) -> Path:
-    """`marian train --type s2s` on sources into out/model.npz (Marian makes the vocabularies named
-    by vocabs under out when they do not exist: .spm trains SentencePiece, .yml counts words)."""
+    """`marian train --type KIND` on sources into out/model.npz (Marian makes the vocabularies
+    named by vocabs under out when they do not exist: .spm trains SentencePiece, .yml counts
+    words)."""
     out.mkdir(parents=True, exist_ok=True)
-    args = ["train", "--type", "s2s", "--model", str(out / "model.npz"),
+    args = ["train", "--type", kind, "--model", str(out / "model.npz"),
             "--train-sets", str(sources[0]), str(sources[1]),
             "--vocabs", str(out / vocabs[0]), str(out / vocabs[1]),
             "--after", after, "--cpu-threads", str(threads), "--seed", "1111",
@@ -140,18 +150,47 @@ def score(
     return [float(x) for x in out.read_text().split()]
 
 
-def train_demo(out: Path, vocab_kind: str = "spm", options: tuple[str, ...] = ()) -> Path:
-    """A tiny s2s model on the generated subword task (syllable words reversed, upper-cased):
-    Marian's own vocabularies (.spm: SentencePiece of 40 pieces a side; .yml: words)."""
-    task = make_subword_task(out / "task", n_train=2000, n_test=60)
+def rewrite_options(model: Path, out: Path, changes: dict[str, object]) -> Path:
+    """A copy of model.npz at `out` whose special:model.yml has `changes` (option names with - as
+    _), ended by a NUL byte as Marian writes it."""
+    import yaml
+
+    with np.load(model) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    text = bytes(arrays["special:model.yml"].astype(np.int8).tobytes()).decode()
+    options = yaml.safe_load(text.rstrip("\x00"))
+    for name, value in changes.items():
+        options[name.replace("_", "-")] = value
+    arrays["special:model.yml"] = np.frombuffer(yaml.safe_dump(options).encode() + b"\x00", np.int8)
+    np.savez(out, **arrays)  # type: ignore[arg-type]
+    return out
+
+
+def train_demo(
+    out: Path,
+    vocab_kind: str = "spm",
+    options: tuple[str, ...] = (),
+    kind: str = "s2s",
+    n_test: int = 60,
+) -> Path:
+    """A tiny s2s (or Transformer) model on the generated subword task (syllable words reversed,
+    upper-cased): Marian's own vocabularies (.spm: SentencePiece of 40 pieces a side, or one of 80
+    for a Transformer; .yml: words)."""
+    task = make_subword_task(out / "task", n_train=2000, n_test=n_test)
     vocabs = (f"src.{vocab_kind}", f"tgt.{vocab_kind}")
     sizes = ["--dim-vocabs", "40", "40"] if vocab_kind == "spm" else []
+    shape = TINY
+    if kind == "transformer":  # one vocabulary for both sides, as OPUS-MT's, tied to everything
+        vocabs = (f"vocab.{vocab_kind}", f"vocab.{vocab_kind}")
+        sizes = ["--dim-vocabs", "80", "80"] if vocab_kind == "spm" else []
+        shape = TINY_TRANSFORMER
     return train(
         (task / "train.src", task / "train.tgt"),
         out / "marian",
         vocabs,
-        [*TINY, *sizes, *options],
+        [*shape, *sizes, *options],
         after="2e",
+        kind=kind,
     )
 
 
