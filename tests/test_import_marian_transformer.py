@@ -28,6 +28,7 @@ from service.decode.options import SearchOptions
 from service.decode.translation import Translation
 
 TESTS = 100
+OPUS_DECODING = {"beam-size": 4, "normalize": 0.6, "word-penalty": 0}  # its decoder.yml's
 
 
 class Trained:
@@ -177,3 +178,63 @@ def test_refusals_name_the_option(
     assert cli.main(argv) == 2
     assert named in capsys.readouterr().err
     assert not out.exists()
+
+
+class Opus:
+    """The same task in OPUS-MT's release layout (marian_toolkit.train_opus_demo): text segmented
+    by source.spm/target.spm, one .yml vocabulary of pieces, a decoder.yml with beam-size 4 and
+    normalize 0.6; imported from the decoder.yml alone."""
+
+    def __init__(self, root: Path) -> None:
+        self.config = mt.train_opus_demo(root, OPUS_DECODING, n_test=TESTS)
+        folder = self.config.parent
+        self.bundle = root / "bundle"
+        argv = ["marian", "--config", str(self.config), "--out", str(self.bundle)]
+        assert cli.main(argv) == 0
+        task = root / "task"
+        self.lines = (task / "test.src").read_text(encoding="utf-8").splitlines()
+        vocab = folder / "vocab.yml"
+        nbest = mt.decode(folder / "model.npz", (vocab, vocab), task / "test.src.sp",
+                          root / "opus.nbest", 4, n_best=True, extra=("--normalize", "0.6"))  # fmt: skip
+        self.nbest = mt.read_nbest(nbest)
+        import sentencepiece as spm
+
+        self.target_spm = spm.SentencePieceProcessor(model_file=str(folder / "target.spm"))
+
+
+@pytest.fixture(scope="module")
+def opus(tmp_path_factory: pytest.TempPathFactory) -> Opus:
+    return Opus(tmp_path_factory.mktemp("opus-layout"))
+
+
+def test_opus_mt_layout_serves_raw_text_as_marian_decodes_segmented_text(opus: Opus) -> None:
+    """Imported from its decoder.yml: the bundle's defaults are its beam-size and normalize, the
+    segmenters beside it cut the raw text; each served n-best list is marian-decoder's on the
+    segmented text (its pieces joined by target.spm), scores within its printed precision."""
+    engine = Engine.load(opus.bundle, RuntimeConfig(intra_op_threads=1))
+    assert engine.decoding_defaults == {**marian.DECODING, "beam_size": 4, "normalize": 0.6}
+    manifest = json.loads((opus.bundle / "manifest.json").read_text())
+    assert manifest["info"]["segmenters"] == ["source.spm", "target.spm"]
+    options = SearchOptions(**{**engine.decoding_defaults, "n_best": 4})
+    got = engine.translate(opus.lines, options, alignment="none")
+    for translation, theirs in zip(got, opus.nbest, strict=True):
+        texts = [opus.target_spm.decode_pieces(h.text.split()) for h in theirs]
+        assert [h.text for h in translation.hypotheses] == texts
+        for hyp, their in zip(translation.hypotheses, theirs, strict=True):
+            assert abs(hyp.score - their.score) <= mt.score_tolerance(their.score)
+
+
+def test_decoder_config_refusals(
+    opus: Opus, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    config = yaml.safe_load(opus.config.read_text())
+    for change, named in (({"allow-unk": True}, "allow-unk True"),
+                          ({"models": ["a.npz", "b.npz"]}, "an ensemble")):  # fmt: skip
+        path = opus.config.parent / "changed.yml"
+        path.write_text(yaml.safe_dump({**config, **change}))
+        argv = ["marian", "--config", str(path), "--out", str(tmp_path / "b")]
+        assert cli.main(argv) == 2
+        assert named in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()

@@ -10,6 +10,8 @@
   tokens per second, float32 and int8, at 1 and 2 threads;
 - transformer_exact: a Hugging Face MarianMTModel made here beside its import on held-out texts:
   best translations, n-best lists, scores and attention against generate's;
+- transformer_exact_marian: a Marian Transformer (trained here, or given) beside its import on
+  held-out texts: n-best lists, scores, soft and hard alignments against marian-decoder's;
 - compare_bundles: two bundles of one model (an export change, a re-import): the same outputs, and
   which decodes faster.
 """

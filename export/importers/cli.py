@@ -30,17 +30,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     onmt = sub.add_parser("opennmt-py", help="an OpenNMT-py 3.x RNN checkpoint (.pt)")
     joey = sub.add_parser("joeynmt", help="a Joey NMT 2.x recurrent model (config + .ckpt)")
     joey.add_argument("--config", required=True, type=Path, help="the training config.yaml")
-    marian = sub.add_parser("marian", help="a Marian s2s model.npz and its two vocabularies")
-    marian.add_argument(
-        "--model", required=True, type=Path, help="model.npz (its special:model.yml)"
+    marian = sub.add_parser(
+        "marian", help="a Marian model.npz (s2s or transformer) and its two vocabularies"
     )
+    marian.add_argument("--model", type=Path, help="model.npz (its special:model.yml)")
     marian.add_argument(
         "--vocabs",
-        required=True,
         nargs=2,
         type=Path,
         metavar=("SRC", "TGT"),
-        help="the vocabularies as Marian takes them: SentencePiece .spm files or .yml word lists",
+        help="the vocabularies as Marian takes them: SentencePiece .spm files or .yml lists",
+    )
+    marian.add_argument(
+        "--config",
+        type=Path,
+        help="a marian-decoder config (decoder.yml, as OPUS-MT ships it): its model, vocabularies "
+        "and decoding options (beam-size, normalize, word-penalty, max-length-factor) as the "
+        "bundle's defaults; source.spm and target.spm beside it segment the text for .yml "
+        "vocabularies",
+    )
+    marian.add_argument(
+        "--segmenters",
+        nargs=2,
+        type=Path,
+        metavar=("SRC_SPM", "TGT_SPM"),
+        help="SentencePiece models that segment the text before .yml vocabularies of pieces",
     )
     hf = sub.add_parser("huggingface", help="a Hugging Face MarianMTModel directory (Transformer)")
     hf.add_argument(
@@ -99,9 +113,18 @@ def main(argv: list[str] | None = None) -> int:
         elif args.toolkit == "marian":
             from export.importers import marian
 
+            config = marian.DecoderConfig(args.model, args.vocabs, {}, None)
+            if args.config is not None:
+                config = marian.read_decoder_config(args.config)
+            model, vocabs = args.model or config.model, args.vocabs or config.vocabs
+            if model is None or vocabs is None:
+                print("s2s-import marian: give --config, or --model and --vocabs", file=sys.stderr)
+                return 2
             out = marian.import_model(
-                args.model, tuple(args.vocabs), args.out, args.name, args.version, args.int8
-            )
+                model, tuple(vocabs), args.out, args.name, args.version, args.int8,
+                segmenters=tuple(args.segmenters) if args.segmenters else config.segmenters,
+                decoding=config.decoding,
+            )  # fmt: skip
         else:
             from export.importers import joeynmt
 

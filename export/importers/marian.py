@@ -605,13 +605,30 @@ def load_exact(module: nn.Module, tensors: dict[str, Tensor]) -> None:
             param.copy_(value.float())
 
 
-def tokenizer_section(src: Vocabulary, tgt: Vocabulary) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The manifest's tokenizer: Marian's SentencePiece models (encode to pieces, DecodePieces) or
-    its word vocabularies (whitespace split); `</s>` appended to every source, as Marian does."""
+def tokenizer_section(
+    src: Vocabulary, tgt: Vocabulary, segmenters: tuple[Path, Path] | None = None
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest's tokenizer: Marian's SentencePiece models (encode to pieces, DecodePieces);
+    its .yml vocabularies over the pieces of two SentencePiece `segmenters` (OPUS-MT's layout:
+    the text is segmented before Marian reads it; a piece the vocabulary lacks is `<unk>`); or its
+    word vocabularies (whitespace split). `</s>` appended to every source, as Marian does."""
     refuse_unless(
         src.is_spm == tgt.is_spm,
         f"the importer needs both vocabularies .spm or both .yml, got {src.path} and {tgt.path}",
     )
+    refuse_unless(
+        segmenters is None or not src.is_spm,
+        "segmenters are for .yml vocabularies: a .spm vocabulary segments the text itself",
+    )
+    if segmenters is not None:
+        section: dict[str, Any] = {"kind": "subword", "toolkit": TOOLKIT}
+        files: dict[str, bytes] = {}
+        for path, ours in zip(segmenters, ("source", "target"), strict=True):
+            section[ours], content = subword_side(
+                "sentencepiece", path, ours, append_eos=ours == "source"
+            )
+            files.update(content)
+        return section, files
     if not src.is_spm:
         word = {
             "kind": "word",
@@ -620,8 +637,8 @@ def tokenizer_section(src: Vocabulary, tgt: Vocabulary) -> tuple[dict[str, Any],
             "target": {"file": "target.vocab", "lowercase": False},
         }
         return word, {}
-    section: dict[str, Any] = {"kind": "subword", "toolkit": TOOLKIT}
-    files: dict[str, bytes] = {}
+    section = {"kind": "subword", "toolkit": TOOLKIT}
+    files = {}
     for vocab, ours in ((src, "source"), (tgt, "target")):
         section[ours], content = subword_side(
             "sentencepiece", vocab.path, ours, append_eos=ours == "source"
@@ -637,12 +654,16 @@ def import_model(
     name: str,
     version: str,
     int8: bool = False,
+    segmenters: tuple[Path, Path] | None = None,
+    decoding: dict[str, Any] | None = None,
 ) -> Path:
-    """A Marian model.npz and its two vocabularies → a bundle at `out` (nothing written if refused)."""
+    """A Marian model.npz and its two vocabularies → a bundle at `out` (nothing written if refused).
+    `segmenters`: SentencePiece models that segment the text for .yml vocabularies of pieces;
+    `decoding`: marian-decoder options (read_decoder_config) over its defaults (DECODING)."""
     model = read_model(model_path)
     check_options(model.options)
     src_vocab, tgt_vocab = read_vocab(vocabs[0], "source"), read_vocab(vocabs[1], "target")
-    tokenizer, files = tokenizer_section(src_vocab, tgt_vocab)
+    tokenizer, files = tokenizer_section(src_vocab, tgt_vocab, segmenters)
     net, parts = build(model, src_vocab, tgt_vocab)
     info: dict[str, Any] = {
         "imported_from": "marian",
@@ -650,6 +671,8 @@ def import_model(
         "marian_type": str(model.options.get("type")),
         "marian_version": str(model.options.get("version", "")).strip(),
     }
+    if segmenters is not None:
+        info["segmenters"] = [p.name for p in segmenters]
     if is_transformer(model.options):
         info["alignment"] = "layer --transformer-guided-alignment-layer, head 0"
     else:
@@ -667,6 +690,73 @@ def import_model(
         int8,
         info,
         files,
-        decoding=DECODING,
+        decoding={**DECODING, **(decoding or {})},
         **({"export": export_transformer} if is_transformer(model.options) else {}),
     )
+
+
+# --- decoder.yml --------------------------------------------------------------------------------
+
+# marian-decoder's options that set the bundle's decoding defaults (its name → ours)
+DECODER_OPTIONS = {
+    "beam-size": "beam_size",
+    "normalize": "normalize",
+    "word-penalty": "word_penalty",
+    "max-length-factor": "max_length_factor",
+}
+# options that change what marian-decoder returns and that the bundle does not carry
+DECODER_REFUSED = {"allow-unk": False, "shortlist": None, "output-approx-knn": None,
+                   "right-left": False, "skip-cost": False}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """What a decoder.yml (`marian-decoder -c`) names: the model, its two vocabularies, the
+    decoding options, and for .yml vocabularies the SentencePiece segmenters beside it (OPUS-MT's
+    releases ship source.spm and target.spm: the text is segmented before Marian reads it)."""
+
+    model: Path
+    vocabs: tuple[Path, Path]
+    decoding: dict[str, Any]
+    segmenters: tuple[Path, Path] | None
+
+
+def read_decoder_config(path: Path) -> DecoderConfig:
+    """decoder.yml → its model, vocabularies, decoding options and segmenters; paths relative to
+    its folder (OPUS-MT's `relative-paths: true`) where they are not found as given."""
+    refuse_unless(path.is_file(), f"the decoder config is not found: {path}")
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ImportRefused(f"{path} is not YAML: {err}") from err
+    refuse_unless(isinstance(config, dict), f"{path} is not a marian-decoder config (a mapping)")
+    models, vocabs = config.get("models") or [], config.get("vocabs") or []
+    refuse_unless(
+        isinstance(models, list) and len(models) == 1,
+        f"{path}: models {models!r}: the importer reads one model (an ensemble is not supported)",
+    )
+    refuse_unless(
+        isinstance(vocabs, list) and len(vocabs) == 2,
+        f"{path}: vocabs {vocabs!r}: one source and one target vocabulary",
+    )
+    for name, default in DECODER_REFUSED.items():
+        value = config.get(name, default)
+        refuse_unless(
+            value in (default, [], ""),
+            f"{path}: {name} {value!r} changes marian-decoder's output and is not supported",
+        )
+
+    def located(value: str) -> Path:
+        given = Path(str(value))
+        beside = path.parent / given
+        return beside if not given.is_absolute() and beside.exists() else given
+
+    decoding = {
+        ours: config[theirs] for theirs, ours in DECODER_OPTIONS.items() if theirs in config
+    }
+    vocab_paths = (located(vocabs[0]), located(vocabs[1]))
+    segmenters = None
+    beside = (path.parent / "source.spm", path.parent / "target.spm")
+    if vocab_paths[0].suffix != ".spm" and all(p.is_file() for p in beside):
+        segmenters = beside
+    return DecoderConfig(located(models[0]), vocab_paths, decoding, segmenters)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -232,6 +233,46 @@ def train_words_demo(out: Path, options: tuple[str, ...] = ()) -> Path:
         [*TINY, "--dim-vocabs", "80", "64", *options],
         after="2e",
     )
+
+
+def segment(processor: Any, source: Path, out: Path) -> Path:
+    """Each line of source as SentencePiece pieces joined by spaces (what spm_encode writes)."""
+    lines = source.read_text(encoding="utf-8").splitlines()
+    pieces = [" ".join(processor.encode(line, out_type=str)) for line in lines]
+    out.write_text("".join(p + "\n" for p in pieces), encoding="utf-8")
+    return out
+
+
+def train_opus_demo(out: Path, decoding: dict[str, Any], n_test: int = 60) -> Path:
+    """A tiny Transformer in OPUS-MT's release layout, on the generated subword task: the text
+    segmented by source.spm and target.spm before Marian reads it, one .yml vocabulary of those
+    pieces tied to everything, and a decoder.yml (relative paths) with `decoding`'s
+    marian-decoder options. Returns the decoder.yml."""
+    import sentencepiece as spm
+
+    task = make_subword_task(out / "task", n_train=2000, n_test=n_test)
+    model_dir = out / "marian"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for side, suffix in (("source", "src"), ("target", "tgt")):
+        spm.SentencePieceTrainer.train(
+            input=str(task / f"train.{suffix}"), model_prefix=str(model_dir / side),
+            vocab_size=40, model_type="unigram", minloglevel=2, num_threads=1,
+        )  # fmt: skip
+        (model_dir / f"{side}.model").rename(model_dir / f"{side}.spm")
+        processor = spm.SentencePieceProcessor(model_file=str(model_dir / f"{side}.spm"))
+        for split in ("train", "test"):
+            segment(processor, task / f"{split}.{suffix}", task / f"{split}.{suffix}.sp")
+    model = train(
+        (task / "train.src.sp", task / "train.tgt.sp"), model_dir, ("vocab.yml", "vocab.yml"),
+        TINY_TRANSFORMER, after="20e", kind="transformer",
+    )  # fmt: skip
+    config = {"relative-paths": True, "models": [model.name], "vocabs": ["vocab.yml"] * 2,
+              "mini-batch": 1, "maxi-batch": 1, **decoding}  # fmt: skip
+    path = model_dir / "decoder.yml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
