@@ -119,6 +119,33 @@ def test_translations_are_generates(hf_dir: Path, bundle: Path, beam: int) -> No
     assert got == expected
 
 
+def test_at_the_maximum_length_the_end_is_forced_as_generate_forces_it(
+    hf_dir: Path, bundle: Path
+) -> None:
+    """With max_length 5 most hypotheses reach it: generate forces `</s>` as their last token
+    (forced_eos_token_id, adding 0 to the score), and so does the bundle's default force_eos: the same n-best lists and
+    sequences_scores. Without it the hypotheses are cut there, and the lists differ."""
+    model, tokenizer = hf_model(hf_dir)
+    batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**batch, num_beams=5, num_return_sequences=5, max_length=5,
+                             output_scores=True, return_dict_in_generate=True)  # fmt: skip
+    texts = tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
+    scores = out.sequences_scores.tolist()
+    engine = load(bundle, "host")
+    assert engine.decoding_defaults["force_eos"] is True
+    short = {**engine.decoding_defaults, "beam_size": 5, "n_best": 5, "max_length": 4,
+             "max_length_b": 4}  # fmt: skip
+    got = engine.translate(TEXTS, SearchOptions(**short))
+    cut = engine.translate(TEXTS, SearchOptions(**{**short, "force_eos": False}))
+    for i, translation in enumerate(got):
+        assert [h.text for h in translation.hypotheses] == texts[i * 5 : (i + 1) * 5]
+        ours = [h.score for h in translation.hypotheses]
+        assert ours == pytest.approx(scores[i * 5 : (i + 1) * 5], abs=1e-5)
+        assert all(h.finished for h in translation.hypotheses)
+    assert any(not h.finished for t in cut for h in t.hypotheses)
+
+
 @pytest.mark.parametrize("stopping", ["exact", "patience", "first"])
 def test_the_device_search_answers_as_the_host_search(bundle: Path, stopping: str) -> None:
     """Every rule the device search takes (generate's own, "heuristic", stays on the host: its
@@ -127,9 +154,8 @@ def test_the_device_search_answers_as_the_host_search(bundle: Path, stopping: st
     answers = []
     for search in ("host", "device"):
         engine = load(bundle, search)
-        options = SearchOptions(
-            **{**engine.decoding_defaults, "beam_size": 5, "n_best": 2, "stopping": stopping}
-        )
+        defaults = {**engine.decoding_defaults, "force_eos": False}  # a numpy-search control
+        options = SearchOptions(**{**defaults, "beam_size": 5, "n_best": 2, "stopping": stopping})
         answers.append(engine.translate(TEXTS, options, "subword"))
     for host, device in zip(*answers, strict=True):
         assert [h.text for h in host.hypotheses] == [h.text for h in device.hypotheses]

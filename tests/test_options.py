@@ -56,6 +56,7 @@ OTHER: dict[str, Any] = {
     "sampling_topp": 0.5,
     "sampling_temperature": 0.75,
     "seed": 7,
+    "force_eos": True,
     "replace_unknowns": True,
     "suppress": ("deux", "trois"),
     "use_memory": False,

@@ -235,15 +235,18 @@ def _our_id(order: list[int], row: int) -> int:
 def decoding_defaults(generation: dict[str, Any]) -> dict[str, Any]:
     """`generate`'s rules as the bundle's decoding defaults: scores over length^length_penalty
     (the end of sentence counted), at most max_length - 1 tokens whatever the source's length
-    (its decoder start is counted in max_length), capped at MAX_STEPS, and its stopping rule
+    (its decoder start is counted in max_length), capped at MAX_STEPS, the end of sentence forced
+    at that length where `forced_eos_token_id` is the end of sentence, and its stopping rule
     (early_stopping False: "heuristic"; True: "patience" 1, done once beam_size have ended;
     "never": "exact")."""
     steps = min(int(generation.get("max_length", 512)) - 1, MAX_STEPS)
     early = generation.get("early_stopping", False)
     stopping = {False: "heuristic", True: "patience", "never": "exact"}.get(early)
     refuse_unless(stopping is not None, f"early_stopping {early!r} is not one generate knows")
+    eos = generation.get("eos_token_id")
     return {
         "stopping": stopping,
+        "force_eos": eos is not None and generation.get("forced_eos_token_id") == eos,
         "patience": 1.0,
         "normalize": float(generation.get("length_penalty", 1.0)),
         "max_length_a": 0.0,

@@ -800,15 +800,16 @@ class BeamSearch:
         if not self._controlled:
             return []
         K, L = self._beam_size, self._beams.seqs.shape[1]
-        members: dict[tuple[int, ctl.Controls], list[int]] = {}
+        members: dict[tuple[int, ctl.Controls, bool], list[int]] = {}
         for b, sentence in enumerate(self._sentences):
             if sentence.group is not None:
-                members.setdefault((sentence.steps, sentence.group), []).append(b)
+                last = sentence.group.force_eos and sentence.steps == sentence.max_len - 1
+                members.setdefault((sentence.steps, sentence.group, last), []).append(b)
         groups = []
-        for (steps, controls), bs in members.items():
+        for (steps, controls, last), bs in members.items():
             rows = (np.asarray(bs)[:, None] * K + np.arange(K)).reshape(-1)  # (R,)
             seqs = self._beams.seqs[rows, L - steps :]  # (R, steps)
-            at = ctl.SlotControls.at(controls, seqs, steps, self._eos_id)
+            at = ctl.SlotControls.at(controls, seqs, steps, self._eos_id, last)
             if not at.idle:
                 rngs = [r for r in (self._sentences[b].rng for b in bs) if r is not None]
                 groups.append((rows, at, rngs))

@@ -30,6 +30,10 @@ class Controls:
         is blocked after the others).
     alternatives: at the first step after the prefix, continue the K best next pieces as K
         separate hypotheses, each then extended greedily (its best continuation).
+    force_eos: at the sentence's last step (its maximum length), the end of sentence is the only
+        candidate and adds nothing to the score: the hypotheses still running end there instead
+        of being cut (transformers' ForcedEOSTokenLogitsProcessor sets its log-prob to 0; the
+        token's own log-prob is still reported).
     """
 
     prefix: tuple[int, ...] = ()
@@ -43,6 +47,7 @@ class Controls:
     sampling_temperature: float = 1.0
     seed: int = 0
     constraints: tuple[tuple[int, ...], ...] = ()
+    force_eos: bool = False
 
     @property
     def sampling(self) -> bool:
@@ -60,6 +65,7 @@ class Controls:
             or self.alternatives
             or self.sampling
             or self.constraints
+            or self.force_eos
         )
 
     @property
@@ -295,13 +301,19 @@ class SlotControls:
     slots: int
     blocked: Pairs
     seen: Pairs
+    end_id: int = -1  # >= 0: the only candidate at this step (force_eos at the last step)
 
     @classmethod
-    def at(cls, controls: Controls, seqs: np.ndarray, step: int, eos_id: int) -> SlotControls:
-        """seqs (R, step): each slot's tokens so far."""
+    def at(
+        cls, controls: Controls, seqs: np.ndarray, step: int, eos_id: int, last: bool = False
+    ) -> SlotControls:
+        """seqs (R, step): each slot's tokens so far; `last`: this step is the sentence's last
+        (its maximum length)."""
         R = len(seqs)
         if step < len(controls.prefix):  # forced: nothing else applies
             return cls(controls, step, R, _no_pairs(), _no_pairs())
+        if controls.force_eos and last:  # the end of sentence forced: nothing else applies
+            return cls(controls, step, R, _no_pairs(), _no_pairs(), end_id=eos_id)
         blocked = blocked_tokens(seqs, step, controls, eos_id)
         return cls(controls, step, R, blocked, seen_tokens(seqs, controls))
 
@@ -330,6 +342,7 @@ class SlotControls:
         c = self.controls
         return not (
             self.step < len(c.prefix)
+            or self.end_id >= 0
             or c.sampling
             or c.greedy_slots(self.step)
             or len(self.blocked[0])
@@ -343,7 +356,8 @@ class SlotControls:
         penalty."""
         c = self.controls
         sampling = c.sampling and not self.samples_from_top
-        return self.step < len(c.prefix) or sampling or len(self.seen[0]) > 0
+        forced = self.step < len(c.prefix) or self.end_id >= 0
+        return forced or sampling or len(self.seen[0]) > 0
 
 
 def candidates(rows: SlotRows, at: SlotControls, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -355,6 +369,10 @@ def candidates(rows: SlotRows, at: SlotControls, k: int) -> tuple[np.ndarray, np
         assert rows.full is not None
         tokens = np.full(len(rows.ids), controls.prefix[at.step], np.int64)  # (R,)
         return one_candidate(rows.full, tokens, k)
+    if at.end_id >= 0:  # the end of sentence at the last step, scored 0 (transformers')
+        assert rows.full is not None
+        zero = np.zeros_like(rows.full)
+        return one_candidate(zero, np.full(len(rows.ids), at.end_id, np.int64), k)
     seen_log_probs = np.zeros(0, np.float32)
     if rows.full is not None and len(at.seen[0]):
         seen_log_probs = rows.full[at.seen]

@@ -79,8 +79,8 @@ class _Entry:
 def device_controls(controls: Controls) -> bool:
     """Whether the device search applies a sentence's controls: a target prefix (forced), single
     suppressed tokens and a minimum length (masks). What reads a hypothesis's own tokens (n-gram
-    blocking, a suppressed sequence, a repetition penalty), samples, alternatives and glossary
-    constraints stay with the numpy search."""
+    blocking, a suppressed sequence, a repetition penalty), samples, alternatives, glossary
+    constraints and the end forced at the maximum length stay with the numpy search."""
     return (
         all(len(seq) == 1 for seq in controls.suppress)
         and not controls.no_repeat_ngram_size
@@ -88,6 +88,7 @@ def device_controls(controls: Controls) -> bool:
         and not controls.alternatives
         and not controls.sampling
         and not controls.constraints
+        and not controls.force_eos
     )
 
 

@@ -289,6 +289,7 @@ class Engine:
             sampling_topp=options.sampling_topp,
             sampling_temperature=options.sampling_temperature,
             seed=options.seed,
+            force_eos=options.force_eos,
         )
 
     def sentence_controls(self, sentence: Prepared, options: SearchOptions) -> list[Controls]:

@@ -205,6 +205,12 @@ class SearchOptions:
         OptionSpec(int, 0, "sampling: the random seed (0 = a random one); the same seed gives "
                    "the same answer alone or batched", ("--seed",), low=0, high=2**63 - 1)
     )  # fmt: skip
+    force_eos: bool = option(
+        OptionSpec(bool, False, "at the maximum length the end of sentence is the only "
+                   "candidate and adds nothing to the score: the hypotheses still running end there "
+                   "instead of being cut (transformers' forced_eos_token_id)",
+                   ("--force-eos",))
+    )  # fmt: skip
     replace_unknowns: bool = option(
         OptionSpec(bool, False, "replace each unknown target token by the source word it "
                    "attends to most", ("--replace-unknowns",))
