@@ -8,6 +8,8 @@
 - transformer_speed: a Transformer (Hugging Face's MarianMTModel, OPUS-MT's shape or a small one)
   imported beside CTranslate2 converted from the same weights, and transformers' generate: target
   tokens per second, float32 and int8, at 1 and 2 threads;
+- transformer_speed_marian: a Marian Transformer of OPUS-MT's shape made by Marian, imported,
+  beside CTranslate2 converted by its Marian converter and marian-decoder, on the same weights;
 - transformer_exact: a Hugging Face MarianMTModel made here beside its import on held-out texts:
   best translations, n-best lists, scores and attention against generate's;
 - transformer_exact_marian: a Marian Transformer (trained here, or given) beside its import on
