@@ -10,7 +10,7 @@
 - forced-alignment throughput in pairs/s.
 
     python -m benchmarks.alignment.grc_en --bundle models/grc-en-nt --checkpoint RUN/best.pt \
-        --data data/grc-en [--limit 50] [--no-eflomal] [--json out.json]
+        --data data/grc-en [--split dev] [--limit 50] [--no-eflomal] [--json out.json]
 
 --data holds export/data/bible.py's files (built there when missing). Forced alignment runs the
 checkpoint in PyTorch (export/evaluate/alignment_eval.py's forced_attention) with the bundle's
@@ -304,7 +304,7 @@ def load_engine(args: argparse.Namespace) -> Engine:
 
 def run(args: argparse.Namespace) -> tuple[list[Row], str]:
     ensure_data(args.data)
-    test = read_split(args.data, "test", args.limit)
+    test = read_split(args.data, args.split, args.limit)
     rows: list[Row] = served_rows(load_engine(args), test)
     if args.checkpoint is not None:
         model, _ = load_checkpoint(args.checkpoint)
@@ -313,8 +313,12 @@ def run(args: argparse.Namespace) -> tuple[list[Row], str]:
         rows.append(eflomal_row(args.data, test))
     if not args.no_translate:
         rows.append(translate_row(load_engine(args), test, args.beam))
-    rows.append(memory_row(args.data, test))
-    title = f"John: {len(test)} verses, {sum(len(g) for g in test.gold)} gold links ({args.bundle})"
+    if args.split == "test":  # the memory holds the dev verses
+        rows.append(memory_row(args.data, test))
+    name = "John" if args.split == "test" else "dev"
+    title = (
+        f"{name}: {len(test)} verses, {sum(len(g) for g in test.gold)} gold links ({args.bundle})"
+    )
     return rows, title
 
 
@@ -326,6 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--checkpoint", type=Path, help="the bundle's PyTorch checkpoint (alignment)")
     p.add_argument("--data", type=Path, default=Path("data/grc-en"))
     p.add_argument("--limit", type=int, help="only the first N verses of John")
+    p.add_argument(
+        "--split", choices=("test", "dev"), default="test", help="John (test) or the dev split"
+    )
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--no-eflomal", action="store_true", help="leave eflomal out (about a minute)")
