@@ -10,7 +10,9 @@ training links remapped from words to those pieces (Marian's `--guided-alignment
 between the tokens it sees: every piece of a source word is linked to every piece of each target
 word the gold links it to, as firefox-translations-training remaps them). The guided layer's
 cross-attention, head 0, is what `marian-decoder --alignment` returns and what the import serves.
-The dev split chooses the checkpoint (`--keep-best` on BLEU); the test split is not read.
+The dev split chooses the checkpoint (`--keep-best` on BLEU); the test split is not read. Run
+again on the same --out, it resumes Marian's run (its model.npz, optimizer and progress) with the
+pieces and links it made.
 """
 
 from __future__ import annotations
@@ -112,11 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     train_split = args.data / "train"
-    models = (
-        train_spm(train_split.with_suffix(f".{args.src}"), out / "source", args.src_pieces),
-        train_spm(train_split.with_suffix(f".{args.tgt}"), out / "target", args.tgt_pieces),
-    )
-    links = remap(train_split, args.src, args.tgt, models, out / "train.align")
+    models = (out / "source.spm", out / "target.spm")
+    links = out / "train.align"
+    if not (links.is_file() and (out / "model.npz").is_file()):  # else Marian resumes its run
+        models = (
+            train_spm(train_split.with_suffix(f".{args.src}"), out / "source", args.src_pieces),
+            train_spm(train_split.with_suffix(f".{args.tgt}"), out / "target", args.tgt_pieces),
+        )
+        links = remap(train_split, args.src, args.tgt, models, links)
     dev = args.data / "dev"
     options = [
         *SHAPE, "--guided-alignment", str(links),
