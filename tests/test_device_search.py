@@ -35,7 +35,7 @@ from tests.conftest import REPO
 
 SCORE_TOLERANCE = 1e-5
 ATTENTION_TOLERANCE = 1e-6
-EMBEDDED = ("default", "g2p", "grc-en-nt", "grc-en-nt-silver")
+EMBEDDED = ("default", "g2p", "grc-en-nt", "grc-en-nt-silver", "grc-en-nt-transformer")
 
 
 def load(bundle: Path, search: str, row_ops: str = "auto") -> Engine:

@@ -427,7 +427,8 @@ def test_the_default_repository_serves_the_g2p_model_after_its_warm_up() -> None
     try:
         stub = server.stub
         served = {m.name for m in stub.ListModels(pb.ListModelsRequest(), timeout=30).models}
-        assert served == {"numbers-en-fr", "g2p-en-cmudict", "grc-en-nt", "grc-en-nt-silver"}
+        assert served == {"numbers-en-fr", "g2p-en-cmudict", "grc-en-nt", "grc-en-nt-silver",
+                          "grc-en-nt-transformer"}  # fmt: skip
         request = pb.TranslateRequest(texts=["knight"], model=pb.ModelSpec(name="g2p-en-cmudict"))
         answer = stub.Translate(request, timeout=30)
         assert answer.model == "g2p-en-cmudict" and answer.translations[0].hypotheses[0].text

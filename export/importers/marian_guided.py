@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--src-pieces", type=int, default=3000)
     parser.add_argument("--tgt-pieces", type=int, default=2000)
-    parser.add_argument("--updates", type=int, default=12000, help="Marian's --after, in updates")
+    parser.add_argument("--updates", type=int, default=4500, help="Marian's --after, in updates")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     out: Path = args.out
