@@ -8,7 +8,11 @@ import pytest
 from service.model.tokenizer import Tokenizer
 from tests.conftest import REPO
 
-MODELS = sorted(str(p) for p in (REPO / "models").glob("*/*.model"))
+# the bundles' own SentencePiece models (source.model, target.model); a toolkit's segmenter that an
+# imported bundle carries (source.spm.model: its own special ids) is read by SubwordTokenizer
+MODELS = sorted(
+    str(p) for p in (REPO / "models").glob("*/*.model") if not p.name.endswith(".spm.model")
+)
 
 
 @pytest.mark.parametrize("path", MODELS, ids=lambda p: "/".join(p.split("/")[-2:]))
