@@ -36,13 +36,9 @@ class Trained:
     alignments at beam 1 and 5, hard ones at beam 5)."""
 
     def __init__(self, root: Path) -> None:
-        task = mt.make_subword_task(root / "task", n_train=2000, n_test=TESTS)
-        options = [*mt.TINY_TRANSFORMER, "--dim-vocabs", "80", "80",
-                   "--transformer-guided-alignment-layer", "1"]  # fmt: skip
-        self.model = mt.train(
-            (task / "train.src", task / "train.tgt"), root / "marian", ("vocab.spm", "vocab.spm"),
-            options, after="20e", kind="transformer",
-        )  # fmt: skip
+        self.model = mt.train_demo(root, options=("--transformer-guided-alignment-layer", "1"),
+                                   kind="transformer", n_test=TESTS, after="20e")  # fmt: skip
+        task = root / "task"
         vocab = self.model.parent / "vocab.spm"
         self.vocabs = (vocab, vocab)
         self.source = task / "test.src"
@@ -97,12 +93,6 @@ def test_nbest_scores_and_soft_alignments_are_marian_decoders(trained: Trained, 
                 assert np.abs(weights - marian_rows[:-1]).max() < 1e-5
 
 
-def hard_links(matrix: np.ndarray) -> set[str]:
-    """marian-decoder's hard alignment of a soft one (data/alignment.cpp, threshold 1): each
-    target token's first largest source weight, as `s-t`."""
-    return {f"{int(np.argmax(row))}-{t}" for t, row in enumerate(matrix)}
-
-
 def test_hard_alignments_are_marian_decoders(trained: Trained) -> None:
     """`--alignment hard` at beam 5 against the served matrices' argmax: the same links for every
     hypothesis (its `</s>` row aside, which a served matrix does not carry)."""
@@ -114,7 +104,7 @@ def test_hard_alignments_are_marian_decoders(trained: Trained) -> None:
             marian_links = {
                 link for link in their.alignment.split() if int(link.split("-")[1]) < rows
             }
-            assert hard_links(np.asarray(hyp.alignment.matrix)) == marian_links
+            assert mt.hard_links(np.asarray(hyp.alignment.matrix)) == marian_links
             compared += 1
     assert compared == 5 * TESTS
 

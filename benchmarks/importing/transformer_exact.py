@@ -24,7 +24,7 @@ import argparse
 import json
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,25 +88,36 @@ def attention_diff(model: Any, tokenizer: Any, text: str, pieces: list[str], mat
     return float(np.abs(cross - matrix).max()) if len(pieces) else 0.0
 
 
-def measure(model_dir: Path, bundle: Path, texts: list[str]) -> Figures:
-    from transformers import MarianMTModel, MarianTokenizer
-
+def served_nbest(
+    bundle: Path, texts: list[str], threads: int | None = None
+) -> tuple[list[Any], float]:
+    """The bundle's n-best BEAM lists (host search, its decoding defaults, subword alignments) in
+    batches of BATCH, and the seconds they took."""
     from service.decode.config import RuntimeConfig
     from service.decode.engine import Engine
     from service.decode.options import SearchOptions
+
+    config = RuntimeConfig(providers=("CPUExecutionProvider",), search="host")
+    if threads is not None:
+        config = replace(config, intra_op_threads=threads)
+    engine = Engine.load(bundle, config)
+    options = SearchOptions(**{**engine.decoding_defaults, "beam_size": BEAM, "n_best": BEAM})
+    start = time.perf_counter()
+    got: list[Any] = []
+    for i in range(0, len(texts), BATCH):
+        got += engine.translate(texts[i : i + BATCH], options, "subword")
+    return got, time.perf_counter() - start
+
+
+def measure(model_dir: Path, bundle: Path, texts: list[str]) -> Figures:
+    from transformers import MarianMTModel, MarianTokenizer
 
     model = MarianMTModel.from_pretrained(str(model_dir), attn_implementation="eager").eval()
     tokenizer = MarianTokenizer.from_pretrained(str(model_dir))
     start = time.perf_counter()
     expected = theirs(model, tokenizer, texts)
     seconds_theirs = time.perf_counter() - start
-    engine = Engine.load(bundle, RuntimeConfig(providers=("CPUExecutionProvider",), search="host"))
-    options = SearchOptions(**{**engine.decoding_defaults, "beam_size": BEAM, "n_best": BEAM})
-    start = time.perf_counter()
-    got = []
-    for i in range(0, len(texts), BATCH):
-        got += engine.translate(texts[i : i + BATCH], options, "subword")
-    seconds_ours = time.perf_counter() - start
+    got, seconds_ours = served_nbest(bundle, texts)
     same_best = same_nbest = 0
     score_diff = attention = 0.0
     differences: list[dict[str, Any]] = []

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-BATCH, BEAM = 32, 5
+from benchmarks.importing.transformer_exact import BEAM, served_nbest
 
 
 @dataclass
@@ -52,11 +52,9 @@ def tiny_model(root: Path, count: int) -> tuple[Path, tuple[Path, Path], list[st
     """The reversal task's Transformer, trained here, and `count` held-out sources."""
     from export.importers import marian_toolkit as mt
 
-    task = mt.make_subword_task(root / "task", n_train=2000, n_test=count * 3, seed=0)
-    options = [*mt.TINY_TRANSFORMER, "--dim-vocabs", "80", "80",
-               "--transformer-guided-alignment-layer", "1"]  # fmt: skip
-    model = mt.train((task / "train.src", task / "train.tgt"), root / "marian",
-                     ("vocab.spm", "vocab.spm"), options, after="20e", kind="transformer")  # fmt: skip
+    model = mt.train_demo(root, options=("--transformer-guided-alignment-layer", "1"),
+                          kind="transformer", n_test=count * 3, after="20e")  # fmt: skip
+    task = root / "task"
     seen = set((task / "train.src").read_text(encoding="utf-8").splitlines())
     held = mt.make_subword_task(root / "held", n_train=1, n_test=count * 3, seed=7)
     lines = (held / "test.src").read_text(encoding="utf-8").splitlines()
@@ -65,17 +63,9 @@ def tiny_model(root: Path, count: int) -> tuple[Path, tuple[Path, Path], list[st
     return model, (vocab, vocab), texts
 
 
-def hard_links(matrix: np.ndarray) -> set[str]:
-    """marian-decoder's hard alignment (data/alignment.cpp, threshold 1): `s-t` per target token."""
-    return {f"{int(np.argmax(row))}-{t}" for t, row in enumerate(matrix)}
-
-
 def measure(model: Path, vocabs: tuple[Path, Path], bundle: Path, texts: list[str],
             work: Path) -> Figures:  # fmt: skip
     from export.importers import marian_toolkit as mt
-    from service.decode.config import RuntimeConfig
-    from service.decode.engine import Engine
-    from service.decode.options import SearchOptions
 
     source = work / "source.txt"
     source.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
@@ -85,14 +75,7 @@ def measure(model: Path, vocabs: tuple[Path, Path], bundle: Path, texts: list[st
     seconds_marian = time.perf_counter() - start
     hard = mt.read_nbest(mt.decode(model, vocabs, source, work / "hard.nbest", BEAM, n_best=True,
                                    alignment="hard"))  # fmt: skip
-    engine = Engine.load(bundle, RuntimeConfig(providers=("CPUExecutionProvider",),
-                                               intra_op_threads=1, search="host"))  # fmt: skip
-    options = SearchOptions(**{**engine.decoding_defaults, "beam_size": BEAM, "n_best": BEAM})
-    start = time.perf_counter()
-    got = []
-    for i in range(0, len(texts), BATCH):
-        got += engine.translate(texts[i : i + BATCH], options, "subword")
-    seconds_ours = time.perf_counter() - start
+    got, seconds_ours = served_nbest(bundle, texts, threads=1)
     figures = Figures(len(texts), 0, 0, 0, 0.0, 0, 0.0, 0, seconds_marian, seconds_ours, [])
     for text, translation, theirs, theirs_hard in zip(texts, got, soft, hard, strict=True):
         ours = [h.text for h in translation.hypotheses]
@@ -116,7 +99,7 @@ def measure(model: Path, vocabs: tuple[Path, Path], bundle: Path, texts: list[st
                 )
             marian_links = {link for link in their_hard.alignment.split()
                             if int(link.split("-")[1]) < len(matrix)}  # fmt: skip
-            figures.same_hard_alignment += hard_links(matrix) == marian_links
+            figures.same_hard_alignment += mt.hard_links(matrix) == marian_links
     return figures
 
 

@@ -137,6 +137,22 @@ def prepare(shape: str, work: Path) -> tuple[Path, Path, dict[bool, Path]]:
     return model_dir, bundle, converted
 
 
+def report(rows: list[Row], label: str, path: Path | None, about: dict[str, str]) -> None:
+    """The rows as a table, each with its ratio to CTranslate2's of its threads and precision;
+    and as JSON at `path` (with `about`) where given."""
+    print(f"| system | threads | target tokens | s | tokens/s | x CTranslate2 ({label}) |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        peer = next((r for r in rows if r.threads == row.threads and r.system.startswith(
+            "ctranslate2") and r.system.endswith("int8") == row.system.endswith("int8")), None)  # fmt: skip
+        ratio = f"{row.tokens_per_s / peer.tokens_per_s:.2f}" if peer else "-"
+        print(f"| {row.system} | {row.threads} | {row.target_tokens} | {row.seconds:.1f} | "
+              f"{row.tokens_per_s:.0f} | {ratio} |")  # fmt: skip
+    if path:
+        rows_out = [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in rows]
+        path.write_text(json.dumps({**about, "rows": rows_out}, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="opus-mt")
@@ -166,17 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(rows[-2], rows[-1], flush=True)
         if not args.no_generate:
             rows.append(generate_row(model_dir, texts, 1, args.max_tokens))
-    print(f"| system | threads | target tokens | s | tokens/s | x CTranslate2 ({args.shape}) |")
-    print("|---|---|---|---|---|---|")
-    for row in rows:
-        peer = next((r for r in rows if r.threads == row.threads and r.system.startswith(
-            "ctranslate2") and r.system.endswith("int8") == row.system.endswith("int8")), None)  # fmt: skip
-        ratio = f"{row.tokens_per_s / peer.tokens_per_s:.2f}" if peer else "-"
-        print(f"| {row.system} | {row.threads} | {row.target_tokens} | {row.seconds:.1f} | "
-              f"{row.tokens_per_s:.0f} | {ratio} |")  # fmt: skip
-    if args.json:
-        rows_out = [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in rows]
-        args.json.write_text(json.dumps({"shape": args.shape, "rows": rows_out}, indent=1))
+    report(rows, args.shape, args.json, {"shape": args.shape})
     return 0
 
 

@@ -21,16 +21,21 @@ tokens per second, each side counting the tokens it produced (the end of sentenc
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.importing.transformer_speed import BATCH, BEAM, Row, ctranslate2_row, ours
+from benchmarks.importing.transformer_speed import (
+    BATCH,
+    BEAM,
+    Row,
+    ctranslate2_row,
+    ours,
+    report,
+)
 
 VOCAB, WORDS_A_SENTENCE = 32000, 20
 MAX_TOKENS = 63  # Marian's ceil(3 x (20 words + `</s>`))
@@ -135,19 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(rows[-2], rows[-1], flush=True)
             rows.append(marian_row(model, vocab, source, threads, work))
             print(rows[-1], flush=True)
-    print(
-        "| system | threads | target tokens | s | tokens/s | x CTranslate2 (Marian, OPUS-MT shape) |"
-    )
-    print("|---|---|---|---|---|---|")
-    for row in rows:
-        peer = next((r for r in rows if r.threads == row.threads and r.system.startswith(
-            "ctranslate2") and r.system.endswith("int8") == row.system.endswith("int8")), None)  # fmt: skip
-        ratio = f"{row.tokens_per_s / peer.tokens_per_s:.2f}" if peer else "-"
-        print(f"| {row.system} | {row.threads} | {row.target_tokens} | {row.seconds:.1f} | "
-              f"{row.tokens_per_s:.0f} | {ratio} |")  # fmt: skip
-    if args.json:
-        out = [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in rows]
-        args.json.write_text(json.dumps({"model": "marian opus-mt shape", "rows": out}, indent=1))
+    report(rows, "Marian, OPUS-MT shape", args.json, {"model": "marian opus-mt shape"})
     return 0
 
 

@@ -86,6 +86,12 @@ def soft_alignment(field: str) -> np.ndarray:
     return np.array([[float(x) for x in row.split(",")] for row in field.split()], np.float64)
 
 
+def hard_links(matrix: np.ndarray) -> set[str]:
+    """marian-decoder's hard alignment of a soft one (data/alignment.cpp, threshold 1): each
+    target row's first largest source weight, as `s-t`."""
+    return {f"{int(np.argmax(row))}-{t}" for t, row in enumerate(matrix)}
+
+
 @dataclass(frozen=True)
 class NBest:
     """One line of Marian's n-best output: sentence index, text, score (normalized as asked)."""
@@ -173,6 +179,7 @@ def train_demo(
     options: tuple[str, ...] = (),
     kind: str = "s2s",
     n_test: int = 60,
+    after: str = "2e",
 ) -> Path:
     """A tiny s2s (or Transformer) model on the generated subword task (syllable words reversed,
     upper-cased): Marian's own vocabularies (.spm: SentencePiece of 40 pieces a side, or one of 80
@@ -190,7 +197,7 @@ def train_demo(
         out / "marian",
         vocabs,
         [*shape, *sizes, *options],
-        after="2e",
+        after=after,
         kind=kind,
     )
 
