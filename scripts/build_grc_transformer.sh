@@ -18,7 +18,7 @@ python -m export.data.bible --out data/grc-en
 python -m export.importers.marian_guided --data data/grc-en --out "$run" --updates "${UPDATES:-4500}"
 rm -rf "$out"
 s2s-import marian --config "$run/model.npz.decoder.yml" --model "$run/model.npz.best-bleu.npz" \
-  --out "$out" --name grc-en-nt-transformer --version 1.0.0
+  --out "$out" --name grc-en-nt-transformer --version 1.1.0
 mkdir -p docs/eval/grc-en-nt-transformer
 for split in dev test; do
   python -m benchmarks.alignment.grc_en --bundle "$out" --split "$split" --no-eflomal --threads 1 \

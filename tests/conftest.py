@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -43,6 +43,18 @@ def start_server_process(argv: list[str], log_path: Path) -> subprocess.Popen[by
             stderr=subprocess.STDOUT,
             env=env,
         )
+
+
+def empty_caches(decoder: Any, rows: int) -> dict[str, Any]:
+    """A Transformer decoder step's self-attention caches with no entries, as its inputs declare
+    them: (rows, 0, width) or, kept head by head, (rows, heads, 0, width / heads)."""
+    import numpy as np
+
+    return {
+        i.name: np.zeros([rows, *(0 if isinstance(d, str) else d for d in i.shape[1:])], np.float32)
+        for i in decoder.get_inputs()
+        if i.name.startswith("self_")
+    }
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:

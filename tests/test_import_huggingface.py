@@ -25,6 +25,9 @@ from export.importers.huggingface import import_model  # noqa: E402
 from service.decode.config import RuntimeConfig  # noqa: E402
 from service.decode.engine import Engine  # noqa: E402
 from service.decode.options import SearchOptions  # noqa: E402
+from service.decode.preparation import DecodeRequest  # noqa: E402
+from service.decode.translation import Translation  # noqa: E402
+from tests.conftest import empty_caches  # noqa: E402
 
 TEXTS = corpus(24, seed=11)
 
@@ -73,8 +76,7 @@ def test_each_step_computes_what_transformers_computes(hf_dir: Path, bundle: Pat
     src = to_ours(batch["input_ids"].numpy()).astype(np.int64)
     lengths = batch["attention_mask"].sum(1).numpy().astype(np.int64)
     values, keys, mask, state = encoder.run(None, {"src": src, "src_lengths": lengths})
-    widths = {i.name: i.shape[2] for i in decoder.get_inputs() if i.name.startswith("self_")}
-    caches = {name: np.zeros((2, 0, width), np.float32) for name, width in widths.items()}
+    caches = empty_caches(decoder, 2)
     names = [o.name for o in decoder.get_outputs()]
     vocab = len(mapping) + 1
     tokens = to_ours(targets.numpy()).astype(np.int64)
@@ -100,6 +102,33 @@ def test_each_step_computes_what_transformers_computes(hf_dir: Path, bundle: Pat
 def load(bundle: Path, search: str) -> Engine:
     config = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1, search=search)
     return Engine.load(bundle, config)
+
+
+@pytest.mark.parametrize("search", ["host", "device"])
+def test_sentences_joining_a_running_batch_get_what_they_get_alone(
+    bundle: Path, search: str
+) -> None:
+    """A sentence that joins after others have decoded some steps reads a cache whose entries
+    are left-padded to theirs (the fused kernel masks them by `positions`): its n-best list,
+    scores and matrices are those it gets decoded alone."""
+    engine = load(bundle, search)
+    options = SearchOptions(**{**engine.decoding_defaults, "beam_size": 5, "n_best": 3})
+    alone = {i: engine.translate([text], options, "subword")[0] for i, text in enumerate(TEXTS)}
+    batch = engine.new_batch(5)
+    pending = [DecodeRequest(i, engine.prepare(t), options, "subword") for i, t in enumerate(TEXTS)]
+    got: dict[int, Translation] = {}
+    while pending or len(batch):
+        batch.add([pending.pop(0) for _ in range(min(len(pending), 2))])
+        got.update(batch.step())
+    assert got.keys() == alone.keys()
+    for i, want in alone.items():
+        for w, g in zip(want.hypotheses, got[i].hypotheses, strict=True):
+            assert g.token_ids == w.token_ids, f"text {i}: {g.text!r} != {w.text!r}"
+            assert abs(g.score - w.score) < 1e-5, f"text {i}: score {g.score} != {w.score}"
+            assert g.alignment is not None and w.alignment is not None
+            np.testing.assert_allclose(
+                g.alignment.matrix, w.alignment.matrix, atol=1e-6, rtol=0, err_msg=f"text {i}"
+            )
 
 
 @pytest.mark.parametrize("beam", [1, 5])

@@ -21,6 +21,7 @@ pytest.importorskip("onmt")
 from export.importers import cli, opennmt, toolkits  # noqa: E402
 from export.importers.common import ImportRefused  # noqa: E402
 from service.decode.engine import Engine  # noqa: E402
+from tests.conftest import empty_caches  # noqa: E402
 from tests.test_import import onmt_base, onmt_checkpoint, task  # noqa: E402, F401
 
 TRANSFORMER = {
@@ -70,8 +71,7 @@ def our_steps(
     values, keys, mask, state = encoder.run(
         None, {"src": np.array([src]), "src_lengths": np.array([len(src)])}
     )
-    widths = {i.name: i.shape[2] for i in decoder.get_inputs() if i.name.startswith("self_")}
-    caches = {name: np.zeros((1, 0, width), np.float32) for name, width in widths.items()}
+    caches = empty_caches(decoder, 1)
     names = [o.name for o in decoder.get_outputs()]
     rows, attention = [], []
     for t, token in enumerate(tgt_in):

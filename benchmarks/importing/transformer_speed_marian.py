@@ -14,7 +14,8 @@ CTranslate2 4.x: `ctranslate2.converters.MarianConverter`, which fails on those 
 converts a copy with them stripped (float32 and int8). marian-decoder: the model as saved. Every
 side translates the same sentences (20 words each, so that every sentence's maximum length is
 Marian's ceil(3 x 21) = 63 target tokens), beam 5, batches of 32 (marian-decoder: --mini-batch
-32), at 1 and 2 threads; ours returns every hypothesis's alignment matrix. The figure is target
+32), at 1 and 2 threads, ours and CTranslate2 batch by batch in turn; ours returns every
+hypothesis's alignment matrix. The figure is target
 tokens per second, each side counting the tokens it produced (the end of sentence counted).
 """
 
@@ -32,9 +33,8 @@ from benchmarks.importing.transformer_speed import (
     BATCH,
     BEAM,
     Row,
-    ctranslate2_row,
-    ours,
     report,
+    side_by_side,
 )
 
 VOCAB, WORDS_A_SENTENCE = 32000, 20
@@ -135,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         pieces = [[*t.split(), "</s>"] for t in sources]
         for threads in args.threads:
             for int8 in (False, True) if args.int8 else (False,):
-                rows.append(ctranslate2_row(converted[int8], pieces, threads, int8, MAX_TOKENS))
-                rows.append(ours(bundle, sources, threads, int8, MAX_TOKENS))
+                rows.extend(side_by_side(
+                    bundle, converted[int8], sources, pieces, threads, int8, MAX_TOKENS
+                ))  # fmt: skip
                 print(rows[-2], rows[-1], flush=True)
             rows.append(marian_row(model, vocab, source, threads, work))
             print(rows[-1], flush=True)

@@ -1,7 +1,8 @@
 """A Transformer's two graphs in the contract's names (service/model/graph_contract.py).
 
-The decoder step reads each layer's self-attention cache as a growing state tensor (R, L, d),
-reorders it by the back-pointers, and writes it one entry longer (N, L+1, d); `positions` (N,)
+The decoder step reads each layer's self-attention cache as a growing state tensor (R, heads, L,
+d / heads), or (R, L, d) without the fused kernel, reorders it by the back-pointers, and writes it
+one entry longer; `positions` (N,)
 place each row's entries and its token. The cache is a tensor in and a tensor out, so the search
 (host or device) holds it between steps as it holds an RNN's state, and cuts its unread past.
 """
@@ -12,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import cast
 
+import numpy as np
 import onnx
 import torch
 from torch import Tensor, nn
@@ -26,6 +28,7 @@ from export.onnx.to_onnx import (
     export_graph,
 )
 from export.transformer.model import TransformerSeq2Seq
+from service.model.architecture import StateSpec
 
 
 class EncoderGraph(nn.Module):
@@ -57,6 +60,34 @@ class DecoderStepGraph(nn.Module):
         return (top_lp, top_ids, new_state, alignment, *grown)
 
 
+def cache_shape(spec: StateSpec, rows: int, entries: int) -> tuple[int, ...]:
+    if spec.heads:
+        return (rows, spec.heads, entries, spec.width // spec.heads)
+    return (rows, entries, spec.width)
+
+
+def use_fused_kernel(path: Path) -> None:
+    """The decoder step's `s2s::MultiHeadAttention` placeholders (export/transformer/model.py)
+    made ONNX Runtime's com.microsoft MultiHeadAttention: their inputs in the kernel's slots
+    (query, key, value, -, key_padding_mask, -, past_key, past_value), masked scores at float32's
+    lowest, as the plain ops mask them."""
+    model = onnx.load(str(path))
+    placeholders = [node for node in model.graph.node if node.domain == "s2s"]
+    if not placeholders:
+        return
+    for node in placeholders:
+        q, k, v, mask, *past = node.input
+        node.domain = "com.microsoft"
+        node.input[:] = [q, k, v, "", mask, "", *past]
+        node.attribute.append(
+            onnx.helper.make_attribute("mask_filter_value", float(np.finfo(np.float32).min))
+        )
+    kept = [o for o in model.opset_import if o.domain != "s2s"]
+    del model.opset_import[:]
+    model.opset_import.extend([*kept, onnx.helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, str(path))
+
+
 def example_inputs(
     model: TransformerSeq2Seq, B: int = 2, S: int = 5, K: int = 3, L: int = 2
 ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
@@ -68,7 +99,7 @@ def example_inputs(
     N = B * K
     reorder = torch.arange(B).repeat_interleave(K)
     tokens = torch.full((N,), cfg.bos_id, dtype=torch.long)
-    caches = [torch.randn(B, L, spec.width) for spec in cfg.decoder_states]
+    caches = [torch.randn(cache_shape(spec, B, L)) for spec in cfg.decoder_states]
     positions = torch.full((N,), L, dtype=torch.long)
     k = torch.tensor(K, dtype=torch.long)
     step = (tokens, state, reorder, values, keys, mask, k, *caches, positions)
@@ -86,8 +117,11 @@ def export_graphs(model: TransformerSeq2Seq, out_dir: Path) -> tuple[Path, Path]
     axes = {
         **DECODER_AXES,
         "positions": {0: "hyps"},
-        **{name: {0: "state_rows", 1: "past"} for name in names},
-        **{f"new_{name}": {0: "hyps", 1: "past_and_one"} for name in names},
+        **{s.name: {0: "state_rows", 2 if s.heads else 1: "past"} for s in cfg.decoder_states},
+        **{
+            f"new_{s.name}": {0: "hyps", 2 if s.heads else 1: "past_and_one"}
+            for s in cfg.decoder_states
+        },
     }
     encoder_path, decoder_path = out_dir / "encoder.onnx", out_dir / "decoder.onnx"
     with warnings.catch_warnings():
@@ -98,6 +132,7 @@ def export_graphs(model: TransformerSeq2Seq, out_dir: Path) -> tuple[Path, Path]
             ENCODER_AXES,
         )  # fmt: skip
         export_graph(DecoderStepGraph(model), dec_inputs, decoder_path, (dec_in, dec_out), axes)
+    use_fused_kernel(decoder_path)
     for path in (encoder_path, decoder_path):
         onnx.checker.check_model(onnx.load(str(path)), full_check=True)
     return encoder_path, decoder_path

@@ -10,8 +10,10 @@ What the graphs hand each other, and why:
   `keys` and `values` (B, S, dec_layers * d_model), each layer's side by side. The decoder step
   reads them per sentence (B), never copied per hypothesis: its queries are grouped (B, K, ·).
 - The decoder's state is a self-attention key and value cache per layer, `self_k<i>` and
-  `self_v<i>` (R, L, d_model), growing a step at a time; the step reorders them by the beam's
-  back-pointers and writes them one entry longer. A row's entries are its last `positions` + 1
+  `self_v<i>`, (R, heads, L, d_model / heads) where the step attends with ONNX Runtime's fused
+  kernel (`fused_attention`, FusedSelfAttention), (R, L, d_model) in bundles made before it,
+  growing a step at a time; the step reorders them by the beam's back-pointers and writes them
+  one entry longer. A row's entries are its last `positions` + 1
   along L (left-padded where it joined later), so its mask is computed from `positions`.
 - Token ids are ours (PAD, BOS, EOS, UNK = 0-3): the importer permutes the embedding and output
   rows into our order (export/importers/common.py), a row the toolkit lacks (our BOS, where its
@@ -145,6 +147,71 @@ class Attention(nn.Module):
         return (every * self.head_mask.t()).sum(dim=2), weights
 
 
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """(B, T, d) → (B, heads, T, d / heads)."""
+    B, T, d = x.shape
+    return x.reshape(B, T, heads, d // heads).transpose(1, 2)
+
+
+def fused_reference(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, heads: int) -> Tensor:
+    """What ONNX Runtime's MultiHeadAttention computes: q (B, M, d), keys and values
+    (B, heads, T, d / heads), mask (B, T) int32 (1: read) → the context (B, M, d)."""
+    B, M, d = q.shape
+    scores = torch.matmul(split_heads(q, heads), keys.transpose(-1, -2)) * (d // heads) ** -0.5
+    scores = scores.masked_fill(mask[:, None, None, :] == 0, torch.finfo(scores.dtype).min)
+    context = torch.matmul(torch.softmax(scores, dim=-1), values)  # (B, heads, M, dh)
+    return context.transpose(1, 2).reshape(B, M, d)
+
+
+class FusedSelfAttention(torch.autograd.Function):
+    """A decoder step's self-attention through ONNX Runtime's MultiHeadAttention kernel
+    (com.microsoft): q, k, v (N, 1, d) of the new token, mask (N, P + 1) int32, past keys and
+    values (N, heads, P, d / heads) → the context (N, 1, d) and the caches one entry longer. The
+    kernel appends the new entry and attends per head over contiguous memory, in one op (the plain
+    ops it replaces: a concatenation, a spread of each head's query, two products, a mask and a
+    sum, 40% of an OPUS-MT step's time beside its matrix products). Exported as the placeholder
+    `s2s::MultiHeadAttention` that export/transformer/graphs.py rewrites into the kernel (the
+    TorchScript exporter cannot leave its optional inputs empty)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: object, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, past_k: Tensor,
+        past_v: Tensor, heads: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        keys = torch.cat([past_k, split_heads(k, heads)], dim=2)
+        values = torch.cat([past_v, split_heads(v, heads)], dim=2)
+        return fused_reference(q, keys, values, mask, heads), keys, values
+
+    @staticmethod
+    def symbolic(  # type: ignore[no-untyped-def]
+        g, q, k, v, mask, past_k, past_v, heads: int
+    ):
+        out = g.op(
+            "s2s::MultiHeadAttention", q, k, v, mask, past_k, past_v, num_heads_i=heads, outputs=3
+        )
+        for value, like, rank in zip(out, (q, past_k, past_v), (3, 4, 4), strict=True):
+            value.setType(like.type().with_sizes([None] * rank))
+        return out
+
+
+class FusedCrossAttention(torch.autograd.Function):
+    """Cross-attention through the same kernel: q (B, K, d) (a sentence's hypotheses as its
+    queries), keys and values (B, S, d) as the encoder wrote them, mask (B, S) int32 → (B, K, d).
+    The kernel gives no weights: the alignment layer keeps the plain ops (Attention.attend_rows)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: object, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int
+    ) -> Tensor:
+        return fused_reference(q, split_heads(k, heads), split_heads(v, heads), mask, heads)
+
+    @staticmethod
+    def symbolic(g, q, k, v, mask, heads: int):  # type: ignore[no-untyped-def]
+        out = g.op("s2s::MultiHeadAttention", q, k, v, mask, num_heads_i=heads)
+        out.setType(q.type().with_sizes([None] * 3))
+        return out
+
+
 class FeedForward(nn.Module):
     def __init__(self, d_model: int, ffn_dim: int, kind: str) -> None:
         super().__init__()
@@ -207,22 +274,39 @@ class DecoderLayer(nn.Module):
         cross_k: Tensor,
         cross_v: Tensor,
         cross_valid: Tensor,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """One token per hypothesis. x (N, d); past_k/v (N, L, d), already reordered; self_valid
-        (N, 1, 1, L+1); cross_k/v (B, S, d) per sentence, cross_valid (B, 1, 1, S), N = B*K.
-        Returns x, the caches one entry longer, and the cross-attention weights (B, K, h, S)."""
+        fused: bool = False,
+        weighs: bool = True,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """One token per hypothesis. x (N, d); past_k/v (N, L, d), already reordered, or with
+        `fused` (N, heads, L, d / heads); self_valid (N, 1, 1, L+1) bool; cross_k/v (B, S, d) per
+        sentence, cross_valid (B, 1, 1, S) bool, N = B*K. Returns x, the caches one entry longer,
+        and where it `weighs`, the cross-attention weights (B, K, h, S)."""
         B = cross_k.shape[0]
         N, d = x.shape
         K = N // B
         a = self.self_attn
         h = self.self_norm.before(x)
-        new_k = torch.cat([past_k, a.k(h).unsqueeze(1)], dim=1)  # (N, L+1, d)
-        new_v = torch.cat([past_v, a.v(h).unsqueeze(1)], dim=1)
-        context, _ = a.attend_rows(a.q(h).unsqueeze(1), new_k, new_v, self_valid)
+        k_new, v_new, q = a.k(h).unsqueeze(1), a.v(h).unsqueeze(1), a.q(h).unsqueeze(1)
+        if fused:
+            mask = self_valid.reshape(N, -1).to(torch.int32)
+            context, new_k, new_v = FusedSelfAttention.apply(
+                q, k_new, v_new, mask, past_k, past_v, a.heads
+            )
+        else:
+            new_k = torch.cat([past_k, k_new], dim=1)  # (N, L+1, d)
+            new_v = torch.cat([past_v, v_new], dim=1)
+            context, _ = a.attend_rows(q, new_k, new_v, self_valid)
         x = self.self_norm.after(x, a.out(context.reshape(N, d)))
         c = self.cross_attn
         h = self.cross_norm.before(x)
-        context, weights = c.attend_rows(c.q(h).reshape(B, K, d), cross_k, cross_v, cross_valid)
+        weights = None
+        if fused and not weighs:
+            mask = cross_valid.reshape(B, -1).to(torch.int32)
+            q = c.q(h).reshape(B, K, d)
+            context = FusedCrossAttention.apply(q, cross_k, cross_v, mask, c.heads)
+        else:
+            q = c.q(h).reshape(B, K, d)
+            context, weights = c.attend_rows(q, cross_k, cross_v, cross_valid)
         x = self.cross_norm.after(x, c.out(context.reshape(N, d)))
         x = self.ffn_norm.after(x, self.ffn(self.ffn_norm.before(x)))
         return x, new_k, new_v, weights
@@ -264,10 +348,9 @@ class TransformerSeq2Seq(nn.Module):
         self.enc_norm = nn.LayerNorm(d, eps=eps) if norms else None
         self.dec_norm = nn.LayerNorm(d, eps=eps) if norms else None
         self.out = nn.Linear(d, cfg.tgt_vocab_size)
-        ban = torch.zeros(cfg.tgt_vocab_size)
-        ban[list(banned)] = float("-inf")
-        self.ban: Tensor  # (V,) 0, or -inf where banned: added (a Where over (N, V) was 2x slower)
-        self.register_buffer("ban", ban, persistent=False)
+        self.banned: Tensor  # (n,) the ids written -inf in each row (a ScatterND in place: an
+        # added row of 0 and -inf cost a pass over (N, V), a Where twice that)
+        self.register_buffer("banned", torch.tensor(sorted(banned), dtype=torch.long), False)
 
     def decoder_layers(self) -> list[DecoderLayer]:
         return [cast(DecoderLayer, layer) for layer in self.decoder]
@@ -278,9 +361,11 @@ class TransformerSeq2Seq(nn.Module):
 
     @staticmethod
     def state_specs(shape: TransformerShape) -> tuple[StateSpec, ...]:
-        """Each decoder layer's self-attention key and value cache, growing a step at a time."""
+        """Each decoder layer's self-attention key and value cache, growing a step at a time
+        (head by head where the step attends with the fused kernel)."""
+        heads = shape.heads if shape.fused_attention else 0
         return tuple(
-            StateSpec(f"self_{kv}{i}", shape.d_model, growing=True)
+            StateSpec(f"self_{kv}{i}", shape.d_model, growing=True, heads=heads)
             for i in range(shape.dec_layers)
             for kv in ("k", "v")
         )
@@ -314,14 +399,15 @@ class TransformerSeq2Seq(nn.Module):
         positions: Tensor,
     ) -> tuple[Tensor, list[Tensor], Tensor]:
         """tokens (N,) our ids at `positions` (N,); caches: each layer's keys then values
-        (N, L, d), reordered. Returns the output layer's log-probabilities (N, V_out) (banned
+        (N, L, d), or (N, heads, L, d / heads) with `fused_attention`, reordered. Returns the output layer's log-probabilities (N, V_out) (banned
         ids -inf), the caches one entry longer, and the alignment (N, S)."""
         N = tokens.shape[0]
         S = mask.shape[1]
         d = self.shape.d_model
         x = self.tgt_embed(tokens) * self.embed_scale
         x = x + self.position_rows(self.tgt_positions, positions)
-        L = caches[0].shape[1] if caches else 0
+        fused = self.shape.fused_attention
+        L = caches[0].shape[-2] if caches else 0
         entry = torch.arange(L + 1, device=tokens.device).unsqueeze(0)  # (1, L+1)
         self_valid = (entry >= (L - positions).unsqueeze(1))[:, None, None, :]  # (N,1,1,L+1)
         cross_valid = mask[:, None, None, :]
@@ -332,7 +418,7 @@ class TransformerSeq2Seq(nn.Module):
             part = slice(i * d, (i + 1) * d)
             x, new_k, new_v, weights = layer.step(
                 x, caches[2 * i], caches[2 * i + 1], self_valid,
-                keys[:, :, part], values[:, :, part], cross_valid,
+                keys[:, :, part], values[:, :, part], cross_valid, fused, i == align,
             )  # fmt: skip
             grown += [new_k, new_v]
             if i == align:
@@ -340,7 +426,8 @@ class TransformerSeq2Seq(nn.Module):
         if self.dec_norm is not None:
             x = self.dec_norm(x)
         log_probs = torch.log_softmax(self.out(x), dim=-1)
-        log_probs = log_probs + self.ban
+        if len(self.banned):
+            log_probs[:, self.banned] = float("-inf")
         assert chosen is not None
         heads = list(self.shape.align_heads)
         picked = chosen[:, :, heads] if heads else chosen  # (B, K, h', S)

@@ -383,8 +383,8 @@ class RowUpdates(Protocol):
         ...
 
     def keep_last(self, state: ort.OrtValue, entries: int) -> ort.OrtValue:
-        """A growing state tensor (R, L, W) cut to its last `entries` along axis 1: those its rows
-        still read (a row's entries are its last `positions`)."""
+        """A growing state tensor (R, [H,] L, W) cut to its last `entries` along L: those its
+        rows still read (a row's entries are its last `positions`)."""
         ...
 
 
@@ -408,19 +408,21 @@ def zero_rows_graph(rank: int) -> bytes:
     return graph_bytes(nodes, f"zero_rows_{rank}", inputs, outputs)
 
 
-def keep_last_graph() -> bytes:
-    """state (R, L, W), starts (1,) int64 → out (R, L - starts, W): axis 1 from `starts` on."""
+def keep_last_graph(rank: int) -> bytes:
+    """state (R, ..., L, W) of `rank` axes, starts (1,) int64 → out (R, ..., L - starts, W): axis
+    -2 from `starts` on."""
     inputs = [
-        helper.make_tensor_value_info("state", FLOAT, ["R", "L", "W"]),
+        helper.make_tensor_value_info("state", FLOAT, ["R", *_dims("h", rank - 3), "L", "W"]),
         helper.make_tensor_value_info("starts", INT64, [1]),
     ]
     nodes = [
         helper.make_node("Constant", [], ["ends"], value=helper.make_tensor("e", INT64, [1], [2**62])),
-        helper.make_node("Constant", [], ["axes"], value=helper.make_tensor("a", INT64, [1], [1])),
+        helper.make_node("Constant", [], ["axes"], value=helper.make_tensor("a", INT64, [1], [-2])),
         helper.make_node("Slice", ["state", "starts", "ends", "axes"], ["out"]),
     ]  # fmt: skip
-    outputs = [helper.make_tensor_value_info("out", FLOAT, ["R", "K", "W"])]
-    return graph_bytes(nodes, "keep_last", inputs, outputs)
+    dims = ["R", *_dims("h", rank - 3), "K", "W"]
+    outputs = [helper.make_tensor_value_info("out", FLOAT, dims)]
+    return graph_bytes(nodes, f"keep_last_{rank}", inputs, outputs)
 
 
 class RowOps:
@@ -443,8 +445,8 @@ class RowOps:
         self.move_session = session(move_graph())
         self.refit_session = session(refit_graph())
         self.gather_join_session = session(gather_join_graph())
-        self.zero_rows_sessions = {rank: session(zero_rows_graph(rank)) for rank in (2, 3)}
-        self.keep_last_session = session(keep_last_graph())
+        self.zero_rows_sessions = {rank: session(zero_rows_graph(rank)) for rank in (2, 3, 4)}
+        self.keep_last_sessions = {rank: session(keep_last_graph(rank)) for rank in (3, 4)}
 
     # --- the encoder buffers -------------------------------------------------------------------
 
@@ -581,10 +583,10 @@ class RowOps:
 
     def keep_last(self, state: ort.OrtValue, entries: int) -> ort.OrtValue:
         """RowUpdates.keep_last, one graph run on the device."""
-        session = self.keep_last_session
+        session = self.keep_last_sessions[len(state.shape())]
         binding = session.io_binding()
         self.device.bind_value(binding, "state", state)
-        starts = np.array([int(state.shape()[1]) - entries], np.int64)
+        starts = np.array([int(state.shape()[-2]) - entries], np.int64)
         self.device.bind_host_argument(binding, "starts", starts)
         binding.bind_output("out", self.device.type, self.device.id)
         session.run_with_iobinding(binding)
@@ -736,7 +738,7 @@ class HostRowOps:
         """RowUpdates.keep_last with numpy (a copy: the step writes a new tensor anyway)."""
         old = host_view(state, state.shape())
         return ort.OrtValue.ortvalue_from_numpy(
-            np.ascontiguousarray(old[:, old.shape[1] - entries :])
+            np.ascontiguousarray(old[..., old.shape[-2] - entries :, :])
         )
 
 

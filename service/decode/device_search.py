@@ -270,7 +270,8 @@ class DeviceSearch:
         # the state tensors the architecture declares beside `state` (none for the RNNs): the
         # step computes their positions itself, from its sentences' steps (search_graph)
         specs = model.bundle.architecture.decoder_states
-        self.declared = DeclaredStates(specs, model.row_ops) if specs else None
+        zero_wide = model.bundle.architecture.state_dim == 0
+        self.declared = DeclaredStates(specs, model.row_ops, zero_wide) if specs else None
         self.binding = self.session.io_binding()
         self._outputs_bound: list[str] = []  # the binding's outputs, in the order first bound
         self._taken: list[tuple[str, int]] | None = None  # `_take_outputs`' map, made once
@@ -573,6 +574,8 @@ class DeviceSearch:
             rows[SENTENCE_FIELDS : SENTENCE_FIELDS + K] = NEG_INF  # nothing finished
             rows[SENTENCE_FIELDS + 3 * K + 1 :] = NEG_INF  # one live slot: the K starts are one
             starts = np.repeat((N_prev + np.arange(n, dtype=np.int64))[:, None], K, axis=1)
+            if self.declared is not None:  # a lazy join's rows read row 0's (masked) entries
+                starts = self.declared.cache_reorder(starts)
             joins = {
                 "sentences": rows,
                 "tokens": np.full((n, K), self.bos_id, np.int64),
@@ -667,6 +670,7 @@ class DeviceSearch:
             state[key] = outputs[index]
         if self.declared is not None:  # theirs, after this step; cut to the entries rows read
             self.declared.values = {s.name: state.pop("new_" + s.name) for s in self.declared.specs}
+            self.declared.rows = int(next(iter(self.declared.values.values())).shape()[0])
             self.declared.cut(self._max_steps + 1)
 
     @property

@@ -831,24 +831,39 @@ class DeclaredStates:
     step itself, each written anew by it (`new_<name>`). `positions` (R,) int64 are the state rows'
     tokens decoded so far, which a step that reads a growing tensor is given (its rows' entries
     are the last `positions` of its L); the growing axis is cut to what the rows still read once
-    it is twice that (each step adds an entry to every row)."""
+    it is twice that (each step adds an entry to every row).
 
-    def __init__(self, specs: Sequence[StateSpec], ops: RowUpdates) -> None:
+    `lazy_join` (every tensor growing, and `state` zero wide: a Transformer's): a joining
+    sentence's rows get no rows of zeros appended to every cache (a copy of all of them, at nearly
+    every step under a steady load); until the step writes their first entries they read row 0's,
+    all masked (their positions are 0), through `cache_reorder`."""
+
+    def __init__(
+        self, specs: Sequence[StateSpec], ops: RowUpdates, lazy_join: bool = False
+    ) -> None:
         self.specs = tuple(specs)
         self.ops = ops
         self.growing = any(spec.growing for spec in self.specs)
-        self.values: dict[str, ort.OrtValue] = {}  # by name: (R, width) or (R, L, width)
+        self.lazy_join = lazy_join and all(spec.growing for spec in self.specs)
+        self.values: dict[str, ort.OrtValue] = {}  # by name: StateSpec's shapes
         self.positions = np.zeros(0, np.int64)  # (R,)
+        self.rows = 0  # the rows the tensors hold (fewer than R after a lazy join)
 
     def join(self, n: int) -> None:
         """n joining sentences' rows, after the others (as `state`'s)."""
+        self.positions = np.concatenate([self.positions, np.zeros(n, np.int64)])
+        if self.lazy_join and self.rows:
+            return
+        self.rows += n
         for spec in self.specs:
             value = self.values.get(spec.name)
             if value is None:
-                empty = (0, 0, spec.width) if spec.growing else (0, spec.width)
-                value = self.ops.device.upload(np.zeros(empty, np.float32), "state")
+                value = self.ops.device.upload(np.zeros(spec.empty_shape, np.float32), "state")
             self.values[spec.name] = self.ops.zero_rows(value, n)
-        self.positions = np.concatenate([self.positions, np.zeros(n, np.int64)])
+
+    def cache_reorder(self, reorder: np.ndarray) -> np.ndarray:
+        """The step's reorder over the rows the tensors hold: a row joined lazily reads row 0."""
+        return np.where(reorder < self.rows, reorder, 0) if self.lazy_join else reorder
 
     def bind(self, binding: ort.IOBinding, positions: np.ndarray | None = None) -> None:
         """The tensors as the step's inputs, and its positions (N,) where given (a step that
@@ -869,18 +884,20 @@ class DeclaredStates:
         after it (one more token each); the growing axis cut where half of it is unread."""
         self.values = {s.name: v for s, v in zip(self.specs, outputs, strict=True)}
         self.positions = positions + 1
+        self.rows = len(positions)
         self.cut(int(self.positions.max(initial=0)))
 
     def cut(self, needed: int) -> None:
         """Each growing tensor cut to its last `needed` entries where it holds twice as many."""
         for spec in self.specs:
             value = self.values.get(spec.name)
-            if spec.growing and value is not None and int(value.shape()[1]) >= max(2 * needed, 8):
+            if spec.growing and value is not None and int(value.shape()[-2]) >= max(2 * needed, 8):
                 self.values[spec.name] = self.ops.keep_last(value, needed)
 
     def reset(self) -> None:
         self.values = {}
         self.positions = np.zeros(0, np.int64)
+        self.rows = 0
 
 
 class HostBuffer:
@@ -933,7 +950,8 @@ class OnnxDecoder:
         self.state: ort.OrtValue | None = None  # (R, D_state) on the device
         # the state tensors the architecture declares beside it (none for the RNNs)
         specs = model.bundle.architecture.decoder_states
-        self.declared = DeclaredStates(specs, model.row_ops) if specs else None
+        zero_wide = model.bundle.architecture.state_dim == 0
+        self.declared = DeclaredStates(specs, model.row_ops, zero_wide) if specs else None
         self.log_probs = HostBuffer(np.float32)
         self.token_ids = HostBuffer(np.int64)
         self.attention = HostBuffer(np.float32)
@@ -972,7 +990,8 @@ class OnnxDecoder:
         assert self.rows.count and self.state is not None, "step() on an empty batch"
         device, binding = self.device, bound.binding
         device.bind_host_input(binding, "tokens", tokens.astype(np.int64, copy=False), "tokens")
-        device.bind_host_input(binding, "reorder", reorder.astype(np.int64, copy=False), "tokens")
+        rows = reorder if self.declared is None else self.declared.cache_reorder(reorder)
+        device.bind_host_input(binding, "reorder", rows.astype(np.int64, copy=False), "tokens")
         if self.model.k_on_host:  # read where it is, by the TopK (`topk_reads_k_on_the_host`)
             device.bind_host_argument(binding, "k", np.array([k], dtype=np.int64))
         else:

@@ -34,14 +34,24 @@ CONTRACT_NAMES = ("tokens", "state", "reorder", "values", "keys", "mask", "k", "
 class StateSpec:
     """A decoder state tensor besides the encoder's `state`, declared by the bundle's manifest
     (`architecture.decoder_states`): its hypothesis axis is 0, its shape (R, width), or with
-    `growing` (R, L, width) with one entry a decoded token along axis 1 (a Transformer layer's
-    self-attention keys or values). The decoder step reads it as input `name` and writes it as
-    output `new_<name>`, reordered by the back-pointers as `state` is; a joining sentence's starts
-    at zeros (a growing one's holds no entry of its own: its step reads `positions`)."""
+    `growing` (R, L, width) with one entry a decoded token along axis -2 (a Transformer layer's
+    self-attention keys or values), or with `heads` too (R, heads, L, width / heads): each head's
+    entries side by side, as ONNX Runtime's fused attention reads them. The decoder step reads it
+    as input `name` and writes it as output `new_<name>`, reordered by the back-pointers as `state`
+    is; a joining sentence's starts at zeros (a growing one's holds no entry of its own: its step
+    reads `positions`)."""
 
     name: str
     width: int
     growing: bool = False
+    heads: int = 0
+
+    @property
+    def empty_shape(self) -> tuple[int, ...]:
+        """The tensor with no rows (and, where it grows, no entries)."""
+        if self.heads:
+            return (0, self.heads, 0, self.width // self.heads)
+        return (0, 0, self.width) if self.growing else (0, self.width)
 
     def problems(self) -> list[str]:
         out = []
@@ -49,6 +59,11 @@ class StateSpec:
             out.append(f"decoder state name {self.name!r} is not a free identifier")
         if self.width < 1:
             out.append(f"decoder state {self.name!r} needs a width >= 1")
+        if self.heads and (not self.growing or self.heads < 0 or self.width % self.heads):
+            out.append(
+                f"decoder state {self.name!r}: heads {self.heads} need a growing state whose "
+                f"width {self.width} they divide"
+            )
         return out
 
 
@@ -72,7 +87,9 @@ class TransformerShape:
     own timescales, OpenNMT-py's SinusoidalConcat), "sinusoidal_interleaved" (sines and cosines
     alternating, OpenNMT-py's default), "learned" (a table). `norm_eps`: the layer norms' epsilon. `align_layer`/`align_heads`: which decoder
     layer's cross-attention the graphs return as the alignment, and which of its heads are averaged
-    (empty: all)."""
+    (empty: all). `fused_attention`: the decoder step attends with ONNX Runtime's MultiHeadAttention
+    kernel over caches kept head by head (R, heads, L, d_model / heads); a bundle built before it
+    (its manifest without the key) attends with plain ops over caches (R, L, d_model)."""
 
     d_model: int
     heads: int
@@ -86,6 +103,7 @@ class TransformerShape:
     align_layer: int = -1
     align_heads: tuple[int, ...] = ()
     norm_eps: float = 1e-5
+    fused_attention: bool = True
 
     def problems(self) -> list[str]:
         out: list[str] = []
@@ -234,7 +252,9 @@ class ModelConfig:
         """The manifest's `architecture`; `decoder_states` only where there are some (the RNN
         bundles' manifests read as they always did)."""
         data = asdict(self)
-        states = data.pop("decoder_states")
+        states = [
+            {k: v for k, v in s.items() if k != "heads" or v} for s in data.pop("decoder_states")
+        ]
         if data["transformer"] is None:
             del data["transformer"]
         else:
@@ -249,7 +269,9 @@ class ModelConfig:
             raise ValueError(f"unknown model config keys: {unknown}")
         states = data.get("decoder_states", ())
         if not isinstance(states, list | tuple) or not all(isinstance(s, dict) for s in states):
-            raise ValueError("decoder_states must be a list of {name, width, growing} objects")
+            raise ValueError(
+                "decoder_states must be a list of {name, width, growing, heads} objects"
+            )
         shape = data.get("transformer")
         if shape is not None:
             if not isinstance(shape, dict):
@@ -258,7 +280,11 @@ class ModelConfig:
             if unknown:
                 raise ValueError(f"unknown transformer keys: {unknown}")
             shape = TransformerShape(
-                **{**shape, "align_heads": tuple(shape.get("align_heads", ()))}
+                **{
+                    "fused_attention": False,  # a manifest written before the fused kernel
+                    **shape,
+                    "align_heads": tuple(shape.get("align_heads", ())),
+                }
             )
         return cls(
             **{

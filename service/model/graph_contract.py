@@ -72,8 +72,11 @@ POSITIONS = Port("positions", "tensor(int64)", (None,))  # (N,) tokens decoded s
 
 
 def state_port(spec: StateSpec, prefix: str = "") -> Port:
-    """A declared state tensor's port: (R, width), or (R, L, width) where it grows."""
+    """A declared state tensor's port: (R, width), or (R, L, width) where it grows, or
+    (R, heads, L, width / heads) where it grows head by head."""
     shape: tuple[Dim, ...] = (None, None, spec.width) if spec.growing else (None, spec.width)
+    if spec.heads:
+        shape = (None, spec.heads, None, spec.width // spec.heads)
     return Port(prefix + spec.name, "tensor(float)", shape)
 
 
