@@ -129,6 +129,30 @@ def test_the_bundle_says_what_it_imported(trained: Trained) -> None:
     assert MAX_POSITIONS >= 1024
 
 
+def test_untied_embeddings_and_output_layer_decode_as_marian_decoder(tmp_path: Path) -> None:
+    """A Transformer trained without tied embeddings (a source and a target table, `encoder_Wemb`
+    and `decoder_Wemb`, and an output layer of its own, `decoder_ff_logit_out_Wt`) gives
+    marian-decoder's n-best lists at beam 5, scores within its printed precision."""
+    model = mt.train_demo(tmp_path, kind="transformer", n_test=30, after="3e", tied=False)
+    weights = np.load(model)
+    names = set(weights.files)
+    assert {"encoder_Wemb", "decoder_Wemb", "decoder_ff_logit_out_Wt"} <= names, sorted(names)
+    assert "Wemb" not in names
+    vocab = model.parent / "vocab.spm"
+    source = tmp_path / "task" / "test.src"
+    bundle = marian.import_model(model, (vocab, vocab), tmp_path / "bundle", "untied", "1")
+    theirs = mt.read_nbest(mt.decode(model, (vocab, vocab), source, tmp_path / "nbest", 5,
+                                     n_best=True, alignment=""))  # fmt: skip
+    engine = Engine.load(bundle, RuntimeConfig(intra_op_threads=1))
+    options = SearchOptions(beam_size=5, n_best=5, **engine.decoding_defaults)
+    ours = engine.translate(source.read_text(encoding="utf-8").splitlines(), options)
+    assert len({t.hypotheses[0].text for t in ours}) > len(ours) // 2  # it translates
+    for translation, their in zip(ours, theirs, strict=True):
+        assert [h.text for h in translation.hypotheses] == [h.text for h in their]
+        for hyp, one in zip(translation.hypotheses, their, strict=True):
+            assert abs(hyp.score - one.score) <= mt.score_tolerance(one.score)
+
+
 @pytest.mark.parametrize(
     ("changes", "named"),
     [

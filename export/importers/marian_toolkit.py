@@ -180,10 +180,12 @@ def train_demo(
     kind: str = "s2s",
     n_test: int = 60,
     after: str = "2e",
+    tied: bool = True,
 ) -> Path:
     """A tiny s2s (or Transformer) model on the generated subword task (syllable words reversed,
     upper-cased): Marian's own vocabularies (.spm: SentencePiece of 40 pieces a side, or one of 80
-    for a Transformer; .yml: words)."""
+    for a Transformer; .yml: words). A Transformer's embeddings are tied to everything unless
+    `tied` is false (each side its own, and an output layer of its own)."""
     task = make_subword_task(out / "task", n_train=2000, n_test=n_test)
     vocabs = (f"src.{vocab_kind}", f"tgt.{vocab_kind}")
     sizes = ["--dim-vocabs", "40", "40"] if vocab_kind == "spm" else []
@@ -191,7 +193,7 @@ def train_demo(
     if kind == "transformer":  # one vocabulary for both sides, as OPUS-MT's, tied to everything
         vocabs = (f"vocab.{vocab_kind}", f"vocab.{vocab_kind}")
         sizes = ["--dim-vocabs", "80", "80"] if vocab_kind == "spm" else []
-        shape = TINY_TRANSFORMER
+        shape = TINY_TRANSFORMER if tied else [o for o in TINY_TRANSFORMER if "tied" not in o]
     return train(
         (task / "train.src", task / "train.tgt"),
         out / "marian",
