@@ -299,13 +299,12 @@ class DecoderLayer(nn.Module):
         x = self.self_norm.after(x, a.out(context.reshape(N, d)))
         c = self.cross_attn
         h = self.cross_norm.before(x)
+        q = c.q(h).reshape(B, K, d)
         weights = None
         if fused and not weighs:
             mask = cross_valid.reshape(B, -1).to(torch.int32)
-            q = c.q(h).reshape(B, K, d)
             context = FusedCrossAttention.apply(q, cross_k, cross_v, mask, c.heads)
         else:
-            q = c.q(h).reshape(B, K, d)
             context, weights = c.attend_rows(q, cross_k, cross_v, cross_valid)
         x = self.cross_norm.after(x, c.out(context.reshape(N, d)))
         x = self.ffn_norm.after(x, self.ffn(self.ffn_norm.before(x)))
@@ -348,8 +347,9 @@ class TransformerSeq2Seq(nn.Module):
         self.enc_norm = nn.LayerNorm(d, eps=eps) if norms else None
         self.dec_norm = nn.LayerNorm(d, eps=eps) if norms else None
         self.out = nn.Linear(d, cfg.tgt_vocab_size)
-        self.banned: Tensor  # (n,) the ids written -inf in each row (a ScatterND in place: an
-        # added row of 0 and -inf cost a pass over (N, V), a Where twice that)
+        self.banned: Tensor  # (n,) the ids written -inf in each row (a ScatterND: ONNX Runtime
+        # copies the row first, as long as the added (V,) row of 0 and -inf it replaced; a Where
+        # took twice that)
         self.register_buffer("banned", torch.tensor(sorted(banned), dtype=torch.long), False)
 
     def decoder_layers(self) -> list[DecoderLayer]:
