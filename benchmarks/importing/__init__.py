@@ -8,6 +8,8 @@
 - transformer_speed: a Transformer (Hugging Face's MarianMTModel, OPUS-MT's shape or a small one)
   imported beside CTranslate2 converted from the same weights, and transformers' generate: target
   tokens per second, float32 and int8, at 1 and 2 threads;
+- optimum_row: Optimum's ORTModelForSeq2SeqLM.generate on the same directory, in a venv of its
+  own (optimum-onnx needs an older transformers): transformer_speed's Optimum row;
 - transformer_speed_marian: a Marian Transformer of OPUS-MT's shape made by Marian, imported,
   beside CTranslate2 converted by its Marian converter and marian-decoder, on the same weights;
 - transformer_exact: a Hugging Face MarianMTModel made here beside its import on held-out texts:

@@ -12,7 +12,8 @@ at most `--max-tokens` target tokens, at 1 and 2 threads; ours returns every hyp
 alignment matrix (subword). The two sides run batch by batch in turn (side_by_side), so that a
 slow stretch of this shared machine slows both. The figure is target tokens per second, each side
 counting the tokens it produced (the end of sentence counted), with the ratio ours / CTranslate2.
-Beside them, at one thread only: MarianMTModel.generate (torch) on the same batches.
+Beside them, at one thread only: MarianMTModel.generate (torch) on the same batches, and with
+`--optimum-python` Optimum's ORTModelForSeq2SeqLM.generate (optimum_row, in its own venv).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -154,6 +156,25 @@ def generate_row(model_dir: Path, texts: list[str], threads: int, max_tokens: in
     return Row("transformers generate", threads, len(texts), tokens, time.perf_counter() - start)
 
 
+def optimum_row(
+    python: Path, model_dir: Path, texts: list[str], work: Path, max_tokens: int
+) -> Row:
+    """Optimum's ORTModelForSeq2SeqLM.generate at one thread, run by `python` (a venv with
+    optimum-onnx, which needs an older transformers than ours: benchmarks/importing/optimum_row.py)."""
+    source = work / "optimum-texts.txt"
+    source.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    command = [str(python), "-m", "benchmarks.importing.optimum_row", "--model", str(model_dir),
+               "--texts", str(source), "--threads", "1", "--beam", str(BEAM),
+               "--batch", str(BATCH), "--max-tokens", str(max_tokens)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False,
+                          cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    return Row("optimum ORTModelForSeq2SeqLM generate", 1, len(texts), figures["target_tokens"],
+               figures["seconds"])  # fmt: skip
+
+
 def prepare(shape: str, work: Path) -> tuple[Path, Path, dict[bool, Path]]:
     from ctranslate2.converters import TransformersConverter
 
@@ -197,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--int8", action="store_true", help="int8 rows too")
     parser.add_argument("--no-generate", action="store_true")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--optimum-python", type=Path,
+                        help="python of a venv with optimum-onnx[onnxruntime]: an Optimum row")  # fmt: skip
     args = parser.parse_args(argv)
     import sentencepiece as spm
 
@@ -216,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(rows[-2], rows[-1], flush=True)
         if not args.no_generate:
             rows.append(generate_row(model_dir, texts, 1, args.max_tokens))
+        if args.optimum_python:
+            rows.append(optimum_row(args.optimum_python, model_dir, texts, Path(tmp),
+                                    args.max_tokens))  # fmt: skip
     report(rows, args.shape, args.json, {"shape": args.shape})
     return 0
 
