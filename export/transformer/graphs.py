@@ -28,7 +28,6 @@ from export.onnx.to_onnx import (
     export_graph,
 )
 from export.transformer.model import TransformerSeq2Seq
-from service.model.architecture import StateSpec
 
 
 class EncoderGraph(nn.Module):
@@ -58,12 +57,6 @@ class DecoderStepGraph(nn.Module):
         top_lp, top_ids = torch.topk(log_probs, cast(int, k), dim=-1)
         new_state = state.index_select(0, reorder)
         return (top_lp, top_ids, new_state, alignment, *grown)
-
-
-def cache_shape(spec: StateSpec, rows: int, entries: int) -> tuple[int, ...]:
-    if spec.heads:
-        return (rows, spec.heads, entries, spec.width // spec.heads)
-    return (rows, entries, spec.width)
 
 
 def use_fused_kernel(path: Path) -> None:
@@ -99,7 +92,7 @@ def example_inputs(
     N = B * K
     reorder = torch.arange(B).repeat_interleave(K)
     tokens = torch.full((N,), cfg.bos_id, dtype=torch.long)
-    caches = [torch.randn(cache_shape(spec, B, L)) for spec in cfg.decoder_states]
+    caches = [torch.randn(spec.shape(B, L)) for spec in cfg.decoder_states]
     positions = torch.full((N,), L, dtype=torch.long)
     k = torch.tensor(K, dtype=torch.long)
     step = (tokens, state, reorder, values, keys, mask, k, *caches, positions)
@@ -117,11 +110,8 @@ def export_graphs(model: TransformerSeq2Seq, out_dir: Path) -> tuple[Path, Path]
     axes = {
         **DECODER_AXES,
         "positions": {0: "hyps"},
-        **{s.name: {0: "state_rows", 2 if s.heads else 1: "past"} for s in cfg.decoder_states},
-        **{
-            f"new_{s.name}": {0: "hyps", 2 if s.heads else 1: "past_and_one"}
-            for s in cfg.decoder_states
-        },
+        **{s.name: {0: "state_rows", s.length_axis: "past"} for s in cfg.decoder_states},
+        **{f"new_{s.name}": {0: "hyps", s.length_axis: "past_and_one"} for s in cfg.decoder_states},
     }
     encoder_path, decoder_path = out_dir / "encoder.onnx", out_dir / "decoder.onnx"
     with warnings.catch_warnings():

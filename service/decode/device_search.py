@@ -269,9 +269,7 @@ class DeviceSearch:
         self.history = History(self.memory, K)
         # the state tensors the architecture declares beside `state` (none for the RNNs): the
         # step computes their positions itself, from its sentences' steps (search_graph)
-        specs = model.bundle.architecture.decoder_states
-        zero_wide = model.bundle.architecture.state_dim == 0
-        self.declared = DeclaredStates(specs, model.row_ops, zero_wide) if specs else None
+        self.declared = DeclaredStates.of(model.bundle.architecture, model.row_ops)
         self.binding = self.session.io_binding()
         self._outputs_bound: list[str] = []  # the binding's outputs, in the order first bound
         self._taken: list[tuple[str, int]] | None = None  # `_take_outputs`' map, made once
@@ -670,7 +668,6 @@ class DeviceSearch:
             state[key] = outputs[index]
         if self.declared is not None:  # theirs, after this step; cut to the entries rows read
             self.declared.values = {s.name: state.pop("new_" + s.name) for s in self.declared.specs}
-            self.declared.rows = int(next(iter(self.declared.values.values())).shape()[0])
             self.declared.cut(self._max_steps + 1)
 
     @property

@@ -46,7 +46,7 @@ from service.decode.search_graph import (
     select_graph,
 )
 from service.decode.transfers import TransferLedger
-from service.model.architecture import PAD_ID, StateSpec
+from service.model.architecture import PAD_ID, ModelConfig, StateSpec
 from service.model.bundle import Bundle, BundleError
 
 log = logging.getLogger(__name__)
@@ -847,18 +847,30 @@ class DeclaredStates:
         self.lazy_join = lazy_join and all(spec.growing for spec in self.specs)
         self.values: dict[str, ort.OrtValue] = {}  # by name: StateSpec's shapes
         self.positions = np.zeros(0, np.int64)  # (R,)
-        self.rows = 0  # the rows the tensors hold (fewer than R after a lazy join)
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, ops: RowUpdates) -> DeclaredStates | None:
+        """The architecture's declared tensors (None where it declares none: the RNNs), joined
+        lazily where `state` has no columns."""
+        if not cfg.decoder_states:
+            return None
+        return cls(cfg.decoder_states, ops, lazy_join=cfg.state_dim == 0)
+
+    @property
+    def rows(self) -> int:
+        """The rows the tensors hold (fewer than `positions` after a lazy join)."""
+        return int(next(iter(self.values.values())).shape()[0]) if self.values else 0
 
     def join(self, n: int) -> None:
         """n joining sentences' rows, after the others (as `state`'s)."""
         self.positions = np.concatenate([self.positions, np.zeros(n, np.int64)])
         if self.lazy_join and self.rows:
             return
-        self.rows += n
         for spec in self.specs:
             value = self.values.get(spec.name)
             if value is None:
-                value = self.ops.device.upload(np.zeros(spec.empty_shape, np.float32), "state")
+                empty = np.zeros(spec.shape(0, 0), np.float32)
+                value = self.ops.device.upload(empty, "state")
             self.values[spec.name] = self.ops.zero_rows(value, n)
 
     def cache_reorder(self, reorder: np.ndarray) -> np.ndarray:
@@ -884,7 +896,6 @@ class DeclaredStates:
         after it (one more token each); the growing axis cut where half of it is unread."""
         self.values = {s.name: v for s, v in zip(self.specs, outputs, strict=True)}
         self.positions = positions + 1
-        self.rows = len(positions)
         self.cut(int(self.positions.max(initial=0)))
 
     def cut(self, needed: int) -> None:
@@ -897,7 +908,6 @@ class DeclaredStates:
     def reset(self) -> None:
         self.values = {}
         self.positions = np.zeros(0, np.int64)
-        self.rows = 0
 
 
 class HostBuffer:
@@ -949,9 +959,7 @@ class OnnxDecoder:
         )
         self.state: ort.OrtValue | None = None  # (R, D_state) on the device
         # the state tensors the architecture declares beside it (none for the RNNs)
-        specs = model.bundle.architecture.decoder_states
-        zero_wide = model.bundle.architecture.state_dim == 0
-        self.declared = DeclaredStates(specs, model.row_ops, zero_wide) if specs else None
+        self.declared = DeclaredStates.of(model.bundle.architecture, model.row_ops)
         self.log_probs = HostBuffer(np.float32)
         self.token_ids = HostBuffer(np.int64)
         self.attention = HostBuffer(np.float32)

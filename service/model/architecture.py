@@ -7,7 +7,7 @@ export writes it, serving reads it, and neither guesses.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 RnnKind = Literal["gru", "lstm"]
 AttentionKind = Literal["additive", "dot", "general", "concat", "scaled_dot", "none"]
@@ -30,6 +30,9 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 CONTRACT_NAMES = ("tokens", "state", "reorder", "values", "keys", "mask", "k", "positions")
 
 
+Size = TypeVar("Size", int, None)  # an axis's length, or None where it is dynamic
+
+
 @dataclass(frozen=True)
 class StateSpec:
     """A decoder state tensor besides the encoder's `state`, declared by the bundle's manifest
@@ -46,12 +49,16 @@ class StateSpec:
     growing: bool = False
     heads: int = 0
 
-    @property
-    def empty_shape(self) -> tuple[int, ...]:
-        """The tensor with no rows (and, where it grows, no entries)."""
+    def shape(self, rows: Size, entries: Size) -> tuple[Size | int, ...]:
+        """The tensor's shape for `rows` rows of `entries` entries each (None: a dynamic axis)."""
         if self.heads:
-            return (0, self.heads, 0, self.width // self.heads)
-        return (0, 0, self.width) if self.growing else (0, self.width)
+            return (rows, self.heads, entries, self.width // self.heads)
+        return (rows, entries, self.width) if self.growing else (rows, self.width)
+
+    @property
+    def length_axis(self) -> int:
+        """Where a growing tensor's entries lie, counted from the front (-2 from the back)."""
+        return len(self.shape(0, 0)) - 2
 
     def problems(self) -> list[str]:
         out = []

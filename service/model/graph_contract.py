@@ -74,10 +74,7 @@ POSITIONS = Port("positions", "tensor(int64)", (None,))  # (N,) tokens decoded s
 def state_port(spec: StateSpec, prefix: str = "") -> Port:
     """A declared state tensor's port: (R, width), or (R, L, width) where it grows, or
     (R, heads, L, width / heads) where it grows head by head."""
-    shape: tuple[Dim, ...] = (None, None, spec.width) if spec.growing else (None, spec.width)
-    if spec.heads:
-        shape = (None, spec.heads, None, spec.width // spec.heads)
-    return Port(prefix + spec.name, "tensor(float)", shape)
+    return Port(prefix + spec.name, "tensor(float)", spec.shape(None, None))
 
 
 def decoder_inputs(cfg: ModelConfig) -> tuple[Port, ...]:
