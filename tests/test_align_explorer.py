@@ -3,11 +3,14 @@ the gRPC Align answer holds for the same pairs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from proto.translation.v1 import translation_pb2 as pb
+from service.serve.protocol import align_options_to_pb
+from tests.conftest import REPO
 from tests.test_explorer import (  # noqa: F401  (fixtures)
     WAIT_S,
     browser,
@@ -16,11 +19,17 @@ from tests.test_explorer import (  # noqa: F401  (fixtures)
     page_url,
     ui,
 )
-from tests.test_server import ServerThread, bundle, engine, server  # noqa: F401  (fixtures)
+from tests.test_server import (  # noqa: F401  (fixtures)
+    ServerThread,
+    base_args,
+    bundle,
+    engine,
+    server,
+)
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not hasattr(webdriver, "Chrome"), reason="selenium without Chrome support"
@@ -42,6 +51,9 @@ def test_the_explorer_draws_an_align_answer(ui: ServerThread, browser: Any) -> N
     WebDriverWait(browser, WAIT_S).until(
         lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded") == "1"
     )
+    # an RNN has one attention: no layer or head to choose
+    assert not browser.find_element(By.ID, "align-layer").is_displayed()
+    assert not browser.find_element(By.ID, "align-head").is_displayed()
     browser.find_element(By.ID, "align-sources").send_keys("\n".join(s for s, _ in pairs))
     browser.find_element(By.ID, "align-targets").send_keys("\n".join(t for _, t in pairs))
     browser.find_element(By.ID, "align").click()
@@ -69,3 +81,65 @@ def test_the_explorer_draws_an_align_answer(ui: ServerThread, browser: Any) -> N
     browser.find_element(By.ID, "align").click()
     assert wait_aligned(browser) == "error"
     assert "pairs[1].target" in browser.find_element(By.ID, "align-status").text
+
+
+TRANSFORMER = REPO / "models" / "grc-en-nt-transformer"
+
+
+@pytest.fixture(scope="module")
+def transformer_ui() -> Iterator[ServerThread]:
+    srv = ServerThread.start([*base_args(TRANSFORMER), "--no-warmup", "--http-port", "0", "--ui"])
+    yield srv
+    srv.close()
+
+
+def heatmap_weights(driver: Any) -> list[float]:
+    card = driver.find_element(By.CSS_SELECTOR, ".align-card")
+    cells = card.find_elements(By.CSS_SELECTOR, "svg.heatmap rect.cell")
+    return [float(c.get_attribute("data-weight")) for c in cells]
+
+
+def test_choosing_a_layer_and_head_redraws_the_heatmap_from_that_attention(
+    transformer_ui: ServerThread,
+    browser: Any,  # noqa: F811
+) -> None:
+    """On a Transformer the Align form lists its decoder layers and heads; choosing one aligns
+    the pair again, and the heatmap then holds what gRPC Align answers for that layer and head
+    (not what it held before)."""
+    source, target = "ἐν ἀρχῇ ἦν ὁ λόγος", "In the beginning was the Word"
+    open_page(browser, page_url(transformer_ui))
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded") == "1"
+    )
+    layer, head = (
+        Select(browser.find_element(By.ID, "align-layer")),
+        Select(browser.find_element(By.ID, "align-head")),
+    )
+    assert browser.find_element(By.ID, "align-layer").is_displayed()
+    assert [o.get_attribute("value") for o in layer.options] == ["", "0", "1", "2"]
+    assert [o.get_attribute("value") for o in head.options] == ["", "0", "1", "2", "3"]
+    browser.find_element(By.ID, "align-sources").send_keys(source)
+    browser.find_element(By.ID, "align-targets").send_keys(target)
+    browser.find_element(By.ID, "align").click()
+    assert wait_aligned(browser) == "1", browser.find_element(By.ID, "align-status").text
+
+    def answer(
+        attention_layer: int | None = None, attention_head: int | None = None
+    ) -> list[float]:
+        options = align_options_to_pb(
+            matrices="word", attention_layer=attention_layer, attention_head=attention_head
+        )
+        request = pb.AlignRequest(
+            pairs=[pb.AlignPair(source=source, target=target)], options=options
+        )
+        return list(transformer_ui.stub.Align(request, timeout=WAIT_S).alignments[0].word.weights)
+
+    own = answer()
+    assert heatmap_weights(browser) == pytest.approx(own, abs=1e-6)
+    chosen = answer(attention_layer=0, attention_head=1)
+    assert chosen != pytest.approx(own, abs=1e-3)
+    layer.select_by_value("0")
+    head.select_by_value("1")
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: wait_aligned(d) == "1" and heatmap_weights(d) == pytest.approx(chosen, abs=1e-6)
+    )

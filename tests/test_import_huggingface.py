@@ -282,3 +282,36 @@ def test_the_server_answers_with_a_matrix_per_hypothesis_and_aligns(bundle: Path
             )
     finally:
         server.close()
+
+
+def test_align_by_any_layer_and_head_is_transformers_cross_attention(
+    hf_dir: Path, bundle: Path
+) -> None:
+    """Align with AlignOptions.attention_layer/attention_head: every decoder layer's every head
+    (and each layer's heads averaged) within 1e-5 of output_attentions on the same tokens. Layer
+    0 attends through the fused kernel (its weights recomputed beside it), layer 1, the alignment
+    layer, through plain ops."""
+    from service.decode.aligner import align
+    from service.decode.forced import AlignOptions
+
+    model, tokenizer = hf_model(hf_dir)
+    engine = load(bundle, "host")
+    pairs = [(TEXTS[0], TEXTS[1]), (TEXTS[2], TEXTS[3])]
+    shape = engine.bundle.architecture.transformer
+    assert shape is not None and shape.dec_layers == 2 and shape.heads == 4
+    for source, target in pairs:
+        src = tokenizer([source], return_tensors="pt")
+        labels = tokenizer(text_target=[target], return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = model(**src, labels=labels, output_attentions=True)
+        for layer in range(shape.dec_layers):
+            cross = out.cross_attentions[layer][0].numpy()  # (heads, T + 1, S): EOS's row last
+            for head in [*range(shape.heads), None]:
+                options = AlignOptions(
+                    matrices="subword", attention_layer=layer, attention_head=head
+                )
+                got = align(engine, [(source, target)], options)[0]
+                assert got.subword is not None
+                assert len(got.target_tokens) == labels.shape[1] - 1  # its EOS not listed
+                want = cross.mean(0) if head is None else cross[head]
+                np.testing.assert_allclose(got.subword.matrix, want[:-1], atol=1e-5)

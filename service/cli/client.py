@@ -170,13 +170,18 @@ class TranslatorClient:
         matrices: str = "both",
         markup: str | None = None,
         invalid_markup: str | None = None,
+        attention_layer: int | None = None,
+        attention_head: int | None = None,
         request_id: str = "",
         model: str = "",
         version: str = "",
     ) -> pb.AlignRequest:
+        options = align_options_to_pb(
+            links, threshold, matrices, markup, invalid_markup, attention_layer, attention_head
+        )
         return pb.AlignRequest(
             pairs=[pb.AlignPair(source=s, target=t) for s, t in pairs],
-            options=align_options_to_pb(links, threshold, matrices, markup, invalid_markup),
+            options=options,
             request_id=request_id,
             model=pb.ModelSpec(name=model, version=version),
         )
@@ -190,6 +195,8 @@ class TranslatorClient:
         matrices: str = "both",
         markup: str | None = None,
         invalid_markup: str | None = None,
+        attention_layer: int | None = None,
+        attention_head: int | None = None,
         timeout: float | None = None,
         request_id: str = "",
         model: str = "",
@@ -199,8 +206,9 @@ class TranslatorClient:
 
         links is one of service/decode/links.py's LINK_MODES (None: the server's default);
         matrices "both", "none" (links and scores only), "subword" or "word"; markup "xml" or
-        "html" reads the sources' markup and puts it back on the targets (`tagged_target`).
-        Raises grpc.RpcError (INVALID_ARGUMENT naming the pair for an empty side, one over the
+        "html" reads the sources' markup and puts it back on the targets (`tagged_target`);
+        attention_layer/attention_head: a Transformer's cross-attention to align by (None: the
+        model's). Raises grpc.RpcError (INVALID_ARGUMENT naming the pair for an empty side, one over the
         limits or unreadable markup, or for a model without attention)."""
         request = self.align_request(
             pairs,
@@ -209,6 +217,8 @@ class TranslatorClient:
             matrices=matrices,
             markup=markup,
             invalid_markup=invalid_markup,
+            attention_layer=attention_layer,
+            attention_head=attention_head,
             request_id=request_id,
             model=model,
             version=version,
@@ -360,6 +370,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     align.add_argument("--threshold", type=float, help="--links threshold's cut, in (0, 1]")
     align.add_argument(
+        "--attention-layer",
+        type=int,
+        help="a Transformer's decoder layer to align by, 0-based (default: the model's)",
+    )
+    align.add_argument(
+        "--attention-head",
+        type=int,
+        help="one head of that layer, 0-based (default: its heads averaged)",
+    )
+    align.add_argument(
         "--scores",
         action="store_true",
         help="file mode: each line is 'log_prob<TAB>links' (log P(target | source), EOS included)",
@@ -450,6 +470,8 @@ def align_options(args: argparse.Namespace) -> dict[str, Any]:
         "threshold": args.threshold,
         "markup": args.markup,
         "invalid_markup": args.invalid_markup,
+        "attention_layer": args.attention_layer,
+        "attention_head": args.attention_head,
         "model": args.model,
         "version": args.model_version,
     }

@@ -23,9 +23,17 @@ import numpy as np
 from service.decode import links as link_modes
 from service.decode.alignment import Alignment, merge_by_index, word_spans
 from service.decode.alignment import pharaoh as argmax_pharaoh
+from service.decode.attention_choice import AttentionChoice
 from service.decode.engine import Engine
 from service.decode.errors import DecodeFailed, InvalidInput
-from service.decode.forced import AlignedPair, AlignOptions, Forced, ForcedSearch, default_links
+from service.decode.forced import (
+    AlignedPair,
+    AlignOptions,
+    Attention,
+    Forced,
+    ForcedSearch,
+    default_links,
+)
 from service.decode.kept_rows import KeptRows, SourceRows
 from service.decode.preparation import Prepared
 from service.decode.projection import head_weights, link_weights, project
@@ -110,8 +118,46 @@ def check_aligner(engine: Engine, options: AlignOptions) -> None:
             f"model {engine.bundle.name} has no link head (links 'head'): use one of {others}, "
             "or add a head with `python -m export.link_head`"
         )
+    found += attention_problems(engine, options)
     if found:
         raise InvalidInput("; ".join(found))
+
+
+def attention_problems(engine: Engine, options: AlignOptions) -> list[str]:
+    """What the model cannot give of the asked cross-attention (a layer and head of a
+    Transformer's decoder)."""
+    if options.attention is None:
+        return []
+    shape = engine.bundle.architecture.transformer
+    if shape is None:
+        return [
+            f"model {engine.bundle.name} is an RNN with one attention: attention_layer and "
+            "attention_head choose among a Transformer's layers and heads; leave them unset"
+        ]
+    found = []
+    layer, head = options.attention
+    if layer is not None and layer >= shape.dec_layers:
+        found.append(
+            f"attention_layer {layer} is not one of model {engine.bundle.name}'s "
+            f"{shape.dec_layers} decoder layers (0 to {shape.dec_layers - 1})"
+        )
+    if head is not None and head >= shape.heads:
+        found.append(
+            f"attention_head {head} is not one of model {engine.bundle.name}'s {shape.heads} "
+            f"heads (0 to {shape.heads - 1})"
+        )
+    return found
+
+
+def attention_choice(engine: Engine, attention: Attention) -> AttentionChoice | None:
+    """An AlignOptions.attention as the graph takes it (an unset layer: the bundle's alignment
+    layer); None for the bundle's own alignment."""
+    if attention is None:
+        return None
+    shape = engine.bundle.architecture.transformer
+    assert shape is not None, "attention_problems refuses a choice on an RNN"
+    layer, head = attention
+    return AttentionChoice(shape.align_layer % shape.dec_layers if layer is None else layer, head)
 
 
 def resolve_links(engine: Engine, options: AlignOptions) -> AlignOptions:
@@ -246,9 +292,12 @@ class ForcedBatch(Generic[KeyT]):
 
     beam_size = 1
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, attention: Attention = None) -> None:
+        """`attention`: the pairs' AlignOptions.attention; every pair of the batch is aligned by
+        that layer and head."""
         self.engine = engine
-        self.decoder = engine.model.new_decoder(forced=True)
+        choice = attention_choice(engine, attention)
+        self.decoder = engine.model.new_decoder(forced=True, choice=choice)
         cfg = engine.cfg
         self.search = ForcedSearch(self.decoder, cfg.bos_id, cfg.eos_id, cfg.tgt_vocab_size)
         self.requests: dict[Hashable, ForcedRequest[KeyT]] = {}
@@ -365,7 +414,7 @@ def align_prepared(
     engine: Engine, prepared: Sequence[PreparedPair], options: AlignOptions
 ) -> list[AlignedPair]:
     """Pairs already prepared (`prepare_pair`) in one forced batch; results in input order."""
-    batch: ForcedBatch[int] = ForcedBatch(engine)
+    batch: ForcedBatch[int] = ForcedBatch(engine, options.attention)
     batch.add([ForcedRequest(i, p, options) for i, p in enumerate(prepared)])
     results: dict[int, AlignedPair] = {}
     while len(batch):

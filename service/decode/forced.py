@@ -38,6 +38,10 @@ def default_links(has_link_head: bool) -> str:
     return DEFAULT_LINKS_WITH_HEAD if has_link_head else DEFAULT_LINKS
 
 
+# AlignOptions.attention: a Transformer's decoder layer and head asked (either None: the model's)
+Attention = tuple[int | None, int | None] | None
+
+
 @dataclass(frozen=True)
 class AlignOptions:
     links: str = ""  # one of service.decode.links.LINK_MODES; "": the model's default_links
@@ -45,9 +49,25 @@ class AlignOptions:
     matrices: Matrices = "both"  # which attention matrices the result keeps
     markup: str = "none"  # the sources' markup (service/model/markup.py): none, xml or html
     invalid_markup: str = "refuse"  # markup that does not read: refuse, or text (read as text)
+    # A Transformer's cross-attention to align by (service/decode/attention_choice.py): a decoder
+    # layer (0-based; None: the bundle's alignment layer) and a head (None: the heads averaged);
+    # both None: the bundle's own alignment heads
+    attention_layer: int | None = None
+    attention_head: int | None = None
+
+    @property
+    def attention(self) -> Attention:
+        """The asked layer and head, None where neither was asked (the running batch's key)."""
+        if self.attention_layer is None and self.attention_head is None:
+            return None
+        return self.attention_layer, self.attention_head
 
     def problems(self) -> list[str]:
         found = []
+        for name in ("attention_layer", "attention_head"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                found.append(f"{name} must be >= 0 (0 is the first), got {value}")
         if self.markup not in MARKUP_MODES:
             found.append(f"markup must be one of {', '.join(MARKUP_MODES)}, got {self.markup!r}")
         if self.invalid_markup not in INVALID_MARKUP:

@@ -22,7 +22,7 @@ import math
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from service.decode.attention_choice import AttentionChoice, choose_attention
 from service.decode.beam import StepOutput
 from service.decode.config import RuntimeConfig
 from service.decode.device import Device, RowUpdates, host_view, make_row_ops
@@ -209,6 +210,9 @@ def graph_file(graph: str | bytes) -> Iterator[str]:
 
 
 FULL_LOG_PROBS = "full_log_probs"  # (N, V): the decoder step's whole log-softmax row
+CHOICE_SESSIONS = (
+    4  # Align's sessions with a chosen cross-attention kept (OnnxModel.choice_session)
+)
 
 
 def expose_full_log_probs(model: onnx.ModelProto) -> bool:
@@ -291,9 +295,13 @@ def float16_decoder(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def decoder_graph(
-    path: Path, full_log_probs: bool = False, fp16: bool = False
+    path: Path,
+    full_log_probs: bool = False,
+    fp16: bool = False,
+    choice: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None,
 ) -> tuple[str | bytes | None, bool]:
-    """The decoder-step graph as ONNX Runtime gets it: in float16 with `fp16`
+    """The decoder-step graph as ONNX Runtime gets it: changed by `choice` where given (Align's
+    choice of a cross-attention, service/decode/attention_choice.py), in float16 with `fp16`
     (`float16_decoder`), with TopK reading k on the host (`topk_reads_k_on_the_host`) and, for
     `full_log_probs`, FULL_LOG_PROBS exposed (None when it cannot be); and whether k is bound as a
     (1,) host tensor. A file onnx cannot parse is passed on by its path, for ONNX Runtime's own
@@ -302,6 +310,8 @@ def decoder_graph(
         model = onnx.load(str(path))
     except Exception:  # a damaged file: make_session reports it
         return (None if full_log_probs else str(path)), False
+    if choice is not None:
+        model = choice(model)
     if fp16:
         model = float16_decoder(model)
     k_on_host = topk_reads_k_on_the_host(model)
@@ -507,6 +517,8 @@ class OnnxModel:
         self._forced: ort.InferenceSession | None = None
         self._forced_made = False
         self._forced_lock = threading.Lock()
+        # Align's sessions with a chosen cross-attention (`choice_session`), made on first use
+        self._choices: OrderedDict[AttentionChoice, ort.InferenceSession] = OrderedDict()
         # the device search's sessions (service/decode/device_search.py), made on first use; with
         # a profile prefix, under ONNX Runtime's profiler (benchmarks/gpu/placement.py)
         # (at most config.max_search_sessions, the least recently used dropped first: a session
@@ -633,9 +645,41 @@ class OnnxModel:
                 out[i] = sentence
         return [s for s in out if s is not None]
 
-    def new_decoder(self, forced: bool = False) -> OnnxDecoder:
-        """A running batch's decoder; forced: for Align's teacher forcing (`OnnxDecoder.step_full`)."""
+    def new_decoder(
+        self, forced: bool = False, choice: AttentionChoice | None = None
+    ) -> OnnxDecoder:
+        """A running batch's decoder; forced: for Align's teacher forcing (`OnnxDecoder.step_full`),
+        its attention read from `choice`'s layer and head where given."""
+        if choice is not None:
+            return OnnxDecoder(self, self.choice_session(choice))
         return OnnxDecoder(self, self.forced_session() if forced else None)
+
+    def choice_session(self, choice: AttentionChoice) -> ort.InferenceSession:
+        """Align's decoder session with its attention read from `choice`'s cross-attention
+        (attention_choice.choose_attention), made on first use; the most recent few are kept
+        (each shares the decoder's weights). ValueError where the graph cannot give it."""
+        shape = self.bundle.architecture.transformer
+        if shape is None:
+            raise ValueError(f"{self.bundle.name} is not a Transformer: no layer or head to choose")
+        with self._forced_lock:
+            session = self._choices.get(choice)
+            if session is not None:
+                self._choices.move_to_end(choice)
+                return session
+            graph, k_on_host = decoder_graph(
+                self.decoder_file, full_log_probs=True, fp16=self.config.fp16_decoder,
+                choice=lambda model: choose_attention(model, choice, shape.heads, shape.d_model),
+            )  # fmt: skip
+            if graph is None:
+                raise ValueError(f"{self.decoder_file}: no log-softmax to expose for Align")
+            assert k_on_host == self.k_on_host
+            session = make_session(
+                graph, self.config, self.config.intra_op_threads, shared=self.shared
+            )
+            self._choices[choice] = session
+            while len(self._choices) > CHOICE_SESSIONS:
+                self._choices.popitem(last=False)  # a running batch keeps its own while it runs
+            return session
 
     def forced_session(self) -> ort.InferenceSession | None:
         """The decoder graph with FULL_LOG_PROBS exposed, loaded once, on the first Align; None when

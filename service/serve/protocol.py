@@ -328,6 +328,8 @@ def parse_align_request(request: pb.AlignRequest, settings: Settings) -> ParsedA
         matrices=MATRICES_FROM_PB[o.alignment],
         markup=o.markup if o.HasField("markup") else "none",
         invalid_markup=o.invalid_markup if o.HasField("invalid_markup") else "refuse",
+        attention_layer=o.attention_layer if o.HasField("attention_layer") else None,
+        attention_head=o.attention_head if o.HasField("attention_head") else None,
     )
     found = options.problems()
     if found:
@@ -676,9 +678,12 @@ def align_options_to_pb(
     matrices: str = "both",
     markup: str | None = None,
     invalid_markup: str | None = None,
+    attention_layer: int | None = None,
+    attention_head: int | None = None,
 ) -> pb.AlignOptions:
     """AlignOptions: links one of service/decode/links.py's LINK_MODES (None: the server's
-    default), matrices one of both, none, subword, word; markup none, xml or html (None: none)."""
+    default), matrices one of both, none, subword, word; markup none, xml or html (None: none);
+    a Transformer's attention layer and head (None: the model's)."""
     if links is not None and links not in LINK_MODES_PB:
         raise ValueError(f"links must be one of {tuple(LINK_MODES_PB)}, got {links!r}")
     if matrices not in MATRICES_PB:
@@ -692,6 +697,10 @@ def align_options_to_pb(
         message.markup = markup
     if invalid_markup is not None:
         message.invalid_markup = invalid_markup
+    if attention_layer is not None:
+        message.attention_layer = attention_layer
+    if attention_head is not None:
+        message.attention_head = attention_head
     return message
 
 

@@ -103,19 +103,22 @@ class Waiting(Generic[KeyT, RequestT]):
         None  # the loaded model version it decodes with (the worker's: a ModelVersion)
     )
     forced: bool = False  # Align's teacher-forced pass (the target given) rather than a search
+    attention: Hashable = None  # Align's choice of cross-attention (AlignOptions.attention)
 
     @property
     def batch(self) -> BatchKey:
-        return BatchKey(self.model, self.beam_size, self.forced)
+        return BatchKey(self.model, self.beam_size, self.forced, self.attention)
 
 
 class BatchKey(NamedTuple):
     """Which running batch a sentence decodes in: one model version, one beam size, one pass (a
-    beam search, or Align's teacher forcing: one hypothesis per pair, beam 1)."""
+    beam search, or Align's teacher forcing: one hypothesis per pair, beam 1), and for Align one
+    choice of cross-attention (its pairs share the decoder graph that reads it)."""
 
     model: Hashable
     beam: int
     forced: bool = False
+    attention: Hashable = None
 
 
 @dataclass(frozen=True)

@@ -237,8 +237,11 @@ class Worker:
             model = self.model_of(job)
             keys = [SentenceKey(job, i) for i in range(len(job.sentences))]
             for key in keys:
+                attention = job.align_options.attention if job.align_options else None
+                beam, deadline = job.options.beam_size, job.deadline
+                forced = job.forced
                 self.waiting.append(
-                    Waiting(key, job, job.options.beam_size, now, job.deadline, model, job.forced)
+                    Waiting(key, job, beam, now, deadline, model, forced, attention)
                 )
             if self.ahead is not None:
                 self.ahead.submit(list(zip(keys, job.sentences, strict=True)), model)
@@ -491,7 +494,7 @@ def new_batch(
 ) -> RunningBatch[SentenceKey] | ForcedBatch[SentenceKey]:
     """A running batch for `key`: a beam search of its beam size, or Align's forced pass."""
     if key.forced:
-        return ForcedBatch(engine)
+        return ForcedBatch(engine, key.attention)  # type: ignore[arg-type]
     return engine.new_batch(key.beam)
 
 

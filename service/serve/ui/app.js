@@ -134,6 +134,7 @@ async function showModel(name) {
   domain.dataset.model = info.name;
   domain.textContent = domainText(info);
   $("model-threshold").textContent = thresholdText(info);
+  if ($("align-layer")) showAttentionChoice(info);
 }
 
 function domainText(info) {
@@ -621,6 +622,8 @@ function buildAlignRequest() {
   const options = { alignment: $("align-level").value === "word" ? "ALIGNMENT_MODE_WORD" : "ALIGNMENT_MODE_SUBWORD" };
   if ($("align-links").value) options.links = $("align-links").value;
   if ($("align-markup").value !== "none") options.markup = $("align-markup").value;
+  if ($("align-layer").value !== "") options.attention_layer = Number($("align-layer").value);
+  if ($("align-head").value !== "") options.attention_head = Number($("align-head").value);
   const request = { pairs, options };
   if (state.listed) {
     const m = state.models.find((x) => x.name === $("model").value);
@@ -636,13 +639,16 @@ async function alignPairs() {
   setAlignStatus("aligning…");
   $("align").disabled = true;
   const started = performance.now();
+  const asked = (state.alignAsked = (state.alignAsked || 0) + 1);
   try {
     const response = await api("Align", request);
+    if (asked !== state.alignAsked) return; // a later Align (another layer or head) is on its way
     renderAlign(request, response);
     const ms = Math.round(performance.now() - started);
     setAlignStatus(`${response.alignments.length} pair(s) aligned in ${ms} ms · model ${response.model} ${response.model_version} · request ${response.request_id}`);
     document.body.dataset.aligned = "1";
   } catch (err) {
+    if (asked !== state.alignAsked) return;
     setAlignStatus(err.message, true);
     document.body.dataset.aligned = "error";
   } finally {
@@ -688,9 +694,49 @@ function alignCard(a, pair, i) {
   return card;
 }
 
+// A Transformer's decoder layer and head to align by (AlignOptions.attention_layer/_head): the
+// selectors list the model's layers and heads; choosing one aligns the pairs again, so the
+// heatmap changes under the user's eyes. Hidden for an RNN (one attention).
+function showAttentionChoice(info) {
+  let shape = null;
+  try { shape = JSON.parse(info.architecture_json || "{}").transformer || null; } catch (e) { shape = null; }
+  document.querySelectorAll(".attention-choice").forEach((label) => { label.hidden = !shape; });
+  const layer = $("align-layer");
+  const head = $("align-head");
+  layer.replaceChildren();
+  head.replaceChildren();
+  if (!shape) return;
+  const alignLayer = ((shape.align_layer % shape.dec_layers) + shape.dec_layers) % shape.dec_layers;
+  const heads = (shape.align_heads || []).length ? `heads ${shape.align_heads.join(", ")}` : "heads averaged";
+  const own = el("option", "", `the model's (layer ${alignLayer + 1}, ${heads})`);
+  own.value = "";
+  layer.append(own);
+  for (let i = 0; i < shape.dec_layers; i++) {
+    const option = el("option", "", `layer ${i + 1}${i === alignLayer ? " (alignment)" : ""}`);
+    option.value = String(i);
+    layer.append(option);
+  }
+  const average = el("option", "", "heads averaged");
+  average.value = "";
+  head.append(average);
+  for (let h = 0; h < shape.heads; h++) {
+    const option = el("option", "", `head ${h + 1}`);
+    option.value = String(h);
+    head.append(option);
+  }
+}
+
+function realign() {
+  // a new layer or head redraws pairs aligned (or being aligned); before the first Align it only
+  // sets the form
+  if (["0", "1"].includes(document.body.dataset.aligned)) alignPairs();
+}
+
 function startAlign() {
   if (!$("align-form")) return;
   $("align-form").addEventListener("submit", (e) => { e.preventDefault(); alignPairs(); });
+  $("align-layer").addEventListener("change", realign);
+  $("align-head").addEventListener("change", realign);
 }
 
 document.addEventListener("DOMContentLoaded", startAlign);
