@@ -160,3 +160,25 @@ def test_the_server_refuses_a_layer_out_of_range_with_invalid_argument(
         served(server, attention_layer=7)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "0 to 2" in str(err.value.details())
+
+
+def test_a_graph_that_cannot_give_the_choice_fails_its_request_not_the_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A decoder graph where the chosen layer's cross-attention cannot be found (one not made by
+    our exporter): the request gets INVALID_ARGUMENT saying so, and the server goes on."""
+    from service.decode import runtime
+
+    def cannot(*args: object) -> None:
+        raise ValueError("the decoder graph shows 0 layers' cross-attention, not layer 1")
+
+    monkeypatch.setattr(runtime, "choose_attention", cannot)
+    srv = ServerThread.start([*base_args(TRANSFORMER), "--no-warmup"], load(TRANSFORMER))
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            served(srv, attention_layer=1)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "shows 0 layers' cross-attention" in str(err.value.details())
+        assert len(served(srv)) == len(PAIRS)  # the model's own alignment still answers
+    finally:
+        srv.close()

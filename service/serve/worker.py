@@ -24,7 +24,14 @@ from service.decode.beam import SearchOptions
 from service.decode.controls import Controls
 from service.decode.encode_ahead import EncodeAhead
 from service.decode.engine import Engine, RunningBatch
-from service.decode.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
+from service.decode.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    DecodeFailed,
+    InvalidInput,
+    QueueFull,
+    ShuttingDown,
+)
 from service.decode.forced import AlignedPair, AlignOptions, Forced
 from service.decode.preparation import DecodeRequest, Prepared, RawParts
 from service.decode.runtime import EncodedSentence
@@ -310,7 +317,12 @@ class Worker:
             self.metrics.observe_queue_wait(now - w.arrived)
         model: ModelVersion = key.model  # type: ignore[assignment]  # the worker's batch keys
         self.last_admitted = model
-        batch = self.batches.get(key) or new_batch(model.engine, key)
+        try:
+            batch = self.batches.get(key) or new_batch(model.engine, key)
+        except ValueError as err:  # a decoder graph that cannot give Align's chosen attention
+            log.warning("no batch for %s: %s", key, err)
+            self.fail_jobs(jobs_of(taken), InvalidInput(f"model {model}: {err}"))
+            return
         self.batches[key] = batch
         keys = [w.key for w in taken]
         encoded = {} if self.ahead is None else self.ahead.take(keys)
