@@ -54,6 +54,7 @@ import grpc
 
 from loadtest import closed_loop, harness, soak, soak_hour
 from loadtest.mixes import every_option_mix
+from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
 MAX_DURATION_S = 2 * 3600
@@ -191,7 +192,7 @@ def recheck(target: str, answers: Answers, n: int, seed: int, timeout_s: float) 
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.TranslatorStub(channel)
         for (kind, _), (request, answer) in items[:n]:
-            method = stub.Align if kind.endswith("/align") else stub.Translate
+            method = stub.Align if isinstance(request, pb.AlignRequest) else stub.Translate
             found = differs(answer, method(request, timeout=timeout_s, wait_for_ready=True))
             if found:
                 wrong.append({"kind": kind, "how": found[:500]})

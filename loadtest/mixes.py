@@ -11,6 +11,7 @@ loadtest/chaos.py) gives each served model, with texts in its domain:
     sampling     one text, top-5 sampling with a seed                                         1
     coverage     one text with GNMT's coverage and length penalties                           1
     align        Align, four pairs                                                            2
+    attention    Align, four pairs, by a random decoder layer and head (Transformers only)    1
     cancelled    four texts at beam 5, cancelled by the client after --cancel-after-s         1
 
 The glossary term and the prefix are words of the model's own answer to its first text, asked once
@@ -21,6 +22,7 @@ per model when the mix is made, before the load (any model's target vocabulary s
 from __future__ import annotations
 
 import html
+import json
 import random
 from collections.abc import Callable, Sequence
 
@@ -52,6 +54,32 @@ def model_words(target: str, model: str, text: str) -> list[str]:
         request = pb.TranslateRequest(texts=[text], model=pb.ModelSpec(name=model))
         answer = pb_grpc.TranslatorStub(channel).Translate(request, timeout=60)
     return answer.translations[0].hypotheses[0].text.split() or ["a"]
+
+
+def transformer_shape(target: str, model: str) -> tuple[int, int] | None:
+    """The model's decoder layers and heads where it is a Transformer (its architecture_json)."""
+    with grpc.insecure_channel(target) as channel:
+        request = pb.ModelInfoRequest(model=pb.ModelSpec(name=model))
+        info = pb_grpc.TranslatorStub(channel).GetModelInfo(request, timeout=60)
+    shape = json.loads(info.architecture_json or "{}").get("transformer")
+    return None if not shape else (int(shape["dec_layers"]), int(shape["heads"]))
+
+
+def attention_kind(model: str, texts: Sequence[str], layers: int, heads: int) -> Make:
+    """Align by a decoder layer and head drawn at random (a head of None: the layer's average):
+    each choice decodes in running batches of its own."""
+
+    def make(rng: random.Random, stub: pb_grpc.TranslatorStub) -> Call:
+        pool = list(texts)
+        pairs = [pb.AlignPair(source=rng.choice(pool), target=rng.choice(pool)) for _ in range(4)]
+        options = pb.AlignOptions(attention_layer=rng.randrange(layers))
+        head = rng.randrange(heads + 1)
+        if head < heads:
+            options.attention_head = head
+        request = pb.AlignRequest(pairs=pairs, options=options, model=pb.ModelSpec(name=model))
+        return Call(stub.Align, request, None)
+
+    return make
 
 
 def one_text(
@@ -145,4 +173,7 @@ def every_option_mix(
                 f"{model}/cancelled", 1, model, texts, n_texts=4, cancel_after_s=cancel_after_s
             ),
         ]
+        shape = transformer_shape(target, model)
+        if shape is not None:
+            kinds.append(Kind(f"{model}/attention", 1, attention_kind(model, texts, *shape)))
     return kinds

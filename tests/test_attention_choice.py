@@ -63,8 +63,10 @@ def test_the_bundles_own_layer_and_head_give_its_own_alignment(engine: Engine) -
     )
     head_only = matrices(engine, attention_head=0)  # the layer unset: the alignment layer
     for a, b, c in zip(own, chosen, head_only, strict=True):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(a, c)
+        # the choice's session reads the weights unpacked (runtime.make_session's prepack): its
+        # products round apart from the search's in the last bits
+        np.testing.assert_allclose(a, b, atol=1e-6)
+        np.testing.assert_allclose(a, c, atol=1e-6)
 
 
 def test_each_layer_and_head_is_a_distribution_and_a_layer_averages_its_heads(
@@ -95,8 +97,8 @@ def test_the_choice_leaves_the_log_probabilities_alone(engine: Engine) -> None:
         engine, PAIRS, AlignOptions(matrices="none", attention_layer=0, attention_head=3)
     )
     for a, b in zip(own, chosen, strict=True):
-        assert a.token_log_probs == b.token_log_probs
-        assert a.eos_log_prob == b.eos_log_prob
+        np.testing.assert_allclose(a.token_log_probs, b.token_log_probs, atol=1e-5)
+        assert a.eos_log_prob == pytest.approx(b.eos_log_prob, abs=1e-5)
 
 
 @pytest.mark.parametrize(

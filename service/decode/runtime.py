@@ -162,11 +162,15 @@ def make_session(
     threads: int,
     profile_prefix: str | None = None,
     shared: SharedWeights | None = None,
+    prepack: bool = True,
 ) -> ort.InferenceSession:
     """A session on the configured providers; with `profile_prefix`, ONNX Runtime's profiler on
     (benchmarks/gpu/placement.py reads which provider ran each node from it); `shared`: the weights
-    it reads instead of its own copy."""
+    it reads instead of its own copy; without `prepack`, its matrix products read those weights
+    as they are rather than from copies packed for the kernel (a session off the hot path)."""
     options = ort.SessionOptions()
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     if shared is not None:
         shared.add_to(options)
     if config.shared_cpu_arena:
@@ -673,12 +677,12 @@ class OnnxModel:
             if graph is None:
                 raise ValueError(f"{self.decoder_file}: no log-softmax to expose for Align")
             assert k_on_host == self.k_on_host
-            session = make_session(
-                graph, self.config, self.config.intra_op_threads, shared=self.shared
-            )
+            threads = self.config.intra_op_threads
+            session = make_session(graph, self.config, threads, shared=self.shared, prepack=False)
             self._choices[choice] = session
             while len(self._choices) > CHOICE_SESSIONS:
                 self._choices.popitem(last=False)  # a running batch keeps its own while it runs
+            release_freed_memory()  # what parsing and serializing the graph left
             return session
 
     def forced_session(self) -> ort.InferenceSession | None:
