@@ -143,3 +143,67 @@ def test_choosing_a_layer_and_head_redraws_the_heatmap_from_that_attention(
     WebDriverWait(browser, WAIT_S).until(
         lambda d: wait_aligned(d) == "1" and heatmap_weights(d) == pytest.approx(chosen, abs=1e-6)
     )
+
+
+def test_the_translations_heatmaps_follow_the_chosen_layer_and_head(
+    transformer_ui: ServerThread,
+    browser: Any,  # noqa: F811
+) -> None:
+    """The translation form's Layer and Head redraw every hypothesis's heatmap from that
+    cross-attention: each then holds what gRPC Align answers for (the text, the hypothesis) by
+    that layer and head; the model's own choice puts the search's matrices back."""
+    text = "ἐν ἀρχῇ ἦν ὁ λόγος"
+    open_page(browser, page_url(transformer_ui))
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded") == "1"
+    )
+    browser.find_element(By.ID, "texts").send_keys(text)
+    browser.find_element(By.ID, "nbest").clear()
+    browser.find_element(By.ID, "nbest").send_keys("2")
+    browser.find_element(By.ID, "translate").click()
+    ready = WebDriverWait(browser, WAIT_S).until(
+        lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") in ("1", "error")
+    )
+    assert ready
+    beam = int(browser.find_element(By.ID, "beam").get_attribute("value"))  # the model's default
+    options = pb.DecodingOptions(beam_size=beam, n_best=2, alignment=pb.ALIGNMENT_MODE_WORD)
+    request = pb.TranslateRequest(texts=[text], options=options)
+    hypotheses = transformer_ui.stub.Translate(request, timeout=WAIT_S).translations[0].hypotheses
+
+    def cards() -> list[list[float]]:
+        return [
+            [
+                float(c.get_attribute("data-weight"))
+                for c in card.find_elements(By.CSS_SELECTOR, "svg.heatmap rect.cell")
+            ]
+            for card in browser.find_elements(By.CSS_SELECTOR, "#results .hyp")
+        ]
+
+    searched = [list(h.alignment.weights) for h in hypotheses]
+    assert len(cards()) == 2
+    for got, want in zip(cards(), searched, strict=True):
+        assert got == pytest.approx(want, abs=1e-6)
+    options = align_options_to_pb(matrices="word", attention_layer=1, attention_head=3)
+    aligned = transformer_ui.stub.Align(
+        pb.AlignRequest(
+            pairs=[pb.AlignPair(source=text, target=h.text) for h in hypotheses], options=options
+        ),
+        timeout=WAIT_S,
+    ).alignments
+    chosen = [list(a.word.weights) for a in aligned]
+    Select(browser.find_element(By.ID, "layer")).select_by_value("1")
+    Select(browser.find_element(By.ID, "head")).select_by_value("3")
+
+    def shows(d: Any, want: list[list[float]]) -> bool:
+        if d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") != "1":
+            return False
+        got = cards()
+        return len(got) == len(want) and all(
+            g == pytest.approx(w, abs=1e-6) for g, w in zip(got, want, strict=True)
+        )
+
+    WebDriverWait(browser, WAIT_S).until(lambda d: shows(d, chosen))
+    assert chosen[0] != pytest.approx(searched[0], abs=1e-3)
+    Select(browser.find_element(By.ID, "layer")).select_by_value("")
+    Select(browser.find_element(By.ID, "head")).select_by_value("")
+    WebDriverWait(browser, WAIT_S).until(lambda d: shows(d, searched))

@@ -223,12 +223,15 @@ async function translate() {
     const alternatives = request.options.target_prefix ? await api("Translate", alternativesRequest(request)) : null;
     state.request = request;
     state.response = response;
+    state.original = JSON.parse(JSON.stringify(response)); // the search's own matrices
+    state.alternatives = alternatives;
     state.shownModel = response.model || $("model").value;
     render(request, response, alternatives);
     $("download-json").disabled = false;
     const ms = Math.round(performance.now() - started);
     setStatus(`${response.translations.length} text(s) translated in ${ms} ms · model ${response.model} ${response.model_version} · request ${response.request_id}`);
     document.body.dataset.ready = "1";
+    if (Object.keys(attentionChoice("layer", "head")).length) await redrawByAttention();
   } catch (err) {
     setStatus(err.message, true);
     document.body.dataset.ready = "error";
@@ -622,8 +625,7 @@ function buildAlignRequest() {
   const options = { alignment: $("align-level").value === "word" ? "ALIGNMENT_MODE_WORD" : "ALIGNMENT_MODE_SUBWORD" };
   if ($("align-links").value) options.links = $("align-links").value;
   if ($("align-markup").value !== "none") options.markup = $("align-markup").value;
-  if ($("align-layer").value !== "") options.attention_layer = Number($("align-layer").value);
-  if ($("align-head").value !== "") options.attention_head = Number($("align-head").value);
+  Object.assign(options, attentionChoice("align-layer", "align-head"));
   const request = { pairs, options };
   if (state.listed) {
     const m = state.models.find((x) => x.name === $("model").value);
@@ -701,8 +703,11 @@ function showAttentionChoice(info) {
   let shape = null;
   try { shape = JSON.parse(info.architecture_json || "{}").transformer || null; } catch (e) { shape = null; }
   document.querySelectorAll(".attention-choice").forEach((label) => { label.hidden = !shape; });
-  const layer = $("align-layer");
-  const head = $("align-head");
+  fillAttentionChoice($("layer"), $("head"), shape);
+  fillAttentionChoice($("align-layer"), $("align-head"), shape);
+}
+
+function fillAttentionChoice(layer, head, shape) {
   layer.replaceChildren();
   head.replaceChildren();
   if (!shape) return;
@@ -732,8 +737,64 @@ function realign() {
   if (["0", "1"].includes(document.body.dataset.aligned)) alignPairs();
 }
 
+// The translation's heatmaps by another layer and head: each hypothesis shown is aligned (Align,
+// teacher-forced on its text) by the chosen cross-attention and redrawn; the model's own choice
+// puts back the matrices the search returned.
+function attentionChoice(layerId, headId) {
+  const options = {};
+  if ($(layerId).value !== "") options.attention_layer = Number($(layerId).value);
+  if ($(headId).value !== "") options.attention_head = Number($(headId).value);
+  return options;
+}
+
+async function redrawByAttention() {
+  if (!state.response || !state.original) return;
+  const choice = attentionChoice("layer", "head");
+  const asked = (state.redrawAsked = (state.redrawAsked || 0) + 1);
+  const response = JSON.parse(JSON.stringify(state.original));
+  document.body.dataset.ready = "0";
+  try {
+    if (Object.keys(choice).length) {
+      const shown = [];
+      response.translations.forEach((t, ti) => (t.hypotheses || []).forEach((h) => {
+        if (h.alignment && h.alignment.rows) shown.push({ h, source: state.request.texts[ti], target: h.plain_text || h.text });
+      }));
+      const info = state.infos[state.shownModel] || {};
+      const size = (info.limits && info.limits.max_texts) || 16;
+      const options = { ...choice, alignment: state.request.options.alignment };
+      if (state.request.options.markup) options.markup = state.request.options.markup;
+      for (let i = 0; i < shown.length; i += size) {
+        const part = shown.slice(i, i + size);
+        const request = { pairs: part.map((x) => ({ source: x.source, target: x.target })), options, model: state.request.model };
+        const answer = await api("Align", request);
+        part.forEach((x, j) => {
+          const a = answer.alignments[j];
+          const m = a.word && a.word.rows ? a.word : a.subword;
+          x.h.alignment = { ...m, unknown_target_tokens: [] };
+        });
+      }
+    }
+    if (asked !== state.redrawAsked) return; // a later choice is on its way
+    state.response = response;
+    render(state.request, response, state.alternatives);
+    setStatus(Object.keys(choice).length ? `heatmaps by ${describeChoice(choice)} (each hypothesis aligned again)` : "heatmaps as the search returned them");
+    document.body.dataset.ready = "1";
+  } catch (err) {
+    if (asked !== state.redrawAsked) return;
+    setStatus(err.message, true);
+    document.body.dataset.ready = "error";
+  }
+}
+
+function describeChoice(choice) {
+  const layer = choice.attention_layer === undefined ? "the alignment layer" : `layer ${choice.attention_layer + 1}`;
+  return choice.attention_head === undefined ? `${layer}, heads averaged` : `${layer}, head ${choice.attention_head + 1}`;
+}
+
 function startAlign() {
   if (!$("align-form")) return;
+  $("layer").addEventListener("change", redrawByAttention);
+  $("head").addEventListener("change", redrawByAttention);
   $("align-form").addEventListener("submit", (e) => { e.preventDefault(); alignPairs(); });
   $("align-layer").addEventListener("change", realign);
   $("align-head").addEventListener("change", realign);
