@@ -8,7 +8,7 @@ which gives no weights. The chosen layer's weights are recomputed beside the ker
 kernel's own inputs (its query, the layer's cached source keys and the source mask: softmax(q·kᵀ /
 √dₕ) over the unmasked keys, as the kernel computes them); the alignment layer's are read from its
 softmax. The graph is changed, not re-exported, so every Transformer bundle gets the choice as it
-is. Only Align runs these graphs (service/decode/runtime.py OnnxModel.forced_session): the search
+is. Only Align runs these graphs (service/decode/runtime.py OnnxModel.choice_session): the search
 keeps the step as exported.
 """
 
