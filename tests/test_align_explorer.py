@@ -207,3 +207,38 @@ def test_the_translations_heatmaps_follow_the_chosen_layer_and_head(
     Select(browser.find_element(By.ID, "layer")).select_by_value("")
     Select(browser.find_element(By.ID, "head")).select_by_value("")
     WebDriverWait(browser, WAIT_S).until(lambda d: shows(d, searched))
+
+
+def test_a_link_keeps_the_layer_and_head(
+    transformer_ui: ServerThread,
+    browser: Any,  # noqa: F811
+) -> None:
+    """A pasted link with layer= and head= opens on that choice: the page translates and draws
+    the heatmap from that cross-attention, as gRPC Align answers for it."""
+    text = "ἐν ἀρχῇ ἦν ὁ λόγος"
+    open_page(browser, page_url(transformer_ui, texts=text, nbest=1, layer=0, head=2))
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") in ("1", "error")
+    )
+    assert browser.find_element(By.ID, "layer").get_attribute("value") == "0"
+    assert browser.find_element(By.ID, "head").get_attribute("value") == "2"
+    beam = int(browser.find_element(By.ID, "beam").get_attribute("value"))
+    options = pb.DecodingOptions(beam_size=beam, n_best=1, alignment=pb.ALIGNMENT_MODE_WORD)
+    best = (
+        transformer_ui.stub.Translate(
+            pb.TranslateRequest(texts=[text], options=options), timeout=WAIT_S
+        )
+        .translations[0]
+        .hypotheses[0]
+    )
+    aligned = transformer_ui.stub.Align(
+        pb.AlignRequest(
+            pairs=[pb.AlignPair(source=text, target=best.text)],
+            options=align_options_to_pb(matrices="word", attention_layer=0, attention_head=2),
+        ),
+        timeout=WAIT_S,
+    ).alignments[0]
+    card = browser.find_element(By.CSS_SELECTOR, "#results .hyp")
+    cells = card.find_elements(By.CSS_SELECTOR, "svg.heatmap rect.cell")
+    got = [float(c.get_attribute("data-weight")) for c in cells]
+    assert got == pytest.approx(list(aligned.word.weights), abs=1e-6)

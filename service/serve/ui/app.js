@@ -166,6 +166,8 @@ function readHash() {
   // A link without model= (or naming a model not served) means the server's default model.
   const named = p.get("model");
   $("model").value = named && state.models.some((m) => m.name === named) ? named : state.defaultModel;
+  // a Transformer's layer and head: set once showModel has listed the model's (showAttentionChoice)
+  state.hashChoice = { layer: p.get("layer") || "", head: p.get("head") || "" };
   return p.has("texts");
 }
 function writeHash() {
@@ -176,6 +178,8 @@ function writeHash() {
   if ($("prefix").value) p.set("prefix", $("prefix").value);
   if ($("glossary").value.trim()) p.set("glossary", $("glossary").value);
   if ($("markup").value !== "none") p.set("markup", $("markup").value);
+  if ($("layer").value) p.set("layer", $("layer").value);
+  if ($("head").value) p.set("head", $("head").value);
   history.replaceState(null, "", `#${p.toString()}`);
 }
 
@@ -705,6 +709,10 @@ function showAttentionChoice(info) {
   document.querySelectorAll(".attention-choice").forEach((label) => { label.hidden = !shape; });
   fillAttentionChoice($("layer"), $("head"), shape);
   fillAttentionChoice($("align-layer"), $("align-head"), shape);
+  const wanted = state.hashChoice || {};
+  for (const id of ["layer", "head"]) { // a link's choice, where this model has it
+    if ([...$(id).options].some((o) => o.value === wanted[id])) $(id).value = wanted[id];
+  }
 }
 
 function fillAttentionChoice(layer, head, shape) {
@@ -749,6 +757,7 @@ function attentionChoice(layerId, headId) {
 
 async function redrawByAttention() {
   if (!state.response || !state.original) return;
+  writeHash(); // the link keeps the choice
   const choice = attentionChoice("layer", "head");
   const asked = (state.redrawAsked = (state.redrawAsked || 0) + 1);
   const response = JSON.parse(JSON.stringify(state.original));
