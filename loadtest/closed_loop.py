@@ -198,9 +198,17 @@ def translate_kind(
     return Kind(name, weight, make)
 
 
-def align_kind(name: str, weight: int, model: str, texts: Sequence[str], n_pairs: int = 4) -> Kind:
+def align_kind(
+    name: str,
+    weight: int,
+    model: str,
+    texts: Sequence[str],
+    n_pairs: int = 4,
+    options: Callable[[random.Random], pb.AlignOptions] | None = None,
+) -> Kind:
     """Align `n_pairs` pairs on `model`, each a text drawn from `texts` against another: a forced
-    pass costs the same whatever the target says (words the vocabulary lacks are flagged)."""
+    pass costs the same whatever the target says (words the vocabulary lacks are flagged);
+    `options` draws each request's AlignOptions (None: the defaults)."""
 
     def make(rng: random.Random, stub: pb_grpc.TranslatorStub) -> Call:
         pool = list(texts)
@@ -208,6 +216,8 @@ def align_kind(name: str, weight: int, model: str, texts: Sequence[str], n_pairs
             pb.AlignPair(source=rng.choice(pool), target=rng.choice(pool)) for _ in range(n_pairs)
         ]
         request = pb.AlignRequest(pairs=pairs, model=pb.ModelSpec(name=model))
+        if options is not None:
+            request.options.CopyFrom(options(rng))
         return Call(stub.Align, request, None)
 
     return Kind(name, weight, make)

@@ -65,21 +65,18 @@ def transformer_shape(target: str, model: str) -> tuple[int, int] | None:
     return None if not shape else (int(shape["dec_layers"]), int(shape["heads"]))
 
 
-def attention_kind(model: str, texts: Sequence[str], layers: int, heads: int) -> Make:
-    """Align by a decoder layer and head drawn at random (a head of None: the layer's average):
-    each choice decodes in running batches of its own."""
+def random_attention(layers: int, heads: int) -> Callable[[random.Random], pb.AlignOptions]:
+    """AlignOptions with a decoder layer and head drawn at random (no head one time in heads + 1:
+    the layer's average); each choice decodes in running batches of its own."""
 
-    def make(rng: random.Random, stub: pb_grpc.TranslatorStub) -> Call:
-        pool = list(texts)
-        pairs = [pb.AlignPair(source=rng.choice(pool), target=rng.choice(pool)) for _ in range(4)]
+    def draw(rng: random.Random) -> pb.AlignOptions:
         options = pb.AlignOptions(attention_layer=rng.randrange(layers))
         head = rng.randrange(heads + 1)
         if head < heads:
             options.attention_head = head
-        request = pb.AlignRequest(pairs=pairs, options=options, model=pb.ModelSpec(name=model))
-        return Call(stub.Align, request, None)
+        return options
 
-    return make
+    return draw
 
 
 def one_text(
@@ -175,5 +172,6 @@ def every_option_mix(
         ]
         shape = transformer_shape(target, model)
         if shape is not None:
-            kinds.append(Kind(f"{model}/attention", 1, attention_kind(model, texts, *shape)))
+            draw = random_attention(*shape)
+            kinds.append(align_kind(f"{model}/attention", 1, model, texts, options=draw))
     return kinds

@@ -214,9 +214,8 @@ def graph_file(graph: str | bytes) -> Iterator[str]:
 
 
 FULL_LOG_PROBS = "full_log_probs"  # (N, V): the decoder step's whole log-softmax row
-CHOICE_SESSIONS = (
-    4  # Align's sessions with a chosen cross-attention kept (OnnxModel.choice_session)
-)
+# Align's sessions with a chosen cross-attention kept (OnnxModel.choice_session)
+CHOICE_SESSIONS = 4
 
 
 def expose_full_log_probs(model: onnx.ModelProto) -> bool:
@@ -302,9 +301,9 @@ def decoder_graph(
     path: Path,
     full_log_probs: bool = False,
     fp16: bool = False,
-    choice: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None,
+    edit: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None,
 ) -> tuple[str | bytes | None, bool]:
-    """The decoder-step graph as ONNX Runtime gets it: changed by `choice` where given (Align's
+    """The decoder-step graph as ONNX Runtime gets it: changed by `edit` where given (Align's
     choice of a cross-attention, service/decode/attention_choice.py), in float16 with `fp16`
     (`float16_decoder`), with TopK reading k on the host (`topk_reads_k_on_the_host`) and, for
     `full_log_probs`, FULL_LOG_PROBS exposed (None when it cannot be); and whether k is bound as a
@@ -314,8 +313,8 @@ def decoder_graph(
         model = onnx.load(str(path))
     except Exception:  # a damaged file: make_session reports it
         return (None if full_log_probs else str(path)), False
-    if choice is not None:
-        model = choice(model)
+    if edit is not None:
+        model = edit(model)
     if fp16:
         model = float16_decoder(model)
     k_on_host = topk_reads_k_on_the_host(model)
@@ -672,7 +671,7 @@ class OnnxModel:
                 return session
             graph, k_on_host = decoder_graph(
                 self.decoder_file, full_log_probs=True, fp16=self.config.fp16_decoder,
-                choice=lambda model: choose_attention(model, choice, shape.heads, shape.d_model),
+                edit=lambda model: choose_attention(model, choice, shape.heads, shape.d_model),
             )  # fmt: skip
             if graph is None:
                 raise ValueError(f"{self.decoder_file}: no log-softmax to expose for Align")

@@ -243,12 +243,19 @@ class Worker:
         for job in jobs:
             model = self.model_of(job)
             keys = [SentenceKey(job, i) for i in range(len(job.sentences))]
+            attention = job.align_options.attention if job.align_options else None
             for key in keys:
-                attention = job.align_options.attention if job.align_options else None
-                beam, deadline = job.options.beam_size, job.deadline
-                forced = job.forced
                 self.waiting.append(
-                    Waiting(key, job, beam, now, deadline, model, forced, attention)
+                    Waiting(
+                        key,
+                        job,
+                        job.options.beam_size,
+                        now,
+                        job.deadline,
+                        model,
+                        job.forced,
+                        attention,
+                    )
                 )
             if self.ahead is not None:
                 self.ahead.submit(list(zip(keys, job.sentences, strict=True)), model)

@@ -745,9 +745,7 @@ function realign() {
   if (["0", "1"].includes(document.body.dataset.aligned)) alignPairs();
 }
 
-// The translation's heatmaps by another layer and head: each hypothesis shown is aligned (Align,
-// teacher-forced on its text) by the chosen cross-attention and redrawn; the model's own choice
-// puts back the matrices the search returned.
+// The AlignOptions fields of a pair of Layer and Head selectors (none: the model's own choice).
 function attentionChoice(layerId, headId) {
   const options = {};
   if ($(layerId).value !== "") options.attention_layer = Number($(layerId).value);
@@ -755,6 +753,9 @@ function attentionChoice(layerId, headId) {
   return options;
 }
 
+// The translation's heatmaps by another layer and head: each hypothesis shown is aligned (Align,
+// teacher-forced on its text) by the chosen cross-attention and redrawn; the model's own choice
+// puts back the matrices the search returned.
 async function redrawByAttention() {
   if (!state.response || !state.original) return;
   writeHash(); // the link keeps the choice
