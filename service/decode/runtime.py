@@ -34,15 +34,17 @@ from onnx import helper, numpy_helper
 
 from service.decode.attention_choice import AttentionChoice, choose_attention
 from service.decode.beam import StepOutput
+from service.decode.blocked_topk import block_topk
 from service.decode.config import RuntimeConfig
 from service.decode.device import Device, RowUpdates, host_view, make_row_ops
-from service.decode.providers import CUDA, check_model_providers, resolve_providers
+from service.decode.providers import CPU, CUDA, check_model_providers, resolve_providers
 from service.decode.search_graph import (
     SearchVariant,
     controls_problem,
     finished_graph,
     graph_problem,
     grow_graph,
+    search_scores_output,
     search_step_graph,
     select_graph,
 )
@@ -302,13 +304,15 @@ def decoder_graph(
     full_log_probs: bool = False,
     fp16: bool = False,
     edit: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None,
+    blocked_vocab: int | None = None,
 ) -> tuple[str | bytes | None, bool]:
     """The decoder-step graph as ONNX Runtime gets it: changed by `edit` where given (Align's
     choice of a cross-attention, service/decode/attention_choice.py), in float16 with `fp16`
-    (`float16_decoder`), with TopK reading k on the host (`topk_reads_k_on_the_host`) and, for
-    `full_log_probs`, FULL_LOG_PROBS exposed (None when it cannot be); and whether k is bound as a
-    (1,) host tensor. A file onnx cannot parse is passed on by its path, for ONNX Runtime's own
-    error naming it."""
+    (`float16_decoder`), with TopK reading k on the host (`topk_reads_k_on_the_host`), for
+    `full_log_probs` with FULL_LOG_PROBS exposed (None when it cannot be), and with
+    `blocked_vocab` (the target vocabulary's size) its top k in two stages
+    (service/decode/blocked_topk.py); and whether k is bound as a (1,) host tensor. A file onnx
+    cannot parse is passed on by its path, for ONNX Runtime's own error naming it."""
     try:
         model = onnx.load(str(path))
     except Exception:  # a damaged file: make_session reports it
@@ -320,6 +324,8 @@ def decoder_graph(
     k_on_host = topk_reads_k_on_the_host(model)
     if full_log_probs and not expose_full_log_probs(model):
         return None, k_on_host
+    if blocked_vocab is not None:
+        block_topk(model, "log_probs", blocked_vocab)
     return model.SerializeToString(), k_on_host
 
 
@@ -506,7 +512,12 @@ class OnnxModel:
         self.decoder_file = bundle.file(decoder_file)
         # the decoder's weights once, for every session of its graph's variants
         self.shared = self._shared_weights()
-        graph, self.k_on_host = decoder_graph(self.decoder_file, fp16=config.fp16_decoder)
+        # on the CPU the step's top k runs in two stages (service/decode/blocked_topk.py)
+        on_cpu = self.encoder.get_providers()[0] == CPU
+        self.blocked_vocab = bundle.architecture.tgt_vocab_size if on_cpu else None
+        graph, self.k_on_host = decoder_graph(
+            self.decoder_file, fp16=config.fp16_decoder, blocked_vocab=self.blocked_vocab
+        )
         assert graph is not None
         self.decoder = make_session(graph, config, config.intra_op_threads, shared=self.shared)
         check_model_providers(
@@ -559,7 +570,10 @@ class OnnxModel:
                 if problem:
                     raise ValueError(f"{self.decoder_file}: no device search: {problem}")
                 topk_reads_k_on_the_host(model)
-                graph = search_step_graph(model, variant).SerializeToString()
+                stepped = search_step_graph(model, variant)
+                if self.blocked_vocab is not None:
+                    block_topk(stepped, search_scores_output(variant), self.blocked_vocab)
+                graph = stepped.SerializeToString()
                 threads = self.config.intra_op_threads
                 session = make_session(
                     graph, self.config, threads, self.profile_prefix, self.shared
@@ -672,6 +686,7 @@ class OnnxModel:
             graph, k_on_host = decoder_graph(
                 self.decoder_file, full_log_probs=True, fp16=self.config.fp16_decoder,
                 edit=lambda model: choose_attention(model, choice, shape.heads, shape.d_model),
+                blocked_vocab=self.blocked_vocab,
             )  # fmt: skip
             if graph is None:
                 raise ValueError(f"{self.decoder_file}: no log-softmax to expose for Align")
@@ -690,7 +705,10 @@ class OnnxModel:
         with self._forced_lock:
             if not self._forced_made:
                 graph, k_on_host = decoder_graph(
-                    self.decoder_file, full_log_probs=True, fp16=self.config.fp16_decoder
+                    self.decoder_file,
+                    full_log_probs=True,
+                    fp16=self.config.fp16_decoder,
+                    blocked_vocab=self.blocked_vocab,
                 )
                 assert k_on_host == self.k_on_host  # one rule for both graphs: one k binding
                 if graph is not None:

@@ -689,6 +689,11 @@ def _history(g: Nodes, variant: SearchVariant, batch: _Batch, beam: _Beam) -> No
         g.op("ScatterND", "attention_history", index, attention, out="out_attention_history")
 
 
+def search_scores_output(variant: SearchVariant) -> str:
+    """The search graph's name for the values of the decoder's TopK over its log-softmax row."""
+    return "search/top_log_probs" if variant.controls else "search/log_probs"
+
+
 def merge_decoder(decoder: onnx.ModelProto, g: Nodes, variant: SearchVariant) -> onnx.ModelProto:
     """The decoder graph followed by g's nodes: k a constant, its outputs internal but new_state;
     then g's nodes, inputs, outputs. Values of the decoder named like the search's move aside
@@ -706,7 +711,7 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, variant: SearchVariant) ->
         assert topk is not None, "controls_problem checks it first"
         rename[topk.input[0]] = "search/scores"
         topk.input[0] = "search/masked"
-        topk.output[:] = ["search/top_log_probs", "search/top_ids"]
+        topk.output[:] = [search_scores_output(variant), "search/top_ids"]
     k_input = next(i for i in graph.input if i.name == "k")
     k_dims = len(k_input.type.tensor_type.shape.dim)
     internal = {o for node in graph.node for o in node.output} | {i.name for i in graph.initializer}
