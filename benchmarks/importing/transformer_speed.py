@@ -10,7 +10,10 @@ huggingface and converted with CTranslate2's own TransformersConverter, float32 
 side translates the same sentences (10-40 source pieces), beam 5, batches of 32 sorted by length,
 at most `--max-tokens` target tokens, at 1 and 2 threads; ours returns every hypothesis's
 alignment matrix (subword). The two sides run batch by batch in turn (side_by_side), so that a
-slow stretch of this shared machine slows both. The figure is target tokens per second, each side
+slow stretch of this shared machine slows both. At one thread both sides run on
+one core (`one_core`: unpinned, CTranslate2's worker thread and our calling thread could land on
+different cores of this shared machine, and its rate swung 137-158 tokens/s between runs while
+ours held 138-143). The figure is target tokens per second, each side
 counting the tokens it produced (the end of sentence counted), with the ratio ours / CTranslate2.
 Beside them, at one thread only: MarianMTModel.generate (torch) on the same batches, and with
 `--optimum-python` Optimum's ORTModelForSeq2SeqLM.generate (optimum_row, in its own venv).
@@ -19,12 +22,14 @@ Beside them, at one thread only: MarianMTModel.generate (torch) on the same batc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -108,27 +113,44 @@ def ctranslate2_engine(
     return translate
 
 
+@contextlib.contextmanager
+def one_core(threads: int) -> Iterator[None]:
+    """At one thread, this thread (and the threads it starts: CTranslate2's worker) on the last
+    CPU it may use until the block ends; at more, unchanged."""
+    allowed = os.sched_getaffinity(0)
+    if threads != 1 or len(allowed) < 2:
+        yield
+        return
+    os.sched_setaffinity(0, {max(allowed)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
 def side_by_side(
     bundle: Path, converted: Path, texts: list[str], pieces: list[list[str]], threads: int,
     int8: bool, max_tokens: int,
 ) -> tuple[Row, Row]:  # fmt: skip
     """CTranslate2's row and ours, their batches interleaved (each side warmed up on the first
     batch first; then batch by batch, the side that goes first alternating): a slow stretch of
-    this shared machine falls on both sides alike, not on whichever ran during it."""
-    peer = ctranslate2_engine(converted, threads, int8, max_tokens)
-    mine = our_engine(bundle, threads, int8, max_tokens)
-    peer(pieces[:BATCH])
-    mine(texts[:BATCH])
+    this shared machine falls on both sides alike, not on whichever ran during it. At one thread,
+    on one core (`one_core`)."""
     tokens = {"peer": 0, "mine": 0}
     seconds = {"peer": 0.0, "mine": 0.0}
-    for n, i in enumerate(range(0, len(texts), BATCH)):
-        for side in ("peer", "mine") if n % 2 == 0 else ("mine", "peer"):
-            start = time.perf_counter()
-            if side == "peer":
-                tokens[side] += peer(pieces[i : i + BATCH])
-            else:
-                tokens[side] += mine(texts[i : i + BATCH])
-            seconds[side] += time.perf_counter() - start
+    with one_core(threads):
+        peer = ctranslate2_engine(converted, threads, int8, max_tokens)
+        mine = our_engine(bundle, threads, int8, max_tokens)
+        peer(pieces[:BATCH])
+        mine(texts[:BATCH])
+        for n, i in enumerate(range(0, len(texts), BATCH)):
+            for side in ("peer", "mine") if n % 2 == 0 else ("mine", "peer"):
+                start = time.perf_counter()
+                if side == "peer":
+                    tokens[side] += peer(pieces[i : i + BATCH])
+                else:
+                    tokens[side] += mine(texts[i : i + BATCH])
+                seconds[side] += time.perf_counter() - start
     precision = " int8" if int8 else " float32"
     return (
         Row("ctranslate2" + precision, threads, len(texts), tokens["peer"], seconds["peer"]),
@@ -231,12 +253,15 @@ def main(argv: list[str] | None = None) -> int:
         pieces = [[*cutter.EncodeAsPieces(t), "</s>"] for t in texts]
         order = by_length(texts, pieces)
         texts, pieces = [texts[i] for i in order], [pieces[i] for i in order]
-        for threads in args.threads:
+        # the most threads first: the OpenMP threads CTranslate2 starts outlive its translator,
+        # and those started while pinned to one core (`one_core`) would keep a later run on it
+        for threads in sorted(args.threads, reverse=True):
             for int8 in (False, True) if args.int8 else (False,):
                 rows.extend(side_by_side(
                     bundle, converted[int8], texts, pieces, threads, int8, args.max_tokens
                 ))  # fmt: skip
                 print(rows[-2], rows[-1], flush=True)
+        rows.sort(key=lambda row: row.threads)  # reported as asked: by threads, stable
         if not args.no_generate:
             rows.append(generate_row(model_dir, texts, 1, args.max_tokens))
         if args.optimum_python:
