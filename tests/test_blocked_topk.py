@@ -83,9 +83,8 @@ def test_block_is_a_divisor_where_there_is_one() -> None:
     assert block_size(32000) == 100  # read in place
     assert block_size(32042) == 74  # 2 x 37 x 433
     assert 32000 % 100 == 0 and 32042 % 74 == 0
-    assert (
-        block_size(62518) == 96
-    )  # 2 x 31259: whole blocks sliced out, the rest a block of its own
+    # 2 x 31259: whole blocks sliced out, the rest a block of its own
+    assert block_size(62518) == 96
     assert block_size(2000) is None  # short rows keep one TopK
 
 

@@ -94,13 +94,10 @@ def _two_stage(node: onnx.NodeProto, vocab: int, block: int, opset: int) -> list
     whole = row
     nodes = [
         const("by_block", [0, blocks, block]),
-        const("flat_blocks", [-1, block]),
         const("per_row", [0, -1]),
         const("blocks", [blocks]),
         const("block", [block]),
-        const("zero", 0),
-        const("one", 1),
-        const("axis1", [1]),
+        const("last_axis", [-1]),
     ]
     if rest:
         whole = name("whole")
@@ -108,13 +105,15 @@ def _two_stage(node: onnx.NodeProto, vocab: int, block: int, opset: int) -> list
             const("start", [0]),
             const("end", [blocks * block]),
             const("last", [vocab]),
-            const("last_block", [[blocks]]),
+            const("pad_one_column", [0, 0, 0, 1]),
+            const("rest_block", blocks),
+            const("axis1", [1]),
             n("Slice", [row, name("start"), name("end"), name("axis1")], [whole]),
             n("Slice", [row, name("end"), name("last"), name("axis1")], [name("rest")]),
         ]
     nodes += [
         # 1. each block's maximum, (N, blocks), and the best min(k, blocks) of them
-        n("Reshape", [whole, name("by_block")], [name("row3")]),
+        n("Reshape", [whole, name("by_block")], [name("row3")]),  # (N, blocks, block)
         *_reduce_max(name("row3"), name("maxima"), opset, const("axis2", [2])),
         n("Min", [k, name("blocks")], [name("k1")]),
         n("TopK", [name("maxima"), name("k1")], [name("_best_max"), name("best")], axis=1),
@@ -123,14 +122,8 @@ def _two_stage(node: onnx.NodeProto, vocab: int, block: int, opset: int) -> list
         n("TopK", [name("negated"), name("k1")], [name("ascending_neg"), name("_order")], axis=1),
         n("Neg", [name("ascending_neg")], [name("chosen")]),  # (N, k1) block ids
         # 2. the chosen blocks' entries, (N, k1 * block) (and the rest after them), their top k
-        n("Shape", [row], [name("row_shape")]),
-        n("Gather", [name("row_shape"), name("zero")], [name("rows")], axis=0),
-        n("Range", [name("zero"), name("rows"), name("one")], [name("row_ids")]),
-        n("Unsqueeze", [name("row_ids"), name("axis1")], [name("row_col")]),
-        n("Mul", [name("row_col"), name("blocks")], [name("row_base")]),
-        n("Add", [name("row_base"), name("chosen")], [name("flat_chosen")]),
-        n("Reshape", [whole, name("flat_blocks")], [name("all_blocks")]),  # (N·blocks, block)
-        n("Gather", [name("all_blocks"), name("flat_chosen")], [name("candidates3")], axis=0),
+        n("Unsqueeze", [name("chosen"), name("last_axis")], [name("chosen3")]),
+        n("GatherND", [name("row3"), name("chosen3")], [name("candidates3")], batch_dims=1),
         n("Reshape", [name("candidates3"), name("per_row")], [name("in_blocks")]),
     ]
     candidates, chosen = name("in_blocks"), name("chosen")
@@ -138,9 +131,7 @@ def _two_stage(node: onnx.NodeProto, vocab: int, block: int, opset: int) -> list
         candidates, chosen = name("candidates"), name("chosen_and_rest")
         nodes += [
             n("Concat", [name("in_blocks"), name("rest")], [candidates], axis=1),
-            n("Shape", [name("row_col")], [name("column")]),
-            n("Expand", [name("last_block"), name("column")], [name("rest_block")]),
-            n("Concat", [name("chosen"), name("rest_block")], [chosen], axis=1),
+            n("Pad", [name("chosen"), name("pad_one_column"), name("rest_block")], [chosen]),
         ]
     return [
         *nodes,
