@@ -262,7 +262,9 @@ class DeviceSearch:
         self._takes_controls: bool | None = None  # whether the graph can apply them (`takes`)
         self.device = model.device
         self.rows = EncoderRows(
-            model.row_ops, keys_follow_source=model.bundle.architecture.attention != "none"
+            model.row_ops,
+            keys_follow_source=model.bundle.architecture.attention != "none",
+            cutter=model.cut_session,
         )
         # where its tensors live, and how the host picks and reads them (chosen once)
         self.memory = search_memory(model, model.row_ops)
@@ -518,7 +520,7 @@ class DeviceSearch:
             self._bound["S"] = (S, B)
         rows_key = self.rows.binding_key()
         if rows_key != self._bound.get("encoder"):
-            self.rows.bind(binding)
+            self.rows.bind(binding, self.session)
             self._bound["encoder"] = rows_key
 
     def _bind_step(self) -> None:

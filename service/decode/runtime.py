@@ -37,6 +37,13 @@ from service.decode.beam import StepOutput
 from service.decode.blocked_topk import block_topk
 from service.decode.config import RuntimeConfig
 from service.decode.device import Device, RowUpdates, host_view, make_row_ops
+from service.decode.encoder_layers import (
+    LayerSlice,
+    layer_slices,
+    parse_slice,
+    split_encoder_inputs,
+    split_graph,
+)
 from service.decode.providers import CPU, CUDA, check_model_providers, resolve_providers
 from service.decode.search_graph import (
     SearchVariant,
@@ -305,14 +312,17 @@ def decoder_graph(
     fp16: bool = False,
     edit: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None,
     blocked_vocab: int | None = None,
+    layer_inputs: bool = False,
 ) -> tuple[str | bytes | None, bool]:
     """The decoder-step graph as ONNX Runtime gets it: changed by `edit` where given (Align's
     choice of a cross-attention, service/decode/attention_choice.py), in float16 with `fp16`
     (`float16_decoder`), with TopK reading k on the host (`topk_reads_k_on_the_host`), for
     `full_log_probs` with FULL_LOG_PROBS exposed (None when it cannot be), and with
     `blocked_vocab` (the target vocabulary's size) its top k in two stages
-    (service/decode/blocked_topk.py); and whether k is bound as a (1,) host tensor. A file onnx
-    cannot parse is passed on by its path, for ONNX Runtime's own error naming it."""
+    (service/decode/blocked_topk.py), with `layer_inputs` each layer's part of the encoder keys
+    and values an input of its own (service/decode/encoder_layers.py); and whether k is bound as a
+    (1,) host tensor. A file onnx cannot parse is passed on by its path, for ONNX Runtime's own
+    error naming it."""
     try:
         model = onnx.load(str(path))
     except Exception:  # a damaged file: make_session reports it
@@ -326,6 +336,8 @@ def decoder_graph(
         return None, k_on_host
     if blocked_vocab is not None:
         block_topk(model, "log_probs", blocked_vocab)
+    if layer_inputs:
+        split_encoder_inputs(model)
     return model.SerializeToString(), k_on_host
 
 
@@ -512,12 +524,17 @@ class OnnxModel:
         self.decoder_file = bundle.file(decoder_file)
         # the decoder's weights once, for every session of its graph's variants
         self.shared = self._shared_weights()
-        # on the CPU the step's top k runs in two stages (service/decode/blocked_topk.py)
+        # on the CPU the step's top k runs in two stages (service/decode/blocked_topk.py), and
+        # its layers read their parts of the encoder keys and values as inputs of their own
+        # (service/decode/encoder_layers.py)
         on_cpu = self.encoder.get_providers()[0] == CPU
         self.blocked_vocab = bundle.architecture.tgt_vocab_size if on_cpu else None
+        self.layer_inputs = on_cpu
+        self._cutters: dict[tuple[LayerSlice, ...], ort.InferenceSession] = {}
         graph, self.k_on_host = decoder_graph(
-            self.decoder_file, fp16=config.fp16_decoder, blocked_vocab=self.blocked_vocab
-        )
+            self.decoder_file, fp16=config.fp16_decoder, blocked_vocab=self.blocked_vocab,
+            layer_inputs=self.layer_inputs,
+        )  # fmt: skip
         assert graph is not None
         self.decoder = make_session(graph, config, config.intra_op_threads, shared=self.shared)
         check_model_providers(
@@ -573,6 +590,8 @@ class OnnxModel:
                 stepped = search_step_graph(model, variant)
                 if self.blocked_vocab is not None:
                     block_topk(stepped, search_scores_output(variant), self.blocked_vocab)
+                if self.layer_inputs:
+                    split_encoder_inputs(stepped)
                 graph = stepped.SerializeToString()
                 threads = self.config.intra_op_threads
                 session = make_session(
@@ -627,11 +646,23 @@ class OnnxModel:
 
     def decoder_inputs(self) -> list[GraphInput]:
         """The decoder graph's inputs as its file declares them (the contract's), whatever
-        `decoder_graph` changed for the session: k is the scalar the contract names."""
+        `decoder_graph` changed for the session: k is the scalar the contract names, and the
+        encoder's layer parts are not the file's."""
         return [
             GraphInput(arg.name, arg.type, [] if arg.name == "k" and self.k_on_host else arg.shape)
             for arg in self.decoder.get_inputs()
+            if parse_slice(arg.name) is None
         ]
+
+    def cut_session(self, parts: tuple[LayerSlice, ...]) -> ort.InferenceSession:
+        """The graph that cuts `parts` from a running batch's encoder keys and values
+        (encoder_layers.split_graph), on the model's device, made on first use."""
+        with self._forced_lock:
+            session = self._cutters.get(parts)
+            if session is None:
+                session = make_session(split_graph(parts), self.config, 1)
+                self._cutters[parts] = session
+            return session
 
     @property
     def providers(self) -> list[str]:
@@ -686,7 +717,7 @@ class OnnxModel:
             graph, k_on_host = decoder_graph(
                 self.decoder_file, full_log_probs=True, fp16=self.config.fp16_decoder,
                 edit=lambda model: choose_attention(model, choice, shape.heads, shape.d_model),
-                blocked_vocab=self.blocked_vocab,
+                blocked_vocab=self.blocked_vocab, layer_inputs=self.layer_inputs,
             )  # fmt: skip
             if graph is None:
                 raise ValueError(f"{self.decoder_file}: no log-softmax to expose for Align")
@@ -709,6 +740,7 @@ class OnnxModel:
                     full_log_probs=True,
                     fp16=self.config.fp16_decoder,
                     blocked_vocab=self.blocked_vocab,
+                    layer_inputs=self.layer_inputs,
                 )
                 assert k_on_host == self.k_on_host  # one rule for both graphs: one k binding
                 if graph is not None:
@@ -731,10 +763,23 @@ class EncoderRows:
     hold nothing the step reads: it is bound to the leading `count` rows.
     """
 
-    def __init__(self, ops: RowUpdates, keys_follow_source: bool) -> None:
+    def __init__(
+        self,
+        ops: RowUpdates,
+        keys_follow_source: bool,
+        cutter: Callable[[tuple[LayerSlice, ...]], ort.InferenceSession] | None = None,
+    ) -> None:
         self.ops = ops
         self.keys_follow_source = keys_follow_source  # False for attention "none": keys (B, 1, Dk)
         self.count = 0
+        self.version = (
+            0  # counts the changes to the rows (a leave and a join keep count and buffers)
+        )
+        # the layer parts of keys and values that sessions read (service/decode/encoder_layers.py),
+        # cut from the rows of `version` by the session `cutter` gives, on the device
+        self.cutter = cutter
+        self._parts: dict[tuple[LayerSlice, ...], list[Any]] = {}
+        self._parts_version = -1
         # values (capacity, S, D), keys (capacity, S or 1, Dk), mask (capacity, S) bool, on the device
         self.buffers: list[ort.OrtValue] | None = None
         self.lengths = np.zeros(0, np.int64)  # (capacity,) real source length per row, on the host
@@ -765,6 +810,7 @@ class EncoderRows:
         their own length (the device pads them)."""
         n, S_new = len(sentences), max(s.length for s in sentences)
         first = sentences[0]
+        self.version += 1
         if self.buffers is None:
             self.D, self.Dk, self.key_len = first_widths(first)
             capacity = max(16, 2 * n)
@@ -842,6 +888,7 @@ class EncoderRows:
 
     def keep(self, keep: np.ndarray) -> None:
         """Keep the rows `keep` (B',), in that order."""
+        self.version += 1
         if len(keep) == 0:
             self.count = 0
             self.buffers = None
@@ -861,6 +908,7 @@ class EncoderRows:
     def refit(self, capacity: int, S: int) -> None:
         """New device buffers of (capacity, S, ·) holding the current rows, cut or zero-padded to S."""
         assert self.buffers is not None
+        self.version += 1
         self.buffers = self.ops.refit(
             self.buffers, self.shapes(self.count), self.shapes(capacity, S)
         )
@@ -869,17 +917,48 @@ class EncoderRows:
         self.lengths = lengths
 
     def binding_key(self) -> tuple[int, ...]:
-        """What `bind` binds: while it is unchanged, a binding made by `bind` still holds."""
+        """What `bind` binds: while it is unchanged, a binding made by `bind` still holds (the
+        version: the layer parts are cut anew at every change of the rows)."""
         assert self.buffers is not None
-        return (self.count, *(b.data_ptr() for b in self.buffers), *self.buffers[2].shape())
+        buffers = (b.data_ptr() for b in self.buffers)
+        return (self.version, self.count, *buffers, *self.buffers[2].shape())
 
-    def bind(self, binding: ort.IOBinding) -> None:
-        """Bind the live rows as the decoder step's values (B, S, D), keys, mask (B, S) (no copy)."""
+    def bind(self, binding: ort.IOBinding, session: ort.InferenceSession) -> None:
+        """Bind the live rows as `session`'s values (B, S, D), keys, mask (B, S) (no copy), and the
+        layer parts of keys and values it reads (cut when the rows have changed since the last
+        cut)."""
         assert self.buffers is not None
+        device = self.ops.device
         for name, buffer, shape in zip(
             ("values", "keys", "mask"), self.buffers, self.shapes(self.count), strict=True
         ):
-            self.ops.device.bind_device_input(binding, name, buffer, shape)
+            device.bind_device_input(binding, name, buffer, shape)
+        parts = layer_slices(arg.name for arg in session.get_inputs())
+        if parts:
+            for part, value in zip(parts, self._cut(parts), strict=True):
+                device.bind_value(binding, part.name, value)
+
+    def _cut(self, parts: tuple[LayerSlice, ...]) -> list[Any]:
+        """The layer parts of the live rows' keys and values, on the device: one run of the
+        cutter's graph per change of the rows (and set of parts)."""
+        assert self.buffers is not None and self.cutter is not None
+        if self._parts_version != self.version:
+            self._parts, self._parts_version = {}, self.version
+        cut = self._parts.get(parts)
+        if cut is None:
+            session = self.cutter(parts)
+            binding, device = session.io_binding(), self.ops.device
+            sources = {part.source for part in parts}
+            for name, buffer, shape in zip(
+                ("values", "keys"), self.buffers, self.shapes(self.count), strict=False
+            ):
+                if name in sources:
+                    device.bind_device_input(binding, name, buffer, shape)
+            for part in parts:
+                device.bind_new_output(binding, part.name)
+            session.run_with_iobinding(binding)
+            cut = self._parts[parts] = list(device.outputs(binding))
+        return cut
 
     def to_host(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """values (B, S, D), keys (B, S or 1, Dk), mask (B, S) copied to the host (for inspection;
@@ -1020,7 +1099,9 @@ class OnnxDecoder:
         self.full_rows = forced is not None  # the session outputs FULL_LOG_PROBS
         self.device = model.device
         self.rows = EncoderRows(
-            model.row_ops, keys_follow_source=model.bundle.architecture.attention != "none"
+            model.row_ops,
+            keys_follow_source=model.bundle.architecture.attention != "none",
+            cutter=model.cut_session,
         )
         self.state: ort.OrtValue | None = None  # (R, D_state) on the device
         # the state tensors the architecture declares beside it (none for the RNNs)
@@ -1074,7 +1155,7 @@ class OnnxDecoder:
             self.declared.bind(binding, self.declared.positions[reorder])
         rows_key = self.rows.binding_key()
         if rows_key != bound.bound_rows:
-            self.rows.bind(binding)
+            self.rows.bind(binding, bound.session)
             bound.bound_rows = rows_key
 
     def _bind_state_outputs(self, binding: ort.IOBinding) -> None:

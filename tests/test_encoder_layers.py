@@ -1,0 +1,214 @@
+"""Each decoder layer's part of the encoder keys and values as an input of its own
+(service/decode/encoder_layers.py): the rewrite, the cut, the running batch's rows, and engines
+that answer as the stacked inputs do."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from benchmarks.sample_texts import bundle_texts
+from service.decode import runtime
+from service.decode.aligner import align
+from service.decode.config import RuntimeConfig
+from service.decode.device import Device, make_row_ops
+from service.decode.encoder_layers import (
+    LayerSlice,
+    layer_slices,
+    parse_slice,
+    split_encoder_inputs,
+    split_graph,
+)
+from service.decode.engine import Engine
+from service.decode.options import SearchOptions, merge_options
+from service.decode.runtime import EncodedSentence, EncoderRows
+from service.decode.transfers import TransferLedger
+from service.decode.translation import Translation
+from tests.conftest import REPO
+
+TRANSFORMER = REPO / "models" / "grc-en-nt-transformer"
+CPU = ["CPUExecutionProvider"]
+
+
+def session(model: onnx.ModelProto | bytes) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    graph = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(graph, options, providers=CPU)
+
+
+def test_names_read_back() -> None:
+    for part in (LayerSlice("keys", 0, 256, 4), LayerSlice("values", 512, 768)):
+        assert parse_slice(part.name) == part
+    assert parse_slice("keys") is None and parse_slice("self_k0") is None
+    assert layer_slices(["tokens", "values.0:8", "keys.0:8.heads2"]) == (
+        LayerSlice("keys", 0, 8, 2),
+        LayerSlice("values", 0, 8),
+    )
+
+
+def test_the_transformers_step_reads_its_layers_parts_per_head_where_attention_alone_does() -> None:
+    """grc-en-nt-transformer: 3 decoder layers of 256 (4 heads); the first two read their keys
+    and values by MultiHeadAttention only (per head), the third (its alignment layer, plain ops
+    exposing the weights) as (B, S, 256). No Slice of the stacked inputs is left; they stay
+    declared, so the graph's contract holds."""
+    model = onnx.load(str(TRANSFORMER / "decoder.onnx"))
+    parts = split_encoder_inputs(model)
+    assert parts == tuple(
+        LayerSlice(source, 256 * layer, 256 * (layer + 1), 4 if layer < 2 else 0)
+        for source in ("keys", "values")
+        for layer in range(3)
+    )
+    names = {i.name for i in model.graph.input}
+    assert {"keys", "values", "mask"} <= names and {p.name for p in parts} <= names
+    assert not [n for n in model.graph.node if n.op_type == "Slice" and n.input[0] in names]
+    read = {name for node in model.graph.node for name in node.input}
+    assert "keys" not in read and "values" not in read
+
+
+def step_inputs(sess: ort.InferenceSession, rng: np.random.Generator, B: int, S: int) -> dict:
+    """Random inputs for one decoder step of B sentences, beam 2, 3 cached tokens."""
+    N = 2 * B
+    feeds: dict[str, np.ndarray] = {
+        "tokens": rng.integers(4, 100, N).astype(np.int64),
+        "state": np.zeros((N, 0), np.float32),
+        "reorder": np.repeat(np.arange(B), 2).astype(np.int64),
+        "values": rng.standard_normal((B, S, 768)).astype(np.float32),
+        "keys": rng.standard_normal((B, S, 768)).astype(np.float32),
+        "mask": np.arange(S)[None, :] < rng.integers(1, S + 1, B)[:, None],
+        "positions": np.full(N, 3, np.int64),
+    }
+    for arg in sess.get_inputs():
+        if arg.name == "k":
+            feeds["k"] = np.array(3 if not arg.shape else [3], np.int64)
+        elif arg.name.startswith("self_"):
+            feeds[arg.name] = rng.standard_normal((N, 4, 3, 64)).astype(np.float32)
+    return feeds
+
+
+def test_the_rewritten_step_computes_what_the_stacked_one_does() -> None:
+    """The step with its parts cut by `split_graph` from the same rows gives every output
+    bit-identical to the step that slices them itself."""
+    model = onnx.load(str(TRANSFORMER / "decoder.onnx"))
+    plain = session(model)
+    parts = split_encoder_inputs(model)
+    rewritten, cutter = session(model), session(split_graph(parts))
+    feeds = step_inputs(plain, np.random.default_rng(0), B=3, S=7)
+    want = plain.run(None, feeds)
+    stacked = {name: feeds[name] for name in ("keys", "values")}
+    cut = dict(zip([p.name for p in parts], cutter.run(None, stacked), strict=True))
+    got = rewritten.run(None, {**feeds, **cut})
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def echo_session(parts: tuple[LayerSlice, ...]) -> ort.InferenceSession:
+    """A graph that reads the stacked rows and the parts, and returns the parts."""
+    inputs = [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("values", "keys")
+    ]
+    inputs.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, None))
+    inputs += [helper.make_tensor_value_info(p.name, TensorProto.FLOAT, None) for p in parts]
+    outputs = [helper.make_tensor_value_info(f"out{i}", TensorProto.FLOAT, None) for i in range(2)]
+    nodes = [helper.make_node("Identity", [p.name], [f"out{i}"]) for i, p in enumerate(parts)]
+    graph = helper.make_graph(nodes, "echo", inputs, outputs)
+    return session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def numpy_parts(values: np.ndarray, keys: np.ndarray) -> list[np.ndarray]:
+    """keys[..., 2:6] per head (2 heads), values[..., 0:3]: what `echo_session`'s parts hold."""
+    B, S, _ = keys.shape
+    per_head = keys[..., 2:6].reshape(B, S, 2, 2).transpose(0, 2, 1, 3)
+    return [per_head, values[..., 0:3]]
+
+
+@pytest.mark.parametrize("row_ops", ["graph", "host"])
+def test_the_parts_follow_the_rows_through_a_leave_and_a_join_that_keep_their_count(
+    row_ops: str,
+) -> None:
+    """A sentence leaves and another joins: the count, the buffers and the source axis are as
+    before, but the parts a step reads are the new rows' (cut again), in either row-op kind."""
+    parts = (LayerSlice("keys", 2, 6, 2), LayerSlice("values", 0, 3))
+    device = Device("cpu", 0, TransferLedger())
+    cuts: list[tuple[LayerSlice, ...]] = []
+
+    def cutter(wanted: tuple[LayerSlice, ...]) -> ort.InferenceSession:
+        cuts.append(wanted)
+        return session(split_graph(wanted))
+
+    rows = EncoderRows(make_row_ops(device, CPU, [{}], row_ops), True, cutter=cutter)
+    echo, rng = echo_session(parts), np.random.default_rng(3)
+
+    def sentence(length: int) -> EncodedSentence:
+        values = rng.standard_normal((length, 5)).astype(np.float32)
+        keys = rng.standard_normal((length, 8)).astype(np.float32)
+        return EncodedSentence(values, keys, np.zeros(0, np.float32))
+
+    def check() -> tuple[int, ...]:
+        binding = echo.io_binding()
+        rows.bind(binding, echo)
+        binding.bind_output("out0")
+        binding.bind_output("out1")
+        echo.run_with_iobinding(binding)
+        values, keys, _ = rows.to_host()
+        got = [out.numpy() for out in binding.get_outputs()]
+        for a, b in zip(got, numpy_parts(values[: rows.count], keys[: rows.count]), strict=True):
+            assert np.array_equal(a, b)
+        return rows.binding_key()
+
+    rows.append([sentence(4), sentence(6)])
+    before = check()
+    assert check() == before and len(cuts) == 1  # unchanged rows: the parts are cut once
+    rows.keep(np.array([1]))
+    rows.append([sentence(5)])
+    after = check()
+    assert rows.count == 2 and after != before and len(cuts) == 2
+
+
+def translations(engine: Engine, texts: list[str], **changes: object) -> list[Translation]:
+    defaults = SearchOptions(**merge_options(SearchOptions().values(), engine.decoding_defaults))
+    options = replace(defaults, beam_size=4, n_best=2, **changes)  # type: ignore[arg-type]
+    return engine.translate(texts, options, "subword")
+
+
+def hypotheses(results: list[Translation]) -> list[list[tuple[object, ...]]]:
+    return [
+        [
+            (h.token_ids, h.score, h.log_prob, h.token_log_probs, repr(h.alignment))
+            for h in r.hypotheses
+        ]
+        for r in results
+    ]
+
+
+@pytest.mark.parametrize("search", ["host", "device"])
+def test_an_engine_answers_the_same_with_the_parts_as_inputs(
+    search: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """grc-en-nt-transformer on the CPU, in either search, with a prefix, and Align: every
+    hypothesis the same, to the last bit, as when its step slices the stacked inputs itself."""
+    texts = bundle_texts(TRANSFORMER)[:8]
+    config = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1, search=search)
+    with_parts = Engine.load(TRANSFORMER, config)
+    assert layer_slices(i.name for i in with_parts.model.decoder.get_inputs())
+    first_words = " ".join(with_parts.translate(texts[:1])[0].hypotheses[0].text.split()[:2])
+    cases = [({}, texts), ({"target_prefix": (first_words,)}, texts[:1])]
+    got = [hypotheses(translations(with_parts, some, **changes)) for changes, some in cases]
+    pairs = [(text, with_parts.translate([text])[0].hypotheses[0].text) for text in texts[:3]]
+    got_aligned = [repr(pair) for pair in align(with_parts, pairs)]
+    if search == "device":
+        sessions = with_parts.model.search_sessions.values()
+        assert sessions and all(layer_slices(i.name for i in s.get_inputs()) for s in sessions)
+
+    monkeypatch.setattr(runtime, "split_encoder_inputs", lambda model: ())
+    stacked = Engine.load(TRANSFORMER, config)
+    assert not layer_slices(i.name for i in stacked.model.decoder.get_inputs())
+    want = [hypotheses(translations(stacked, some, **changes)) for changes, some in cases]
+    assert got == want
+    assert [repr(pair) for pair in align(stacked, pairs)] == got_aligned
