@@ -88,6 +88,7 @@ def split_encoder_inputs(model: onnx.ModelProto) -> tuple[LayerSlice, ...]:
     for out, (node, part) in parts.items():
         if out in heads:
             part = LayerSlice(part.source, part.start, part.end, heads[out])
+            _forget_shapes(graph, [u.output[0] for u in users.get(out, []) if u.op_type == "Shape"])
         for user in users.get(out, []):
             user.input[:] = [part.name if name == out else name for name in user.input]
         graph.node.remove(node)
@@ -123,6 +124,14 @@ def split_graph(parts: Sequence[LayerSlice], opset: int = 17) -> bytes:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     return model.SerializeToString()
+
+
+def _forget_shapes(graph: onnx.GraphProto, names: Sequence[str]) -> None:
+    """Drop the declared shapes of `names`: a Shape of a part now per head has four entries, not
+    the three a quantizer's shape inference wrote (ONNX Runtime warns of each at load)."""
+    stale = [info for info in graph.value_info if info.name in names]
+    for info in stale:
+        graph.value_info.remove(info)
 
 
 def _drop_unread_constants(graph: onnx.GraphProto, names: Iterable[str]) -> None:
