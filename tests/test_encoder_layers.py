@@ -4,7 +4,6 @@ that answer as the stacked inputs do."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +26,10 @@ from service.decode.encoder_layers import (
     split_graph,
 )
 from service.decode.engine import Engine
-from service.decode.options import SearchOptions, merge_options
 from service.decode.runtime import EncodedSentence, EncoderRows
 from service.decode.transfers import TransferLedger
-from service.decode.translation import Translation
 from tests.conftest import REPO
+from tests.test_blocked_topk import hypotheses, translations
 
 TRANSFORMER = REPO / "models" / "grc-en-nt-transformer"
 CPU = ["CPUExecutionProvider"]
@@ -201,22 +199,6 @@ def test_the_parts_follow_the_rows_through_a_leave_and_a_join_that_keep_their_co
     rows.append([sentence(5)])
     after = check()
     assert rows.count == 2 and after != before and len(cuts) == 2
-
-
-def translations(engine: Engine, texts: list[str], **changes: object) -> list[Translation]:
-    defaults = SearchOptions(**merge_options(SearchOptions().values(), engine.decoding_defaults))
-    options = replace(defaults, beam_size=4, n_best=2, **changes)  # type: ignore[arg-type]
-    return engine.translate(texts, options, "subword")
-
-
-def hypotheses(results: list[Translation]) -> list[list[tuple[object, ...]]]:
-    return [
-        [
-            (h.token_ids, h.score, h.log_prob, h.token_log_probs, repr(h.alignment))
-            for h in r.hypotheses
-        ]
-        for r in results
-    ]
 
 
 @pytest.mark.parametrize("search", ["host", "device"])
