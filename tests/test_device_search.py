@@ -332,3 +332,31 @@ def test_sentences_removed_mid_decode_leave_the_others_their_answers(pair: Pair)
     assert got.keys() == want.keys() - removed and removed
     for key, translation in got.items():
         assert_same(want[key], translation, f"{pair.bundle.name} removals, request {key}")
+
+
+def test_a_model_capped_at_one_graph_a_beam_gives_the_host_searchs_answers(pair: Pair) -> None:
+    """With search_graphs_per_beam 1, the batches of a mixed load (controls, coverage, n-best,
+    with and without alignments) run on graphs that do more than their sentences need: the
+    answers are the host search's, and the model makes no more graphs than uncapped, at most one
+    more than its cap (the one that does every need)."""
+    cases = [*control_cases(pair), ("coverage", {"coverage_penalty": 0.2, "length_penalty": 1.0})]
+    requests = []
+    for i in range(2 * len(pair.texts)):
+        changes = cases[i % len(cases)][1] if i % 3 else {}
+        text = pair.texts[0] if "target_prefix" in changes else pair.texts[i % len(pair.texts)]
+        options = pair.options(beam_size=5, **{"n_best": 1 + i % 2, **changes})
+        alignment: AlignmentMode = "subword" if i % 4 else "none"
+        requests.append(DecodeRequest(i, pair.host.prepare(text), options, alignment))
+    config = RuntimeConfig(
+        providers=("CPUExecutionProvider",), intra_op_threads=1, search_graphs_per_beam=1
+    )
+    capped = Engine.load(pair.bundle, config)
+    uncapped = Engine.load(pair.bundle, replace(config, search_graphs_per_beam=16))
+    want = churn(pair.host, requests, seed=13)
+    got = churn(capped, requests, seed=13)
+    assert got.keys() == want.keys()
+    for key, w in want.items():
+        assert_same(w, got[key], f"{pair.bundle.name} capped, request {key}")
+    churn(uncapped, requests, seed=13)
+    made, unmade = len(capped.model.search_sessions), len(uncapped.model.search_sessions)
+    assert made <= min(unmade, 2), f"capped made {made} graphs, uncapped {unmade}"

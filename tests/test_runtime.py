@@ -378,3 +378,35 @@ def test_a_model_keeps_at_most_max_search_sessions_variants() -> None:
     assert kept == {1, 3}
     again = model.search_session(shapes[1])
     assert again is not None and {s.K for s in model.search_sessions} == {3, 2}
+
+
+def test_past_its_graphs_per_beam_a_batch_runs_on_a_made_graph_that_covers_it() -> None:
+    """search_variant_for: a variant is made while its beam size has fewer than
+    search_graphs_per_beam; past them, the made one that covers what the batch needs with the
+    fewest extras, or else the one that does every need; other beam sizes count apart."""
+    from dataclasses import replace
+
+    from service.decode.search_graph import SearchVariant
+
+    config = RuntimeConfig(
+        providers=("CPUExecutionProvider",), intra_op_threads=1, search_graphs_per_beam=2
+    )
+    model = Engine.load(DEFAULT_BUNDLE, config).model
+    assert model.search_takes_controls()
+    base = SearchVariant(5, 6, 1, 2, False, attention=False)
+    attention, wide = replace(base, attention=True), replace(base, wide=True)
+
+    def run(needed: SearchVariant) -> SearchVariant:
+        chosen = model.search_variant_for(needed)
+        model.search_session(chosen)
+        return chosen
+
+    assert run(base) == base and run(attention) == attention  # two made
+    every = replace(base, coverage=True, controls=True, attention=True, wide=True)
+    assert run(wide) == every  # a third would pass two: the one that does every need
+    assert run(attention) == attention and run(base) == base  # made: themselves
+    assert run(replace(base, coverage=True)) == every
+    assert run(replace(attention, controls=True)) == every
+    assert len(model.search_sessions) == 3
+    other_beam = SearchVariant(3, 4, 1, 2, False, attention=False, wide=True)
+    assert run(other_beam) == other_beam  # beam 3 has made none yet

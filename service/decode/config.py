@@ -64,6 +64,17 @@ class RuntimeConfig:
         "device-search graph variants a model keeps (a beam size and what its sentences need: up "
         "to sixteen a beam size); the least recently used goes first, made again when needed",
     )
+    # service/decode/runtime.py's search_variant_for: each variant is a session with its own
+    # packed copy of the decoder's weights (14 MiB on grc-en-nt-transformer, 9 on grc-en-nt), and
+    # a mixed load asks for many of them: up to sixteen a beam size held 250 MiB an engine more
+    # than the host search under the mixed soak (docs/soak.md).
+    search_graphs_per_beam: int = setting(
+        2,
+        "device-search graph variants a model makes for one beam size before a batch runs on one "
+        "that does more than its sentences need (coverage, controls, attention rows, n-best "
+        "lists: the same answers, some work they do not use); each holds its own packed copy of "
+        "the decoder's weights",
+    )
     cuda_arena_extend: str = setting(
         "kSameAsRequested",
         "how the CUDA memory arena grows: by what is requested, or to the next power of two",
@@ -128,6 +139,8 @@ class RuntimeConfig:
             raise ValueError("cuda_mem_limit_mb must be >= 0 (0: no cap)")
         if self.max_search_sessions < 1:
             raise ValueError("max_search_sessions must be >= 1")
+        if self.search_graphs_per_beam < 1:
+            raise ValueError("search_graphs_per_beam must be >= 1")
         if (
             min(self.device_id, self.intra_op_threads, self.encoder_threads, self.inter_op_threads)
             < 0

@@ -259,7 +259,6 @@ class DeviceSearch:
         # the step's graph for this batch, with what its sentences need (SearchVariant)
         self.variant = SearchVariant(K, K + 1, bos_id, eos_id, narrow_on_eos, attention=False)
         self.session = model.search_session(self.variant)
-        self._takes_controls: bool | None = None  # whether the graph can apply them (`takes`)
         self.device = model.device
         self.rows = EncoderRows(
             model.row_ops,
@@ -364,13 +363,7 @@ class DeviceSearch:
             return True
         if not device_controls(controls):
             return False
-        if self._takes_controls is None:
-            try:
-                self.model.search_session(replace(self.variant, controls=True))
-                self._takes_controls = True
-            except ValueError:
-                self._takes_controls = False
-        return self._takes_controls
+        return self.model.search_takes_controls()
 
     def remove(self, sentence_ids: Collection[Hashable]) -> list[Hashable]:
         """Drop sentences before they finish; returns the ids removed."""
@@ -490,8 +483,10 @@ class DeviceSearch:
         settings = self._join(joining) if joining else None
         needs: list[bool] = np.any(self._meta[:, COVERAGE:], axis=0).tolist()
         coverage, controls, attention, wide = needs
-        variant = replace(
-            self.variant, coverage=coverage, controls=controls, attention=attention, wide=wide
+        variant = self.model.search_variant_for(
+            replace(
+                self.variant, coverage=coverage, controls=controls, attention=attention, wide=wide
+            )
         )
         if variant != self.variant:  # the other graph: a new binding, every input bound again
             self._switch(variant)

@@ -375,7 +375,10 @@ class Engine:
 
     def warm_up(self) -> None:
         """Decode once at several batch shapes so the first real request pays no first-run costs.
-        From token ids rather than texts: a bundle's input rule may refuse any text chosen here."""
+        From token ids rather than texts: a bundle's input rule may refuse any text chosen here.
+        At the model's default beam size, which most requests use: the device search makes its
+        graphs per beam size, each with a packed copy of the decoder's weights, and keeps them
+        (it warmed up at beams 1 and 4: three graphs a model that a beam-5 load never ran)."""
         first = max(self.cfg.pad_id, self.cfg.bos_id, self.cfg.eos_id, self.cfg.unk_id) + 1
         span = max(1, self.cfg.src_vocab_size - first)
 
@@ -383,11 +386,11 @@ class Engine:
             ids = [first + i % span for i in range(n)]
             return Prepared(text="", ids=ids, pieces=self.src_tok.pieces(ids))
 
-        self.decode_prepared([sentence(1)], SearchOptions(beam_size=1, max_length_b=4), "none")
+        beam = int(self.decoding_defaults.get("beam_size", SearchOptions().beam_size))
+        options = SearchOptions(beam_size=beam, max_length_b=4)
+        self.decode_prepared([sentence(1)], options, "none")
         alignment: AlignmentMode = "subword" if self.supports_alignment else "none"
-        self.decode_prepared(
-            [sentence(3), sentence(1)], SearchOptions(beam_size=4, max_length_b=4), alignment
-        )
+        self.decode_prepared([sentence(3), sentence(1)], options, alignment)
 
 
 EntryT = TypeVar("EntryT")

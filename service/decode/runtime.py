@@ -48,9 +48,13 @@ from service.decode.providers import CPU, CUDA, check_model_providers, resolve_p
 from service.decode.search_graph import (
     SearchVariant,
     controls_problem,
+    covers_needs,
+    extra_needs,
     finished_graph,
+    full,
     graph_problem,
     grow_graph,
+    same_beam,
     search_scores_output,
     search_step_graph,
     select_graph,
@@ -556,6 +560,7 @@ class OnnxModel:
         # holds its packed weights, 9 MiB on grc-en-nt)
         self._searches: OrderedDict[SearchVariant, ort.InferenceSession] = OrderedDict()
         self.profile_prefix: str | None = None
+        self._takes_controls: bool | None = None  # `search_takes_controls`
         self._helpers: dict[str, ort.InferenceSession] = {}
         on_gpu = self.decoder.get_providers()[0] == CUDA
         self.device_type = "cuda" if on_gpu else "cpu"
@@ -602,6 +607,32 @@ class OnnxModel:
                     self._searches.popitem(last=False)  # its running batch keeps it while it runs
                 release_freed_memory()
             return session
+
+    def search_variant_for(self, needed: SearchVariant) -> SearchVariant:
+        """The variant a batch whose sentences need `needed` runs on: `needed` itself where its
+        session is made, or while its beam size has fewer than config.search_graphs_per_beam;
+        past them, the made one that covers it with the fewest extras, or else the variant that
+        does everything this model's graph can (`full`: one more session a beam size, then every
+        batch has one). A variant that does more than its batch needs gives the same answers
+        (each sentence reads only what it asked for, as in a batch of mixed needs), so that a
+        mixed load holds a few packed copies of the decoder's weights a beam size, not sixteen."""
+        V = self.bundle.architecture.tgt_vocab_size
+        key = replace(needed, k=min(needed.K + 1, V))
+        with self._forced_lock:
+            made = [v for v in self._searches if same_beam(v, key)]
+        if key in made or len(made) < self.config.search_graphs_per_beam:
+            return needed
+        covers = [v for v in made if covers_needs(v, key)]
+        if covers:
+            return replace(min(covers, key=extra_needs), k=needed.k)
+        return full(needed, controls=self.search_takes_controls())
+
+    def search_takes_controls(self) -> bool:
+        """Whether the device search's graphs can apply the decoding controls (`controls_problem`),
+        read once."""
+        if self._takes_controls is None:
+            self._takes_controls = controls_problem(self._decoder_model()) is None
+        return self._takes_controls
 
     def search_graph(self, variant: SearchVariant) -> onnx.ModelProto:
         """The graph `search_session(variant)` runs (for inspection: benchmarks/gpu/placement.py)."""

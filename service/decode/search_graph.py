@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -149,6 +149,33 @@ class SearchVariant:
     def M(self) -> int:
         """Candidates ranked per sentence: 2K, or all of them when fewer."""
         return min(2 * self.K, self.K * self.k)
+
+
+NEEDS: tuple[str, ...] = ("coverage", "controls", "attention", "wide")  # SearchVariant's
+
+
+def same_beam(a: SearchVariant, b: SearchVariant) -> bool:
+    """Whether two variants differ at most in what their sentences need (NEEDS)."""
+    return replace(a, **{n: False for n in NEEDS}) == replace(b, **{n: False for n in NEEDS})
+
+
+def covers_needs(variant: SearchVariant, needed: SearchVariant) -> bool:
+    """Whether `variant` does everything `needed` does (the same beam)."""
+    return same_beam(variant, needed) and all(
+        getattr(variant, n) or not getattr(needed, n) for n in NEEDS
+    )
+
+
+def extra_needs(variant: SearchVariant) -> int:
+    """How many of NEEDS a variant does (a rank among those that cover a batch: the fewest
+    costs its batch least)."""
+    return sum(bool(getattr(variant, n)) for n in NEEDS)
+
+
+def full(variant: SearchVariant, controls: bool) -> SearchVariant:
+    """The variant of `variant`'s beam that does every need (the controls where the graph takes
+    them)."""
+    return replace(variant, coverage=True, controls=controls, attention=True, wide=True)
 
 
 class Nodes:
