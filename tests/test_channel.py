@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 
 from service.decode import errors
-from service.decode.aligner import PreparedPair
 from service.decode.beam import Hypothesis
 from service.decode.controls import Controls
 from service.decode.forced import AlignOptions, Forced
 from service.decode.options import SearchOptions
 from service.decode.preparation import Prepared
-from service.decode.sides import Side
+from service.decode.sides import PreparedPair, Side
 from service.serve import channel as ch
 
 

@@ -39,7 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.serve.config import ENV_PREFIX, SECTIONS, ServerConfig, load_settings
-from service.serve.server import SERVICE_NAME, create_server
+from service.serve.grpc_server import SERVICE_NAME, create_server
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"

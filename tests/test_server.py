@@ -43,7 +43,7 @@ from service.decode.engine import Engine
 from service.decode.runtime import OnnxDecoder
 from service.decode.translation import AlignmentMode, Translation
 from service.serve.config import load_settings
-from service.serve.server import SERVICE_NAME, Running, create_server
+from service.serve.grpc_server import SERVICE_NAME, Running, create_server
 from tests.conftest import DEFAULT_BUNDLE, TinyModel, start_server_process
 
 SCORE_TOL = 1e-4

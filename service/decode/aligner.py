@@ -38,21 +38,9 @@ from service.decode.kept_rows import KeptRows, SourceRows
 from service.decode.preparation import Prepared
 from service.decode.projection import head_weights, link_weights, project
 from service.decode.runtime import EncodedSentence
-from service.decode.sides import Side, tokenize_pair
+from service.decode.sides import PreparedPair, tokenize_pair
 from service.model import markup
 from service.model.markup import Marked, MarkupError
-
-
-@dataclass(frozen=True)
-class PreparedPair:
-    """A validated, tokenized pair; `source` is what the encoder (and encode-ahead) reads."""
-
-    source: Prepared
-    src: Side
-    tgt: Side
-    target: str = ""  # the target as sent
-    marked: Marked | None = None  # the source's markup (AlignOptions.markup), taken out of it
-
 
 KeyT = TypeVar("KeyT", bound=Hashable)
 

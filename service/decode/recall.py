@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from service.decode.aligner import PreparedPair, align_prepared, prepare_pair
+from service.decode.aligner import align_prepared, prepare_pair
 from service.decode.alignment import Alignment
 from service.decode.engine import Encoder, Engine
 from service.decode.errors import InvalidInput
@@ -20,6 +20,7 @@ from service.decode.forced import AlignedPair, AlignOptions
 from service.decode.options import SearchOptions
 from service.decode.preparation import Prepared
 from service.decode.rules import normalized_score
+from service.decode.sides import PreparedPair
 from service.decode.translation import AlignmentMode, Translation, TranslationHypothesis
 
 FORCED = AlignOptions(links="argmax", matrices="both")  # the pass behind a memory's answer

@@ -16,6 +16,8 @@ import numpy as np
 
 from service.decode.config import EngineLimits
 from service.decode.errors import InvalidInput
+from service.decode.preparation import Prepared
+from service.model.markup import Marked
 from service.model.vocab import TextTokenizer
 
 
@@ -151,3 +153,16 @@ def side_of(tokenizer: TextTokenizer, words: list[str], ids: tuple[list[int], li
         word_of=np.array(ids[1], np.int64),
         unknown=[i for i, t in enumerate(ids[0]) if t == unk],
     )
+
+
+@dataclass(frozen=True)
+class PreparedPair:
+    """A validated, tokenized pair; `source` is what the encoder (and encode-ahead) reads. Here,
+    not beside the aligner, so that the channel's codec (service/serve/channel.py) reads it
+    without the decoder's modules."""
+
+    source: Prepared
+    src: Side
+    tgt: Side
+    target: str = ""  # the target as sent
+    marked: Marked | None = None  # the source's markup (AlignOptions.markup), taken out of it

@@ -45,13 +45,12 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from service.decode import errors
-from service.decode.aligner import PreparedPair
 from service.decode.beam import Hypothesis
 from service.decode.controls import Controls
 from service.decode.forced import AlignOptions, Forced
 from service.decode.options import SearchOptions
 from service.decode.preparation import Prepared, RawParts
-from service.decode.sides import Side
+from service.decode.sides import PreparedPair, Side
 from service.decode.translation import AlignmentMode
 
 log = logging.getLogger("s2s.channel")

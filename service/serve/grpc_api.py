@@ -3,7 +3,7 @@
 The work is TranslatorCore's (service/serve/translator.py), shared with the HTTP/JSON face
 (service/serve/http_api.py); the servicer adds the gRPC context: the request's deadline, the
 client's cancellation, domain errors as status codes (service/serve/status.py), and a count of the
-handlers running, which the stop waits on (service/serve/server.py). Translate's and Align's bytes
+handlers running, which the stop waits on (service/serve/grpc_server.py). Translate's and Align's bytes
 are parsed by service/serve/protocol.py, so a malformed request is answered INVALID_ARGUMENT by the
 handler, counted and logged like any other.
 """

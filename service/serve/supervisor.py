@@ -7,7 +7,7 @@ them and stands for the server (signals, /metrics, exit status).
                 └─ ...
 
 Start: the engines first (each loads and warms its models); once each has published its versions
-the fronts start, and bind the ports once they follow them (service/serve/server.py). An engine
+the fronts start, and bind the ports once they follow them (service/serve/grpc_server.py). An engine
 that fails before it ever served (a bad bundle, --require-provider) stops the start: every process
 ends and the supervisor exits 1.
 

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from service.decode.aligner import ForcedBatch, ForcedRequest, PreparedPair, aligned_of
+from service.decode.aligner import ForcedBatch, ForcedRequest, aligned_of
 from service.decode.beam import SearchOptions
 from service.decode.controls import Controls
 from service.decode.encode_ahead import EncodeAhead
@@ -35,6 +35,7 @@ from service.decode.errors import (
 from service.decode.forced import AlignedPair, AlignOptions, Forced
 from service.decode.preparation import DecodeRequest, Prepared, RawParts
 from service.decode.runtime import EncodedSentence
+from service.decode.sides import PreparedPair
 from service.decode.translation import AlignmentMode, Translation
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion, single
