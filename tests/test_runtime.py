@@ -410,3 +410,28 @@ def test_past_its_graphs_per_beam_a_batch_runs_on_a_made_graph_that_covers_it() 
     assert len(model.search_sessions) == 3
     other_beam = SearchVariant(3, 4, 1, 2, False, attention=False, wide=True)
     assert run(other_beam) == other_beam  # beam 3 has made none yet
+
+
+@pytest.mark.parametrize("search", ["host", "device"])
+def test_steps_that_shrink_the_cpu_arena_give_the_same_answers(search: str) -> None:
+    """ArenaShrink: with a shrink due at every step (the arena freed down to its live tensors
+    after each), both searches answer as without one; with 0, no step shrinks."""
+    from benchmarks.sample_texts import bundle_texts
+
+    texts = bundle_texts(DEFAULT_BUNDLE)[:12]
+    options = SearchOptions(beam_size=5, n_best=2)
+    answers = {}
+    for every in (0.0, 1e-9):
+        config = RuntimeConfig(
+            providers=("CPUExecutionProvider",), intra_op_threads=1, search=search,
+            arena_shrink_s=every,
+        )  # fmt: skip
+        engine = Engine.load(DEFAULT_BUNDLE, config)
+        answers[every] = engine.translate(texts, options, "subword")
+        steps = engine.model.arena_shrink.shrinks
+        assert (steps > 10) if every else (steps == 0), steps
+    for plain, shrunk in zip(answers[0.0], answers[1e-9], strict=True):
+        for p, s in zip(plain.hypotheses, shrunk.hypotheses, strict=True):
+            assert p.token_ids == s.token_ids and p.score == s.score
+            assert p.alignment is not None and s.alignment is not None
+            np.testing.assert_array_equal(p.alignment.matrix, s.alignment.matrix)

@@ -75,6 +75,13 @@ class RuntimeConfig:
         "lists: the same answers, some work they do not use); each holds its own packed copy of "
         "the decoder's weights",
     )
+    # service/decode/runtime.py's ArenaShrink: the CPU arena keeps the peak of the largest batch
+    # it ran (an engine that took its killed peer's load kept it), unless a run frees it.
+    arena_shrink_s: float = setting(
+        5.0,
+        "at most this often, a decoder step frees what the CPU memory arena holds beyond its live "
+        "tensors, and the heap's freed pages go back to the system; 0 = never",
+    )
     cuda_arena_extend: str = setting(
         "kSameAsRequested",
         "how the CUDA memory arena grows: by what is requested, or to the next power of two",
@@ -139,6 +146,8 @@ class RuntimeConfig:
             raise ValueError("cuda_mem_limit_mb must be >= 0 (0: no cap)")
         if self.max_search_sessions < 1:
             raise ValueError("max_search_sessions must be >= 1")
+        if self.arena_shrink_s < 0:
+            raise ValueError("arena_shrink_s must be >= 0 (0: never)")
         if self.search_graphs_per_beam < 1:
             raise ValueError("search_graphs_per_beam must be >= 1")
         if (

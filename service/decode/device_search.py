@@ -386,7 +386,7 @@ class DeviceSearch:
         if self._joining or self._keep is not None or self._state is None:
             self._bind_changes()
         self._bind_step()
-        self.session.run_with_iobinding(self.binding)
+        self.model.run_step(self.session, self.binding)
         self.history.live = True
         self._take_outputs()
         done = self.device.fetched(self._done_view, "done")  # (B,) bool
