@@ -66,8 +66,8 @@ class RuntimeConfig:
     )
     # service/decode/runtime.py's search_variant_for: each variant is a session with its own
     # packed copy of the decoder's weights (14 MiB on grc-en-nt-transformer, 9 on grc-en-nt), and
-    # a mixed load asks for many of them: up to sixteen a beam size held 250 MiB an engine more
-    # than the host search under the mixed soak (docs/soak.md).
+    # a mixed load asks for many of them: up to sixteen a beam size held about 235 MiB an engine
+    # more than the host search under the mixed soak (median and peak; docs/soak.md).
     search_graphs_per_beam: int = setting(
         2,
         "device-search graph variants a model makes for one beam size before a batch runs on one "
@@ -79,8 +79,9 @@ class RuntimeConfig:
     # it ran (an engine that took its killed peer's load kept it), unless a run frees it.
     arena_shrink_s: float = setting(
         5.0,
-        "at most this often, a decoder step frees what the CPU memory arena holds beyond its live "
-        "tensors, and the heap's freed pages go back to the system; 0 = never",
+        "at most this often for each model, one of its decoder steps frees what the CPU memory "
+        "arena holds beyond its live tensors, and the heap's freed pages go back to the system; "
+        "0 = never",
     )
     cuda_arena_extend: str = setting(
         "kSameAsRequested",

@@ -155,8 +155,9 @@ class ArenaShrink:
     largest batch the process ran, and an engine that took a killed peer's load kept it (the
     chaos soak's memory grew 10% over its last half: docs/soak.md). After a batch of 96 sentences
     on grc-en-nt-transformer a process held 482 MiB, and 225 MiB after one step with ONNX Runtime's
-    shrink option and malloc_trim; 150 MiB loaded. At most once every `interval_s` (0: never),
-    `options()` hands its caller the run option; the caller runs with it, then `released()`."""
+    shrink option and malloc_trim; 150 MiB loaded. One per model (OnnxModel.arena_shrink): at most
+    once every `interval_s` (0: never), `options()` hands its caller the run option; the caller
+    runs with it, then `released()`."""
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
