@@ -285,6 +285,8 @@ EVERY_CONTROL: dict[str, Controls] = {
     "alternatives": Controls(alternatives=3),
     "sampling": Controls(sampling_topk=5, sampling_topp=0.9, sampling_temperature=0.8, seed=5),
     "suppress": Controls(suppress=((3,), (4, 5))),
+    "force_eos": Controls(force_eos=True),
+    "force_eos_ngram": Controls(force_eos=True, no_repeat_ngram_size=2),
 }
 
 
@@ -301,6 +303,28 @@ def test_an_answer_does_not_depend_on_the_batch(name: str) -> None:
     batched = run(dist, [others[0], job, *others[1:]])[1]
     assert [h.tokens for h in alone] == [h.tokens for h in batched]
     np.testing.assert_allclose([h.score for h in alone], [h.score for h in batched], rtol=1e-6)
+
+
+def test_force_eos_alone_keeps_no_token_history_and_ends_what_reaches_the_maximum() -> None:
+    """force_eos reads no tokens (Controls.reads_history): the search keeps no token columns for
+    such sentences, and every hypothesis that reaches the maximum length still ends there with
+    the end of sentence, scored as the tokens before it."""
+    dist = repetitive_dist(V, seed=31)
+    decoder = RowsFakeDecoder(dist, V)
+    search = BeamSearch(decoder, 4, BOS, EOS, vocab_size=V)
+    rows = decoder.join([5, 7])
+    for i, row in enumerate(rows):
+        search.add(i, 5 + 2 * i, opts(n_best=4, max_length_b=6), row, Controls(force_eos=True))
+    results: dict[Hashable, list[Hypothesis]] = {}
+    while not search.is_empty:
+        results.update(search.step())
+        assert search._beams.seqs.shape[1] == 0
+    cut = run(dist, [(5, opts(n_best=4, max_length_b=6), Controls())])[0]
+    longest = max(len(h.tokens) for h in cut)
+    assert not all(h.finished_by_eos for h in cut)  # without it, hypotheses are cut there
+    for i in range(2):
+        assert all(h.finished_by_eos and len(h.tokens) < longest for h in results[i])
+    assert any(len(h.tokens) == longest - 1 for h in results[0])  # the end took the last step
 
 
 # --- the stopping rules ------------------------------------------------------------------------------

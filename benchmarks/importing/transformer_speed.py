@@ -33,6 +33,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.decode.engine import Engine
+    from service.decode.options import SearchOptions
 
 SHAPES = {
     "opus-mt": {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "extra_pieces": 32000},
@@ -67,12 +72,12 @@ def by_length(texts: list[str], pieces: list[list[str]]) -> list[int]:
     return sorted(range(len(texts)), key=lambda i: len(pieces[i]))
 
 
-def our_engine(
+def load_ours(
     bundle: Path, threads: int, int8: bool, max_tokens: int
-) -> Callable[[list[str]], int]:
-    """Ours as a function of a batch of texts → the target tokens of its best translations (each
-    with its alignment matrix). Its threads spin while they wait for work, as CTranslate2's
-    OpenMP threads do: the cores are the benchmark's."""
+) -> tuple[Engine, SearchOptions]:
+    """Our engine as the benchmark runs it, and its options (beam 5, the best hypothesis, at most
+    `max_tokens`). Its threads spin while they wait for work, as CTranslate2's OpenMP threads do:
+    the cores are the benchmark's."""
     from service.decode.config import RuntimeConfig
     from service.decode.engine import Engine
     from service.decode.options import SearchOptions
@@ -84,6 +89,15 @@ def our_engine(
     engine = Engine.load(bundle, config)
     options = SearchOptions(**{**engine.decoding_defaults, "beam_size": BEAM, "n_best": 1,
                                "max_length": max_tokens, "max_length_b": max_tokens})  # fmt: skip
+    return engine, options
+
+
+def our_engine(
+    bundle: Path, threads: int, int8: bool, max_tokens: int
+) -> Callable[[list[str]], int]:
+    """Ours as a function of a batch of texts → the target tokens of its best translations (each
+    with its alignment matrix)."""
+    engine, options = load_ours(bundle, threads, int8, max_tokens)
 
     def translate(texts: list[str]) -> int:
         tokens = 0

@@ -271,6 +271,7 @@ class _Sentence:
     # met every constraint (the patience rule counts them too: the search has seen that many ends)
     refused: int = 0
     top_ended: bool = False  # a step's best-ranked candidate was EOS (the "first" rule)
+    reads_history: bool = False  # its controls read its tokens so far (Controls.reads_history)
 
     @property
     def steps(self) -> int:
@@ -521,6 +522,9 @@ class BeamSearch:
         self._kept = np.zeros(0, np.int64)  # (B,) finished hypotheses held (len(finished))
         self._wanted = np.zeros(0, np.int64)  # (B,) finished hypotheses wanted (_Sentence.wanted)
         self._controlled = 0  # sentences with active controls
+        # sentences whose controls read their tokens so far: `_Beams.seqs` is kept while any is
+        # in the batch (force_eos alone reads none)
+        self._reading = 0
         self._constrained = 0  # sentences with constraints (a glossary's terms)
         # sentences whose own controls raised at this step (by batch index), and those failed
         # since `take_failed` was last asked: they leave the batch, which goes on without them
@@ -583,6 +587,7 @@ class BeamSearch:
             constraints=constraints,
             states=[START] * self._beam_size if constraints else [],
             group=group if (group := replace(controls, seed=0, constraints=())).active else None,
+            reads_history=controls.reads_history,
         )
         self._sentences.append(sentence)
         self._steps = np.append(self._steps, 0)
@@ -591,6 +596,7 @@ class BeamSearch:
         self._kept = np.append(self._kept, 0)
         self._wanted = np.append(self._wanted, sentence.wanted)
         self._controlled += controls.active
+        self._reading += sentence.reads_history
         self._constrained += constraints is not None
         live = sentence.width if controls.sampling else 1
         self._joining.append(_Beams.start(self._beam_size, self._bos_id, state_row, src_len, live))
@@ -625,7 +631,7 @@ class BeamSearch:
                 np.concatenate(
                     [self._beams.seqs[rows.reshape(N)], nxt.tokens.reshape(N, 1)], axis=1
                 )  # (N, L + 1)
-                if self._controlled
+                if self._reading
                 else np.zeros((N, 0), np.int64)  # (N, 0): no sentence reads them
             ),
         )
@@ -799,12 +805,16 @@ class BeamSearch:
         its own). Groups with nothing to change at this step are left out."""
         if not self._controlled:
             return []
+        at_last = self._steps == self._max_len - 1  # (B,) at their last step
+        if not self._reading and not at_last.any():
+            return []  # force_eos alone: nothing to do before a sentence's last step
         K, L = self._beam_size, self._beams.seqs.shape[1]
         members: dict[tuple[int, ctl.Controls, bool], list[int]] = {}
         for b, sentence in enumerate(self._sentences):
-            if sentence.group is not None:
-                last = sentence.group.force_eos and sentence.steps == sentence.max_len - 1
-                members.setdefault((sentence.steps, sentence.group, last), []).append(b)
+            if sentence.group is None or not (sentence.reads_history or at_last[b]):
+                continue
+            last = sentence.group.force_eos and bool(at_last[b])
+            members.setdefault((sentence.steps, sentence.group, last), []).append(b)
         groups = []
         for (steps, controls, last), bs in members.items():
             rows = (np.asarray(bs)[:, None] * K + np.arange(K)).reshape(-1)  # (R,)
@@ -916,6 +926,7 @@ class BeamSearch:
         self._ids.difference_update(self._sentences[b].id for b in np.flatnonzero(done))
         gone = [self._sentences[b] for b in np.flatnonzero(done)]
         self._controlled -= sum(s.controls.active for s in gone)
+        self._reading -= sum(s.reads_history for s in gone)
         self._constrained -= sum(s.constraints is not None for s in gone)
         self._sentences = [self._sentences[b] for b in keep]
         self._steps, self._max_len = self._steps[keep], self._max_len[keep]
@@ -925,10 +936,10 @@ class BeamSearch:
             self._wanted[keep],
         )
         self._decoder.keep_sentences(keep)
-        # the token columns the remaining sentences with controls still use
+        # the token columns the remaining sentences whose controls read them still use
         longest = 0
-        if self._controlled:
-            longest = max((s.steps for s in self._sentences if s.controls.active), default=0)
+        if self._reading:
+            longest = max((s.steps for s in self._sentences if s.reads_history), default=0)
         if self._beams.seqs.shape[1] > longest:
             self._beams = replace(self._beams, seqs=_left_pad(self._beams.seqs, longest))
 

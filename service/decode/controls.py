@@ -12,7 +12,7 @@ and EOS not), t being the step about to be taken.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -67,6 +67,14 @@ class Controls:
             or self.constraints
             or self.force_eos
         )
+
+    @property
+    def reads_history(self) -> bool:
+        """Whether a step's controls read the hypotheses' tokens so far: every active control
+        but force_eos alone, which acts only at the sentence's last step and reads its step count
+        (the search keeps no token history and builds no step controls for such a sentence before
+        then: a Hugging Face model's forced end of sentence costs its other steps nothing)."""
+        return replace(self, force_eos=False).active
 
     @property
     def independent(self) -> bool:
