@@ -8,6 +8,9 @@
 - transformer_speed: a Transformer (Hugging Face's MarianMTModel, OPUS-MT's shape or a small one)
   imported beside CTranslate2 converted from the same weights, and transformers' generate: target
   tokens per second, float32 and int8, at 1 and 2 threads;
+- step_cost: where a small Transformer's decoding step goes beside CTranslate2's: time a step on
+  a sentence that runs to the maximum length, ours split into ONNX Runtime's Run and the rest, and
+  the step graph alone with its axes dynamic and fixed;
 - optimum_row: Optimum's ORTModelForSeq2SeqLM.generate on the same directory, in a venv of its
   own (optimum-onnx needs an older transformers): transformer_speed's Optimum row;
 - transformer_speed_marian: a Marian Transformer of OPUS-MT's shape made by Marian, imported,

@@ -1106,7 +1106,7 @@ class DeclaredStates:
     def bind_outputs(self, binding: ort.IOBinding) -> None:
         device = self.ops.device
         for spec in self.specs:
-            binding.bind_output("new_" + spec.name, device.type, device.id)  # on the device
+            device.bind_new_output(binding, "new_" + spec.name)  # on the device
 
     def stepped(self, outputs: Sequence[ort.OrtValue], positions: np.ndarray) -> None:
         """A step's `new_<name>` outputs (in `specs`' order) and the positions it read: theirs
@@ -1234,7 +1234,7 @@ class OnnxDecoder:
     def _bind_state_outputs(self, binding: ort.IOBinding) -> None:
         """new_state (and the declared tensors' new values) stay on the device; rebound at every
         step: a binding left from the last run would be written in place."""
-        binding.bind_output("new_state", self.device.type, self.device.id)
+        self.device.bind_new_output(binding, "new_state")
         if self.declared is not None:
             self.declared.bind_outputs(binding)
 
