@@ -27,7 +27,7 @@ import argparse
 import json
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -35,8 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.decoding.decode import best_of
 from benchmarks.importing.transformer_speed import (
     BEAM,
+    best_tokens,
     by_length,
     load_ours,
     one_core,
@@ -78,17 +80,6 @@ def timed_steps(engine: Engine) -> Iterator[list[float]]:
         yield times
     finally:
         del model.run_step
-
-
-def best_of(repeats: int, run: Callable[[], object]) -> float:
-    """The fastest of `repeats` calls (seconds), after one call to warm up."""
-    run()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - start)
-    return min(seconds)
 
 
 def graph_alone(
@@ -159,12 +150,6 @@ def ours_best(engine: Engine, options: SearchOptions, texts: list[str], repeats:
     return best
 
 
-def produced(engine: Engine, options: SearchOptions, texts: list[str]) -> list[int]:
-    """Each text's best translation's target tokens (the end of sentence counted)."""
-    results = engine.translate(texts, options, "subword")
-    return [len(r.hypotheses[0].token_ids) + int(r.hypotheses[0].finished) for r in results]
-
-
 def measure(shape: str, max_tokens: int, repeats: int) -> tuple[list[StepRow], dict[str, float]]:
     """Both cases on both sides, and the step graph alone (`graph_alone`)."""
     import ctranslate2
@@ -186,7 +171,7 @@ def measure(shape: str, max_tokens: int, repeats: int) -> tuple[list[StepRow], d
             }
             theirs = [len(r.hypotheses[0]) for r in peer.translate_batch(pieces, **kwargs)]
             engine, options = load_ours(bundle, 1, False, max_tokens)
-            ours = produced(engine, options, texts)
+            ours = best_tokens(engine, options, texts)
             both = [min(n) for n in zip(theirs, ours, strict=True)]
             runaway = next(i for i, n in enumerate(both) if n >= max_tokens)  # on both sides
             order = by_length(texts, pieces)
@@ -196,7 +181,7 @@ def measure(shape: str, max_tokens: int, repeats: int) -> tuple[list[StepRow], d
             }
             for case, chosen in cases.items():
                 batch = [pieces[i] for i in chosen]
-                peer_s = best_of(repeats, partial(peer.translate_batch, batch, **kwargs))
+                peer_s = best_of(partial(peer.translate_batch, batch, **kwargs), repeats)
                 steps = max_tokens if len(chosen) == 1 else 0  # a batch's: not known
                 rows.append(StepRow("ctranslate2 float32", case, steps, 1e3 * peer_s, 0.0))
                 mine = ours_best(engine, options, [texts[i] for i in chosen], repeats)

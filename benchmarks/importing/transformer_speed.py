@@ -100,14 +100,20 @@ def our_engine(
     engine, options = load_ours(bundle, threads, int8, max_tokens)
 
     def translate(texts: list[str]) -> int:
-        tokens = 0
-        for result in engine.translate(texts, options, "subword"):
-            best = result.hypotheses[0]
-            assert best.alignment is not None
-            tokens += len(best.token_ids) + int(best.finished)
-        return tokens
+        return sum(best_tokens(engine, options, texts))
 
     return translate
+
+
+def best_tokens(engine: Engine, options: SearchOptions, texts: list[str]) -> list[int]:
+    """Each text's best translation's target tokens (the end of sentence counted), each with its
+    alignment matrix."""
+    tokens = []
+    for result in engine.translate(texts, options, "subword"):
+        best = result.hypotheses[0]
+        assert best.alignment is not None
+        tokens.append(len(best.token_ids) + int(best.finished))
+    return tokens
 
 
 def ctranslate2_engine(
