@@ -224,7 +224,7 @@ def reversal_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
                "decoder_style": "cgru"},
         data=DataConfig(task="reversal", reversal_max_len=6, generate_seed=2, n_train=300,
                         n_dev=10, n_test=40, src_vocab=20, tgt_vocab=20),
-        optim=OptimConfig(max_steps=30, max_tokens=600, eval_every=15, max_minutes=0.5, threads=1),
+        optim=OptimConfig(max_steps=30, max_tokens=600, eval_every=15, max_minutes=10, threads=1),
         tokenizer=TokenizerConfig(SpmOptions(model_type="word"), SpmOptions(model_type="word")),
     )  # fmt: skip
     out = tmp_path_factory.mktemp("reversal")

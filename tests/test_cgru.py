@@ -101,7 +101,7 @@ def test_tiny_cgru_model_trains_exports_and_serves(tmp_path: Path) -> None:
             generate_seed=5, n_train=150, n_dev=10, n_test=10, n_test_long=2,
             src_vocab=100, tgt_vocab=120,
         ),
-        optim=OptimConfig(max_steps=8, max_tokens=800, eval_every=4, max_minutes=0.5, threads=1),
+        optim=OptimConfig(max_steps=8, max_tokens=800, eval_every=4, max_minutes=10, threads=1),
     )  # fmt: skip
     run = tmp_path / "run"
     summary = train(cfg, run, quiet=True)

@@ -11,9 +11,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from benchmarks.sample_texts import bundle_texts
+from export.onnx.quantize import quantize_decoder
 from service.decode import runtime
 from service.decode.aligner import align
 from service.decode.config import RuntimeConfig
@@ -76,10 +76,7 @@ def test_an_int8_step_keeps_no_stale_shape_of_a_part_now_per_head(tmp_path: Path
     per head they have 4, and the rewrite drops those declarations (ONNX Runtime warned of each
     at every load, and fell back to a lenient merge). The int8 step still answers as before."""
     quantized = tmp_path / "decoder.int8.onnx"
-    quantize_dynamic(
-        str(TRANSFORMER / "decoder.onnx"), str(quantized), weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul", "Gemm"],
-    )  # fmt: skip
+    quantize_decoder(TRANSFORMER / "decoder.onnx", quantized)  # as s2s-import --int8 does
     model = onnx.load(str(quantized))
     declared = {info.name for info in model.graph.value_info}
     plain = session(model)

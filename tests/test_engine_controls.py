@@ -28,18 +28,27 @@ def engine(tiny: TinyModel) -> Engine:
 
 
 def test_a_complete_prefix_scores_what_align_scores(engine: Engine, tiny: TinyModel) -> None:
+    """A text given as the whole prefix (the search may add nothing after it: its maximum length
+    is the text's length) is scored token by token as Align scores it. The texts are the model's
+    greedy answers cut at 8 tokens (under the engine's prefix limit of 12): the tiny model's
+    weights are random and its answers rarely end, so each source is a case by construction."""
+    checked = 0
     for source in tiny.sources[:4]:
-        greedy = engine.translate([source], SearchOptions(beam_size=1), "none")[0].hypotheses[0]
-        if not greedy.finished or not greedy.text.strip():
-            continue
-        options = SearchOptions(beam_size=1, target_prefix=(greedy.text,))
-        forced = engine.translate([source], options, "subword")[0].hypotheses[0]
-        assert forced.token_ids == greedy.token_ids
-        (pair,) = align(engine, [(source, greedy.text)])
-        assert forced.log_prob == pytest.approx(pair.log_prob, abs=1e-4)
+        greedy = engine.translate([source], SearchOptions(beam_size=1, max_length=8), "none")
+        text = greedy[0].hypotheses[0].text
+        assert text.strip(), source
+        (pair,) = align(engine, [(source, text)])
+        whole = SearchOptions(
+            beam_size=1, max_length=len(pair.target_tokens), target_prefix=(text,)
+        )
+        forced = engine.translate([source], whole, "subword")[0].hypotheses[0]
+        assert forced.tokens == pair.target_tokens
         np.testing.assert_allclose(forced.token_log_probs, pair.token_log_probs, atol=1e-4)
+        assert forced.log_prob == pytest.approx(pair.log_prob - pair.eos_log_prob, abs=1e-4)
         assert forced.alignment is not None
         assert forced.alignment.matrix.shape == (len(forced.tokens), len(pair.source_tokens))
+        checked += 1
+    assert checked == 4
 
 
 def test_a_prefix_is_continued(engine: Engine, tiny: TinyModel) -> None:

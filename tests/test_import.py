@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import itertools
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -579,18 +581,48 @@ ONMT_CONTROLS: list[tuple[list[str], dict[str, Any]]] = [
 ]
 
 
+def repeats_a_bigram(line: str) -> bool:
+    words = line.split()
+    grams = list(itertools.pairwise(words))
+    return len(set(grams)) < len(grams)
+
+
+def sources_that_show_the_controls(bundle: Path, count: int, seed: int = 3) -> list[str]:
+    """Sources of the reversal task on which n-gram blocking and unknown-word replacement must show:
+    half repeat a word bigram ("a b a b ..."), so a correct reversal repeats one ("... B A B A");
+    half hold a word whose reversal is not in the bundle's target vocabulary, so a correct answer
+    holds <unk>. Whatever the trained model's own outputs on the test split happen to be."""
+    known = set((bundle / "target.vocab").read_text(encoding="utf-8").split())
+    unknown = [w for w in toolkits.WORDS if w.upper() not in known]
+    assert unknown, "ONMT_SMALL_VOCAB keeps every target word: it must leave some out"
+    rng = random.Random(seed)
+    made = []
+    for i in range(count):
+        if i % 2 == 0:
+            a, b = rng.sample(toolkits.WORDS, 2)
+            words = [a, b, a, b, *rng.sample(toolkits.WORDS, rng.randint(0, 4))]
+        else:
+            words = [rng.choice(toolkits.WORDS) for _ in range(rng.randint(2, 7))]
+            words.insert(rng.randint(0, len(words)), rng.choice(unknown))
+        made.append(" ".join(words))
+    return made
+
+
 @pytest.mark.timeout(1800)  # trains a model and decodes 100 sentences ten times with each toolkit
 def test_opennmt_decoding_controls_match_onmt_translate(task: Path, tmp_path: Path) -> None:
     """-block_ngram_repeat, -min_length, -replace_unk and the target prefix (-tgt_file_prefix), at
-    beam 1 and beam 5, on a model whose vocabularies leave words unknown."""
+    beam 1 and beam 5, on a model whose vocabularies leave words unknown: 80 test sentences and 20
+    made so that the controls must change answers (`sources_that_show_the_controls`)."""
     ckpt = toolkits.train_onmt(task, tmp_path / "onmt", ONMT_SMALL_VOCAB)
     bundle = tmp_path / "bundle"
     assert cli.main(["opennmt-py", "--checkpoint", str(ckpt), "--out", str(bundle)]) == 0
     engine = Engine.load(bundle)
     src = tmp_path / "test.src"
-    sources = toolkits.read_lines(task / "test.src")[:100]
+    made = sources_that_show_the_controls(bundle, 20)
+    sources = toolkits.read_lines(task / "test.src")[:80] + made
     src.write_text("".join(s + "\n" for s in sources))
-    targets = toolkits.read_lines(task / "test.tgt")[:100]
+    targets = toolkits.read_lines(task / "test.tgt")[:80]
+    targets += [" ".join(w.upper() for w in reversed(s.split())) for s in made]
     prefixes = [" ".join(t.split()[:2]) for t in targets]
     prefix_file = tmp_path / "prefix.tgt"
     prefix_file.write_text("".join(p + "\n" for p in prefixes))
@@ -626,8 +658,14 @@ def test_opennmt_decoding_controls_match_onmt_translate(task: Path, tmp_path: Pa
                 assert all(w in " ".join(sources).split() for w in firsts)
                 continue
             assert agreement(ours, theirs) == 1.0, (beam, flags, agreement(ours, theirs))
-    # the controls changed answers: the comparisons above are not of the plain decode only
+    # the controls changed answers, so the comparisons above are not of the plain decode only:
+    # checked on the answers where they must (the premise itself checked, never assumed)
     plain = toolkits.translate_lines(engine, sources, 5)
-    assert toolkits.translate_lines(engine, sources, 5, no_repeat_ngram_size=2) != plain
-    assert any("<unk>" in line for line in plain)
-    assert toolkits.translate_lines(engine, sources, 5, replace_unknowns=True) != plain
+    repeating = [i for i, line in enumerate(plain) if repeats_a_bigram(line)]
+    with_unknowns = [i for i, line in enumerate(plain) if "<unk>" in line.split()]
+    assert repeating, f"no answer repeats a bigram, not even of {made[::2]}: {plain[80::2]}"
+    assert with_unknowns, f"no answer holds <unk>, not even of {made[1::2]}: {plain[81::2]}"
+    blocked = toolkits.translate_lines(engine, sources, 5, no_repeat_ngram_size=2)
+    assert all(blocked[i] != plain[i] and not repeats_a_bigram(blocked[i]) for i in repeating)
+    replaced = toolkits.translate_lines(engine, sources, 5, replace_unknowns=True)
+    assert all("<unk>" not in replaced[i].split() for i in with_unknowns)

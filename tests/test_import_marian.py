@@ -17,6 +17,7 @@ pytest.importorskip("pymarian")
 from export.importers import cli, marian
 from export.importers import marian_toolkit as mt
 from export.importers.marian_search import MarianRules, MarianSearch
+from service.decode.aligner import align
 from service.decode.beam import SearchOptions
 from service.decode.config import RuntimeConfig
 from service.decode.engine import Engine
@@ -130,8 +131,12 @@ def test_yaml_words_and_a_vocabulary_narrower_than_the_embeddings_import_exactly
     got = engine.translate(words.lines, SearchOptions(beam_size=5, n_best=5), "none")
     known = set(tokens) - {"</s>", "<unk>"}
     assert all(set(h.text.split()) <= known for t in got for h in t.hypotheses)
-    # what the words mean to YAML is lost nowhere: "on" comes back "on", not True
-    (t,) = engine.translate(["on no 1984"], served_options(engine, 5), "none")
+    # what the words mean to YAML is lost nowhere: "on" is the token "on", not True, both ways
+    # (read and written back; whatever the model, trained here for two epochs, would answer)
+    (pair,) = align(engine, [("on no 1984", "1984 no on")])
+    assert pair.target_tokens == ["1984", "no", "on"] and pair.unknown_target_tokens == []
+    as_prefix = SearchOptions(beam_size=1, max_length=3, target_prefix=("1984 no on",))
+    (t,) = engine.translate(["on no 1984"], as_prefix, "none")
     assert t.hypotheses[0].text == "1984 no on"
 
 

@@ -74,7 +74,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             tgt_vocab=120,
         ),
         optim=OptimConfig(
-            max_steps=12, max_epochs=5, max_tokens=800, eval_every=5, max_minutes=0.5, threads=1
+            max_steps=12, max_epochs=5, max_tokens=800, eval_every=5, max_minutes=10, threads=1
         ),
     )
     out = tmp_path_factory.mktemp("run")

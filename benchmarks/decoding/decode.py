@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from benchmarks.configs import REALISTIC
-from export.onnx.to_onnx import export_graphs, quantize_decoder
+from export.onnx.quantize import quantize_decoder
+from export.onnx.to_onnx import export_graphs
 from export.train.checkpoint import load_checkpoint
 from export.train.model import Seq2Seq
 from export.train.torch_decoder import TorchDecoder

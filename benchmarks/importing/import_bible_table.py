@@ -48,7 +48,7 @@ from benchmarks.importing import import_speed
 from export.data import bible
 from export.importers import toolkits
 from export.metrics.aer import parse_pharaoh, score_corpus
-from export.onnx.to_onnx import quantize_decoder
+from export.onnx.quantize import quantize_decoder
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.engine import Engine
 from service.decode.options import SearchOptions

@@ -20,7 +20,8 @@ from google.protobuf.message import DecodeError
 from torch import Tensor, nn
 
 from export.importers.spm_vocab import restrict_to_vocabulary
-from export.onnx.to_onnx import export_graphs, quantize_decoder
+from export.onnx.quantize import DEFAULT_SCHEME, quantize_decoder
+from export.onnx.to_onnx import export_graphs
 from export.train.model import FoldedEmbedding, stacked_rnn_step
 from service.model import bundle as bundle_format
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
@@ -134,7 +135,7 @@ def write_bundle(
             name=name,
             version=version,
             architecture=cfg.to_dict(),
-            info=info,
+            info={**info, "int8_scheme": DEFAULT_SCHEME} if int8 else info,
             tokenizer=tokenizer,
             decoding=decoding,
         )

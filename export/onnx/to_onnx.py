@@ -25,6 +25,7 @@ import onnx
 import torch
 from torch import Tensor, nn
 
+from export.onnx.quantize import DEFAULT_SCHEME, quantize_decoder
 from export.train.checkpoint import load_checkpoint
 from export.train.model import Seq2Seq
 from export.train.torch_decoder import top_k_log_probs
@@ -189,19 +190,6 @@ def export_graph(
     )
 
 
-def quantize_decoder(decoder_path: Path, out_path: Path) -> Path:
-    """int8 dynamic quantization of the decoder step's matrix products (weights int8, activations fp32)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(
-        str(decoder_path),
-        str(out_path),
-        weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul", "Gemm"],
-    )
-    return out_path
-
-
 def export_bundle(
     checkpoint: Path,
     tokenizers: Path,
@@ -228,6 +216,8 @@ def export_bundle(
         for side in ("source", "target"):
             shutil.copyfile(tokenizers / f"{side}.model", tmp / f"{side}.model")
         info = {"dev_bleu": meta.get("dev_bleu"), "train_step": meta.get("step"), **(extra or {})}
+        if int8:
+            info["int8_scheme"] = DEFAULT_SCHEME
         if "averaged" in meta:  # export/train/average.py: which checkpoints, whose encoder
             info["averaged"] = {"decoder_over": meta["averaged"], "encoder_of": meta["encoder"]}
         bundle_format.write_manifest(

@@ -63,6 +63,7 @@ from service.decode.search_graph import (
 from service.decode.transfers import TransferLedger
 from service.model.architecture import PAD_ID, ModelConfig, StateSpec
 from service.model.bundle import Bundle, BundleError
+from service.model.int8 import warn_once_if_saturating
 
 log = logging.getLogger(__name__)
 
@@ -560,6 +561,8 @@ class OnnxModel:
             str(bundle.file("encoder.onnx")), config, config.encoder_threads
         )
         self.decoder_file = bundle.file(decoder_file)
+        if config.int8_decoder:  # an int8 graph of the old scheme on a CPU where it saturates
+            warn_once_if_saturating(self.decoder_file)
         # the decoder's weights once, for every session of its graph's variants
         self.shared = self._shared_weights()
         # on the CPU the step's top k runs in two stages (service/decode/blocked_topk.py), and
