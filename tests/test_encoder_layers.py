@@ -189,13 +189,23 @@ def test_the_parts_follow_the_rows_through_a_leave_and_a_join_that_keep_their_co
             assert np.array_equal(a, b)
         return rows.binding_key()
 
+    # the graph row ops cut every row at each change of the rows; the host ones (the CPU's)
+    # keep the parts row by row (HostLayerRows): cut as rows join, never by the cutter's graph
+    graph_cuts = row_ops == "graph"
     rows.append([sentence(4), sentence(6)])
     before = check()
-    assert check() == before and len(cuts) == 1  # unchanged rows: the parts are cut once
+    assert check() == before and len(cuts) == graph_cuts  # unchanged rows: cut once at most
     rows.keep(np.array([1]))
     rows.append([sentence(5)])
     after = check()
-    assert rows.count == 2 and after != before and len(cuts) == 2
+    assert rows.count == 2 and after != before and len(cuts) == 2 * graph_cuts
+    rows.append([sentence(9), sentence(3)])  # the source axis grows: the parts are refitted
+    check()
+    rows.keep(np.array([3, 0]))  # the 3-long and the 6-long: 6 > 9 / 2, S stays
+    check()
+    rows.keep(np.array([0]))  # the 3-long alone: S refitted to 3
+    assert rows.source_len == 3
+    check()
 
 
 @pytest.mark.parametrize("search", ["host", "device"])

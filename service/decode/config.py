@@ -47,6 +47,12 @@ class RuntimeConfig:
     )
     inter_op_threads: int = setting(0, "ONNX Runtime inter-op threads; 0 = its default")
     int8_decoder: bool = setting(False, "use the bundle's int8-quantized decoder-step graph")
+    # service/decode/cache_in_place.py: a Transformer's caches in place, on the CPU provider
+    cache_in_place: bool = setting(
+        True,
+        "on the CPU, keep a Transformer's self-attention caches in place, each row attending over "
+        "its own entries (off: the graph gathers and grows them at every step)",
+    )
     # ONNX Runtime's intra-op threads spin while waiting for work by default: good for a dedicated
     # core, bad when the gRPC loop and the search share the cores with them. Off unless asked for.
     spin_wait: bool = setting(

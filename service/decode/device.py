@@ -123,6 +123,13 @@ class Device:
         """The leading rows of a device buffer as a graph input of `shape` (no copy)."""
         self._bind(binding, "input", name, _dtype(value), list(shape), value.data_ptr())
 
+    def bind_device_output(
+        self, binding: ort.IOBinding, name: str, value: ort.OrtValue, shape: Sequence[int]
+    ) -> None:
+        """The leading rows of a device buffer as graph output `name` of `shape`: the run writes
+        it there (no copy)."""
+        self._bind(binding, "output", name, _dtype(value), list(shape), value.data_ptr())
+
     def bind_in_place(
         self,
         binding: ort.IOBinding,

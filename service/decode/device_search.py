@@ -37,10 +37,10 @@ import onnxruntime as ort
 
 from service.decode.beam import Hypothesis, compaction_order, trace_slots
 from service.decode.controls import NO_CONTROLS, Controls, unusable_controls
+from service.decode.device import host_view
 from service.decode.options import SearchOptions
 from service.decode.rules import max_length
 from service.decode.runtime import (
-    DeclaredStates,
     EncodedSentence,
     EncoderRows,
     HostBuffer,
@@ -270,7 +270,8 @@ class DeviceSearch:
         self.history = History(self.memory, K)
         # the state tensors the architecture declares beside `state` (none for the RNNs): the
         # step computes their positions itself, from its sentences' steps (search_graph)
-        self.declared = DeclaredStates.of(model.bundle.architecture, model.row_ops)
+        self.declared = model.declared_states()
+        self.in_place = model.caches_in_place  # the host arranges the caches before each step
         self.binding = self.session.io_binding()
         self._outputs_bound: list[str] = []  # the binding's outputs, in the order first bound
         self._taken: list[tuple[str, int]] | None = None  # `_take_outputs`' map, made once
@@ -530,7 +531,15 @@ class DeviceSearch:
             self._bind_history()
         device.bind_value(binding, "state", state["new_state"])
         if self.declared is not None:
+            if self.in_place:  # the back-pointers are in host memory (the CPU provider's)
+                reorder = host_view(state["reorder"], (len(self._entries) * self._beam_size,))
+                steps = np.repeat(self._meta[:, STEPS], self._beam_size)  # (N,) each row's entries
+                self.declared.arrange(reorder, steps)
             self.declared.bind(binding)
+            if self.in_place:  # the step writes them where it reads them
+                self.declared.bind_outputs(binding)
+                for spec in self.declared.specs:
+                    self._note_output("new_" + spec.name)
         device.bind_value(binding, "tokens", state["tokens"])
         device.bind_value(binding, "reorder", state["reorder"])
         device.bind_value(binding, "sentences", state["sentences"])
@@ -663,15 +672,15 @@ class DeviceSearch:
             self._taken = [(name.removeprefix("out_"), at[name]) for name in self._outputs]
         for key, index in self._taken:
             state[key] = outputs[index]
-        if self.declared is not None:  # theirs, after this step; cut to the entries rows read
+        if self.declared is not None and not self.in_place:  # theirs, after this step; cut
             self.declared.values = {s.name: state.pop("new_" + s.name) for s in self.declared.specs}
-            self.declared.cut(self._max_steps + 1)
+            self.declared.cut(self._max_steps + 1)  # to the entries rows read
 
     @property
     def _outputs(self) -> tuple[str, ...]:
         """The outputs a step makes for the next: new device tensors every step."""
         names: tuple[str, ...] = ("out_tokens", "out_reorder", "out_sentences", "new_state")
-        if self.declared is not None:
+        if self.declared is not None and not self.in_place:  # in place: bound with the inputs
             names = (*names, *("new_" + spec.name for spec in self.declared.specs))
         return (*names, "out_coverage") if self.variant.coverage else names
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 STACKED = ("keys", "values")  # the decoder inputs whose layer parts become inputs of their own
@@ -245,3 +246,53 @@ def _input_of(stacked: onnx.ValueInfoProto, part: LayerSlice) -> onnx.ValueInfoP
         [batch, part.heads, source, width // part.heads] if part.heads else [batch, source, width]
     )
     return helper.make_tensor_value_info(part.name, stacked.type.tensor_type.elem_type, shape)
+
+
+class HostLayerRows:
+    """The layer parts of a running batch's encoder rows kept row by row in host memory (the CPU
+    provider's): a joining sentence's rows are cut once, as it joins; a leave moves the rows that
+    change place, as the stacked rows move; nothing else is copied. Cutting every live row at each
+    change of the batch (`split_graph`, once a step under load) cost 12% of a served Transformer's
+    engine (py-spy, 64 clients on grc-en-nt-transformer). The parts' values equal the cutter's:
+    both are copies of the same columns.
+
+    `buffers` are (capacity, S, width), or per head (capacity, heads, S, width / heads), like
+    the stacked rows they are cut from (service/decode/runtime.py's EncoderRows), which calls
+    `write`, `move` and `refit` as it changes its own."""
+
+    def __init__(self, parts: Sequence[LayerSlice], capacity: int, S: int) -> None:
+        self.parts = tuple(parts)
+        self.buffers = [np.zeros(self.shape(part, capacity, S), np.float32) for part in parts]
+        self.values = [ort.OrtValue.ortvalue_from_numpy(b) for b in self.buffers]  # same memory
+
+    @staticmethod
+    def shape(part: LayerSlice, rows: int, S: int) -> tuple[int, ...]:
+        width = part.end - part.start
+        return (rows, part.heads, S, width // part.heads) if part.heads else (rows, S, width)
+
+    def write(self, stacked: dict[str, np.ndarray], first: int, last: int) -> None:
+        """Rows first..last of the stacked rows (B, S, ·) by source name, cut into the parts."""
+        for part, buffer in zip(self.parts, self.buffers, strict=True):
+            cut = stacked[part.source][first:last, :, part.start : part.end]  # (n, S, width)
+            if part.heads:
+                n, S, width = cut.shape
+                cut = cut.reshape(n, S, part.heads, width // part.heads).transpose(0, 2, 1, 3)
+            buffer[first:last] = cut
+
+    def move(self, sources: np.ndarray, targets: np.ndarray) -> None:
+        for buffer in self.buffers:
+            buffer[targets] = buffer[sources]
+
+    def refit(self, rows: int, capacity: int, S: int) -> None:
+        """New buffers of `capacity` rows and source length S holding the first `rows`, cut or
+        zero-padded along S."""
+        for i, (part, old) in enumerate(zip(self.parts, self.buffers, strict=True)):
+            new = np.zeros(self.shape(part, capacity, S), np.float32)
+            keep = min(S, old.shape[-2])
+            new[:rows, ..., :keep, :] = old[:rows, ..., :keep, :]
+            self.buffers[i] = new
+            self.values[i] = ort.OrtValue.ortvalue_from_numpy(new)
+
+    def shapes(self, rows: int) -> list[tuple[int, ...]]:
+        """The parts' shapes over the leading `rows` rows (what a step binds)."""
+        return [(rows, *buffer.shape[1:]) for buffer in self.buffers]

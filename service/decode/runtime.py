@@ -36,9 +36,11 @@ from onnx import helper, numpy_helper
 from service.decode.attention_choice import AttentionChoice, choose_attention
 from service.decode.beam import StepOutput
 from service.decode.blocked_topk import block_topk
+from service.decode.cache_in_place import SLOT_INPUTS, CachesInPlace, attend_in_place, cacheable
 from service.decode.config import RuntimeConfig
-from service.decode.device import Device, RowUpdates, host_view, make_row_ops
+from service.decode.device import Device, HostRowOps, RowUpdates, host_view, make_row_ops
 from service.decode.encoder_layers import (
+    HostLayerRows,
     LayerSlice,
     layer_slices,
     parse_slice,
@@ -352,6 +354,7 @@ def decoder_graph(
     edit: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None,
     blocked_vocab: int | None = None,
     layer_inputs: bool = False,
+    in_place: Sequence[StateSpec] = (),
 ) -> tuple[str | bytes | None, bool]:
     """The decoder-step graph as ONNX Runtime gets it: changed by `edit` where given (Align's
     choice of a cross-attention, service/decode/attention_choice.py), in float16 with `fp16`
@@ -359,15 +362,18 @@ def decoder_graph(
     `full_log_probs` with FULL_LOG_PROBS exposed (None when it cannot be), and with
     `blocked_vocab` (the target vocabulary's size) its top k in two stages
     (service/decode/blocked_topk.py), with `layer_inputs` each layer's part of the encoder keys
-    and values an input of its own (service/decode/encoder_layers.py); and whether k is bound as a
-    (1,) host tensor. A file onnx cannot parse is passed on by its path, for ONNX Runtime's own
-    error naming it."""
+    and values an input of its own (service/decode/encoder_layers.py), with `in_place` those
+    caches attended in place (service/decode/cache_in_place.py: ValueError where the graph does
+    not read them as it expects); and whether k is bound as a (1,) host tensor. A file onnx cannot
+    parse is passed on by its path, for ONNX Runtime's own error naming it."""
     try:
         model = onnx.load(str(path))
     except Exception:  # a damaged file: make_session reports it
         return (None if full_log_probs else str(path)), False
     if edit is not None:
         model = edit(model)
+    if in_place and not attend_in_place(model, in_place):
+        raise ValueError(f"{path}: its self-attentions do not read their caches as expected")
     if fp16:
         model = float16_decoder(model)
     k_on_host = topk_reads_k_on_the_host(model)
@@ -572,10 +578,24 @@ class OnnxModel:
         self.blocked_vocab = bundle.architecture.tgt_vocab_size if on_cpu else None
         self.layer_inputs = on_cpu
         self._cutters: dict[tuple[LayerSlice, ...], ort.InferenceSession] = {}
-        graph, self.k_on_host = decoder_graph(
-            self.decoder_file, fp16=config.fp16_decoder, blocked_vocab=self.blocked_vocab,
-            layer_inputs=self.layer_inputs,
-        )  # fmt: skip
+        # a Transformer's caches attended in place on the CPU (service/decode/cache_in_place.py)
+        specs = bundle.architecture.decoder_states
+        in_place = on_cpu and config.cache_in_place and not config.fp16_decoder
+        self.cache_specs: tuple[StateSpec, ...] = (
+            tuple(specs) if in_place and cacheable(specs) else ()
+        )
+        try:
+            graph, self.k_on_host = decoder_graph(
+                self.decoder_file, fp16=config.fp16_decoder, blocked_vocab=self.blocked_vocab,
+                layer_inputs=self.layer_inputs, in_place=self.cache_specs,
+            )  # fmt: skip
+        except ValueError as err:  # a graph of another shape: the contract's caches
+            log.warning("%s: caches not in place: %s", bundle.name, err)
+            self.cache_specs = ()
+            graph, self.k_on_host = decoder_graph(
+                self.decoder_file, fp16=config.fp16_decoder, blocked_vocab=self.blocked_vocab,
+                layer_inputs=self.layer_inputs,
+            )  # fmt: skip
         assert graph is not None
         self.decoder = make_session(graph, config, config.intra_op_threads, shared=self.shared)
         check_model_providers(
@@ -631,6 +651,8 @@ class OnnxModel:
                     raise ValueError(f"{self.decoder_file}: no device search: {problem}")
                 topk_reads_k_on_the_host(model)
                 stepped = search_step_graph(model, variant)
+                if self.cache_specs and not attend_in_place(stepped, self.cache_specs):
+                    raise ValueError(f"{self.decoder_file}: no device search: caches not in place")
                 if self.blocked_vocab is not None:
                     block_topk(stepped, search_scores_output(variant), self.blocked_vocab)
                 if self.layer_inputs:
@@ -645,6 +667,18 @@ class OnnxModel:
                     self._searches.popitem(last=False)  # its running batch keeps it while it runs
                 release_freed_memory()
             return session
+
+    @property
+    def caches_in_place(self) -> bool:
+        """Whether this model's step graphs attend to their caches in place (CachesInPlace)."""
+        return bool(self.cache_specs)
+
+    def declared_states(self) -> DeclaredStates | CachesInPlace | None:
+        """A running batch's declared state tensors (None for the RNNs): in place where the
+        graphs attend in place, else as the graph contract has them."""
+        if self.cache_specs:
+            return CachesInPlace(self.cache_specs, self.device)
+        return DeclaredStates.of(self.bundle.architecture, self.row_ops)
 
     def run_step(self, session: ort.InferenceSession, binding: ort.IOBinding) -> None:
         """One decoder step's call, now and then shrinking the CPU arena (`ArenaShrink`)."""
@@ -723,11 +757,11 @@ class OnnxModel:
     def decoder_inputs(self) -> list[GraphInput]:
         """The decoder graph's inputs as its file declares them (the contract's), whatever
         `decoder_graph` changed for the session: k is the scalar the contract names, and the
-        encoder's layer parts are not the file's."""
+        encoder's layer parts and the in-place caches' slot inputs are not the file's."""
         return [
             GraphInput(arg.name, arg.type, [] if arg.name == "k" and self.k_on_host else arg.shape)
             for arg in self.decoder.get_inputs()
-            if parse_slice(arg.name) is None
+            if parse_slice(arg.name) is None and arg.name not in SLOT_INPUTS
         ]
 
     def cut_session(self, parts: tuple[LayerSlice, ...]) -> ort.InferenceSession:
@@ -794,6 +828,7 @@ class OnnxModel:
                 self.decoder_file, full_log_probs=True, fp16=self.config.fp16_decoder,
                 edit=lambda model: choose_attention(model, choice, shape.heads, shape.d_model),
                 blocked_vocab=self.blocked_vocab, layer_inputs=self.layer_inputs,
+                in_place=self.cache_specs,
             )  # fmt: skip
             if graph is None:
                 raise ValueError(f"{self.decoder_file}: no log-softmax to expose for Align")
@@ -817,6 +852,7 @@ class OnnxModel:
                     fp16=self.config.fp16_decoder,
                     blocked_vocab=self.blocked_vocab,
                     layer_inputs=self.layer_inputs,
+                    in_place=self.cache_specs,
                 )
                 assert k_on_host == self.k_on_host  # one rule for both graphs: one k binding
                 if graph is not None:
@@ -856,6 +892,10 @@ class EncoderRows:
         self.cutter = cutter
         self._parts: dict[tuple[LayerSlice, ...], list[Any]] = {}
         self._parts_version = -1
+        # on the CPU provider the parts are kept row by row instead (HostLayerRows): cut as
+        # sentences join, moved as they leave
+        self.host_parts = isinstance(ops, HostRowOps)
+        self._kept: dict[tuple[LayerSlice, ...], HostLayerRows] = {}
         # values (capacity, S, D), keys (capacity, S or 1, Dk), mask (capacity, S) bool, on the device
         self.buffers: list[ort.OrtValue] | None = None
         self.lengths = np.zeros(0, np.int64)  # (capacity,) real source length per row, on the host
@@ -903,10 +943,16 @@ class EncoderRows:
         if state is None:
             empty = np.zeros((0, first.state_width), np.float32)  # (0, D_state)
             state = self.ops.device.upload(empty, "state")
+        first_row = self.count
         if all(s.on_device for s in sentences):
-            return self._gather(sentences, state)
-        joined = self._upload(sentences, state)
+            joined = self._gather(sentences, state)
+        else:
+            joined = self._upload(sentences, state)
         assert joined is not None
+        if self._kept:
+            stacked = self._stacked_views()
+            for kept in self._kept.values():
+                kept.write(stacked, first_row, self.count)
         return joined
 
     def _gather(self, sentences: Sequence[EncodedSentence], state: ort.OrtValue) -> ort.OrtValue:
@@ -969,6 +1015,7 @@ class EncoderRows:
             self.count = 0
             self.buffers = None
             self.lengths = np.zeros(0, np.int64)
+            self._kept = {}
             return
         assert self.buffers is not None
         moved = np.flatnonzero(keep != np.arange(len(keep)))  # only the rows that change place
@@ -976,6 +1023,8 @@ class EncoderRows:
             sources = keep[moved]
             self.ops.move(self.buffers, self.shapes(self.count), sources, moved)
             self.lengths[moved] = self.lengths[sources]
+            for kept in self._kept.values():
+                kept.move(sources, moved)
         self.count = len(keep)
         needed = int(self.lengths[: self.count].max())
         if needed <= self.source_len // 2:
@@ -988,6 +1037,8 @@ class EncoderRows:
         self.buffers = self.ops.refit(
             self.buffers, self.shapes(self.count), self.shapes(capacity, S)
         )
+        for kept in self._kept.values():
+            kept.refit(self.count, capacity, S)
         lengths = np.zeros(capacity, np.int64)
         lengths[: self.count] = self.lengths[: self.count]
         self.lengths = lengths
@@ -1010,9 +1061,28 @@ class EncoderRows:
         ):
             device.bind_device_input(binding, name, buffer, shape)
         parts = layer_slices(arg.name for arg in session.get_inputs())
-        if parts:
+        if parts and self.host_parts:
+            kept = self._kept_parts(parts)
+            for part, value, shape in zip(parts, kept.values, kept.shapes(self.count), strict=True):
+                device.bind_device_input(binding, part.name, value, shape)
+        elif parts:
             for part, value in zip(parts, self._cut(parts), strict=True):
                 device.bind_value(binding, part.name, value)
+
+    def _kept_parts(self, parts: tuple[LayerSlice, ...]) -> HostLayerRows:
+        """The parts kept row by row (HostLayerRows), every live row cut the first time."""
+        kept = self._kept.get(parts)
+        if kept is None:
+            kept = self._kept[parts] = HostLayerRows(parts, self.capacity, self.source_len)
+            kept.write(self._stacked_views(), 0, self.count)
+        return kept
+
+    def _stacked_views(self) -> dict[str, np.ndarray]:
+        """The stacked rows' buffers, values (capacity, S, D) and keys, viewed in host memory."""
+        assert self.buffers is not None
+        shapes = self.shapes(self.capacity)
+        values, keys = (host_view(self.buffers[i], shapes[i]) for i in (0, 1))
+        return {"values": values, "keys": keys}
 
     def _cut(self, parts: tuple[LayerSlice, ...]) -> list[Any]:
         """The layer parts of the live rows' keys and values, on the device: one run of the
@@ -1092,6 +1162,9 @@ class DeclaredStates:
                 empty = np.zeros(spec.shape(0, 0), np.float32)
                 value = self.ops.device.upload(empty, "state")
             self.values[spec.name] = self.ops.zero_rows(value, n)
+
+    def arrange(self, reorder: np.ndarray, lengths: np.ndarray) -> None:
+        """Nothing before a step: the step's graph gathers the tensors by the back-pointers."""
 
     def cache_reorder(self, reorder: np.ndarray) -> np.ndarray:
         """The step's reorder over the rows the tensors hold: a row joined lazily reads row 0."""
@@ -1181,7 +1254,7 @@ class OnnxDecoder:
         )
         self.state: ort.OrtValue | None = None  # (R, D_state) on the device
         # the state tensors the architecture declares beside it (none for the RNNs)
-        self.declared = DeclaredStates.of(model.bundle.architecture, model.row_ops)
+        self.declared = model.declared_states()
         self.log_probs = HostBuffer(np.float32)
         self.token_ids = HostBuffer(np.int64)
         self.attention = HostBuffer(np.float32)
@@ -1228,7 +1301,9 @@ class OnnxDecoder:
             device.bind_host_input(binding, "k", np.array(k, dtype=np.int64), "tokens")
         binding.bind_ortvalue_input("state", self.state)
         if self.declared is not None:
-            self.declared.bind(binding, self.declared.positions[reorder])
+            positions = self.declared.positions[reorder]
+            self.declared.arrange(reorder, positions)
+            self.declared.bind(binding, positions)
         rows_key = self.rows.binding_key()
         if rows_key != bound.bound_rows:
             self.rows.bind(binding, bound.session)
