@@ -27,6 +27,7 @@ from service.decode.engine import Engine
 from service.decode.options import SearchOptions
 from service.decode.preparation import DecodeRequest
 from service.decode.transfers import TransferLedger
+from service.decode.translation import Translation
 from service.model.architecture import StateSpec
 from service.model.bundle import load_bundle
 from tests.conftest import REPO
@@ -197,7 +198,7 @@ def test_the_engine_answers_as_with_the_contracts_caches(search: str) -> None:
         assert engine.model.caches_in_place == in_place
         options = SearchOptions(beam_size=4, n_best=3)
         batch = engine.new_batch(4)
-        done: dict[int, object] = {}
+        done: dict[int, Translation] = {}
         waiting = list(enumerate(texts))
         while waiting or len(batch):
             joining = [waiting.pop(0) for _ in range(min(2, len(waiting)))]
