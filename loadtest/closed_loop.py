@@ -181,15 +181,19 @@ def translate_kind(
     alignment: pb.AlignmentMode = pb.ALIGNMENT_MODE_WORD,
     cancel_after_s: float | None = None,
     n_best: int = 2,
+    max_length: int | None = None,
 ) -> Kind:
     """Translate `n_texts` texts drawn from `texts` on `model` ("" = the server's default), n-best
-    up to the beam."""
+    up to the beam, at most `max_length` target tokens where given."""
 
     def make(rng: random.Random, stub: pb_grpc.TranslatorStub) -> Call:
         request = pb.TranslateRequest(
             texts=rng.sample(list(texts), min(n_texts, len(texts))),
             options=pb.DecodingOptions(
-                beam_size=beam, n_best=min(n_best, beam), alignment=alignment
+                beam_size=beam,
+                n_best=min(n_best, beam),
+                alignment=alignment,
+                max_length=max_length,
             ),
             model=pb.ModelSpec(name=model),
         )

@@ -1,6 +1,8 @@
 """Serving figures: whole servers and their parts, under closed-loop load.
 
 - served: the served rate of one server, one model, on each provider in turn;
+- transformer_served: a Transformer served at 64 clients and at one, beside CTranslate2 offline on
+  the same weights, texts and threads (with py-spy's split of the engine when asked);
 - serving_loop: the decode loop alone (a Worker, no gRPC) under each batching policy;
 - layouts: served sentences/s of whole servers laid out several ways (fronts, engines, threads);
 - front_cost: one front process's CPU time per request, behind instant_engine (an engine that

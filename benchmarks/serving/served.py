@@ -47,13 +47,16 @@ PROVIDER_FLAGS = {
 
 
 def client_process(
-    target: str, texts: list[str], users: int, seconds: float, seed: int, out: Any, model: str = ""
-) -> None:
+    target: str, texts: list[str], users: int, seconds: float, seed: int, out: Any,
+    model: str = "", max_length: int | None = None,
+) -> None:  # fmt: skip
     """One process's share of the users: run for `seconds`, send back (start, seconds, code);
-    `model`: the model asked for ("" the server's default)."""
+    `model`: the model asked for ("" the server's default); `max_length`: the requests' cap on
+    target tokens (None: the model's rule)."""
     from loadtest.closed_loop import ClosedLoop, translate_kind
 
-    loop = ClosedLoop(target, [translate_kind("translate", 1, model, texts)], users, seed=seed)
+    kind = translate_kind("translate", 1, model, texts, max_length=max_length)
+    loop = ClosedLoop(target, [kind], users, seed=seed)
     loop.start()
     time.sleep(seconds)
     loop.stop()
@@ -125,6 +128,7 @@ def measure(
     warmup_s: float,
     seconds: float,
     model: str = "",
+    max_length: int | None = None,
 ) -> dict[str, Any]:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
@@ -132,7 +136,7 @@ def measure(
     workers = [
         context.Process(
             target=client_process,
-            args=(target, texts, share, warmup_s + seconds, i + 1, queue, model),
+            args=(target, texts, share, warmup_s + seconds, i + 1, queue, model, max_length),
         )
         for i, share in enumerate(shares)
         if share
@@ -151,10 +155,14 @@ def measure(
     inside = [o for o in outcomes if o[0] >= window_start and o[0] + o[1] <= window_end]
     ok = [o[1] for o in inside if o[2] == "OK"]
     span = window_end - window_start
+    # every answer that ended in the window, wherever it started: the rate when a request's
+    # latency is a large part of the window (few start and end inside it)
+    ended = [o for o in outcomes if window_start <= o[0] + o[1] <= window_end and o[2] == "OK"]
     return {
         "users": users,
         "window_s": round(span, 2),
         "sentences_per_s": len(ok) / span,
+        "answered_per_s": len(ended) / span,
         "p50_ms": float(np.percentile(ok, 50) * 1000) if ok else None,
         "p99_ms": float(np.percentile(ok, 99) * 1000) if ok else None,
         "ok": len(ok),
@@ -176,8 +184,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         started = time.monotonic()
         try:
             server = LocalServer.start(
-                str(args.bundle), "iteration", out, args.start_timeout_s, extra=flags, env=env
-            )
+                str(args.bundle.resolve()), "iteration", out, args.start_timeout_s, extra=flags,
+                env=env, cwd=args.checkout,
+            )  # fmt: skip
         except RunFailed as err:
             report["errors"][provider] = f"RunFailed: {err}"
             print(f"{provider}: failed: {err}")
@@ -251,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="extra server flags per provider: cuda='--max-batch-hypotheses 1280'",
     )
+    p.add_argument("--checkout", type=Path,
+                   help="serve from this checkout (a worktree of another commit, its protos made)")  # fmt: skip
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     args.server_args = parse_server_args(args.server_args)

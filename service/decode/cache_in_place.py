@@ -251,17 +251,17 @@ class CachesInPlace:
         slot, every other row a free slot, with its parent's entries copied into it."""
         N = len(reorder)
         parents = np.where(lengths > 0, self.slot_of_row[reorder], -1)  # (N,) slots, -1: none
-        self._fit(N, int(lengths.max(initial=0)) + 1, parents)
-        parents = np.where(lengths > 0, self.slot_of_row[reorder], -1)  # after a compaction
-        slots = np.full(N, -1, np.int64)  # (N,)
-        owned, first = np.unique(parents, return_index=True)
-        keep = owned >= 0
-        slots[first[keep]] = owned[keep]  # first children keep their parents' slots
-        fresh = np.flatnonzero(slots < 0)  # forks and joining rows
+        if self._fit(N, int(lengths.max(initial=0)) + 1, parents):  # slots renumbered
+            parents = np.where(lengths > 0, self.slot_of_row[reorder], -1)
+        rows = np.arange(N)
+        has = np.flatnonzero(parents >= 0)[::-1]  # rows with a parent, last first
+        keeper = np.full(self.capacity[0], -1, np.int64)  # (C,) the row that keeps each slot
+        keeper[parents[has]] = has  # written last first: each slot's first child keeps it
+        keeps = (parents >= 0) & (keeper[np.maximum(parents, 0)] == rows)
+        slots = np.where(keeps, parents, -1)  # (N,)
+        fresh = np.flatnonzero(~keeps)  # forks and joining rows
         if len(fresh):
-            taken = np.zeros(self.capacity[0], bool)
-            taken[owned[keep]] = True
-            slots[fresh] = np.flatnonzero(~taken)[: len(fresh)]
+            slots[fresh] = np.flatnonzero(keeper < 0)[: len(fresh)]
             forks = fresh[parents[fresh] >= 0]
             if len(forks):
                 self._copy(parents[forks], slots[forks], lengths[forks])
@@ -319,15 +319,15 @@ class CachesInPlace:
         total = np.array(int(lengths.max(initial=0)) + 1, np.int32)
         self.inputs = {ROWS: rows, SLOTS: slots, LENGTHS: entries, TOTAL: total}
 
-    def _fit(self, rows: int, entries: int, parents: np.ndarray) -> None:
+    def _fit(self, rows: int, entries: int, parents: np.ndarray) -> bool:
         """Buffers of at least `rows` slots and `entries` entries, the parents' entries kept; a
-        buffer four times longer or wider than needed is cut (its memory given back), its slots
-        then renumbered in the parents' order."""
+        buffer four times longer or wider than needed is cut (its memory given back). True where
+        new buffers were made: the slots are then renumbered in the parents' order."""
         have_slots, have_entries = self.capacity
         long = have_entries > 4 * entries and have_entries > 2 * ENTRY_STEP
         wide = have_slots > 4 * rows and have_slots > 64
         if rows <= have_slots and entries <= have_entries and not (long or wide):
-            return
+            return False
         slots = rows_capacity(rows) if rows > have_slots or wide else have_slots
         shape_entries = entries_capacity(entries)
         live = np.unique(parents[parents >= 0])  # the slots whose entries a row reads
@@ -344,6 +344,7 @@ class CachesInPlace:
             self.values[spec.name] = ort.OrtValue.ortvalue_from_numpy(new)
         known = self.slot_of_row >= 0
         self.slot_of_row[known] = renumber[self.slot_of_row[known]]
+        return True
 
     def shape(self, spec: StateSpec) -> tuple[int, ...]:
         """A cache as the step reads and writes it: its slots up to the last used one."""
