@@ -19,6 +19,8 @@
   best translations, n-best lists, scores and attention against generate's;
 - transformer_exact_marian: a Marian Transformer (trained here, or given) beside its import on
   held-out texts: n-best lists, scores, soft and hard alignments against marian-decoder's;
+- transformer_offline: the embedded Transformer offline beside CTranslate2 on the same weights
+  and texts, at 1 and 2 threads;
 - bundle_to_marian: a Transformer bundle written back as a Marian model (npz and vocabularies),
   checked weight by weight, and converted to CTranslate2 by its Marian converter;
 - compare_bundles: two bundles of one model (an export change, a re-import): the same outputs, and

@@ -53,6 +53,7 @@ ROWS, SLOTS, LENGTHS, TOTAL = "cache_rows", "cache_slots", "cache_lengths", "cac
 SLOT_INPUTS = (ROWS, SLOTS, LENGTHS, TOTAL)
 ENTRY_STEP = 32  # a cache's entries capacity grows and shrinks in steps of this many
 COPY_STEP = 8  # rows moved by a reorder are copied in groups whose lengths round up to this
+FEW_FORKS = 8  # up to this many rows moved are copied one by one
 
 
 def cacheable(specs: Sequence[StateSpec]) -> bool:
@@ -286,7 +287,15 @@ class CachesInPlace:
 
     def _copy(self, sources: np.ndarray, targets: np.ndarray, lengths: np.ndarray) -> None:
         """Slots `sources`' first `lengths` entries into slots `targets` (free ones: no slot is
-        both), by groups of about the same length, each at its own."""
+        both): a few one by one (plain slices, no gathered temporaries), more by groups of about
+        the same length, each at its own."""
+        buffers = list(self.buffers.values())
+        if len(sources) <= FEW_FORKS:  # a handful of rows: a beam or two
+            moves = list(zip(sources.tolist(), targets.tolist(), lengths.tolist(), strict=True))
+            for buffer in buffers:
+                for src, dst, entries in moves:
+                    buffer[dst, :, :entries] = buffer[src, :, :entries]
+            return
         groups = (lengths + COPY_STEP - 1) // COPY_STEP  # (M,)
         plan = []
         for group in np.unique(groups).tolist():
@@ -298,7 +307,6 @@ class CachesInPlace:
                 for src, dst, entries in plan:
                     buffer[dst, :, :entries] = buffer[src, :, :entries]
 
-        buffers = list(self.buffers.values())
         halves = [buffers[0::2], buffers[1::2]]
         if int(lengths.sum()) * len(buffers) < PARALLEL_COPY:  # not worth a second thread
             copy(buffers)
