@@ -143,12 +143,6 @@ def write_split(folder: Path, name: str, examples: Sequence[Example]) -> Path:
 # --- Sentences -------------------------------------------------------------------
 
 
-def random_expression(rng: random.Random, weights: dict[str, float] | None = None) -> Pair:
-    """One (English, French) expression of a randomly chosen family."""
-    phrase = random_phrase(rng, weights)
-    return phrase.en, phrase.fr
-
-
 def pick_connector(rng: random.Random, left_en: str, right_en: str) -> Pair:
     """A random (English, French) connector that keeps `left_en` and `right_en` apart.
 

@@ -1,4 +1,5 @@
-"""s2s-import: turn an OpenNMT-py, Joey NMT or Marian RNN model into a bundle the server loads.
+"""s2s-import: turn a trained model into a bundle the server loads: an OpenNMT-py RNN or Transformer,
+a Joey NMT RNN, a Marian s2s (RNN) or Transformer, or a Hugging Face MarianMTModel (Transformer).
 
     s2s-import opennmt-py --checkpoint model_step_N.pt --out models/mine [--name N --version V --int8]
         [--src-subword-model spm.model --tgt-subword-model spm.model]   (where the checkpoint's moved)
@@ -27,7 +28,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="s2s-import", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="toolkit", required=True)
-    onmt = sub.add_parser("opennmt-py", help="an OpenNMT-py 3.x RNN checkpoint (.pt)")
+    onmt = sub.add_parser(
+        "opennmt-py", help="an OpenNMT-py 3.x checkpoint (.pt): RNN or Transformer"
+    )
     joey = sub.add_parser("joeynmt", help="a Joey NMT 2.x recurrent model (config + .ckpt)")
     joey.add_argument("--config", required=True, type=Path, help="the training config.yaml")
     marian = sub.add_parser(

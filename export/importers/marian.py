@@ -296,7 +296,6 @@ class MarianS2S(nn.Module):
         self.w_readout_ctx = nn.Linear(D, E, bias=False)  # W2, projected in encode()
         self.out = nn.Linear(E, cfg.tgt_vocab_size)
         self.gate_width = G * H
-        self.unk_row = unk_row  # our id of Marian's <unk> (always UNK_ID after special_order)
         # (V,) added to the log-probabilities: -inf on <unk> and on the rows past Marian's
         # vocabulary (with_rows), never emitted. A broadcast Add: masked_fill's Where took 14% of
         # a 6,000-word step. (Our PAD and BOS rows, not Marian's, are out of its softmax by an

@@ -282,7 +282,6 @@ class DeviceSearch:
         self._max_steps = 0  # the most steps a sentence of the batch has taken
         # the next step's inputs (device tensors): the last step's outputs, picked
         self._state: dict[str, Any] | None = None
-        self._D = 0  # decoder state width (the first join tells)
         self._S_prev = 0  # the coverage's source axis, as the last step left it
         # what changed since the last step: sentences kept (in their new order), and joining
         self._keep: np.ndarray | None = None  # (B',) int64 into the last step's sentences

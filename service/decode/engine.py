@@ -8,7 +8,6 @@ every `step()` advances all their hypotheses with one decoder call, and finished
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import replace
@@ -67,7 +66,6 @@ class Engine:
         self.src_tok, self.tgt_tok = load_tokenizers(bundle)
         self.word_level = is_word_level(self.src_tok) and is_word_level(self.tgt_tok)
         self.cfg = bundle.architecture
-        self._keys = itertools.count()
         if graphs:
             check_loaded_bundle(bundle, model, self.src_tok, self.tgt_tok)
         # The longest piece of either vocabulary in UTF-8 bytes: bounds a response's size up front.

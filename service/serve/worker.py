@@ -9,7 +9,6 @@ models (service/serve/scheduler.py).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -157,7 +156,6 @@ class Worker:
         self.last_admitted: ModelVersion | None = None
         self.queued_per_model: dict[ModelVersion, int] = {}  # waiting sentences (loop thread)
         self.thread = threading.Thread(target=self.run, name="decode-loop", daemon=True)
-        self._seq = itertools.count()
         self.ahead = (
             EncodeAhead[Prepared, list[EncodedSentence]](
                 self.encode_now,  # type: ignore[arg-type]  # its models are ModelVersions
