@@ -161,6 +161,36 @@ def test_lines_are_decoded_sorted_by_length_and_printed_in_input_order(
     assert re.search(r"translated 12 lines in [0-9.]+ s of decoding \([0-9.]+ sentences/s", err)
 
 
+def test_lanes_decode_batches_side_by_side_with_the_same_output(
+    tiny: TinyModel, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--lanes 2: two engines, each batch decoded by whichever is free, both used; the output
+    (n-best JSON with matrices, a bad line reported and left empty) byte for byte one lane's."""
+    lines = [*sorted(tiny.sources, key=len)[::4][:10], "   ", tiny.sources[0]]
+    stdin = "".join(line + "\n" for line in lines)
+    flags = ("--bundle", str(tiny.bundle), "--batch-size", "2", "--json", "--nbest", "2")
+    code_one, one, _ = run(monkeypatch, capsys, stdin, *flags)
+    engines: set[int] = set()
+    real = Engine.translate
+
+    def spy(self: Engine, texts: list[str], *args: object, **kwargs: object) -> object:
+        engines.add(id(self))
+        return real(self, texts, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Engine, "translate", spy)
+    code_two, two, err_two = run(monkeypatch, capsys, stdin, *flags, "--lanes", "2")
+    assert (code_one, code_two) == (1, 1)  # the blank line
+    assert two == one and len(two.splitlines()) == len(lines)
+    assert two.splitlines()[-2] == "" and "empty" in err_two
+    assert len(engines) == 2
+
+
+def test_lanes_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        translate.parse_args(["--lanes", "0"])
+    assert "--lanes must be >= 1" in capsys.readouterr().err
+
+
 def test_every_translate_flag_has_a_description() -> None:
     """Issue 16 point 10: --nbest, --max-len-a/b and --providers had no description."""
     parser_help = io.StringIO()

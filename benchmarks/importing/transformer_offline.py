@@ -9,16 +9,19 @@ length and decoded in batches of 32 (beam 5, two hypotheses, attention returned)
 ours by Engine.translate with word alignments and the bundle's rules, CTranslate2 on the bundle
 written back as Marian's npz and converted by its MarianConverter (transformer_served's setup).
 Per thread count and round, one side after the other: sentences/s, and the tokens of the best
-hypotheses (the two search rules differ a little: see transformer_served). The ratio is ours /
-CTranslate2.
+hypotheses (the two search rules differ a little: see transformer_served). At more than one
+thread, ours also as that many lanes of one thread each (engines taking the next batch when free,
+as `s2s-translate --lanes`; CTranslate2's inter_threads). The ratios are ours / CTranslate2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import queue
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +35,40 @@ from benchmarks.serving.transformer_served import (
 )
 
 
-def ours_offline(setup: Setup, threads: int, more: dict[str, Any]) -> dict[str, float]:
+def ours_offline(
+    setup: Setup, threads: int, more: dict[str, Any], lanes: int = 1
+) -> dict[str, float]:
     """Our engine's offline rate over every text, batches of 32 in length order; `more`: more
-    RuntimeConfig fields."""
+    RuntimeConfig fields; with `lanes`, that many engines of threads / lanes threads each take the
+    next batch when free (s2s-translate --lanes)."""
     from service.decode.config import RuntimeConfig
     from service.decode.engine import Engine
     from service.decode.options import SearchOptions
 
-    config = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=threads, **more)
-    engine = Engine.load(setup.bundle, config)
-    rules = {k: v for k, v in engine.decoding_defaults.items() if k not in ("beam_size", "n_best")}
+    per_lane = max(1, threads // lanes)
+    config = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=per_lane, **more)
+    engines = [Engine.load(setup.bundle, config) for _ in range(lanes)]
+    rules = {k: v for k, v in engines[0].decoding_defaults.items()
+             if k not in ("beam_size", "n_best")}  # fmt: skip
     options = SearchOptions(beam_size=BEAM, n_best=BEST, **rules)
-    engine.translate(setup.texts[:BATCH], options, "word")  # warm-up: the sessions made
-    tokens = 0
+    free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    for engine in engines:
+        engine.translate(setup.texts[:BATCH], options, "word")  # warm-up: the sessions made
+        free.put(engine)
+
+    def on_a_lane(texts: list[str]) -> int:
+        engine = free.get()
+        try:
+            return sum(
+                len(r.hypotheses[0].tokens) for r in engine.translate(texts, options, "word")
+            )
+        finally:
+            free.put(engine)
+
+    batches = [setup.texts[i : i + BATCH] for i in range(0, len(setup.texts), BATCH)]
     started = time.perf_counter()
-    for i in range(0, len(setup.texts), BATCH):
-        for result in engine.translate(setup.texts[i : i + BATCH], options, "word"):
-            tokens += len(result.hypotheses[0].tokens)
+    with ThreadPoolExecutor(lanes) as pool:
+        tokens = sum(pool.map(on_a_lane, batches))
     return {
         "offline_sentences_per_s": len(setup.texts) / (time.perf_counter() - started),
         "offline_target_tokens": tokens,
@@ -85,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
                         ours["offline_sentences_per_s"] / peer["offline_sentences_per_s"], 3
                     ),
                 }
+                if threads > 1:  # the same threads as lanes of one thread each
+                    lanes = ours_offline(setup, threads, args.config, lanes=threads)
+                    row["ours_lanes_sentences_per_s"] = round(lanes["offline_sentences_per_s"], 2)
+                    row["lanes_ratio"] = round(
+                        lanes["offline_sentences_per_s"] / peer["offline_sentences_per_s"], 3
+                    )
                 report["rows"].append(row)
                 print(json.dumps(row), flush=True)
     if args.json:

@@ -12,12 +12,19 @@ s2s-translate --origin < input.txt          # origin<TAB>translation (model, mem
 Lines are decoded in batches of similar length, as Marian's maxi-batch and OpenNMT-py do: within
 a window of --batch-size x --maxi-batch lines, sorted by token count, longest first, so a batch
 wastes few steps on sentences that finished early; the output keeps the input's order.
+
+With --lanes N, N batches decode at once, each on a lane of its own (the model loaded again, with
+--threads / N threads), as CTranslate2's inter_threads: a small model's step splits badly over
+threads (grc-en-nt-transformer: two one-thread lanes decode 1.45x as fast as one lane of two
+threads on two cores), batches side by side do not. The output is the same as with one lane.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import queue
 import sys
 import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -106,6 +113,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="ONNX Runtime intra-op threads (default: 0 = one per core)",
     )
+    p.add_argument(
+        "--lanes",
+        type=int,
+        default=1,
+        help="batches decoded at once, each lane the model loaded again with --threads / lanes "
+        "threads (default: %(default)s; on a small model, one a core is fastest)",
+    )
     p.add_argument("--int8", action="store_true", help="use the bundle's int8 decoder graph")
     p.add_argument(
         "--confidence",
@@ -134,6 +148,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.batch_size < 1 or args.maxi_batch < 1:
         p.error("--batch-size and --maxi-batch must be >= 1")
+    if args.lanes < 1:
+        p.error("--lanes must be >= 1")
     return args
 
 
@@ -175,18 +191,10 @@ def length_sorted_batches(lengths: list[int], batch_size: int, window: int) -> l
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        runtime = RuntimeConfig(
-            providers=tuple(args.providers.split(",")),
-            intra_op_threads=args.threads,
-            int8_decoder=args.int8,
-        )
-        engine = Engine.load(args.bundle, runtime, EngineLimits(min_confidence=args.min_confidence))
-        if args.memory is not None:
-            engine.user_memory = engine.read_memory(args.memory)
+        engines = [load_engine(args) for _ in range(args.lanes)]
+        engine = engines[0]
         for refusal in engine.memory.refused:  # the rest of the memory is used
             print(f"warning: memory entry refused: {refusal}", file=sys.stderr)
-        if args.glossary_file is not None:
-            engine.terms.user_glossary = engine.terms.read_glossary(args.glossary_file)
         options = SearchOptions(**merge_options(engine.decoding_defaults, options_from_args(args)))
         args.n_best = options.n_best  # the value in effect (the output's columns follow it)
     except (BundleError, ValueError) as err:
@@ -206,9 +214,14 @@ def main(argv: list[str] | None = None) -> int:
             chunk = lines[start : start + window]
             lengths = [len(engine.src_tok.encode(line)) for line in chunk]
             started = time.perf_counter()
-            results, failed = translate_window(
-                engine, chunk, lengths, args, options, mode, restorer
-            )
+            if len(engines) == 1:
+                results, failed = translate_window(
+                    engine, chunk, lengths, args, options, mode, restorer
+                )
+            else:
+                results, failed = translate_window_in_lanes(
+                    engines, chunk, lengths, args, options, mode
+                )
             decode_s += time.perf_counter() - started
             status = max(status, failed)
             for i in range(len(chunk)):
@@ -222,6 +235,25 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     return status
+
+
+def load_engine(args: argparse.Namespace) -> Engine:
+    """The bundle loaded for one lane (its threads: --threads, or the cores, over the lanes),
+    with the user's memory and glossary."""
+    threads = args.threads
+    if args.lanes > 1:
+        threads = max(1, (args.threads or os.cpu_count() or 1) // args.lanes)
+    runtime = RuntimeConfig(
+        providers=tuple(args.providers.split(",")),
+        intra_op_threads=threads,
+        int8_decoder=args.int8,
+    )
+    engine = Engine.load(args.bundle, runtime, EngineLimits(min_confidence=args.min_confidence))
+    if args.memory is not None:
+        engine.user_memory = engine.read_memory(args.memory)
+    if args.glossary_file is not None:
+        engine.terms.user_glossary = engine.terms.read_glossary(args.glossary_file)
+    return engine
 
 
 def translate_window(
@@ -262,6 +294,59 @@ def translate_window(
         got = translate_one_by_one(engine, texts, batch_options, mode)
         results.update(zip(batch, got, strict=True))
     return results, int(bool(failed))
+
+
+def translate_window_in_lanes(
+    engines: list[Engine],
+    chunk: list[str],
+    lengths: list[int],
+    args: argparse.Namespace,
+    options: SearchOptions,
+    mode: AlignmentMode,
+) -> tuple[dict[int, Translation | None], int]:
+    """`translate_window` with each batch decoded (and its markup put back) by whichever lane is
+    free: the same results, len(engines) batches at a time."""
+    free: queue.SimpleQueue[Engine] = queue.SimpleQueue()
+    for engine in engines:
+        free.put(engine)
+
+    def on_a_lane(texts: list[str], batch_options: SearchOptions) -> list[Translation] | None:
+        engine = free.get()
+        try:
+            return marked.translate(engine, texts, batch_options, mode)
+        except InvalidInput:
+            return None  # a bad line: its batch goes line by line below
+        finally:
+            free.put(engine)
+
+    results: dict[int, Translation | None] = {}
+    failed = False
+    with ThreadPoolExecutor(len(engines), thread_name_prefix="lane") as lanes:
+        pending = []
+        for batch in length_sorted_batches(lengths, args.batch_size, len(chunk)):
+            texts = [chunk[i] for i in batch]
+            batch_options = options
+            if options.target_prefix:  # as translate_window
+                batch_options = replace(
+                    options, target_prefix=options.target_prefix[:1] * len(texts)
+                )
+            pending.append(
+                (batch, texts, batch_options, lanes.submit(on_a_lane, texts, batch_options))
+            )
+        for batch, texts, batch_options, done in pending:
+            decoded = done.result()
+            if decoded is None:
+                failed = True
+                results.update(
+                    zip(
+                        batch,
+                        translate_one_by_one(engines[0], texts, batch_options, mode),
+                        strict=True,
+                    )
+                )
+            else:
+                results.update(zip(batch, decoded, strict=True))
+    return results, int(failed)
 
 
 def write_result(result: Translation | None, args: argparse.Namespace, first: bool) -> None:
