@@ -9,15 +9,9 @@ from collections.abc import Callable, Hashable, Sequence
 import numpy as np
 import pytest
 
-from service.decode.beam import (
-    BeamSearch,
-    Hypothesis,
-    SearchOptions,
-    StepOutput,
-    beam_search,
-    compaction_order,
-)
+from service.decode.beam import BeamSearch, SearchOptions, beam_search, compaction_order
 from service.decode.rules import coverage_penalty, length_penalty
+from service.decode.search_types import Hypothesis, StepOutput
 
 BOS, EOS = 0, 1
 

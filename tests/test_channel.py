@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from service.decode import errors
-from service.decode.beam import Hypothesis
 from service.decode.controls import Controls
 from service.decode.forced import AlignOptions, Forced
 from service.decode.options import SearchOptions
 from service.decode.preparation import Prepared
+from service.decode.search_types import Hypothesis
 from service.decode.sides import PreparedPair, Side
 from service.serve import channel as ch
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.decode.beam import Hypothesis
 from service.decode.constraints import START, Constraints, SlotTable, bank_order
 from service.decode.controls import Controls
+from service.decode.search_types import Hypothesis
 from tests.test_beam import BOS, EOS, random_dist
 from tests.test_controls import V, opts, repetitive_dist, run
 

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from service.decode import controls as ctl
-from service.decode.beam import BeamSearch, Hypothesis, SearchOptions, StepOutput
+from service.decode.beam import BeamSearch, SearchOptions
 from service.decode.controls import Controls
+from service.decode.search_types import Hypothesis, StepOutput
 from tests.test_beam import BOS, EOS, Dist, FakeDecoder, random_dist
 
 V = 12

@@ -28,14 +28,10 @@ from hypothesis import strategies as st
 
 from loadtest.workload import COMMITTED_TSV, read_sources
 from proto.translation.v1 import translation_pb2 as pb
-from service.decode.beam import (
-    BeamSearch,
-    Hypothesis,
-    SearchOptions,
-    StepOutput,
-)
+from service.decode.beam import BeamSearch, SearchOptions
 from service.decode.engine import Engine
 from service.decode.rules import coverage_penalty, length_penalty
+from service.decode.search_types import Hypothesis, StepOutput
 from service.decode.translation import Translation
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from service.model.bundle import load_bundle

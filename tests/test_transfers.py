@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.decode.beam import BeamSearch, Hypothesis, SearchOptions, StepOutput
+from service.decode.beam import BeamSearch, SearchOptions
 from service.decode.config import RuntimeConfig
 from service.decode.device_search import DeviceSearch
 from service.decode.engine import Engine
@@ -26,6 +26,7 @@ from service.decode.preparation import DecodeRequest, Prepared
 from service.decode.runtime import EncodedSentence, OnnxModel
 from service.decode.search import HostSearch
 from service.decode.search_graph import PARAMS
+from service.decode.search_types import Hypothesis, StepOutput
 from service.decode.transfers import DIRECTIONS, REASONS, TransferLedger, TransferTotals
 from service.serve.metrics import Metrics
 from tests.conftest import DEFAULT_BUNDLE, needs_cuda

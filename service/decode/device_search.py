@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from service.decode.beam import Hypothesis, compaction_order, trace_slots
+from service.decode.beam import compaction_order, trace_slots
 from service.decode.controls import NO_CONTROLS, Controls, unusable_controls
 from service.decode.device import host_view
 from service.decode.options import SearchOptions
@@ -56,6 +56,7 @@ from service.decode.search_graph import (
     sentence_width,
 )
 from service.decode.search_memory import SearchMemory, search_memory
+from service.decode.search_types import Hypothesis
 
 NEG_INF = -math.inf
 

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar, cast
 import numpy as np
 
 from service.decode import alignment as align
-from service.decode.beam import Hypothesis, SearchOptions
+from service.decode.beam import SearchOptions
 from service.decode.config import EngineLimits, RuntimeConfig
 from service.decode.controls import Controls, unusable_controls
 from service.decode.device_search import DeviceSearch
@@ -30,6 +30,7 @@ from service.decode.preparation import DecodeRequest, KeyT, Prepared, Preparer, 
 from service.decode.results import Results
 from service.decode.runtime import EncodedSentence, OnnxModel
 from service.decode.search import HostSearch, Joining, Search
+from service.decode.search_types import Hypothesis
 from service.decode.sides import PairReader, pair_ids
 from service.decode.terms import Terms
 from service.decode.translation import ALIGNMENT_MODES, AlignmentMode, Translation

@@ -22,7 +22,8 @@ import numpy as np
 
 from service.decode import links as link_modes
 from service.decode.alignment import Alignment
-from service.decode.beam import StepOutput, compaction_order
+from service.decode.beam import compaction_order
+from service.decode.search_types import StepOutput
 from service.model.markup import INVALID_MARKUP, MARKUP_MODES
 
 Matrices = Literal["both", "none", "subword", "word"]

@@ -8,11 +8,11 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from service.decode.beam import Hypothesis
 from service.decode.config import EngineLimits
 from service.decode.controls import Controls
 from service.decode.errors import InvalidInput
 from service.decode.options import SearchOptions
+from service.decode.search_types import Hypothesis
 from service.decode.translation import AlignmentMode
 from service.model import segment
 from service.model.bundle import Bundle

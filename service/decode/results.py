@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from service.decode import alignment as align
-from service.decode.beam import Hypothesis
 from service.decode.controls import Controls
 from service.decode.options import SearchOptions
 from service.decode.preparation import DecodeRequest, Prepared, RawParts
+from service.decode.search_types import Hypothesis
 from service.decode.terms import Terms
 from service.decode.translation import (
     AlignmentMode,

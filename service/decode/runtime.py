@@ -34,7 +34,6 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from service.decode.attention_choice import AttentionChoice, choose_attention
-from service.decode.beam import StepOutput
 from service.decode.blocked_topk import block_topk
 from service.decode.cache_in_place import SLOT_INPUTS, CachesInPlace, attend_in_place, cacheable
 from service.decode.config import RuntimeConfig
@@ -62,6 +61,7 @@ from service.decode.search_graph import (
     search_step_graph,
     select_graph,
 )
+from service.decode.search_types import StepOutput
 from service.decode.transfers import TransferLedger
 from service.model.architecture import PAD_ID, ModelConfig, StateSpec
 from service.model.bundle import Bundle, BundleError

@@ -22,10 +22,11 @@ from typing import Protocol
 
 import numpy as np
 
-from service.decode.beam import BeamSearch, Hypothesis
+from service.decode.beam import BeamSearch
 from service.decode.controls import NO_CONTROLS, Controls
 from service.decode.options import SearchOptions
 from service.decode.runtime import EncodedSentence, OnnxDecoder, OnnxModel
+from service.decode.search_types import Hypothesis
 
 Finished = list[tuple[Hashable, list[Hypothesis]]]  # each sentence done at a step: its n-best
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from service.decode import alignment as align
-from service.decode.beam import Hypothesis
 from service.decode.config import EngineLimits
 from service.decode.errors import InvalidInput
 from service.decode.options import SearchOptions
 from service.decode.preparation import Prepared
+from service.decode.search_types import Hypothesis
 from service.decode.translation import TranslationHypothesis
 from service.model import glossary as gl
 from service.model.architecture import ModelConfig

@@ -45,11 +45,11 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from service.decode import errors
-from service.decode.beam import Hypothesis
 from service.decode.controls import Controls
 from service.decode.forced import AlignOptions, Forced
 from service.decode.options import SearchOptions
 from service.decode.preparation import Prepared, RawParts
+from service.decode.search_types import Hypothesis
 from service.decode.sides import PreparedPair, Side
 from service.decode.translation import AlignmentMode
 
