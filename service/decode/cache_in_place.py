@@ -41,6 +41,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from service.decode.device import Device
+from service.decode.search_graph import topological
 from service.model.architecture import StateSpec
 
 MHA = "MultiHeadAttention"
@@ -112,7 +113,9 @@ def attend_in_place(model: onnx.ModelProto, specs: Sequence[StateSpec]) -> bool:
         ]
     )
     _drop_dead_nodes(graph)
-    _sort_topologically(graph)
+    ordered = topological(list(graph.node))  # the lengths' nodes were appended last
+    del graph.node[:]
+    graph.node.extend(ordered)
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
     return True
@@ -160,27 +163,6 @@ def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
     unread = [i for i in graph.initializer if i.name not in seen]
     for init in unread:
         graph.initializer.remove(init)
-
-
-def _sort_topologically(graph: onnx.GraphProto) -> None:
-    """The nodes in an order where each comes after what it reads (the lengths' nodes were
-    appended last)."""
-    ready = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    pending = list(graph.node)
-    ordered: list[onnx.NodeProto] = []
-    while pending:
-        left = []
-        for node in pending:
-            if all(name in ready for name in node.input):
-                ordered.append(node)
-                ready.update(node.output)
-            else:
-                left.append(node)
-        if len(left) == len(pending):
-            raise ValueError(f"the step's graph has a cycle or unknown inputs at {left[0].name}")
-        pending = left
-    del graph.node[:]
-    graph.node.extend(ordered)
 
 
 def _attribute(node: onnx.NodeProto, name: str) -> int:
