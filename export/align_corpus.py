@@ -50,8 +50,8 @@ from export.pipeline import export_and_evaluate, with_links
 from export.train.link_head import LinkHeadConfig
 from export.train.teacher import AlignmentConfig
 from export.train.train import BundleConfig, DataConfig, OptimConfig, TrainConfig, train
-from service.decode.aligner import align
-from service.decode.forced import AlignOptions
+from service.decode.align.aligner import align
+from service.decode.align.forced import AlignOptions
 
 MIN_PAIRS = 200  # below it the translation model learns too little for its states to help
 DEV_EVERY, DEV_MAX = 20, 500

@@ -16,8 +16,8 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
 from service.model.bundle import add_files
 
 NAME = "glossary.tsv"

@@ -57,14 +57,14 @@ from export.train.teacher import (
     resolve_teacher,
     silver_corpus,
 )
-from service.decode import links as link_modes
-from service.decode.aligner import align, prepare_pair
-from service.decode.alignment import mean_pool
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.forced import AlignOptions
-from service.decode.lexicon import Lexicon
-from service.decode.link_head import GRAPH, LEXICON, Thresholds, head_links
+from service.decode.align import links as link_modes
+from service.decode.align.aligner import align, prepare_pair
+from service.decode.align.forced import AlignOptions
+from service.decode.engine.engine import Engine
+from service.decode.runtime.lexicon import Lexicon
+from service.decode.runtime.link_head import GRAPH, LEXICON, Thresholds, head_links
+from service.decode.shared.alignment import mean_pool
+from service.decode.shared.config import EngineLimits, RuntimeConfig
 from service.model.bundle import LINK_HEAD_FILES, add_files, read_manifest
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from export.data import g2p
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
 from service.model.bundle import add_files
 from service.model.memory import write_memory
 

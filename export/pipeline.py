@@ -37,9 +37,9 @@ from export.train.checkpoint import load_checkpoint
 from export.train.data import encode_pairs
 from export.train.teacher import links_source, resolve_teacher, silver_corpus
 from export.train.train import BundleConfig, TrainConfig, load_config, train, train_parser
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
 from service.model.bundle import add_files
 from service.model.tokenizer import Tokenizer
 

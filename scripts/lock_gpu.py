@@ -3,7 +3,7 @@
 loads pinned as NVIDIA's pip packages (`onnxruntime-gpu[cuda,cudnn]`, resolved by pip for Linux
 x86-64; each wheel's sha256 read from the package index's JSON API). The image then needs nothing of
 CUDA from its base: the NVIDIA driver comes from the host, everything else from the lock, and
-`onnxruntime.preload_dlls()` loads the libraries (service/decode/providers.py).
+`onnxruntime.preload_dlls()` loads the libraries (service/decode/runtime/providers.py).
 
     python scripts/lock_gpu.py                    # both locks, from serve.lock
     python scripts/lock_gpu.py --check            # exit 1 if a lock is not what this would write

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from service.decode.providers import cuda_session_loads
+from service.decode.runtime.providers import cuda_session_loads
 from service.model.architecture import ModelConfig
 from service.model.tokenizer import Tokenizer
 

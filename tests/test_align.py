@@ -24,15 +24,15 @@ from export.train.model import Seq2Seq
 from proto.translation.v1 import translation_pb2 as pb
 from service.cli import align as offline_align
 from service.cli import client as client_cli
-from service.decode.aligner import ForcedBatch, ForcedRequest, align, prepare_pair
-from service.decode.alignment import word_index
-from service.decode.beam import SearchOptions
-from service.decode.engine import Engine
-from service.decode.errors import InvalidInput
-from service.decode.forced import AlignedPair, AlignOptions
-from service.decode.links import LINK_MODES, extract_links, parse_pharaoh, to_pharaoh
-from service.decode.runtime import decoder_graph
-from service.decode.sides import Side
+from service.decode.align.aligner import ForcedBatch, ForcedRequest, align, prepare_pair
+from service.decode.align.forced import AlignedPair, AlignOptions
+from service.decode.align.links import LINK_MODES, extract_links, parse_pharaoh, to_pharaoh
+from service.decode.engine.engine import Engine
+from service.decode.runtime.runtime import decoder_graph
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.alignment import word_index
+from service.decode.shared.errors import InvalidInput
+from service.decode.text.sides import Side
 from service.model.architecture import ModelConfig
 from service.serve.protocol import aligned_pair_from_pb
 from service.serve.scheduler import BatchingConfig, BatchKey, Waiting, decide

@@ -1,11 +1,11 @@
-"""Tests for service/decode/alignment.py: Pharaoh strings, subword merging, text heatmaps."""
+"""Tests for service/decode/shared/alignment.py: Pharaoh strings, subword merging, text heatmaps."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from service.decode.alignment import merge_subwords, pharaoh, render_text_heatmap, word_index
+from service.decode.shared.alignment import merge_subwords, pharaoh, render_text_heatmap, word_index
 
 # 3 target rows over 4 source columns, rows sum to 1
 MATRIX = np.array(

@@ -116,7 +116,7 @@ def test_each_target_word_counts_for_its_phrase_family() -> None:
 
 def test_subword_rows_are_merged_to_words_first() -> None:
     """Pieces "▁ri" "vière": the target word's rows are averaged and the source word's columns
-    summed (service/decode/alignment.py's rule), then the argmax is taken per word."""
+    summed (service/decode/shared/alignment.py's rule), then the argmax is taken per word."""
     src, tgt = "river stone", "pierre rivière"
     src_pieces, tgt_pieces = (
         ["\u2581river", "\u2581st", "one"],

@@ -1,5 +1,5 @@
 """Align by a chosen layer and head of a Transformer's cross-attention (AlignOptions.attention_layer
-and attention_head; service/decode/attention_choice.py), on the embedded Greek→English Transformer
+and attention_head; service/decode/runtime/attention_choice.py), on the embedded Greek→English Transformer
 (3 decoder layers of 4 heads, its alignment layer 2's head 0): the choice of the bundle's own
 alignment gives its own matrices, each head's rows are distributions, a layer's average is the mean
 of its heads, the log-probabilities do not move, and what a model cannot give is refused.
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from proto.translation.v1 import translation_pb2 as pb
-from service.decode.aligner import align
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.errors import InvalidInput
-from service.decode.forced import AlignOptions
+from service.decode.align.aligner import align
+from service.decode.align.forced import AlignOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.errors import InvalidInput
 from service.serve.protocol import align_options_to_pb
 from tests.conftest import REPO
 from tests.test_server import WAIT_S, ServerThread, base_args
@@ -169,7 +169,7 @@ def test_a_graph_that_cannot_give_the_choice_fails_its_request_not_the_server(
 ) -> None:
     """A decoder graph where the chosen layer's cross-attention cannot be found (one not made by
     our exporter): the request gets INVALID_ARGUMENT saying so, and the server goes on."""
-    from service.decode import runtime
+    from service.decode.runtime.runtime import runtime
 
     def cannot(*args: object) -> None:
         raise ValueError("the decoder graph shows 0 layers' cross-attention, not layer 1")

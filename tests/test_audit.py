@@ -26,8 +26,8 @@ from export.data.audit_set import main as audit_main
 from export.data.corpus import read_tsv
 from export.data.families import FAMILIES
 from export.data.gold import read_gold
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
 from tests.conftest import TinyModel
 
 

@@ -1,4 +1,4 @@
-"""Tests for service/decode/beam.py against fake decoders whose outputs depend on each row's own prefix."""
+"""Tests for service/decode/search/beam.py against fake decoders whose outputs depend on each row's own prefix."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Callable, Hashable, Sequence
 import numpy as np
 import pytest
 
-from service.decode.beam import BeamSearch, SearchOptions, beam_search, compaction_order
-from service.decode.rules import coverage_penalty, length_penalty
-from service.decode.search_types import Hypothesis, StepOutput
+from service.decode.search.beam import BeamSearch, SearchOptions, beam_search, compaction_order
+from service.decode.shared.rules import coverage_penalty, length_penalty
+from service.decode.shared.search_types import Hypothesis, StepOutput
 
 BOS, EOS = 0, 1
 

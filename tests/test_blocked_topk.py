@@ -1,4 +1,4 @@
-"""The two-stage top k (service/decode/blocked_topk.py) answers as one ONNX TopK does: the same
+"""The two-stage top k (service/decode/runtime/blocked_topk.py) answers as one ONNX TopK does: the same
 values and ids, ties in the same order, for every k, with and without a rest after the blocks."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 from onnx import TensorProto, helper
 
 from benchmarks.sample_texts import bundle_texts
-from service.decode import blocked_topk, runtime
-from service.decode.aligner import align
-from service.decode.blocked_topk import block_size, block_topk
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions, merge_options
-from service.decode.translation import Translation
+from service.decode.align.aligner import align
+from service.decode.engine.engine import Engine
+from service.decode.runtime.blocked_topk import block_size, block_topk
+from service.decode.runtime.runtime import blocked_topk, runtime
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions, merge_options
+from service.decode.text.translation import Translation
 from tests.conftest import REPO
 
 

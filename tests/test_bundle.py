@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
 from service.model.bundle import BundleError, load_bundle, sha256_of
 from service.model.graph_contract import check_graph
 from tests.conftest import TinyModel

@@ -1,4 +1,4 @@
-"""A Transformer's caches in place (service/decode/cache_in_place.py): the rewritten step equals the
+"""A Transformer's caches in place (service/decode/runtime/cache_in_place.py): the rewritten step equals the
 contract's over several steps of joins, leaves and beam reorders; the slots follow the rows (a
 parent's first child keeps its slot, every other child gets a copy, a joining row gets a free slot
 and nothing else); the engine answers as with the contract's graph, in both searches, under churn."""
@@ -13,7 +13,8 @@ import onnxruntime as ort
 import pytest
 
 from benchmarks.sample_texts import bundle_texts
-from service.decode.cache_in_place import (
+from service.decode.engine.engine import Engine
+from service.decode.runtime.cache_in_place import (
     GQA,
     LENGTHS,
     ROWS,
@@ -21,13 +22,12 @@ from service.decode.cache_in_place import (
     CachesInPlace,
     attend_in_place,
 )
-from service.decode.config import RuntimeConfig
-from service.decode.device import Device
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
-from service.decode.preparation import DecodeRequest
-from service.decode.transfers import TransferLedger
-from service.decode.translation import Translation
+from service.decode.runtime.device import Device
+from service.decode.runtime.transfers import TransferLedger
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
+from service.decode.text.preparation import DecodeRequest
+from service.decode.text.translation import Translation
 from service.model.architecture import StateSpec
 from service.model.bundle import load_bundle
 from tests.conftest import REPO

@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.decode import errors
-from service.decode.controls import Controls
-from service.decode.forced import AlignOptions, Forced
-from service.decode.options import SearchOptions
-from service.decode.preparation import Prepared
-from service.decode.search_types import Hypothesis
-from service.decode.sides import PreparedPair, Side
+from service.decode.align.forced import AlignOptions, Forced
+from service.decode.shared import errors
+from service.decode.shared.controls import Controls
+from service.decode.shared.options import SearchOptions
+from service.decode.shared.search_types import Hypothesis
+from service.decode.text.preparation import Prepared
+from service.decode.text.sides import PreparedPair, Side
 from service.serve import channel as ch
 
 

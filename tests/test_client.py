@@ -28,7 +28,7 @@ from service.cli.client import (
     main,
     parse_args,
 )
-from service.decode.alignment import pharaoh, render_text_heatmap
+from service.decode.shared.alignment import pharaoh, render_text_heatmap
 from service.serve.protocol import alignment_from_pb, decoding_options_to_pb, translation_from_pb
 
 # --- a fake servicer ----------------------------------------------------------------------------

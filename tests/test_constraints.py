@@ -1,4 +1,4 @@
-"""Lexically constrained beam search (service/decode/constraints.py and its use by the search):
+"""Lexically constrained beam search (service/decode/shared/constraints.py and its use by the search):
 the states alone, dynamic beam allocation's order, then the guarantee over random models, alone
 and batched beside other sentences and controls."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.decode.constraints import START, Constraints, SlotTable, bank_order
-from service.decode.controls import Controls
-from service.decode.search_types import Hypothesis
+from service.decode.shared.constraints import START, Constraints, SlotTable, bank_order
+from service.decode.shared.controls import Controls
+from service.decode.shared.search_types import Hypothesis
 from tests.test_beam import BOS, EOS, random_dist
 from tests.test_controls import V, opts, repetitive_dist, run
 
@@ -124,7 +124,7 @@ def test_log_probs_are_the_models_for_the_forced_tokens() -> None:
 
 
 def test_a_word_does_not_go_on_after_a_term() -> None:
-    from service.decode.beam import BeamSearch
+    from service.decode.search.beam import BeamSearch
     from tests.test_controls import RowsFakeDecoder
 
     dist = repetitive_dist(V, seed=5)  # likes to repeat its last token: 7 7 7 ...

@@ -1,4 +1,4 @@
-"""service/decode/controls.py and the search's use of it: each decoding control alone, against fake
+"""service/decode/shared/controls.py and the search's use of it: each decoding control alone, against fake
 decoders whose distributions depend on each row's own prefix; the stopping rules; and a sentence's
 answer alone against batched with sentences under other controls."""
 
@@ -11,10 +11,10 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 import pytest
 
-from service.decode import controls as ctl
-from service.decode.beam import BeamSearch, SearchOptions
-from service.decode.controls import Controls
-from service.decode.search_types import Hypothesis, StepOutput
+from service.decode.search.beam import BeamSearch, SearchOptions
+from service.decode.shared import controls as ctl
+from service.decode.shared.controls import Controls
+from service.decode.shared.search_types import Hypothesis, StepOutput
 from tests.test_beam import BOS, EOS, Dist, FakeDecoder, random_dist
 
 V = 12

@@ -12,8 +12,8 @@ import pytest
 
 from proto.translation.v1 import translation_pb2 as pb
 from service.cli.client import TranslatorClient
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.options import SearchOptions
 from tests.test_http import call, http, port_of  # noqa: F401  (the fixture)
 from tests.test_server import (  # noqa: F401  (fixtures)
     ServerThread,

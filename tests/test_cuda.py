@@ -20,11 +20,11 @@ import pytest
 
 from benchmarks.gpu.placement import profile_bundle
 from benchmarks.sample_texts import bundle_texts
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
-from service.decode.providers import CPU, CUDA, diagnose_cuda, require_provider
-from service.decode.translation import Translation
+from service.decode.engine.engine import Engine
+from service.decode.runtime.providers import CPU, CUDA, diagnose_cuda, require_provider
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
+from service.decode.text.translation import Translation
 from tests.conftest import REPO, needs_cuda
 
 pytestmark = needs_cuda

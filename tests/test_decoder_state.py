@@ -34,11 +34,11 @@ from benchmarks.decoding.instant import (
     instant_config,
     instant_text,
 )
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
-from service.decode.preparation import DecodeRequest
-from service.decode.translation import Translation
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
+from service.decode.text.preparation import DecodeRequest
+from service.decode.text.translation import Translation
 from service.model.architecture import EOS_ID, StateSpec
 from service.model.bundle import write_manifest
 from tests.test_device_search import assert_same

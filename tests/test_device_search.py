@@ -1,10 +1,10 @@
-"""The device search (service/decode/device_search.py) against today's numpy search
-(service/decode/beam.py), the reference: every embedded bundle, an imported Marian model and an
+"""The device search (service/decode/search/device_search.py) against today's numpy search
+(service/decode/search/beam.py), the reference: every embedded bundle, an imported Marian model and an
 imported toolkit's beam rule, at beam 1 and 5, n-best, alone and batched, joining mid-batch, under
 each stopping rule and penalty. Same texts and tokens, scores and log-probs within 1e-5, attention
 within 1e-6 on the CPU provider; a disagreement fails naming the sentence and what differs.
 
-Both row-op kinds run (service/decode/device.py): the CPU provider's numpy writes and views
+Both row-op kinds run (service/decode/runtime/device.py): the CPU provider's numpy writes and views
 ("host", the default there), and the graphs a GPU runs ("graph": the history grown and the
 finished sentences gathered on the device)."""
 
@@ -24,13 +24,13 @@ import pytest
 
 from benchmarks.decoding.instant import build_instant_bundle, instant_text
 from benchmarks.sample_texts import bundle_texts
-from service.decode.config import RuntimeConfig
-from service.decode.device_search import DeviceSearch
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions, merge_options
-from service.decode.preparation import DecodeRequest
-from service.decode.search_graph import controls_problem
-from service.decode.translation import AlignmentMode, Translation
+from service.decode.engine.engine import Engine
+from service.decode.runtime.search_graph import controls_problem
+from service.decode.search.device_search import DeviceSearch
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions, merge_options
+from service.decode.text.preparation import DecodeRequest
+from service.decode.text.translation import AlignmentMode, Translation
 from tests.conftest import REPO
 
 SCORE_TOLERANCE = 1e-5

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from service.decode.encode_ahead import EncodeAhead
-from service.decode.runtime import EncodedSentence
+from service.decode.engine.encode_ahead import EncodeAhead
+from service.decode.runtime.runtime import EncodedSentence
 from tests.conftest import wait_for
 
 WAIT_S = 20.0

@@ -1,5 +1,5 @@
 """Each decoder layer's part of the encoder keys and values as an input of its own
-(service/decode/encoder_layers.py): the rewrite, the cut, the running batch's rows, and engines
+(service/decode/runtime/encoder_layers.py): the rewrite, the cut, the running batch's rows, and engines
 that answer as the stacked inputs do."""
 
 from __future__ import annotations
@@ -14,20 +14,19 @@ from onnx import TensorProto, helper
 
 from benchmarks.sample_texts import bundle_texts
 from export.onnx.quantize import quantize_decoder
-from service.decode import runtime
-from service.decode.aligner import align
-from service.decode.config import RuntimeConfig
-from service.decode.device import Device, make_row_ops
-from service.decode.encoder_layers import (
+from service.decode.align.aligner import align
+from service.decode.engine.engine import Engine
+from service.decode.runtime.device import Device, make_row_ops
+from service.decode.runtime.encoder_layers import (
     LayerSlice,
     layer_slices,
     parse_slice,
     split_encoder_inputs,
     split_graph,
 )
-from service.decode.engine import Engine
-from service.decode.runtime import EncodedSentence, EncoderRows
-from service.decode.transfers import TransferLedger
+from service.decode.runtime.runtime import EncodedSentence, EncoderRows, runtime
+from service.decode.runtime.transfers import TransferLedger
+from service.decode.shared.config import RuntimeConfig
 from tests.conftest import REPO
 from tests.test_blocked_topk import hypotheses, translations
 

@@ -7,11 +7,11 @@ import pytest
 
 from export.data.corpus import read_tsv
 from export.train.torch_decoder import TorchDecoder
-from service.decode.beam import SearchOptions, beam_search
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine, InvalidInput
-from service.decode.preparation import DecodeRequest
-from service.decode.runtime import pad_ids
+from service.decode.engine.engine import Engine, InvalidInput
+from service.decode.runtime.runtime import pad_ids
+from service.decode.search.beam import SearchOptions, beam_search
+from service.decode.shared.config import EngineLimits, RuntimeConfig
+from service.decode.text.preparation import DecodeRequest
 from tests.conftest import DEFAULT_BUNDLE, REPO, TinyModel
 
 SCORE_TOL = 1e-4  # fp32 kernels differ between ONNX Runtime and PyTorch, and with the batch's shape

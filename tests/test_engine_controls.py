@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.decode.aligner import align
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.errors import InvalidInput
-from service.decode.options import SearchOptions
-from service.decode.preparation import DecodeRequest
+from service.decode.align.aligner import align
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import EngineLimits, RuntimeConfig
+from service.decode.shared.errors import InvalidInput
+from service.decode.shared.options import SearchOptions
+from service.decode.text.preparation import DecodeRequest
 from tests.conftest import TinyModel
 
 

@@ -11,11 +11,16 @@ from typing import Any, cast
 
 import pytest
 
-from service.decode.controls import Controls
-from service.decode.engine import Engine
-from service.decode.errors import DeadlineExceeded, EngineUnavailable, QueueFull, ShuttingDown
-from service.decode.options import SearchOptions
-from service.decode.preparation import Prepared
+from service.decode.engine.engine import Engine
+from service.decode.shared.controls import Controls
+from service.decode.shared.errors import (
+    DeadlineExceeded,
+    EngineUnavailable,
+    QueueFull,
+    ShuttingDown,
+)
+from service.decode.shared.options import SearchOptions
+from service.decode.text.preparation import Prepared
 from service.serve import channel as ch
 from service.serve.engine_link import EngineLink, EngineState
 from service.serve.metrics import Metrics

@@ -24,9 +24,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from service.decode.device_search import DeviceSearch
-from service.decode.engine import Engine
-from service.decode.runtime import OnnxDecoder
+from service.decode.engine.engine import Engine
+from service.decode.runtime.runtime import OnnxDecoder
+from service.decode.search.device_search import DeviceSearch
 from service.model.bundle import sha256_of
 from tests.conftest import DEFAULT_BUNDLE, REPO
 from tests.test_server import (

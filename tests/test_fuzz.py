@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 
 from loadtest.workload import COMMITTED_TSV, read_sources
 from proto.translation.v1 import translation_pb2 as pb
-from service.decode.beam import BeamSearch, SearchOptions
-from service.decode.engine import Engine
-from service.decode.rules import coverage_penalty, length_penalty
-from service.decode.search_types import Hypothesis, StepOutput
-from service.decode.translation import Translation
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import BeamSearch, SearchOptions
+from service.decode.shared.rules import coverage_penalty, length_penalty
+from service.decode.shared.search_types import Hypothesis, StepOutput
+from service.decode.text.translation import Translation
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from service.model.bundle import load_bundle
 from service.model.tokenizer import Tokenizer

@@ -20,9 +20,9 @@ from export.metrics.g2p_metrics import edit_distance, g2p_scores, score_word, wo
 from export.train.checkpoint import load_checkpoint
 from export.train.train import DataConfig, OptimConfig, TrainConfig, train
 from proto.translation.v1 import translation_pb2 as pb
-from service.decode.beam import SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine, InvalidInput
+from service.decode.engine.engine import Engine, InvalidInput
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.config import RuntimeConfig
 from service.model.bundle import BundleError, load_bundle, read_manifest, write_manifest
 from service.model.input_rule import InputRejected, InputRule
 from service.model.tokenizer import Tokenizer

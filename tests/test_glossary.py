@@ -20,9 +20,9 @@ from export import glossary as export_glossary
 from proto.translation.v1 import translation_pb2 as pb
 from service.cli import translate as translate_cli
 from service.cli.client import TranslatorClient
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
 from service.model import glossary as gl
 from service.model.bundle import BundleError, add_files
 from tests.conftest import TinyModel

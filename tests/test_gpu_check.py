@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from service.decode.providers import cuda_session_loads
+from service.decode.runtime.providers import cuda_session_loads
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))

@@ -32,8 +32,8 @@ joeynmt = pytest.importorskip("joeynmt", reason="Joey NMT is not installed (the 
 
 from export.importers import cli, toolkits  # noqa: E402
 from export.importers.common import ImportRefused  # noqa: E402
-from service.decode.beam import SearchOptions  # noqa: E402
-from service.decode.engine import Engine  # noqa: E402
+from service.decode.engine.engine import Engine  # noqa: E402
+from service.decode.search.beam import SearchOptions  # noqa: E402
 from service.model.vocab import WordTokenizer  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.importing import import_bible_table, import_speed
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
 from tests.conftest import TinyModel
 
 

@@ -22,11 +22,11 @@ torch = pytest.importorskip("torch")
 from export.importers.common import ImportRefused  # noqa: E402
 from export.importers.hf_fixture import corpus, write_model  # noqa: E402
 from export.importers.huggingface import import_model  # noqa: E402
-from service.decode.config import RuntimeConfig  # noqa: E402
-from service.decode.engine import Engine  # noqa: E402
-from service.decode.options import SearchOptions  # noqa: E402
-from service.decode.preparation import DecodeRequest  # noqa: E402
-from service.decode.translation import Translation  # noqa: E402
+from service.decode.engine.engine import Engine  # noqa: E402
+from service.decode.shared.config import RuntimeConfig  # noqa: E402
+from service.decode.shared.options import SearchOptions  # noqa: E402
+from service.decode.text.preparation import DecodeRequest  # noqa: E402
+from service.decode.text.translation import Translation  # noqa: E402
 from tests.conftest import empty_caches  # noqa: E402
 
 TEXTS = corpus(24, seed=11)
@@ -291,8 +291,8 @@ def test_align_by_any_layer_and_head_is_transformers_cross_attention(
     (and each layer's heads averaged) within 1e-5 of output_attentions on the same tokens. Layer
     0 attends through the fused kernel (its weights recomputed beside it), layer 1, the alignment
     layer, through plain ops."""
-    from service.decode.aligner import align
-    from service.decode.forced import AlignOptions
+    from service.decode.align.aligner import align
+    from service.decode.align.forced import AlignOptions
 
     model, tokenizer = hf_model(hf_dir)
     engine = load(bundle, "host")

@@ -17,10 +17,10 @@ pytest.importorskip("pymarian")
 from export.importers import cli, marian
 from export.importers import marian_toolkit as mt
 from export.importers.marian_search import MarianRules, MarianSearch
-from service.decode.aligner import align
-from service.decode.beam import SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
+from service.decode.align.aligner import align
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.config import RuntimeConfig
 
 SCORE_TOLERANCE = 1e-4
 

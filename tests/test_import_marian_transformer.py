@@ -22,10 +22,10 @@ pytest.importorskip("torch")
 from export.importers import cli, marian
 from export.importers import marian_toolkit as mt
 from export.importers.marian_transformer import MAX_POSITIONS
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
-from service.decode.translation import Translation
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
+from service.decode.text.translation import Translation
 
 TESTS = 100
 OPUS_DECODING = {"beam-size": 4, "normalize": 0.6, "word-penalty": 0}  # its decoder.yml's

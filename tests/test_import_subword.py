@@ -32,8 +32,8 @@ pytest.importorskip("joeynmt", reason="Joey NMT is not installed (the import ext
 
 from export.importers import cli, toolkits  # noqa: E402
 from export.importers.common import load_torch_file  # noqa: E402
-from service.decode.beam import SearchOptions  # noqa: E402
-from service.decode.engine import Engine  # noqa: E402
+from service.decode.engine.engine import Engine  # noqa: E402
+from service.decode.search.beam import SearchOptions  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.decoding.instant import VOCAB, build_instant_bundle, instant_text, target_length
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
 
 
 @pytest.fixture(scope="module")

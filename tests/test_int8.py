@@ -15,8 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from export.onnx.quantize import SCHEMES, quantize_decoder, requantize_bundle
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
 from service.model import int8
 from tests.conftest import REPO, TinyModel
 

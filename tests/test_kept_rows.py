@@ -1,4 +1,4 @@
-"""The decode's encoder rows kept for the link head (service/decode/kept_rows.py): found by the ids
+"""The decode's encoder rows kept for the link head (service/decode/engine/kept_rows.py): found by the ids
 they read, by every request that sends the same text; bounded, the oldest going first; a segmented
 sentence keeps nothing."""
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.decode.kept_rows import KeptRows
-from service.decode.runtime import EncodedSentence
+from service.decode.engine.kept_rows import KeptRows
+from service.decode.runtime.runtime import EncodedSentence
 
 
 @dataclass
@@ -65,8 +65,8 @@ def test_an_encoder_that_keeps_what_it_makes() -> None:
 def test_a_sentences_own_values_are_its_row_of_the_batch() -> None:
     """`EncodedSentence.own_values` (its row read in place on the CPU) is `values` (the batch's
     outputs copied, its row cut)."""
-    from service.decode.config import RuntimeConfig
-    from service.decode.engine import Engine
+    from service.decode.engine.engine import Engine
+    from service.decode.shared.config import RuntimeConfig
     from tests.conftest import DEFAULT_BUNDLE
 
     engine = Engine.load(DEFAULT_BUNDLE, RuntimeConfig(providers=("CPUExecutionProvider",)))

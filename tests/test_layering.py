@@ -60,7 +60,7 @@ def test_generated_stubs_match_the_proto(tmp_path: Path) -> None:
 
 def test_domain_errors_the_worker_and_the_serving_loop_benchmark_import_no_grpc() -> None:
     """grpc stays at the edges: the status codes are the faces' business (service/serve/status.py)."""
-    imports = "import service.decode.errors, service.serve.worker, service.decode.options, benchmarks.serving.serving_loop"
+    imports = "import service.decode.shared.errors, service.serve.worker, service.decode.shared.options, benchmarks.serving.serving_loop"
     bad = imported_modules(imports, ("grpc",))
     assert bad == "", f"grpc pulled in: {bad}"
 

@@ -1,4 +1,4 @@
-"""The link head (service/decode/link_head.py, export/link_head.py): Align's supervised word aligner.
+"""The link head (service/decode/runtime/link_head.py, export/link_head.py): Align's supervised word aligner.
 
 Hand-worked lexicon features and link rule; the graph equal to the module for pairs of different
 lengths (padding must not leak into a batch's shorter pairs); a toy corpus trained through
@@ -34,14 +34,14 @@ from export.train.link_head import (
     span_loss,
 )
 from proto.translation.v1 import translation_pb2 as pb
-from service.decode.aligner import align
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.errors import InvalidInput
-from service.decode.forced import AlignOptions
-from service.decode.lexicon import NUM_FEATURES, Lexicon, normalize
-from service.decode.link_head import head_links
-from service.decode.projection import head_weights
+from service.decode.align.aligner import align
+from service.decode.align.forced import AlignOptions
+from service.decode.align.projection import head_weights
+from service.decode.engine.engine import Engine
+from service.decode.runtime.lexicon import NUM_FEATURES, Lexicon, normalize
+from service.decode.runtime.link_head import head_links
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.errors import InvalidInput
 from service.model.bundle import BundleError, load_bundle
 from service.serve.config import load_settings
 from service.serve.protocol import default_link_mode, parse_align_request
@@ -453,7 +453,7 @@ def test_the_wire_names_the_head_mode() -> None:
 def test_a_loaded_lexicon_keeps_its_lookups_and_drops_its_pair_counts(tmp_path: Path) -> None:
     """Lexicon.load freezes its counts: the features are those of the lexicon as written, the pair
     dictionary is gone, and writing to it again is refused."""
-    from service.decode.lexicon import Lexicon
+    from service.decode.runtime.lexicon import Lexicon
 
     src, tgt = ["λόγος", "θεός"], ["word", "god"]
     lexicon = Lexicon.from_links([(src, tgt, [(0, 0), (1, 1)]), (src, tgt, [(0, 0)])])

@@ -22,12 +22,12 @@ from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli import align as align_cli
 from service.cli import translate as translate_cli
 from service.cli.client import TranslatorClient
-from service.decode import marked
-from service.decode.aligner import align
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.forced import AlignOptions
-from service.decode.options import SearchOptions, merge_options
+from service.decode.align.aligner import align
+from service.decode.align.forced import AlignOptions
+from service.decode.engine.engine import Engine
+from service.decode.requests import marked
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions, merge_options
 from service.model.markup import strip
 from tests.conftest import REPO
 from tests.test_http import call, http, port_of  # noqa: F401  (the fixture)
@@ -324,11 +324,11 @@ def answers_of(response: pb.TranslateResponse) -> list[list[tuple[str, str]]]:
 def test_the_server_puts_markup_back_with_the_decodes_encoder_rows_in_both_layouts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The link head reads the encoder rows the decode made (service/decode/kept_rows.py): each
+    """The link head reads the encoder rows the decode made (service/decode/engine/kept_rows.py): each
     source is encoded once, by the decode, not again for the head (issue 48). The answers are
     s2s-translate's, in one process and across a front and an engine process."""
     from loadtest.harness import LocalServer
-    from service.decode.runtime import OnnxModel
+    from service.decode.runtime.runtime import OnnxModel
     from tests.test_server import base_args
 
     greek = REPO / "models" / "grc-en-nt"

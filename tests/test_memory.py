@@ -1,4 +1,4 @@
-"""A model's memory (service/model/memory.py, service/decode/recall.py, the server's --memory-dir):
+"""A model's memory (service/model/memory.py, service/decode/requests/recall.py, the server's --memory-dir):
 exact matches after the input rule, variants as the n-best, precedence, the forced pass behind a
 hit, reloads, and refusals naming the file and line."""
 
@@ -15,12 +15,12 @@ import pytest
 
 from proto.translation.v1 import translation_pb2 as pb
 from service.cli.client import main as client_main
-from service.decode import recall
-from service.decode.aligner import align
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
-from service.decode.translation import AlignmentMode
+from service.decode.align.aligner import align
+from service.decode.engine.engine import Engine
+from service.decode.requests import recall
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
+from service.decode.text.translation import AlignmentMode
 from service.model.bundle import BundleError, add_files
 from service.model.memory import Memory, MemoryFileError, read_memory, write_memory
 from tests.conftest import DEFAULT_BUNDLE, TinyModel

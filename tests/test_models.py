@@ -27,7 +27,7 @@ import service.serve.engine_host
 import service.serve.server
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
 from service.serve.grpc_server import SERVICE_NAME
 from tests.conftest import DEFAULT_BUNDLE, TinyModel, start_server_process
 from tests.test_server import (

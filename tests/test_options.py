@@ -1,4 +1,4 @@
-"""service/decode/options.py: each decoding option declared once, and every form derived from it agrees
+"""service/decode/shared/options.py: each decoding option declared once, and every form derived from it agrees
 (the wire's DecodingOptions, the server's settings and parsing, the client, both CLIs)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 
 from proto.translation.v1 import translation_pb2 as pb
 from service.cli import client, translate
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.errors import InvalidInput
-from service.decode.options import (
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import EngineLimits, RuntimeConfig
+from service.decode.shared.errors import InvalidInput
+from service.decode.shared.options import (
     OPTIONS,
     SearchOptions,
     Terms,

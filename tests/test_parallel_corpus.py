@@ -29,9 +29,9 @@ from export.onnx.parity import ParityError, check_parity
 from export.train.checkpoint import load_checkpoint, load_training_state
 from export.train.data import encode_pairs
 from export.train.train import TrainConfig
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
 from service.model.tokenizer import Tokenizer
 
 # --- a toy language pair: adjective-noun pairs swap order, every word has one translation ---------

@@ -1,4 +1,4 @@
-"""Markup put back into a translation (service/decode/projection.py): each rule of docs/markup.md
+"""Markup put back into a translation (service/decode/align/projection.py): each rule of docs/markup.md
 on its own, then random texts, tags and links: the answer always reads, nests as the source, keeps
 every tag, and its plain text is the translation."""
 
@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from service.decode.projection import (
+from service.decode.align.projection import (
     THRESHOLD,
     head_weights,
     link_weights,

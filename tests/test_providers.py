@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from loadtest.harness import free_port
-from service.decode import providers
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
+from service.decode.runtime.runtime import providers
+from service.decode.shared.config import RuntimeConfig
 from service.serve.config import load_settings
 from tests.conftest import DEFAULT_BUNDLE, REPO, needs_cuda, start_server_process, wait_for
 
@@ -62,7 +62,7 @@ def test_a_fallback_to_the_cpu_logs_a_warning_with_the_reason(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     providers.warn_cpu_fallback.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="service.decode.providers"):
+    with caplog.at_level(logging.WARNING, logger="service.decode.runtime.providers"):
         engine = Engine.load(
             DEFAULT_BUNDLE, RuntimeConfig(providers=(providers.CUDA, providers.CPU))
         )
@@ -76,7 +76,7 @@ def test_a_fallback_to_the_cpu_logs_a_warning_with_the_reason(
 
 def test_a_model_asked_only_for_the_cpu_warns_nothing(caplog: pytest.LogCaptureFixture) -> None:
     providers.warn_cpu_fallback.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="service.decode.providers"):
+    with caplog.at_level(logging.WARNING, logger="service.decode.runtime.providers"):
         Engine.load(DEFAULT_BUNDLE, RuntimeConfig(providers=(providers.CPU,)))
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
@@ -105,7 +105,7 @@ def test_a_host_without_a_gpu_starts_on_the_cpu_with_one_line_that_says_why(
     loaded = [line["model"] for line in lines if line["message"] == "model version loaded"]
     assert len(loaded) == len([p for p in (REPO / "models").iterdir() if p.is_dir()])
     assert [line for line in lines if line["level"] not in ("INFO", "DEBUG")] == []
-    said = [line for line in lines if line["logger"] == "service.decode.providers"]
+    said = [line for line in lines if line["logger"] == "service.decode.runtime.providers"]
     assert len(said) == 1, said
     assert said[0]["level"] == "INFO" and said[0]["provider"] == providers.CPU
     assert said[0]["message"].startswith("execution provider: CPUExecutionProvider (auto:")
@@ -142,7 +142,7 @@ def test_a_model_left_to_auto_on_a_cpu_host_warns_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     providers.warn_cpu_fallback.cache_clear()
-    with caplog.at_level(logging.INFO, logger="service.decode.providers"):
+    with caplog.at_level(logging.INFO, logger="service.decode.runtime.providers"):
         engine = Engine.load(DEFAULT_BUNDLE, RuntimeConfig())
     assert engine.model.providers == [providers.CPU]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

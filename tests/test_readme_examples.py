@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from service.cli import client
-from service.decode import recall
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions, merge_options, options_from_args
+from service.decode.engine.engine import Engine
+from service.decode.requests import recall
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions, merge_options, options_from_args
 from tests.conftest import REPO
 
 README = REPO / "README.md"

@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import pytest
 
-from service.decode.engine import Engine
-from service.decode.errors import ModelNotFound
+from service.decode.engine.engine import Engine
+from service.decode.shared.errors import ModelNotFound
 from service.serve.config import VersionPolicy, load_settings
 from service.serve.repository import Events, ModelVersion, Repository, scan
 from tests.conftest import DEFAULT_BUNDLE

@@ -10,12 +10,9 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from service.decode.beam import compaction_order
-from service.decode.config import RuntimeConfig
-from service.decode.device import Device, RowOps, RowUpdates, make_row_ops
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
-from service.decode.runtime import (
+from service.decode.engine.engine import Engine
+from service.decode.runtime.device import Device, RowOps, RowUpdates, make_row_ops
+from service.decode.runtime.runtime import (
     CALL_COST_SENTENCES,
     Encoded,
     EncodedSentence,
@@ -26,7 +23,10 @@ from service.decode.runtime import (
     provider_options,
     split_sentences,
 )
-from service.decode.transfers import TransferLedger
+from service.decode.runtime.transfers import TransferLedger
+from service.decode.search.beam import compaction_order
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
 from tests.conftest import DEFAULT_BUNDLE, needs_cuda
 
 
@@ -229,11 +229,11 @@ def test_cuda_provider_options_are_set_on_purpose() -> None:
 def test_public_binds_give_the_same_translations_as_the_fast_ones(
     providers: tuple[str, ...],
 ) -> None:
-    """service/decode/device.py binds through onnxruntime's private C-level objects where a release has
+    """service/decode/runtime/device.py binds through onnxruntime's private C-level objects where a release has
     them (a join or a leave binds six times) and through IOBinding's public calls where it does not:
     both paths must decode the same, joins and leaves included."""
-    from service.decode.engine import Engine
-    from service.decode.options import SearchOptions
+    from service.decode.engine.engine import Engine
+    from service.decode.shared.options import SearchOptions
     from tests.conftest import DEFAULT_BUNDLE
 
     texts = ["ninety-seven", "March 5, 2021, then $3.50", "one", "the 21st of May and 4:05 PM"]
@@ -330,7 +330,7 @@ def test_every_session_of_a_decoder_reads_one_copy_of_its_weights() -> None:
     """The decoder step, the device search's variants and Align's session share the decoder's
     weights (SharedWeights: every large initializer, once) and answer as sessions with their own
     copies do, to the bit; no session keeps the graph bytes it was made from."""
-    from service.decode import runtime
+    from service.decode.runtime.runtime import runtime
 
     config = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1)
     engine = Engine.load(DEFAULT_BUNDLE, config)
@@ -363,7 +363,7 @@ def test_every_session_of_a_decoder_reads_one_copy_of_its_weights() -> None:
 def test_a_model_keeps_at_most_max_search_sessions_variants() -> None:
     """The least recently used device-search variant goes first; asked again, it is made again
     and answers the same."""
-    from service.decode.search_graph import SearchVariant
+    from service.decode.runtime.search_graph import SearchVariant
 
     config = RuntimeConfig(
         providers=("CPUExecutionProvider",), intra_op_threads=1, max_search_sessions=2
@@ -386,7 +386,7 @@ def test_past_its_graphs_per_beam_a_batch_runs_on_a_made_graph_that_covers_it() 
     fewest extras, or else the one that does every need; other beam sizes count apart."""
     from dataclasses import replace
 
-    from service.decode.search_graph import SearchVariant
+    from service.decode.runtime.search_graph import SearchVariant
 
     config = RuntimeConfig(
         providers=("CPUExecutionProvider",), intra_op_threads=1, search_graphs_per_beam=2

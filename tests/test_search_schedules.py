@@ -30,11 +30,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.decoding.instant import build_instant_bundle, instant_text
-from service.decode.device_search import DeviceSearch
-from service.decode.engine import Engine
-from service.decode.options import STOPPING_RULES
-from service.decode.preparation import DecodeRequest
-from service.decode.translation import AlignmentMode, Translation
+from service.decode.engine.engine import Engine
+from service.decode.search.device_search import DeviceSearch
+from service.decode.shared.options import STOPPING_RULES
+from service.decode.text.preparation import DecodeRequest
+from service.decode.text.translation import AlignmentMode, Translation
 from tests.conftest import REPO
 from tests.test_device_search import Pair, assert_same
 

@@ -24,10 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli.client import TranslatorClient
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
-from service.decode.translation import AlignmentMode
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
+from service.decode.text.translation import AlignmentMode
 from service.serve.protocol import (
     MAX_REQUEST_ID_CHARS,
     translation_to_pb,

@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 
 from export.data import corpus
-from service.decode.alignment import merge_subwords, word_index
-from service.decode.beam import SearchOptions
-from service.decode.config import EngineLimits
-from service.decode.engine import Engine
-from service.decode.errors import InvalidInput
-from service.decode.preparation import DecodeRequest
-from service.decode.translation import Translation
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.alignment import merge_subwords, word_index
+from service.decode.shared.config import EngineLimits
+from service.decode.shared.errors import InvalidInput
+from service.decode.text.preparation import DecodeRequest
+from service.decode.text.translation import Translation
 from service.model.bundle import MANIFEST, BundleError, load_bundle
 from service.model.segment import (
     Segmentation,

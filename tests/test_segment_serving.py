@@ -18,8 +18,8 @@ from google.protobuf import json_format
 from proto.translation.v1 import translation_pb2 as pb
 from service.cli import client as client_cli
 from service.cli import translate
-from service.decode.beam import SearchOptions
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
 from service.model.bundle import MANIFEST
 from service.serve.protocol import hypothesis_from_pb, input_shape, worst_case_response_bytes
 from tests.conftest import DEFAULT_BUNDLE, REPO

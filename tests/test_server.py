@@ -37,11 +37,11 @@ from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli.client import TranslatorClient
 from service.cli.client import main as client_main
-from service.decode.beam import SearchOptions
-from service.decode.device_search import DeviceSearch
-from service.decode.engine import Engine
-from service.decode.runtime import OnnxDecoder
-from service.decode.translation import AlignmentMode, Translation
+from service.decode.engine.engine import Engine
+from service.decode.runtime.runtime import OnnxDecoder
+from service.decode.search.beam import SearchOptions
+from service.decode.search.device_search import DeviceSearch
+from service.decode.text.translation import AlignmentMode, Translation
 from service.serve.config import load_settings
 from service.serve.grpc_server import SERVICE_NAME, Running, create_server
 from tests.conftest import DEFAULT_BUNDLE, TinyModel, start_server_process

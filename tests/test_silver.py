@@ -30,11 +30,11 @@ from export.train.teacher import (
     silver_links,
     vote,
 )
-from service.decode.aligner import align
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.forced import AlignOptions
-from service.decode.lexicon import NUM_FEATURES
+from service.decode.align.aligner import align
+from service.decode.align.forced import AlignOptions
+from service.decode.engine.engine import Engine
+from service.decode.runtime.lexicon import NUM_FEATURES
+from service.decode.shared.config import RuntimeConfig
 from service.model.bundle import load_bundle
 from service.serve.protocol import links_source
 from tests.test_parallel_corpus import toy_config

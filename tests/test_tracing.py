@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
 
 from proto.translation.v1 import translation_pb2 as pb
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
 from service.serve.config import TracingConfig, load_settings
 from service.serve.request_trace import NO_TRACE
 from service.serve.tracing import Tracing

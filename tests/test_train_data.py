@@ -16,9 +16,9 @@ from export.data.tokenizer import SpmOptions, train_sentencepiece
 from export.onnx.to_onnx import export_bundle
 from export.train.checkpoint import save_checkpoint
 from export.train.train import DataConfig, TrainConfig, prepare_corpus
-from service.decode.beam import SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.config import RuntimeConfig
 from service.model.tokenizer import Tokenizer
 from tests.conftest import REPO, TinyModel
 

@@ -18,16 +18,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.decode.beam import BeamSearch, SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.device_search import DeviceSearch
-from service.decode.engine import Engine
-from service.decode.preparation import DecodeRequest, Prepared
-from service.decode.runtime import EncodedSentence, OnnxModel
-from service.decode.search import HostSearch
-from service.decode.search_graph import PARAMS
-from service.decode.search_types import Hypothesis, StepOutput
-from service.decode.transfers import DIRECTIONS, REASONS, TransferLedger, TransferTotals
+from service.decode.engine.engine import Engine
+from service.decode.runtime.runtime import EncodedSentence, OnnxModel
+from service.decode.runtime.search_graph import PARAMS
+from service.decode.runtime.transfers import DIRECTIONS, REASONS, TransferLedger, TransferTotals
+from service.decode.search.beam import BeamSearch, SearchOptions
+from service.decode.search.device_search import DeviceSearch
+from service.decode.search.search import HostSearch
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.search_types import Hypothesis, StepOutput
+from service.decode.text.preparation import DecodeRequest, Prepared
 from service.serve.metrics import Metrics
 from tests.conftest import DEFAULT_BUNDLE, needs_cuda
 
@@ -80,8 +80,8 @@ ENGINES = [
 
 @pytest.fixture(scope="module", params=ENGINES)
 def engine(request: pytest.FixtureRequest) -> Engine:
-    """The default model under each search (service/decode/device_search.py's, the default, and
-    the numpy search over the step's top k) with each kind of row ops (service/decode/device.py):
+    """The default model under each search (service/decode/search/device_search.py's, the default, and
+    the numpy search over the step's top k) with each kind of row ops (service/decode/runtime/device.py):
     the device graphs a GPU runs, and the numpy writes the CPU provider uses by default; on a GPU
     host, the CUDA provider itself (its ledger must count the same bytes)."""
     search, where = request.param.split(" search, ")

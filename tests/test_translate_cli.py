@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import translate
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
 from tests.conftest import TinyModel
 
 

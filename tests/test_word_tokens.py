@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.decode.alignment import merge_subwords
-from service.decode.beam import SearchOptions
-from service.decode.engine import Engine
-from service.decode.preparation import Prepared
-from service.decode.translation import TranslationHypothesis, make_alignment
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.alignment import merge_subwords
+from service.decode.text.preparation import Prepared
+from service.decode.text.translation import TranslationHypothesis, make_alignment
 from service.model.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

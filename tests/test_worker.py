@@ -10,15 +10,21 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pytest
 
-from service.decode import controls as ctl
-from service.decode.beam import SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.controls import Controls
-from service.decode.device_search import DeviceSearch
-from service.decode.engine import Engine, RunningBatch
-from service.decode.errors import Cancelled, DeadlineExceeded, DecodeFailed, QueueFull, ShuttingDown
-from service.decode.runtime import OnnxDecoder, OnnxModel
-from service.decode.translation import AlignmentMode, Translation
+from service.decode.engine.engine import Engine, RunningBatch
+from service.decode.runtime.runtime import OnnxDecoder, OnnxModel
+from service.decode.search.beam import SearchOptions
+from service.decode.search.device_search import DeviceSearch
+from service.decode.shared import controls as ctl
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.controls import Controls
+from service.decode.shared.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    DecodeFailed,
+    QueueFull,
+    ShuttingDown,
+)
+from service.decode.text.translation import AlignmentMode, Translation
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion
 from service.serve.scheduler import BatchingConfig

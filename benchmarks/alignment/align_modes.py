@@ -5,12 +5,12 @@
 Reads SPLIT.grc, SPLIT.en and SPLIT.pharaoh (one sentence a line; Pharaoh `i-j`, source word i,
 target word j, 0-based over `split(" ")`; an empty gold line means no gold for that sentence, which
 is then not scored), teacher-forces every pair once through the engine's Align pass and reads the
-links of every mode (service/decode/links.py) from the same word matrices. Prints one table and the
+links of every mode (service/decode/align/links.py) from the same word matrices. Prints one table and the
 pass's throughput. AER is Och and Ney's with every gold link sure, over the gold words (a link counts
 only when its target word has a gold link), counts summed over the corpus; export/metrics/aer.py's
 (pure Python, no torch).
 
-Choose modes on a dev split; the default mode (service/decode/forced.py DEFAULT_LINKS) was chosen so,
+Choose modes on a dev split; the default mode (service/decode/align/forced.py DEFAULT_LINKS) was chosen so,
 docs/align.md has the figures.
 """
 
@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from export.metrics.aer import AlignmentCounts, score_sentence
-from service.decode.aligner import align
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.forced import AlignOptions
-from service.decode.links import LINK_MODES, Link, extract_links, parse_pharaoh
+from service.decode.align.aligner import align
+from service.decode.align.forced import AlignOptions
+from service.decode.align.links import LINK_MODES, Link, extract_links, parse_pharaoh
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import EngineLimits, RuntimeConfig
 
 THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5)
 

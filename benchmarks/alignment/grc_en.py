@@ -37,13 +37,13 @@ from export.metrics.aer import Link, format_pharaoh, parse_pharaoh, score_corpus
 from export.metrics.symmetrize import grow_diag_final_and
 from export.train.checkpoint import load_checkpoint
 from export.train.model import Seq2Seq
-from service.decode.aligner import align
-from service.decode.alignment import merge_subwords
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.forced import AlignOptions
-from service.decode.links import LINK_MODES
-from service.decode.options import SearchOptions
+from service.decode.align.aligner import align
+from service.decode.align.forced import AlignOptions
+from service.decode.align.links import LINK_MODES
+from service.decode.engine.engine import Engine
+from service.decode.shared.alignment import merge_subwords
+from service.decode.shared.config import EngineLimits, RuntimeConfig
+from service.decode.shared.options import SearchOptions
 
 EXTENSIONS = ("grc", "en", "pharaoh")
 
@@ -179,7 +179,7 @@ def served_rows(engine: Engine, test: Split) -> list[Row]:
     rows = []
     for mode in LINK_MODES:
         if mode == "head" and engine.link_head is None:
-            continue  # a bundle without a link head (service/decode/link_head.py)
+            continue  # a bundle without a link head (service/decode/runtime/link_head.py)
         started = time.perf_counter()
         lines = align_served(engine, test.pairs, mode)
         seconds = time.perf_counter() - started

@@ -32,11 +32,11 @@ from typing import Any
 from benchmarks.alignment.align_modes import evaluate, read_split
 from export.metrics.aer import AlignmentCounts, score_corpus
 from export.train.teacher import AlignmentConfig, eflomal_gdfa, silver_links
-from service.decode.aligner import align
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.forced import AlignOptions
-from service.decode.links import Link, parse_pharaoh
+from service.decode.align.aligner import align
+from service.decode.align.forced import AlignOptions
+from service.decode.align.links import Link, parse_pharaoh
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import EngineLimits, RuntimeConfig
 from service.model.bundle import load_bundle
 
 SPLITS = ("train", "dev", "test")

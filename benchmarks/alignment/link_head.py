@@ -39,12 +39,12 @@ import numpy as np
 import onnxruntime as ort
 
 from benchmarks.alignment.align_modes import read_split
-from service.decode.aligner import align, prepare_pair
-from service.decode.alignment import mean_pool
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.forced import AlignOptions
-from service.decode.link_head import GRAPH, head_inputs
+from service.decode.align.aligner import align, prepare_pair
+from service.decode.align.forced import AlignOptions
+from service.decode.engine.engine import Engine
+from service.decode.runtime.link_head import GRAPH, head_inputs
+from service.decode.shared.alignment import mean_pool
+from service.decode.shared.config import EngineLimits, RuntimeConfig
 from service.model.bundle import MANIFEST, add_files
 
 BATCH = 64

@@ -13,7 +13,7 @@ sample the spans and to score, never by what is scored.
   `tagged_target` is compared with the gold span: exact span match and word F1. Links: each
   bundle's link head (its default), its attention (`grow`), and eflomal 2.0.0 run the usual way
   (grow-diag-final-and, one run, over the text of train, dev and the split), projected by the
-  same rules (service/decode/projection.py over its hard links). Beside each, the naive
+  same rules (service/decode/align/projection.py over its hard links). Beside each, the naive
   projection: the first to the last target word linked to the span.
 - **translate**: the first N verses, each with 1-3 of a pair of tags around 1-3 words, a
   self-closing code and a placeholder, translated with markup "xml" and without any markup (the
@@ -39,12 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.alignment.align_modes import read_split
-from service.decode.aligner import align
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.forced import AlignOptions
-from service.decode.links import Link, parse_pharaoh
-from service.decode.projection import link_weights, project
+from service.decode.align.aligner import align
+from service.decode.align.forced import AlignOptions
+from service.decode.align.links import Link, parse_pharaoh
+from service.decode.align.projection import link_weights, project
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import EngineLimits, RuntimeConfig
 from service.model import glossary, markup
 
 SEEDS = (1, 2, 3)
@@ -114,7 +114,7 @@ def tag_words(tagged: str) -> tuple[int, int] | None:
 
 
 def _spans(text: str) -> list[tuple[int, int]]:
-    from service.decode.alignment import word_spans
+    from service.decode.shared.alignment import word_spans
 
     return word_spans(text)
 
@@ -334,8 +334,8 @@ def check_answer(source: str, answer: str, untagged: str) -> tuple[bool, bool, b
 
 
 def translate_part(args: argparse.Namespace) -> dict[str, Any]:
-    from service.decode import marked
-    from service.decode.options import SearchOptions
+    from service.decode.requests import marked
+    from service.decode.shared.options import SearchOptions
 
     pairs, _ = read_split(args.data, args.split, "grc", "en")
     pairs = pairs[: args.verses]
@@ -523,7 +523,7 @@ def decode_each(
 ) -> tuple[list[str], float]:
     """Best hypotheses, each text with its own options, in running batches of 32 sorted by length
     (as the server batches requests); seconds taken."""
-    from service.decode.preparation import DecodeRequest
+    from service.decode.text.preparation import DecodeRequest
 
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     out = [""] * len(sources)
@@ -542,7 +542,7 @@ def glossary_part(args: argparse.Namespace) -> dict[str, Any]:
     import sacrebleu
 
     from export.data import bible
-    from service.decode.options import SearchOptions
+    from service.decode.shared.options import SearchOptions
 
     pairs, golds = read_split(args.data, args.split, "grc", "en")
     rng = random.Random(args.seed)

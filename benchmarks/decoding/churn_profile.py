@@ -34,11 +34,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from service.decode import runtime
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
-from service.decode.preparation import DecodeRequest
+from service.decode.engine.engine import Engine
+from service.decode.runtime.runtime import runtime
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
+from service.decode.text.preparation import DecodeRequest
 
 BEAM, BEST, BATCH = 5, 2, 32
 PARTS = ("graph", "cache", "rows", "encode")
@@ -67,7 +67,8 @@ def timed(owner: Any, name: str, key: str, totals: defaultdict[str, float]) -> I
 
 @contextmanager
 def parts_timed(totals: defaultdict[str, float]) -> Iterator[None]:
-    from service.decode import device_search, engine
+    from service.decode.engine.engine import engine
+    from service.decode.search.search import device_search
 
     patches: list[tuple[Any, str, str]] = [
         (runtime.OnnxModel, "run_step", "graph"),
@@ -75,7 +76,7 @@ def parts_timed(totals: defaultdict[str, float]) -> Iterator[None]:
         (engine.Engine, "encode", "encode"),
     ]
     try:
-        from service.decode.cache_in_place import CachesInPlace
+        from service.decode.runtime.cache_in_place import CachesInPlace
 
         patches.append((CachesInPlace, "arrange", "cache"))
     except ImportError:  # a checkout from before the caches in place

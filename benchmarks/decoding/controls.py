@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.sample_texts import bundle_texts
-from service.decode.config import SEARCHES, RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions, merge_options
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import SEARCHES, RuntimeConfig
+from service.decode.shared.options import SearchOptions, merge_options
 
 BATCH = 32
 CONTROLS: dict[str, dict[str, Any]] = {

@@ -36,10 +36,10 @@ from export.onnx.to_onnx import export_graphs
 from export.train.checkpoint import load_checkpoint
 from export.train.model import Seq2Seq
 from export.train.torch_decoder import TorchDecoder
-from service.decode.beam import BeamSearch, SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.runtime import OnnxModel, pad_ids
-from service.decode.search_types import Decoder
+from service.decode.runtime.runtime import OnnxModel, pad_ids
+from service.decode.search.beam import BeamSearch, SearchOptions
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.search_types import Decoder
 from service.model.architecture import ModelConfig
 from service.model.bundle import Bundle
 

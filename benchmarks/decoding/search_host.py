@@ -46,13 +46,13 @@ import numpy as np
 import onnxruntime as ort
 
 from benchmarks.decoding.instant import build_instant_bundle, instant_text
-from service.decode.beam import BeamSearch
-from service.decode.config import SEARCHES, RuntimeConfig
-from service.decode.device_search import DeviceSearch
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
-from service.decode.runtime import EncodedSentence
-from service.decode.search import Joining
+from service.decode.engine.engine import Engine
+from service.decode.runtime.runtime import EncodedSentence
+from service.decode.search.beam import BeamSearch
+from service.decode.search.device_search import DeviceSearch
+from service.decode.search.search import Joining
+from service.decode.shared.config import SEARCHES, RuntimeConfig
+from service.decode.shared.options import SearchOptions
 
 BEAM = 5
 STATIC_STEPS = 30

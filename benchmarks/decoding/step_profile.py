@@ -25,9 +25,9 @@ from typing import Any, cast
 
 import onnxruntime as ort
 
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
 
 BATCH, BEAM = 32, 5
 ORT_RUN = "run_with_iobinding"

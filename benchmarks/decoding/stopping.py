@@ -28,9 +28,9 @@ import sacrebleu
 
 from benchmarks.alignment.grc_en import ensure_data, read_split
 from export.data import bible
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import EngineLimits, RuntimeConfig
+from service.decode.shared.options import SearchOptions
 
 BATCH = 32
 

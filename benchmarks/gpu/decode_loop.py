@@ -18,8 +18,8 @@ with --rounds R, each (static, churn) figure is the median of R rounds in which 
 turns (on a shared machine a single run drifts by ±10%);
 
 each under both searches, side by side (`--searches`): "host", the numpy search over the step's
-top k (service/decode/beam.py), and "device", the search in the step's graph
-(service/decode/device_search.py, the default); with the host↔device bytes per step from the
+top k (service/decode/search/beam.py), and "device", the search in the step's graph
+(service/decode/search/device_search.py, the default); with the host↔device bytes per step from the
 model's transfer ledger (encoder calls excluded:
 sentences are encoded before the clock starts, as the server's encode-ahead thread does), and each
 provider's speed-up over the CPU provider, measured side by side in the same run on the same
@@ -48,11 +48,11 @@ import numpy as np
 
 from benchmarks.configs import REALISTIC
 from benchmarks.sample_texts import bundle_texts
-from service.decode.beam import BeamSearch, SearchOptions
-from service.decode.config import SEARCHES, RuntimeConfig
-from service.decode.device_search import DeviceSearch
-from service.decode.runtime import CUDA, EncodedSentence, OnnxDecoder, OnnxModel
-from service.decode.search import Joining
+from service.decode.runtime.runtime import CUDA, EncodedSentence, OnnxDecoder, OnnxModel
+from service.decode.search.beam import BeamSearch, SearchOptions
+from service.decode.search.device_search import DeviceSearch
+from service.decode.search.search import Joining
+from service.decode.shared.config import SEARCHES, RuntimeConfig
 from service.model.bundle import Bundle, load_bundle
 from service.model.tokenizer import Tokenizer
 

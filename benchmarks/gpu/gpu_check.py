@@ -6,9 +6,9 @@ Stages, each recorded in OUT/gpu_check.json (written after every stage, so a sta
 run that is stopped keeps what came before) and summed up in OUT/gpu_check.md:
 
 1. providers: the onnxruntime installed, whether the CUDA provider makes a session, and if not why
-   (service/decode/providers.py's diagnosis: the library that did not load, the versions found);
+   (service/decode/runtime/providers.py's diagnosis: the library that did not load, the versions found);
 2. placement: every bundle's encoder, decoder-step and search-step graphs (the decoder step with the
-   device search appended: service/decode/search_graph.py), translated through the engine under
+   device search appended: service/decode/runtime/search_graph.py), translated through the engine under
    ONNX Runtime's profiler: nodes per provider, any node off CUDA, any Memcpy node;
 3. tests: the CUDA-provider tests (skipped on a machine without CUDA) and the provider tests;
 4. decode: benchmarks.gpu.decode_loop, static and churn, beam 5, 1 to 256 sentences, on the default
@@ -45,7 +45,7 @@ from benchmarks.gpu import decode_loop
 from benchmarks.gpu.placement import profile_bundle
 from benchmarks.sample_texts import bundle_texts
 from benchmarks.serving import served
-from service.decode.providers import cuda_session_loads, diagnose_cuda
+from service.decode.runtime.providers import cuda_session_loads, diagnose_cuda
 
 REPO = Path(__file__).resolve().parent.parent.parent
 BUNDLES = ("default", "g2p", "grc-en-nt", "grc-en-nt-silver")
@@ -126,7 +126,7 @@ def gpu_name() -> str | None:
     return done.stdout.strip() or None
 
 
-PRELOAD_ONLY = "from service.decode.providers import cuda_session_loads as f; print(f())"
+PRELOAD_ONLY = "from service.decode.runtime.providers import cuda_session_loads as f; print(f())"
 
 
 def preload_alone() -> bool | None:

@@ -32,11 +32,11 @@ import onnxruntime as ort
 
 from benchmarks.gpu.decode_loop import PROVIDERS
 from benchmarks.sample_texts import bundle_texts
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
-from service.decode.providers import CUDA
-from service.decode.runtime import decoder_graph, make_session
+from service.decode.engine.engine import Engine
+from service.decode.runtime.providers import CUDA
+from service.decode.runtime.runtime import decoder_graph, make_session
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
 
 
 @dataclass
@@ -99,7 +99,7 @@ def read_profile(
 def profile_bundle(bundle: str | Path, provider: str, texts: list[str]) -> list[GraphPlacement]:
     """Translate `texts` with the bundle's encoder, decoder and search sessions profiled: the
     numpy search's decoder step ("decoder_step"), the device search's step graph, the decoder step
-    with the search appended ("search_step": service/decode/search_graph.py); their placements."""
+    with the search appended ("search_step": service/decode/runtime/search_graph.py); their placements."""
     placements = []
     for search in ("host", "device"):
         config = RuntimeConfig(providers=PROVIDERS[provider], intra_op_threads=1, search=search)

@@ -13,7 +13,7 @@ once and reused from --work: OpenNMT-py with `sentencepiece` and with `bpe`, Joe
   without `exclude` rows, hypotheses with punctuation stripped; the imported models' served output
   at beam 5 with the fidelity settings (no length penalty, at most 100 target tokens);
 - AER / precision / recall of the model's attention against Biblica's gold links (test.pharaoh),
-  through our Align path (service/decode/aligner.py `align` on the bundle), links `argmax` and `grow`,
+  through our Align path (service/decode/align/aligner.py `align` on the bundle), links `argmax` and `grow`,
   and `head` for a bundle with a link head (ours);
 - fidelity: verses whose served output equals the toolkit's own translate command's output
   (onmt_translate / `python -m joeynmt translate`), greedy and beam 5;
@@ -49,9 +49,9 @@ from export.data import bible
 from export.importers import toolkits
 from export.metrics.aer import parse_pharaoh, score_corpus
 from export.onnx.quantize import quantize_decoder
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import EngineLimits, RuntimeConfig
+from service.decode.shared.options import SearchOptions
 from service.model.bundle import add_files, read_manifest
 
 LINKS = ("argmax", "grow", "head")  # "head": only a bundle with a link head (ours) has it

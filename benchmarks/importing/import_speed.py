@@ -52,9 +52,9 @@ import yaml
 
 from export.importers import cli, toolkits
 from export.importers.spm_vocab import install_set_vocabulary
-from service.decode.beam import SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.config import RuntimeConfig
 
 BEAM, BATCH, MAX_LEN = 5, 32, 100
 ONMT_MODELS: dict[str, dict[str, Any]] = {

@@ -39,9 +39,9 @@ from benchmarks.importing import import_speed
 from export.data import bible
 from export.importers import marian, marian_toolkit
 from export.importers.marian_search import MarianRules, MarianSearch
-from service.decode.beam import SearchOptions
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.config import EngineLimits, RuntimeConfig
 
 BATCH, BEAM = 32, 5
 # Marian's defaults apart from size and time (and the learning rate: see docs/import.md): its

@@ -23,7 +23,7 @@ from typing import Any
 
 from benchmarks.alignment.grc_en import ensure_data, read_split
 from export.importers import cli, toolkits
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
 
 MODEL = {  # a bi-GRU with mlp attention, word vocabularies that leave words unknown
     "encoder_type": "brnn",

@@ -45,8 +45,8 @@ from benchmarks.importing.transformer_speed import (
     prepare,
     sentences,
 )
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.options import SearchOptions
 
 
 @dataclass

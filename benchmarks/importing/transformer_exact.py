@@ -93,9 +93,9 @@ def served_nbest(
 ) -> tuple[list[Any], float]:
     """The bundle's n-best BEAM lists (host search, its decoding defaults, subword alignments) in
     batches of BATCH, and the seconds they took."""
-    from service.decode.config import RuntimeConfig
-    from service.decode.engine import Engine
-    from service.decode.options import SearchOptions
+    from service.decode.engine.engine import Engine
+    from service.decode.shared.config import RuntimeConfig
+    from service.decode.shared.options import SearchOptions
 
     config = RuntimeConfig(providers=("CPUExecutionProvider",), search="host")
     if threads is not None:

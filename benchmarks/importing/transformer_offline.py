@@ -41,9 +41,9 @@ def ours_offline(
     """Our engine's offline rate over every text, batches of 32 in length order; `more`: more
     RuntimeConfig fields; with `lanes`, that many engines of threads / lanes threads each take the
     next batch when free (s2s-translate --lanes)."""
-    from service.decode.config import RuntimeConfig
-    from service.decode.engine import Engine
-    from service.decode.options import SearchOptions
+    from service.decode.engine.engine import Engine
+    from service.decode.shared.config import RuntimeConfig
+    from service.decode.shared.options import SearchOptions
 
     per_lane = max(1, threads // lanes)
     config = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=per_lane, **more)

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from service.decode.engine import Engine
-    from service.decode.options import SearchOptions
+    from service.decode.engine.engine import Engine
+    from service.decode.shared.options import SearchOptions
 
 SHAPES = {
     "opus-mt": {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "extra_pieces": 32000},
@@ -78,9 +78,9 @@ def load_ours(
     """Our engine as the benchmark runs it, and its options (beam 5, the best hypothesis, at most
     `max_tokens`). Its threads spin while they wait for work, as CTranslate2's OpenMP threads do:
     the cores are the benchmark's."""
-    from service.decode.config import RuntimeConfig
-    from service.decode.engine import Engine
-    from service.decode.options import SearchOptions
+    from service.decode.engine.engine import Engine
+    from service.decode.shared.config import RuntimeConfig
+    from service.decode.shared.options import SearchOptions
 
     config = RuntimeConfig(
         providers=("CPUExecutionProvider",), intra_op_threads=threads, encoder_threads=threads,

@@ -1,4 +1,4 @@
-"""The audit: a bundle as served (service.decode.engine.Engine, beam 5) on the audit set, exact match and
+"""The audit: a bundle as served (service.decode.engine.engine.Engine, beam 5) on the audit set, exact match and
 BLEU per value family, per number of phrases and per source-token length, plus a case table.
 
     python -m export.data.audit_set --bundle models/default --out runs/audit --seed 101 \
@@ -28,10 +28,10 @@ import sacrebleu
 from export.data.audit_set import PARTS_BUCKETS, bucket_label, find_bucket, length_buckets
 from export.data.corpus import read_tsv
 from export.data.gold import GoldLinks, read_gold
-from service.decode.beam import SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.errors import InvalidInput
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.errors import InvalidInput
 
 
 def score(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:

@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 
 from export.data import corpus, families
-from service.decode.beam import SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.errors import InvalidInput
-from service.decode.translation import TranslationHypothesis
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.errors import InvalidInput
+from service.decode.text.translation import TranslationHypothesis
 
 PRECISION = 0.99
 Pair = tuple[str, str]

@@ -6,7 +6,7 @@ them.
         [--limit N] [--json docs/benchmarks/fp16-quality-john.json]
 
 RuntimeConfig.fp16_decoder converts the decoder step with onnxruntime's own float16 converter
-(service/decode/runtime.py's float16_decoder: inputs, outputs, log-softmax and top k kept
+(service/decode/runtime/runtime.py's float16_decoder: inputs, outputs, log-softmax and top k kept
 float32). On the CPU provider ONNX Runtime runs it with casts to float32 around the nodes it has no
 float16 kernel for: every value between nodes is rounded to float16 as on a GPU, the arithmetic
 inside a node is float32 (a GPU's float16 matrix products accumulate in float32 too). The quality
@@ -24,8 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks.alignment.grc_en import Row, ensure_data, read_split, served_rows, translate_row
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import EngineLimits, RuntimeConfig
 
 
 def load(bundle: Path, fp16: bool, threads: int) -> Engine:

@@ -22,10 +22,10 @@ from typing import Any
 
 from export.data import g2p
 from export.metrics.g2p_metrics import g2p_scores
-from service.decode import recall
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.requests import recall
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
 
 _WORD_LIST = """
 the of and to in is you that it he was for on are as with his they at be this have from or one

@@ -25,9 +25,9 @@ import sacrebleu
 from benchmarks.alignment.grc_en import read_split, translate
 from export.data.bible import strip_punctuation
 from export.onnx.to_onnx import export_bundle
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import OPTIONS
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import OPTIONS
 
 
 def parse_setting(text: str) -> dict[str, Any]:

@@ -31,10 +31,10 @@ import numpy as np
 from export.data.corpus import read_tsv
 from export.metrics.scoring import score
 from export.onnx.quantize import DEFAULT_SCHEME, SCHEMES, requantize_bundle
-from service.decode.beam import SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.translation import TranslationHypothesis as Hypothesis
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.config import RuntimeConfig
+from service.decode.text.translation import TranslationHypothesis as Hypothesis
 from service.model.int8 import VNNI_FLAGS, host_sums_int8_exactly
 
 FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512bw", *VNNI_FLAGS)

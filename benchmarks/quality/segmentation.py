@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from export.data import corpus
-from service.decode.beam import SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.errors import InvalidInput
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.errors import InvalidInput
 from service.model.bundle import MANIFEST
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from service.decode.search_types import Hypothesis
+from service.decode.shared.search_types import Hypothesis
 from service.model.bundle import load_bundle
 from service.serve import channel as ch
 

@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 from loadtest import workload
 from proto.translation.v1 import translation_pb2 as pb
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import RuntimeConfig
+from service.decode.shared.options import SearchOptions
 from service.serve.http_api import to_json
 from service.serve.protocol import translation_to_pb
 

@@ -33,11 +33,11 @@ from pathlib import Path
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.graph_bytes import graph_bytes
-from service.decode.lexicon import Lexicon
-from service.decode.search_graph import SearchVariant
+from service.decode.shared.config import RuntimeConfig
+from service.decode.engine.engine import Engine
+from service.decode.runtime.graph_bytes import graph_bytes
+from service.decode.runtime.lexicon import Lexicon
+from service.decode.runtime.search_graph import SearchVariant
 
 
 def rss():

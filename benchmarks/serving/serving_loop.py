@@ -10,7 +10,7 @@ their next request as soon as the previous one completes (no think time), with t
 and weights of `loadtest/workload.py`.
 
 It also prints the host↔device bytes per decoder step from the model's transfer ledger
-(`service/decode/transfers.py`): everything the runtime copied during the run (encoder outputs, joining
+(`service/decode/runtime/transfers.py`): everything the runtime copied during the run (encoder outputs, joining
 rows, tokens, top-k, attention) divided by the steps taken, and the part of it per reason.
 """
 
@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from loadtest import workload
-from service.decode.beam import SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.preparation import Prepared
-from service.decode.translation import Translation
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.config import RuntimeConfig
+from service.decode.text.preparation import Prepared
+from service.decode.text.translation import Translation
 from service.serve.metrics import Metrics
 from service.serve.scheduler import POLICIES, BatchingConfig
 from service.serve.worker import Job, Worker

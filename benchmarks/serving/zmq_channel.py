@@ -32,10 +32,10 @@ import msgspec
 import numpy as np
 import zmq
 
-from service.decode.controls import Controls
-from service.decode.options import SearchOptions
-from service.decode.preparation import Prepared
-from service.decode.search_types import Hypothesis
+from service.decode.shared.controls import Controls
+from service.decode.shared.options import SearchOptions
+from service.decode.shared.search_types import Hypothesis
+from service.decode.text.preparation import Prepared
 from service.serve import channel as ch
 
 

@@ -147,8 +147,8 @@ def generate_audit(
 
 def bundle_token_counter(bundle_dir: Path) -> tuple[TokenCounter, int]:
     """Source tokens as the bundle counts them (its input rule, then its source tokenizer), and the
-    limit the serving engine applies (service.decode.config.EngineLimits.max_source_tokens)."""
-    from service.decode.config import EngineLimits
+    limit the serving engine applies (service.decode.shared.config.EngineLimits.max_source_tokens)."""
+    from service.decode.shared.config import EngineLimits
     from service.model.bundle import load_bundle
     from service.model.embedded import resolve_bundle
     from service.model.vocab import load_tokenizers

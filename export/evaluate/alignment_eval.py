@@ -2,7 +2,7 @@
 
 The reference target is forced through the decoder (teacher forcing), so every test sentence is
 scored on the same target words whatever the model would have emitted; the attention row used to
-predict each target piece is kept, merged to words with service/decode/alignment.py's subword→word rule
+predict each target piece is kept, merged to words with service/decode/shared/alignment.py's subword→word rule
 (the one the server applies), and each target word's argmax source word is compared with the gold
 sidecar (export/data/gold.py):
 
@@ -33,7 +33,7 @@ from export.data.gold import GoldLinks
 from export.metrics.scoring import EvaluationError
 from export.train.data import make_batch
 from export.train.model import Seq2Seq
-from service.decode.alignment import merge_subwords
+from service.decode.shared.alignment import merge_subwords
 from service.model.tokenizer import Tokenizer
 
 # --- forced decoding ---------------------------------------------------------------------------

@@ -24,9 +24,9 @@ from export.data.g2p import strip_stress
 from export.metrics.g2p_metrics import g2p_scores, references
 from export.train.checkpoint import load_checkpoint
 from export.train.train import translate_greedy
-from service.decode.beam import SearchOptions
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.config import RuntimeConfig
 from service.model.tokenizer import Tokenizer
 
 DEFAULT_HEATMAP_WORDS = ("knight", "phoenix", "thoughtfully", "xylophone")

@@ -63,7 +63,7 @@ PAD_TOKEN, BOS_TOKEN = "<marian:pad>", "<marian:bos>"
 # hypotheses too), and service/model/subword.py joins its pieces with SentencePiece's DecodePieces,
 # as Marian's spm vocabulary does.
 TOOLKIT: Toolkit = "marian"
-# marian-decoder's rules as the bundle's decoding defaults (service/decode/options.py): its beam
+# marian-decoder's rules as the bundle's decoding defaults (service/decode/shared/options.py): its beam
 # narrows for good (stopping "narrowing"), at most ceil(3 x the source's tokens with `</s>`) target
 # tokens (--max-length-factor 3), no normalization or word penalty (--normalize 0, --word-penalty
 # 0), no GNMT length penalty. Requests may override any of them.

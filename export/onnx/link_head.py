@@ -1,4 +1,4 @@
-"""The link head to ONNX (`link_head.onnx`, the contract in service/decode/link_head.py), with a
+"""The link head to ONNX (`link_head.onnx`, the contract in service/decode/runtime/link_head.py), with a
 parity check of the graph against the trained module on real pairs."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch import nn
 
 from export.onnx.to_onnx import OPSET
 from export.train.link_head import Example, predict
-from service.decode import link_head as contract
+from service.decode.runtime.runtime import link_head as contract
 
 AXES = {
     "source_states": {1: "src_words"},

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from export.data.gold import GoldLinks
-from service.decode.alignment import word_index
+from service.decode.shared.alignment import word_index
 
 EPS = 1e-6  # keeps log(attention) finite where the attention is exactly 0 (padding is never guided)
 

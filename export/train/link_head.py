@@ -1,4 +1,4 @@
-"""Training the link head (service/decode/link_head.py) on gold word links.
+"""Training the link head (service/decode/runtime/link_head.py) on gold word links.
 
 The head is trained after the translation model, which stays frozen: its encoder states are read
 once per sentence through the bundle's own graph (the served computation), and only the head's
@@ -6,7 +6,7 @@ weights learn. The loss per pair, over the (target word, source word) cells:
 - cross-entropy of each linked target word's row softmax against its gold links (uniform over them),
 - the same per column (each linked source word over the target words),
 - binary cross-entropy of every cell against link / no link,
-- with `span_loss` > 0, the question markup asks of the links (service/decode/projection.py):
+- with `span_loss` > 0, the question markup asks of the links (service/decode/align/projection.py):
   for every source span of 1-3 words and every linked target word, is the share of the word's
   weight on the span above or below one half, against "its links go into the span".
 
@@ -41,8 +41,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from service.decode.alignment import mean_pool
-from service.decode.lexicon import NUM_FEATURES, Lexicon
+from service.decode.runtime.lexicon import NUM_FEATURES, Lexicon
+from service.decode.shared.alignment import mean_pool
 
 log = logging.getLogger(__name__)
 Link = tuple[int, int]  # (source word, target word)
@@ -124,7 +124,7 @@ class LinkHeadConfig:
 
 @dataclass
 class Example:
-    """One pair as the head reads it (see service/decode/link_head.py's graph contract)."""
+    """One pair as the head reads it (see service/decode/runtime/link_head.py's graph contract)."""
 
     states: np.ndarray  # (S_w, D) encoder states averaged per source word
     src_ids: np.ndarray  # (P_s,)
@@ -347,7 +347,7 @@ MAX_SPAN = 3  # the source spans the span loss asks about: 1 to MAX_SPAN words
 
 def span_loss(logits: Tensor, gold: Tensor, valid: Tensor) -> Tensor:
     """Per source span of k = 1..MAX_SPAN words and linked target word: binary cross-entropy of
-    the word's projection weight on the span (the share service/decode/projection.py compares
+    the word's projection weight on the span (the share service/decode/align/projection.py compares
     with one half: the two softmaxes' geometric mean, renormalized per target word) against
     "the word has a gold link into the span"; the mean over each k, summed."""
     masked = logits.masked_fill(~valid, -1e9)

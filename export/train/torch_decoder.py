@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from export.train.model import Seq2Seq
-from service.decode.search_types import StepOutput
+from service.decode.shared.search_types import StepOutput
 
 
 def top_k_log_probs(logits: Tensor, k: Tensor | int) -> tuple[Tensor, Tensor]:

@@ -6,7 +6,7 @@ s2s-align --source-file F --target-file G --links intersect --scores --out links
 Writes one Pharaoh line per pair ("s-t ...", source word first, 0-based over each line's whitespace
 words); a pair with an empty side gets an empty line, as fast_align and eflomal write it. --scores
 puts log P(target | source) (end of sentence included) and a tab before the links. Pairs go through
-the engine's Align pass (service/decode/aligner.py) in batches of similar length.
+the engine's Align pass (service/decode/align/aligner.py) in batches of similar length.
 
 With --markup xml (or html) the source lines carry inline markup: each line written is the target
 with the source's markup put back around the words the links align (docs/markup.md), e.g. a
@@ -24,12 +24,12 @@ from pathlib import Path
 
 from service.cli.parallel import read_parallel
 from service.cli.translate import DEFAULT_BUNDLE, DEFAULT_PROVIDERS, length_sorted_batches
-from service.decode.aligner import align_prepared, check_aligner, prepare_pair
-from service.decode.config import EngineLimits, RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.errors import InvalidInput
-from service.decode.forced import DEFAULT_LINKS, AlignedPair, AlignOptions
-from service.decode.links import DEFAULT_THRESHOLD, LINK_MODES
+from service.decode.align.aligner import align_prepared, check_aligner, prepare_pair
+from service.decode.align.forced import DEFAULT_LINKS, AlignedPair, AlignOptions
+from service.decode.align.links import DEFAULT_THRESHOLD, LINK_MODES
+from service.decode.engine.engine import Engine
+from service.decode.shared.config import EngineLimits, RuntimeConfig
+from service.decode.shared.errors import InvalidInput
 from service.model.bundle import BundleError
 from service.model.markup import INVALID_MARKUP, MARKUP_MODES
 

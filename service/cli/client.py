@@ -33,10 +33,10 @@ from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli.heatmap import save_heatmap_png
 from service.cli.parallel import read_parallel
 from service.cli.render import alternative_column, origin_column, translation_to_json
-from service.decode.alignment import render_text_heatmap
-from service.decode.forced import AlignedPair
-from service.decode.links import LINK_MODES
-from service.decode.options import add_option_flags, options_from_args
+from service.decode.align.forced import AlignedPair
+from service.decode.align.links import LINK_MODES
+from service.decode.shared.alignment import render_text_heatmap
+from service.decode.shared.options import add_option_flags, options_from_args
 from service.serve.protocol import (
     ClientAlignment,
     ClientHypothesis,
@@ -132,7 +132,7 @@ class TranslatorClient:
     ) -> list[ClientTranslation]:
         """One translation per text, in order.
 
-        options are the decoding options by name (service/decode/options.py: beam_size, n_best,
+        options are the decoding options by name (service/decode/shared/options.py: beam_size, n_best,
         max_length, ..., no_repeat_ngram_size, target_prefix (a list: one per text, or one string
         for every text), return_alternatives, sampling_topk, seed, suppress (a list), ...); unset
         or None ones take the server's defaults. alignment is "none", "subword" or "word"; timeout
@@ -204,7 +204,7 @@ class TranslatorClient:
     ) -> list[AlignedPair]:
         """Forced alignment: one AlignedPair per (source, target) pair, in order.
 
-        links is one of service/decode/links.py's LINK_MODES (None: the server's default);
+        links is one of service/decode/align/links.py's LINK_MODES (None: the server's default);
         matrices "both", "none" (links and scores only), "subword" or "word"; markup "xml" or
         "html" reads the sources' markup and puts it back on the targets (`tagged_target`);
         attention_layer/attention_head: a Transformer's cross-attention to align by (None: the

@@ -33,20 +33,21 @@ from pathlib import Path
 
 from service.cli.heatmap import save_heatmap_png
 from service.cli.render import alternative_column, origin_column, translation_to_json
-from service.decode import marked
-from service.decode.config import AUTO, EngineLimits, RuntimeConfig
-from service.decode.engine import Engine, InvalidInput
-from service.decode.options import (
+from service.decode.engine.engine import Engine, InvalidInput
+from service.decode.requests import marked
+from service.decode.shared.config import AUTO, EngineLimits, RuntimeConfig
+from service.decode.shared.options import (
     SearchOptions,
     add_option_flags,
     merge_options,
     options_from_args,
 )
-from service.decode.translation import AlignmentMode, Translation
+from service.decode.text.translation import AlignmentMode, Translation
 from service.model.bundle import BundleError
 
 DEFAULT_BUNDLE = Path(__file__).resolve().parents[2] / "models" / "default"
-DEFAULT_PROVIDERS = AUTO  # the GPU where there is one, else the CPU (service/decode/providers.py)
+# the GPU where there is one, else the CPU (service/decode/runtime/providers.py)
+DEFAULT_PROVIDERS = AUTO
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -19,7 +19,7 @@ ATTENTION_KINDS: tuple[str, ...] = ("additive", "dot", "general", "concat", "sca
 DECODER_STYLES: tuple[str, ...] = ("bahdanau", "luong", "cgru")
 TOOLKITS: tuple[str, ...] = ("native", "opennmt-py", "joeynmt", "marian", "huggingface")
 # The toolkits whose beam narrows by its finished hypotheses (OpenNMT-py's, Joey NMT's and
-# Marian's searches); ours and transformers' generate keep the beam full (service/decode/beam.py).
+# Marian's searches); ours and transformers' generate keep the beam full (service/decode/search/beam.py).
 NARROWING_TOOLKITS: tuple[str, ...] = ("opennmt-py", "joeynmt", "marian")
 # The toolkits whose decoders are conditional (cGRU): ours, and Marian's s2s.
 CONDITIONAL_TOOLKITS: tuple[str, ...] = ("native", "marian")

@@ -21,7 +21,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 REQUIRED_FILES = ("encoder.onnx", "decoder.onnx", "source.model", "target.model")
 # decoder.int8.onnx: the int8 decoder (--int8); link_head.onnx and link_lexicon.json: the link head,
-# a supervised word aligner for Align (service/decode/link_head.py, added by export/link_head.py).
+# a supervised word aligner for Align (service/decode/runtime/link_head.py, added by export/link_head.py).
 # memory.tsv(.gz): the model's memory, consulted before it (service/model/memory.py);
 # glossary.tsv(.gz): its standing glossary, terms its translations keep (service/model/glossary.py).
 OPTIONAL_FILES = (
@@ -101,11 +101,11 @@ class Bundle:
     # unless the server sets its own (--min-confidence); None: no threshold.
     confidence_threshold: float | None = None
     # The manifest's "link_head": {"row_threshold": r, "cell_threshold": c}: with the link head's
-    # files, Align's "head" links (service/decode/link_head.py's head_links); None: no link head.
+    # files, Align's "head" links (service/decode/runtime/link_head.py's head_links); None: no link head.
     link_head_thresholds: tuple[float, float] | None = None
     # The manifest's "decoding": the model's own defaults for decoding options (name → value, the
     # DecodingOptions names), chosen on its dev split; a request's own values override them, and
-    # they override the server's --default-* (checked by the engine: service/decode/engine.py).
+    # they override the server's --default-* (checked by the engine: service/decode/engine/engine.py).
     decoding: dict[str, Any] = field(default_factory=dict)
     # The manifest's "memory": a listed (hashed) file of known source → target entries, consulted
     # before the model (service/model/memory.py); None: no memory.

@@ -4,7 +4,7 @@ A request may carry terms (DecodingOptions.glossary) and a model may have a stan
 file in its bundle, and the server's --glossary-dir file over it). A term applies to a text whose
 words, after the model's input rule, contain the term's words in a row; a term with no source is a
 target-only constraint and applies to every text of its request. The search then guarantees the
-target term (service/decode/constraints.py).
+target term (service/decode/shared/constraints.py).
 
 Words for matching are the runs of letters and digits, and each other non-space character on its
 own: "λόγος," holds the term "λόγος", "e-mail" is three words and matches only "e-mail".

@@ -5,7 +5,7 @@ Checksums only prove the files are the ones the manifest lists; a bundle whose c
 recomputed after a file was damaged or swapped passed them and then failed at the first request
 (`Failed to find NodeArg with name: src`), or, with a wrong `eos_id` in the manifest, served
 hypotheses full of `</s>` that never finished. The graph contract is declared here once:
-export/onnx/to_onnx.py names its graphs from it and service/decode/runtime.py binds by these names.
+export/onnx/to_onnx.py names its graphs from it and service/decode/runtime/runtime.py binds by these names.
 Independent of the tokenizer kind: a vocabulary is anything with a size and special ids.
 
 The decoder's state is named tensors: `state` (R, D_state), the encoder's per sentence (D_state may

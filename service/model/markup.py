@@ -5,7 +5,7 @@ A text sent with `markup = "xml"` or `"html"` carries tags: paired ones (`<b>…
 not text (XLIFF's `<ph>…</ph>`, HTML's `<script>`): those are kept whole as one code. Protected
 spans (URLs, e-mail addresses, placeholders such as `{0}`, `%s`, `{{ name }}`) are codes too, found
 in the text itself. `parse` takes all of them out: the model reads `Marked.plain` and never sees a
-tag or a protected span. service/decode/projection.py puts them back into each hypothesis, at the
+tag or a protected span. service/decode/align/projection.py puts them back into each hypothesis, at the
 target words its links align with the words they enclosed in the source.
 
 Parsing is Python's `html.parser` (a tokenizer that also reads XML's syntax), checked more strictly

@@ -8,7 +8,7 @@ the characters for a subword vocabulary (any word of them can be cut into pieces
 word vocabulary (imported word-level models). Control characters (C0 and C1, tab, newline and
 carriage return aside) are refused first, by name. A memory's target is the exception: it is
 served as written, not decoded, so only its control characters are refused
-(service/decode/engine.py's read_memory); what the vocabulary cannot spell is marked instead.
+(service/decode/engine/engine.py's read_memory); what the vocabulary cannot spell is marked instead.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ A job's deadline is a `time.monotonic()` reading: the same clock in every proces
 work and the results are what the worker takes and gives (service/serve/worker.py's Job with
 `raw`): token ids, controls and options in; each sentence's n-best lists (token ids, scores, the
 attention as one array) or each pair's forced pass out. Errors travel as their class names
-(service/decode/errors.py) and are raised again on the front.
+(service/decode/shared/errors.py) and are raised again on the front.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from service.decode import errors
-from service.decode.controls import Controls
-from service.decode.forced import AlignOptions, Forced
-from service.decode.options import SearchOptions
-from service.decode.preparation import Prepared, RawParts
-from service.decode.search_types import Hypothesis
-from service.decode.sides import PreparedPair, Side
-from service.decode.translation import AlignmentMode
+from service.decode.align.forced import AlignOptions, Forced
+from service.decode.shared import errors
+from service.decode.shared.controls import Controls
+from service.decode.shared.options import SearchOptions
+from service.decode.shared.search_types import Hypothesis
+from service.decode.text.preparation import Prepared, RawParts
+from service.decode.text.sides import PreparedPair, Side
+from service.decode.text.translation import AlignmentMode
 
 log = logging.getLogger("s2s.channel")
 

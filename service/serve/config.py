@@ -3,7 +3,7 @@
 Values come from command-line flags and environment variables (`S2S_*`), read once at start-up by
 `load_settings`. The server reads the environment nowhere else; service/cli/healthcheck.py, a separate
 probe process, reads S2S_PORT itself for its default target. The decoding defaults are a
-`SearchOptions` (service/decode/options.py declares the options): flags `--default-<option>`.
+`SearchOptions` (service/decode/shared/options.py declares the options): flags `--default-<option>`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import Field, dataclass, fields
 from typing import Any
 
-from service.decode.config import EngineLimits, RuntimeConfig, setting
-from service.decode.options import SearchOptions, Terms
+from service.decode.shared.config import EngineLimits, RuntimeConfig, setting
+from service.decode.shared.options import SearchOptions, Terms
 from service.serve.logs import LOG_FORMATS
 from service.serve.scheduler import BatchingConfig
 
@@ -244,7 +244,7 @@ def parse_value(raw: str | bool, default: Any, name: str) -> Any:
 
 def field_help(f: Field[Any]) -> tuple[str, tuple[str, ...]]:
     """A settable field's help text and choices, from its declaration."""
-    if "option" in f.metadata:  # a decoding option: service/decode/options.py's spec
+    if "option" in f.metadata:  # a decoding option: service/decode/shared/options.py's spec
         return "default for requests that leave it unset: " + f.metadata["option"].help, ()
     return f.metadata.get("help", ""), tuple(f.metadata.get("choices", ()))
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from service.decode.aligner import head_weights_for
-from service.decode.engine import Engine
-from service.decode.errors import ModelNotFound, QueueFull, ShuttingDown
-from service.decode.providers import require_provider
+from service.decode.align.aligner import head_weights_for
+from service.decode.engine.engine import Engine
+from service.decode.runtime.providers import require_provider
+from service.decode.shared.errors import ModelNotFound, QueueFull, ShuttingDown
 from service.model.embedded import resolve_bundle, resolve_repository
 from service.serve import channel as ch
 from service.serve import glossary_files, memory_files

@@ -35,7 +35,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.decode.errors import DeadlineExceeded, EngineUnavailable, QueueFull, ShuttingDown
+from service.decode.shared.errors import (
+    DeadlineExceeded,
+    EngineUnavailable,
+    QueueFull,
+    ShuttingDown,
+)
 from service.serve import channel as ch
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
 from service.model import glossary as gl
 from service.serve.memory_files import memory_file as model_file
 from service.serve.memory_files import signature

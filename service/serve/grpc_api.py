@@ -22,7 +22,7 @@ import grpc
 
 from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from service.decode.errors import ModelNotFound, NotReady
+from service.decode.shared.errors import ModelNotFound, NotReady
 from service.serve.config import Settings
 from service.serve.metrics import Metrics
 from service.serve.protocol import (

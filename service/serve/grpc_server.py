@@ -36,8 +36,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from service.decode.engine import Engine
-from service.decode.providers import require_provider
+from service.decode.engine.engine import Engine
+from service.decode.runtime.providers import require_provider
 from service.serve.config import Settings
 from service.serve.engine_host import EngineHost, build_engine_host
 from service.serve.engine_link import EngineLink

@@ -37,7 +37,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from proto.translation.v1 import translation_pb2 as pb
-from service.decode.errors import InvalidInput
+from service.decode.shared.errors import InvalidInput
 from service.serve.config import Settings
 from service.serve.protocol import MAX_REQUEST_ID_CHARS
 from service.serve.repository import ModelVersion

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from service.decode.engine import Engine
+from service.decode.engine.engine import Engine
 from service.model import memory as mem
 
 log = logging.getLogger("s2s.server")

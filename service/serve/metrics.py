@@ -26,7 +26,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from service.decode.transfers import DIRECTIONS, REASONS, TransferLedger
+from service.decode.runtime.transfers import DIRECTIONS, REASONS, TransferLedger
 
 # --- bounded label values ---------------------------------------------------------------------
 

@@ -16,9 +16,9 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from service.decode.config import RuntimeConfig
-from service.decode.engine import Engine
-from service.decode.transfers import TransferLedger
+from service.decode.engine.engine import Engine
+from service.decode.runtime.transfers import TransferLedger
+from service.decode.shared.config import RuntimeConfig
 from service.serve import glossary_files, memory_files
 from service.serve.config import Settings
 from service.serve.repository import Found, ModelVersion, Repository

@@ -4,7 +4,7 @@ translation.v1 messages.
 Server side: a TranslateRequest is validated against the limits and becomes texts,
 `SearchOptions` and an alignment mode; `Translation`s become protobuf; ModelInfo is built from the
 settings. Client side: keyword options become DecodingOptions; responses become `Client*`
-dataclasses with numpy alignment matrices. The decoding options are service/decode/options.py's: each
+dataclasses with numpy alignment matrices. The decoding options are service/decode/shared/options.py's: each
 option's name is its DecodingOptions field, so both directions loop over `OPTIONS`.
 """
 
@@ -21,11 +21,11 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from proto.translation.v1 import translation_pb2 as pb
-from service.decode.alignment import Alignment
-from service.decode.errors import InvalidInput
-from service.decode.forced import AlignedPair, AlignOptions, Matrices, default_links
-from service.decode.links import DEFAULT_THRESHOLD
-from service.decode.options import (
+from service.decode.align.forced import AlignedPair, AlignOptions, Matrices, default_links
+from service.decode.align.links import DEFAULT_THRESHOLD
+from service.decode.shared.alignment import Alignment
+from service.decode.shared.errors import InvalidInput
+from service.decode.shared.options import (
     OPTIONS,
     TERM_SEPARATOR,
     SearchOptions,
@@ -36,9 +36,9 @@ from service.decode.options import (
 from service.model import glossary as gl
 
 if TYPE_CHECKING:  # the client imports this module: keep onnxruntime out of its imports
-    from service.decode.engine import Engine
-    from service.decode.preparation import Prepared
-    from service.decode.translation import AlignmentMode, Translation
+    from service.decode.engine.engine import Engine
+    from service.decode.text.preparation import Prepared
+    from service.decode.text.translation import AlignmentMode, Translation
     from service.serve.config import Settings
     from service.serve.repository import ModelVersion
 
@@ -164,7 +164,7 @@ def default_options(
 def parse_options(
     o: pb.DecodingOptions, settings: Settings, model_defaults: Mapping[str, Any] | None = None
 ) -> SearchOptions:
-    """The set fields of DecodingOptions over the defaults (service/decode/options.py's
+    """The set fields of DecodingOptions over the defaults (service/decode/shared/options.py's
     merge_options: a default stopping rule follows the penalties in force), checked against the
     engine's limits. Cached by the message's bytes: clients send the same options again and
     again, and checking every option is a tenth of a front's work on a request."""
@@ -571,7 +571,7 @@ class ClientTranslation:
 def decoding_options_to_pb(alignment: str = "none", **options: Any) -> pb.DecodingOptions:
     """DecodingOptions with only the given options set (unset or None = the server's default).
 
-    The keyword arguments are service/decode/options.py's option names (beam_size, n_best, max_length,
+    The keyword arguments are service/decode/shared/options.py's option names (beam_size, n_best, max_length,
     max_length_a, max_length_b, length_penalty, coverage_penalty).
     """
     if alignment not in ALIGNMENT_MODES:
@@ -681,7 +681,7 @@ def align_options_to_pb(
     attention_layer: int | None = None,
     attention_head: int | None = None,
 ) -> pb.AlignOptions:
-    """AlignOptions: links one of service/decode/links.py's LINK_MODES (None: the server's
+    """AlignOptions: links one of service/decode/align/links.py's LINK_MODES (None: the server's
     default), matrices one of both, none, subword, word; markup none, xml or html (None: none);
     a Transformer's attention layer and head (None: the model's)."""
     if links is not None and links not in LINK_MODES_PB:

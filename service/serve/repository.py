@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.decode.engine import Engine
-from service.decode.errors import ModelNotFound
+from service.decode.engine.engine import Engine
+from service.decode.shared.errors import ModelNotFound
 from service.model.bundle import MANIFEST, read_manifest
 from service.serve.config import VersionPolicy
 

@@ -20,7 +20,7 @@ Policies:
   oldest has waited `max_queue_delay_s`; the batch decodes to the end before the next one forms.
 - "iteration": iteration-level batching (Orca, TGI, vLLM): before every step, waiting sentences join
   the running batch of their beam size while capacity allows; finished ones have already left.
-  While anything runs, only sentences already encoded (`ready`, see `service.decode.encode_ahead`) join,
+  While anything runs, only sentences already encoded (`ready`, see `service.decode.engine.encode_ahead`) join,
   so an admission never stalls the running batch for an encoder call.
 """
 

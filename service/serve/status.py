@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from service.decode.errors import (
+from service.decode.shared.errors import (
     Cancelled,
     DeadlineExceeded,
     DecodeFailed,

@@ -2,7 +2,7 @@
 
 Both faces call it, the gRPC servicer (service/serve/grpc_api.py) and the HTTP/JSON one (service/serve/http_api.py),
 so both validate, decode, limit and account for requests (`finish`: metrics and the log line) the same way. It raises only the domain errors of
-service/decode/errors.py; each face maps them to its own status codes and counts them in the metrics.
+service/decode/shared/errors.py; each face maps them to its own status codes and counts them in the metrics.
 
 A face acquires the request's model version (`acquire`) before `decode` and releases it when the
 answer is out: a reload meanwhile does not unload the version a request is decoding on.
@@ -20,20 +20,20 @@ from typing import Any
 import grpc
 
 from proto.translation.v1 import translation_pb2 as pb
-from service.decode import marked, recall
-from service.decode.aligner import (
+from service.decode.align.aligner import (
     ForcedRequest,
     PreparedPair,
     aligned_of,
     check_aligner,
     prepare_pair,
 )
-from service.decode.engine import Engine
-from service.decode.errors import InvalidInput, NotReady
-from service.decode.forced import AlignedPair
-from service.decode.options import SearchOptions
-from service.decode.preparation import DecodeRequest, Prepared
-from service.decode.translation import AlignmentMode, Translation
+from service.decode.align.forced import AlignedPair
+from service.decode.engine.engine import Engine
+from service.decode.requests import marked, recall
+from service.decode.shared.errors import InvalidInput, NotReady
+from service.decode.shared.options import SearchOptions
+from service.decode.text.preparation import DecodeRequest, Prepared
+from service.decode.text.translation import AlignmentMode, Translation
 from service.serve.config import Settings
 from service.serve.engine_link import EngineLink
 from service.serve.metrics import Metrics
@@ -147,7 +147,7 @@ class TranslatorCore:
             input_tokens=sum(len(p.ids) for p in prepared), beam_size=parsed.options.beam_size
         )
         # the link head reads each text with markup next: the engine keeps the decode's encoder
-        # rows for it (service/decode/kept_rows.py) and reads them instead of encoding again
+        # rows for it (service/decode/engine/kept_rows.py) and reads them instead of encoding again
         heads_next = engine.link_head is not None and any(m.nodes for m in marks)
         results = await self.translate_with_memory(
             model,
@@ -289,7 +289,7 @@ class TranslatorCore:
         keep_rows: bool = False,
     ) -> list[Translation]:
         """The texts the model's memory knows answered from it (their forced pass queued as an
-        Align job: service/decode/recall.py), the others, and an n_best the memory cannot fill,
+        Align job: service/decode/requests/recall.py), the others, and an n_best the memory cannot fill,
         decoded; both jobs in the same decode loop at once. keep_rows: the decode keeps its
         encoder rows for the link head (`Job.keep_rows`)."""
         engine = model.engine

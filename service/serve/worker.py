@@ -18,12 +18,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from service.decode.aligner import ForcedBatch, ForcedRequest, aligned_of
-from service.decode.beam import SearchOptions
-from service.decode.controls import Controls
-from service.decode.encode_ahead import EncodeAhead
-from service.decode.engine import Engine, RunningBatch
-from service.decode.errors import (
+from service.decode.align.aligner import ForcedBatch, ForcedRequest, aligned_of
+from service.decode.align.forced import AlignedPair, AlignOptions, Forced
+from service.decode.engine.encode_ahead import EncodeAhead
+from service.decode.engine.engine import Engine, RunningBatch
+from service.decode.runtime.runtime import EncodedSentence
+from service.decode.search.beam import SearchOptions
+from service.decode.shared.controls import Controls
+from service.decode.shared.errors import (
     Cancelled,
     DeadlineExceeded,
     DecodeFailed,
@@ -31,11 +33,9 @@ from service.decode.errors import (
     QueueFull,
     ShuttingDown,
 )
-from service.decode.forced import AlignedPair, AlignOptions, Forced
-from service.decode.preparation import DecodeRequest, Prepared, RawParts
-from service.decode.runtime import EncodedSentence
-from service.decode.sides import PreparedPair
-from service.decode.translation import AlignmentMode, Translation
+from service.decode.text.preparation import DecodeRequest, Prepared, RawParts
+from service.decode.text.sides import PreparedPair
+from service.decode.text.translation import AlignmentMode, Translation
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion, single
 from service.serve.request_trace import NO_TRACE, RequestTrace

@@ -1,0 +1,929 @@
+"""Batched beam search over a decoder step, pure numpy.
+
+The search drives a *running batch*: B sentences with exactly K hypothesis slots each, laid out
+sentence-major (row n = b*K + j). Each step sends the decoder the previous token of every slot and
+the back-pointers (`reorder`), gets back the top-k next tokens per slot with this step's attention,
+and picks each sentence's next beam. Sentences join (`add`) between steps and leave as soon as
+they are done, so the batch grows and shrinks while it runs; `beam_search` wraps this for a static
+batch.
+
+Scoring follows GNMT (Wu et al., 2016) with Marian's normalization and word penalty: the rules are
+service/decode/shared/rules.py's, which the device search shares. The coverage sums the attention of every
+step, the EOS step included. Live hypotheses compete by log P alone, which keeps the search standard:
+the EOS candidates among a sentence's top `beam_size` candidates finish, the `beam_size` best
+non-EOS candidates continue, and asking the decoder for k = K + 1 tokens per slot guarantees
+enough non-EOS candidates even when every slot's best token is EOS.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Hashable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import cast
+
+import numpy as np
+
+from service.decode.shared import controls as ctl
+from service.decode.shared.constraints import START, Constraints, SlotTable, State, bank_order
+from service.decode.shared.controls import NO_CONTROLS, Controls, unusable_controls
+from service.decode.shared.options import SearchOptions
+from service.decode.shared.rules import (
+    cannot_improve,
+    coverage_penalty,
+    heuristic_ends,
+    kept_finished,
+    max_length,
+    normalized_score,
+)
+from service.decode.shared.search_types import Decoder, Hypothesis, RowsDecoder, StepOutput
+
+
+@dataclass(frozen=True)
+class _Beams:
+    """Per-hypothesis state of the running batch, one row per slot (row n = b*K + j)."""
+
+    tokens: np.ndarray  # (N,) int64 last token of each hypothesis, fed to the next step
+    parents: np.ndarray  # (N,) int64 decoder state-buffer row each hypothesis continues
+    scores: np.ndarray  # (N,) float64 cumulative score ranked by; -inf marks a dead slot
+    coverage: np.ndarray  # (N, S) float32 attention summed over the steps so far
+    raw: np.ndarray  # (N,) float64 cumulative log-prob under the model (= scores without controls)
+    # (N, L) int64 tokens so far, right-aligned (a sentence's last `steps` columns); kept only
+    # while a sentence with controls (which read them) is in the batch: L = 0 otherwise, and the
+    # rows of sentences without controls are never read
+    seqs: np.ndarray
+
+    @classmethod
+    def empty(cls) -> _Beams:
+        return cls(
+            tokens=np.zeros(0, np.int64),  # (0,)
+            parents=np.zeros(0, np.int64),  # (0,)
+            scores=np.zeros(0, np.float64),  # (0,)
+            coverage=np.zeros((0, 0), np.float32),  # (0, 0)
+            raw=np.zeros(0, np.float64),  # (0,)
+            seqs=np.zeros((0, 0), np.int64),  # (0, 0)
+        )
+
+    @classmethod
+    def start(cls, K: int, bos_id: int, state_row: int, S: int, live: int = 1) -> _Beams:
+        """K slots of a joining sentence: the first `live` slots at score 0, the others dead."""
+        scores = np.full(K, -np.inf)  # (K,)
+        scores[:live] = 0.0
+        return cls(
+            tokens=np.full(K, bos_id, np.int64),  # (K,)
+            parents=np.full(K, state_row, np.int64),  # (K,)
+            scores=scores,
+            coverage=np.zeros((K, S), np.float32),  # (K, S)
+            raw=scores.copy(),
+            seqs=np.zeros((K, 0), np.int64),  # (K, 0)
+        )
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def select(self, rows: np.ndarray) -> _Beams:
+        """The rows (N',) int64 of every field, in that order."""
+        return _Beams(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    @classmethod
+    def join(cls, parts: Sequence[_Beams]) -> _Beams:
+        """The rows of several parts, in order (coverage padded to the widest source)."""
+        if len(parts) == 1:
+            return parts[0]
+        S = max(p.coverage.shape[1] for p in parts)
+        L = max(p.seqs.shape[1] for p in parts)
+        return cls(
+            tokens=np.concatenate([p.tokens for p in parts]),
+            parents=np.concatenate([p.parents for p in parts]),
+            scores=np.concatenate([p.scores for p in parts]),
+            coverage=np.concatenate([_fit_columns(p.coverage, S) for p in parts]),
+            raw=np.concatenate([p.raw for p in parts]),
+            seqs=np.concatenate([_left_pad(p.seqs, L) for p in parts]),
+        )
+
+
+def _left_pad(seqs: np.ndarray, L: int) -> np.ndarray:
+    """seqs (N, L') right-aligned, padded on the left with -1 or cut on the left to (N, L)."""
+    N, L_old = seqs.shape
+    if L_old >= L:
+        return seqs[:, L_old - L :]
+    return np.concatenate([np.full((N, L - L_old), -1, np.int64), seqs], axis=1)  # (N, L)
+
+
+def _fit_columns(matrix: np.ndarray, S: int) -> np.ndarray:
+    """matrix (N, S') padded with zeros or cut to (N, S); cut columns are padding, hence 0."""
+    N, S_old = matrix.shape
+    if S_old >= S:
+        return matrix[:, :S]
+    return np.concatenate([matrix, np.zeros((N, S - S_old), matrix.dtype)], axis=1)  # (N, S)
+
+
+@dataclass(frozen=True)
+class _StepRecord:
+    """One step of the whole running batch, for back-tracing; each sentence's history holds it with
+    the sentence's row (one record a step for the batch, not three arrays a sentence)."""
+
+    parents: np.ndarray  # (B, K) int64 slot of the previous beam each new slot continues
+    tokens: np.ndarray  # (B, K) int64 token each new slot appended
+    log_probs: np.ndarray  # (B, K) float32 the model's log-prob of each new slot's token
+
+
+class _History:
+    """Back-pointers, tokens and (when asked for) attention of one sentence, one record per step.
+
+    History is kept per sentence rather than per batch step: sentences join and leave at different
+    steps, and per sentence a join is a new empty history, a leave drops it, and back-pointers are
+    slots 0..K-1 whatever rows the sentence occupies in the running batch. Each entry is the batch's
+    record of that step (shared by every sentence then running), the sentence's row in it, and the
+    sentence's own attention rows (K, src_len) of that step when it keeps attention.
+    """
+
+    def __init__(self, src_len: int, keep_attention: bool) -> None:
+        self.src_len = src_len
+        self.keep_attention = keep_attention
+        self._records: list[tuple[_StepRecord, int, np.ndarray | None]] = []
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def append(self, record: _StepRecord, row: int, attention: np.ndarray | None) -> None:
+        self._records.append((record, row, attention))
+
+    def backtrace(self, slot: int, steps: int) -> tuple[list[int], np.ndarray | None, np.ndarray]:
+        """Tokens, attention rows (steps, src_len) and token log-probs (steps,) of the hypothesis
+        in `slot` after `steps` steps.
+
+        Step t's record holds the new slots' parents and tokens, and the attention of the previous
+        beam's slots: the row that produced a slot's token is the one of its parent.
+        """
+        attention = np.zeros((steps, self.src_len), np.float32) if self.keep_attention else None
+        if not steps:  # ended at its first step
+            return [], attention, np.zeros(0, np.float32)
+        records = self._records[:steps]
+        parents = np.array([r.parents[row] for r, row, _ in records], np.int64)  # (steps, K)
+        slots = np.zeros(steps, np.int64)  # (steps,)
+        trace_slots(parents, slot, slots)
+        at = np.arange(steps)
+        tokens = np.array([r.tokens[row] for r, row, _ in records], np.int64)[at, slots]
+        log_probs = np.array([r.log_probs[row] for r, row, _ in records], np.float32)[at, slots]
+        if attention is not None:  # (steps, src_len)
+            for t, (_, _, rows) in enumerate(records):
+                if rows is not None:
+                    attention[t] = rows[parents[t, slots[t]]]
+        return tokens.tolist(), attention, log_probs
+
+
+@dataclass(frozen=True)
+class _Finished:
+    """A finished hypothesis before back-tracing: `slot` after `prefix_steps` steps (+ EOS)."""
+
+    score: float
+    log_prob: float
+    slot: int
+    prefix_steps: int
+    by_eos: bool
+    # every constraint met (a glossary's: service/decode/shared/constraints.py)
+    complete: bool = True
+
+
+@dataclass
+class _Sentence:
+    """One sentence of the running batch: its options, controls, history and best finished
+    hypotheses."""
+
+    id: Hashable
+    options: SearchOptions
+    max_len: int
+    history: _History
+    controls: Controls = NO_CONTROLS
+    rng: np.random.Generator | None = None  # sampling: the sentence's own stream
+    constraints: Constraints | None = None  # lexical constraints (a glossary's terms)
+    # the controls the step's candidates go through (service/decode/shared/controls.py), its group's key
+    # (whatever the seed; constraints are the search's own: _constrain); None: none act
+    group: Controls | None = None
+    states: list[State] = field(default_factory=list)  # (K,) each slot's constraint state
+    finished: list[_Finished] = field(default_factory=list)  # best first, at most `keep`
+    ended: int = 0  # hypotheses finished so far, kept or not (the patience rule counts them)
+    # ends the constraints refused: a slot's best next token was the end of sentence before it
+    # met every constraint (the patience rule counts them too: the search has seen that many ends)
+    refused: int = 0
+    top_ended: bool = False  # a step's best-ranked candidate was EOS (the "first" rule)
+    reads_history: bool = False  # its controls read its tokens so far (Controls.reads_history)
+
+    @property
+    def steps(self) -> int:
+        return len(self.history)
+
+    @property
+    def width(self) -> int:
+        """The slots the sentence uses: its beam (narrowed by the hypotheses ended, under the
+        "narrowing" rule), or its samples."""
+        if self.controls.sampling:
+            return self.options.n_best
+        if self.options.stopping == "narrowing":
+            return max(0, self.options.beam_size - self.ended)
+        return self.options.beam_size
+
+    @property
+    def wanted(self) -> int:
+        """The finished hypotheses it keeps: its n-best (its beam under the heuristic rule,
+        rules.kept_finished), or every alternative."""
+        return self.options.beam_size if self.controls.alternatives else kept_finished(self.options)
+
+    def finish(
+        self,
+        slots: np.ndarray,
+        scores: np.ndarray,
+        log_probs: np.ndarray,
+        coverage: np.ndarray,
+        by_eos: bool,
+    ) -> None:
+        """Score the hypotheses in slots (M,) with their cumulative scores (M,), model log-probs
+        (M,) and coverage (M, src_len). Hypotheses that met their constraints rank first (only a
+        sentence cut at its maximum length can finish one that did not)."""
+        prefix_steps = self.steps - 1 if by_eos else self.steps
+        opts = self.options
+        new = [
+            _Finished(
+                score=normalized_score(float(score), self.steps, opts)
+                + coverage_penalty(cov, opts.coverage_penalty),
+                log_prob=float(log_prob),
+                slot=int(slot),
+                prefix_steps=prefix_steps,
+                by_eos=by_eos,
+                complete=by_eos or self.met(int(slot)),
+            )
+            for slot, score, log_prob, cov in zip(slots, scores, log_probs, coverage, strict=True)
+        ]
+        self.ended += len(new)
+        ranked = sorted(self.finished + new, key=lambda f: (not f.complete, -f.score))
+        self.finished = ranked[: self.wanted]
+
+    def met(self, slot: int) -> bool:
+        """Whether the hypothesis in `slot` has met every constraint (True without any)."""
+        return self.constraints is None or self.constraints.complete(self.states[slot])
+
+    @property
+    def constrained(self) -> bool:
+        """Constraints act at this step: the sentence has some, and its prefix is spelled."""
+        return self.constraints is not None and self.steps >= len(self.controls.prefix)
+
+    def done(self, best_live: float) -> bool:
+        """Whether the search of this sentence stops now (before its maximum length), by its
+        stopping rule: "exact" (nothing live can win), "first" (its best-ranked candidate ended
+        at some step) or "patience" (beam_size x patience hypotheses ended)."""
+        if best_live == -math.inf:
+            return True
+        if self.controls.independent or len(self.finished) < self.wanted:
+            return False
+        rule = self.options.stopping
+        if rule == "first":
+            return self.top_ended
+        if rule == "patience":
+            ended = self.ended + self.refused
+            return ended >= math.ceil(self.options.beam_size * self.options.patience)
+        if rule == "narrowing":
+            return self.width == 0
+        if rule == "heuristic":
+            return heuristic_ends(best_live, self.steps, self.finished[-1].score, self.options)
+        return self.cannot_improve(best_live)
+
+    def cannot_improve(self, best_live: float) -> bool:
+        """True when n_best hypotheses are finished and no live one can beat the worst of them
+        (rules.cannot_improve)."""
+        if len(self.finished) < self.wanted:
+            return False
+        worst = self.finished[-1].score
+        return cannot_improve(best_live, self.steps, worst, self.max_len, self.options)
+
+    def n_best(self) -> list[Hypothesis]:
+        """The finished hypotheses it returns, best first, back-traced."""
+        count = self.wanted if self.controls.alternatives else self.options.n_best
+        return [self._hypothesis(f) for f in self.finished[:count]]
+
+    def _hypothesis(self, f: _Finished) -> Hypothesis:
+        tokens, attention, log_probs = self.history.backtrace(f.slot, f.prefix_steps)
+        return Hypothesis(
+            tokens=tokens,
+            score=f.score,
+            log_prob=f.log_prob,
+            attention=attention,
+            finished_by_eos=f.by_eos,
+            token_log_probs=log_probs,
+        )
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """Each sentence's K*k candidates, best first."""
+
+    scores: np.ndarray  # (B, K*k) float64 cumulative score
+    raw: np.ndarray  # (B, K*k) float64 cumulative log-prob under the model
+    step_raw: np.ndarray  # (B, K*k) float32 the model's log-prob of the candidate's token
+    tokens: np.ndarray  # (B, K*k) int64
+    slots: np.ndarray  # (B, K*k) int64 slot (0..K-1) of the hypothesis each candidate extends
+
+
+def _rank_candidates(
+    beams: _Beams, out: StepOutput, step_raw: np.ndarray, B: int, K: int
+) -> _Candidates:
+    """Every slot's top-k extensions, grouped per sentence and sorted by cumulative score.
+    step_raw (N, k): the model's log-prob of each candidate token (out.log_probs without
+    controls)."""
+    _, k = out.log_probs.shape  # (N, k)
+    scores = (beams.scores[:, None] + out.log_probs).reshape(B, K * k)  # (B, K*k) float64
+    order = np.argsort(-scores, axis=1, kind="stable")  # (B, K*k) best first
+    rows = np.arange(B)[
+        :, None
+    ]  # (B, 1): indexing along axis 1 (take_along_axis, without its overhead)
+    step_raw = step_raw.reshape(B, K * k)[rows, order]  # (B, K*k)
+    slots = order // k  # (B, K*k)
+    return _Candidates(
+        scores=scores[rows, order],
+        raw=beams.raw.reshape(B, K)[rows, slots] + step_raw,
+        step_raw=step_raw,
+        tokens=out.token_ids.reshape(B, K * k)[rows, order],
+        slots=slots,
+    )
+
+
+def _eos_choices(cands: _Candidates, widths: np.ndarray, eos_id: int) -> np.ndarray:
+    """(B, K*k) bool: EOS candidates among each sentence's top `width` candidates."""
+    _, M = cands.tokens.shape  # (B, K*k)
+    rank = np.arange(M)  # (M,)
+    top = rank[None, :] < widths[:, None]  # (B, M)
+    return (cands.tokens == eos_id) & np.isfinite(cands.scores) & top
+
+
+@dataclass(frozen=True)
+class _NextBeam:
+    """Each sentence's next K slots."""
+
+    slots: np.ndarray  # (B, K) int64 slot of the previous beam each new slot continues
+    tokens: np.ndarray  # (B, K) int64
+    scores: np.ndarray  # (B, K) float64, -inf for dead slots
+    raw: np.ndarray  # (B, K) float64 cumulative model log-prob, -inf for dead slots
+    step_raw: np.ndarray  # (B, K) float32 the model's log-prob of each slot's new token
+
+
+def _continuations(
+    cands: _Candidates, widths: np.ndarray, eos_id: int, K: int, within_top: bool = False
+) -> _NextBeam:
+    """The `width` best non-EOS candidates of each sentence in slots 0..width-1; other slots dead.
+
+    within_top: only the non-EOS candidates among the top `width` continue (the beam narrows by
+    the EOS candidates that finished), the rule of OpenNMT-py's and Joey NMT's beam search."""
+    is_eos = cands.tokens == eos_id  # (B, M)
+    if within_top:
+        rank = np.arange(is_eos.shape[1])[None, :]  # (1, M)
+        wanted = ~is_eos & (rank < widths[:, None]) & np.isfinite(cands.scores)  # (B, M)
+    else:
+        non_eos_rank = np.cumsum(~is_eos, axis=1) - 1  # (B, M)
+        wanted = ~is_eos & (non_eos_rank < widths[:, None])  # (B, M)
+    picks = np.argsort(~wanted, axis=1, kind="stable")[:, :K]  # (B, K) wanted first, best first
+    rows = np.arange(len(picks))[:, None]  # (B, 1)
+    scores = cands.scores[rows, picks]  # (B, K)
+    live = wanted[rows, picks] & np.isfinite(scores)  # (B, K)
+    return _NextBeam(
+        slots=cands.slots[rows, picks],
+        tokens=cands.tokens[rows, picks],
+        scores=np.where(live, scores, -np.inf),
+        raw=np.where(live, cands.raw[rows, picks], -np.inf),
+        step_raw=cands.step_raw[rows, picks],
+    )
+
+
+def _check_step_output(out: StepOutput, N: int, k: int) -> None:
+    """Raise ValueError when the decoder's output does not fit N hypotheses and top-k."""
+    if (
+        out.log_probs.ndim != 2
+        or out.log_probs.shape[0] != N
+        or not 1 <= out.log_probs.shape[1] <= k
+    ):
+        raise ValueError(f"decoder log_probs must be ({N}, <= {k}), got {out.log_probs.shape}")
+    if out.token_ids.shape != out.log_probs.shape:
+        raise ValueError(
+            f"decoder token_ids {out.token_ids.shape} != log_probs {out.log_probs.shape}"
+        )
+    if out.attention.ndim != 2 or out.attention.shape[0] != N:
+        raise ValueError(f"decoder attention must be ({N}, S), got {out.attention.shape}")
+
+
+class BeamSearch:
+    """Beam search state of a running batch with K slots per sentence over one Decoder.
+
+    Order of calls: `add` joining sentences (their initial decoder states already appended to the
+    state buffer at `state_row`), then `step`; finished sentences are returned by `step` and
+    dropped from the batch (and from the decoder through `keep_sentences`) before it returns.
+    Sentences with active controls (service/decode/shared/controls.py) need a `RowsDecoder`: while one is
+    in the batch, each step reads every token's log-prob and their candidates come from it; the
+    others' still come from the step's own top-k, so an answer does not depend on its neighbours.
+    """
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        beam_size: int,
+        bos_id: int,
+        eos_id: int,
+        vocab_size: int | None = None,
+        narrow_on_eos: bool = False,
+        continues_word: np.ndarray | None = None,
+    ) -> None:
+        """narrow_on_eos: continue only the non-EOS candidates among the top beam_size (the beam
+        rule of the toolkits imported models come from; see _continuations). continues_word (V,)
+        bool: the target tokens that go on with the word before them (subword pieces without a
+        word start), which may not follow a glossary term (no "Logos" + "ulsed")."""
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+        if vocab_size is not None and vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+        self._decoder = decoder
+        self._beam_size = beam_size
+        # tokens asked of the decoder per slot: K + 1 leaves K non-EOS ones even if one is EOS
+        self._candidates = beam_size + 1 if vocab_size is None else min(beam_size + 1, vocab_size)
+        self._bos_id = bos_id
+        self._eos_id = eos_id
+        self._vocab_size = vocab_size
+        self._narrow_on_eos = narrow_on_eos
+        self._continues_word = continues_word
+        self._table: tuple[list[int], SlotTable] | None = None  # this step's constrained slots
+        self._beams = _Beams.empty()
+        self._joining: list[_Beams] = []  # slots of sentences added since the last step
+        self._sentences: list[_Sentence] = []
+        self._ids: set[Hashable] = set()
+        # per sentence, in batch order, as arrays: a step reads them without a loop over B
+        self._steps = np.zeros(0, np.int64)  # (B,) steps decoded
+        self._max_len = np.zeros(0, np.int64)  # (B,) the sentence's maximum length
+        self._widths = np.zeros(0, np.int64)  # (B,) slots in use (_Sentence.width)
+        self._kept = np.zeros(0, np.int64)  # (B,) finished hypotheses held (len(finished))
+        self._wanted = np.zeros(0, np.int64)  # (B,) finished hypotheses wanted (_Sentence.wanted)
+        self._controlled = 0  # sentences with active controls
+        # sentences whose controls read their tokens so far: `_Beams.seqs` is kept while any is
+        # in the batch (force_eos alone reads none)
+        self._reading = 0
+        self._constrained = 0  # sentences with constraints (a glossary's terms)
+        # sentences whose own controls raised at this step (by batch index), and those failed
+        # since `take_failed` was last asked: they leave the batch, which goes on without them
+        self._failing: dict[int, Exception] = {}
+        self._failed: list[tuple[Hashable, Exception]] = []
+
+    @property
+    def beam_size(self) -> int:
+        return self._beam_size
+
+    @property
+    def sentence_ids(self) -> list[Hashable]:
+        """The ids of the sentences still decoding, in batch order."""
+        return [s.id for s in self._sentences]
+
+    def __len__(self) -> int:
+        return len(self._sentences)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self._sentences
+
+    def add(
+        self,
+        sentence_id: Hashable,
+        src_len: int,
+        options: SearchOptions,
+        state_row: int,
+        controls: Controls = NO_CONTROLS,
+    ) -> None:
+        """A sentence joins at the end of the batch; its initial state is decoder buffer row state_row.
+
+        options.beam_size may be below the batch's K: the extra slots stay dead.
+        """
+        if options.beam_size > self._beam_size:
+            raise ValueError(
+                f"sentence beam_size {options.beam_size} exceeds the batch's beam size {self._beam_size}"
+            )
+        if src_len < 1:
+            raise ValueError(f"src_len must be >= 1, got {src_len}")
+        if state_row < 0:
+            raise ValueError(f"state_row must be >= 0, got {state_row}")
+        if sentence_id in self._ids:
+            raise ValueError(f"sentence {sentence_id!r} is already decoding")
+        if controls.active and not hasattr(self._decoder, "step_rows"):
+            raise ValueError("decoding controls need a decoder with step_rows")
+        problem = unusable_controls(controls, self._vocab_size) if self._vocab_size else None
+        if problem:
+            raise ValueError(f"sentence {sentence_id!r}: {problem}")
+        self._ids.add(sentence_id)
+        constraints = Constraints(controls.constraints) if controls.constraints else None
+        forced = constraints.total if constraints else 0  # room for the constraints' tokens
+        sentence = _Sentence(
+            id=sentence_id,
+            options=options,
+            max_len=max_length(options, src_len, len(controls.prefix), forced),
+            history=_History(src_len, keep_attention=options.return_attention),
+            controls=controls,
+            rng=np.random.default_rng(controls.seed or None) if controls.sampling else None,
+            constraints=constraints,
+            states=[START] * self._beam_size if constraints else [],
+            group=group if (group := replace(controls, seed=0, constraints=())).active else None,
+            reads_history=controls.reads_history,
+        )
+        self._sentences.append(sentence)
+        self._steps = np.append(self._steps, 0)
+        self._max_len = np.append(self._max_len, sentence.max_len)
+        self._widths = np.append(self._widths, sentence.width)
+        self._kept = np.append(self._kept, 0)
+        self._wanted = np.append(self._wanted, sentence.wanted)
+        self._controlled += controls.active
+        self._reading += sentence.reads_history
+        self._constrained += constraints is not None
+        live = sentence.width if controls.sampling else 1
+        self._joining.append(_Beams.start(self._beam_size, self._bos_id, state_row, src_len, live))
+
+    def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """Advance every sentence by one token; return the sentences done now with their n-best lists."""
+        if not self._sentences:
+            return []
+        self._merge_joining()
+        B, K = len(self._sentences), self._beam_size
+        # one decoder call for every slot of every sentence
+        out, step_raw = self._decoder_step()
+        N, S = out.attention.shape
+        # coverage of each current slot including this step's attention
+        coverage = _fit_columns(self._beams.coverage, S) + out.attention  # (N, S)
+        # rank each sentence's candidates; EOS ones in the top `width` finish, the rest continue
+        widths = self._widths  # (B,)
+        cands = _rank_candidates(self._beams, out, step_raw, B, K)
+        if self._table is not None:
+            cands = self._bank_order(cands, *self._table)
+        ends = _eos_choices(cands, widths, self._eos_id)  # (B, K*k)
+        nxt = _continuations(cands, widths, self._eos_id, K, self._narrow_on_eos)
+        self._advance_states(nxt)
+        rows = nxt.slots + K * np.arange(B)[:, None]  # (B, K) rows of this step's output
+        self._beams = _Beams(
+            tokens=nxt.tokens.reshape(N),
+            parents=rows.reshape(N),
+            scores=nxt.scores.reshape(N),
+            coverage=coverage[rows.reshape(N)],
+            raw=nxt.raw.reshape(N),
+            seqs=(
+                np.concatenate(
+                    [self._beams.seqs[rows.reshape(N)], nxt.tokens.reshape(N, 1)], axis=1
+                )  # (N, L + 1)
+                if self._reading
+                else np.zeros((N, 0), np.int64)  # (N, 0): no sentence reads them
+            ),
+        )
+        self._record(nxt, out.attention.reshape(B, K, S))
+        self._steps += 1
+        self._finish_eos(cands, ends, coverage)
+        return self._retire(self._settle())
+
+    def _decoder_step(self) -> tuple[StepOutput, np.ndarray]:
+        """The decoder's top-k for every slot, and the model's log-prob of each candidate (N, k).
+        Controlled sentences' rows hold their candidates instead (service/decode/shared/controls.py):
+        the step returns as many more candidates as a slot's controls may drop or lower, and every
+        token's log-prob only where a control must read it."""
+        beams, k = self._beams, self._candidates
+        groups = self._control_groups()
+        constrained = (
+            [b for b, s in enumerate(self._sentences) if s.constrained] if self._constrained else []
+        )
+        self._table = None
+        if constrained:  # every constrained slot's state, as arrays (one row per slot)
+            table = SlotTable.of(
+                [
+                    (c, state)
+                    for b in constrained
+                    if (c := self._sentences[b].constraints) is not None
+                    for state in self._sentences[b].states
+                ]
+            )
+            self._table = (constrained, table)
+        if not groups and not constrained:
+            out = self._decoder.step(beams.tokens, beams.parents, k)
+            _check_step_output(out, len(beams), k)
+            return out, out.log_probs
+        k = max([k, *(at.wanted(self._beam_size) for _, at, _ in groups)])
+        if self._vocab_size is not None:
+            k = min(k, self._vocab_size)
+        full = None
+        if constrained or any(at.needs_full_rows for _, at, _ in groups):
+            out, full = cast(RowsDecoder, self._decoder).step_rows(beams.tokens, beams.parents, k)
+        else:
+            out = self._decoder.step(beams.tokens, beams.parents, k)
+        _check_step_output(out, len(beams), k)
+        k = out.log_probs.shape[1]
+        log_probs, token_ids = out.log_probs.copy(), out.token_ids.copy()  # (N, k) each
+        step_raw = log_probs.copy()  # (N, k)
+        K = self._beam_size
+        for rows, at, rngs in groups:
+            given = ctl.SlotRows(
+                out.log_probs[rows], out.token_ids[rows], None if full is None else full[rows]
+            )
+            try:
+                if at.controls.sampling and at.step >= len(at.controls.prefix):
+                    # each sentence's K uniform draws from its own generator: its samples do not
+                    # depend on the batch
+                    draws = np.concatenate([rng.random(K) for rng in rngs])  # (R,)
+                    live = np.isfinite(beams.scores[rows])  # (R,)
+                    values, ids = ctl.sampled_candidates(given, at, k, draws, live)
+                else:
+                    values, ids = ctl.candidates(given, at, k)
+                model = self._model_log_probs(given, ids)  # (R, k)
+            except Exception as err:  # these sentences' controls: they fail, the batch goes on
+                self._fail_rows(rows, err)
+                log_probs[rows], step_raw[rows] = -np.inf, -np.inf
+                continue
+            log_probs[rows], token_ids[rows] = values, ids
+            step_raw[rows] = np.where(np.isfinite(values), model, -np.inf)
+        if self._table is not None:
+            assert full is not None
+            own = {int(r) // K: at.wanted(K) for rows, at, _ in groups for r in rows}
+            log_probs, token_ids, step_raw = self._constrain(
+                *self._table, own, log_probs, token_ids, step_raw, full
+            )
+        return StepOutput(log_probs, token_ids, out.attention), step_raw
+
+    def _constrain(
+        self,
+        constrained: list[int],
+        table: SlotTable,
+        own: dict[int, int],
+        log_probs: np.ndarray,
+        token_ids: np.ndarray,
+        step_raw: np.ndarray,
+        full: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The constrained sentences' candidates (service/decode/shared/constraints.py): their own k
+        (K + 1, or what their controls ask: more columns asked by the batch's other sentences are
+        dropped, so the answer does not depend on them), the end of sentence dropped for a slot
+        that has not met every constraint, a piece that would go on with a term's word dropped
+        right after it, and the tokens that advance a constraint added as extra columns (N, k + F)
+        at the model's log-probability."""
+        K = self._beam_size
+        rows = (np.asarray(constrained)[:, None] * K + np.arange(K)).reshape(-1)  # (R,)
+        k = log_probs.shape[1]
+        limit = np.repeat([own.get(b, self._candidates) for b in constrained], K)  # (R,)
+        values, ids = log_probs[rows], token_ids[rows]  # (R, k) each
+        drop = np.arange(k)[None, :] >= limit[:, None]  # (R, k)
+        live = np.isfinite(self._beams.scores[rows])  # (R,)
+        refused = (ids[:, 0] == self._eos_id) & live & ~table.complete
+        for b, n in zip(constrained, refused.reshape(-1, K).sum(axis=1).tolist(), strict=True):
+            self._sentences[b].refused += n
+        drop |= (ids == self._eos_id) & ~table.complete[:, None]
+        if self._continues_word is not None:
+            drop |= self._continues_word[ids] & table.just_met[:, None]
+        values = np.where(drop, np.float32(-np.inf), values)
+        log_probs[rows] = values
+        extra, extra_ids = table.forced(values, ids, full[rows], self._eos_id)  # (R, F) each
+        N, F = len(log_probs), extra.shape[1]
+        if not F:
+            return log_probs, token_ids, step_raw
+        more = np.full((N, F), -np.inf, np.float32)  # (N, F)
+        more_ids = np.zeros((N, F), np.int64)  # (N, F)
+        more[rows], more_ids[rows] = extra, extra_ids
+        return (
+            np.concatenate([log_probs, more], axis=1),  # (N, k + F)
+            np.concatenate([token_ids, more_ids], axis=1),
+            np.concatenate([step_raw, more], axis=1),
+        )
+
+    def _bank_order(
+        self, cands: _Candidates, constrained: list[int], table: SlotTable
+    ) -> _Candidates:
+        """The constrained sentences' candidates in dynamic beam allocation's order (by banks of
+        constraint tokens met: `bank_order`); the others' by score, as ranked."""
+        K = self._beam_size
+        bs = np.asarray(constrained)  # (Bc,)
+        slots = cands.slots[bs]  # (Bc, M)
+        banks = table.banks(np.arange(len(bs))[:, None] * K + slots, cands.tokens[bs])
+        order = bank_order(banks, np.isfinite(cands.scores[bs]))  # (Bc, M)
+        reordered = {}
+        for f in fields(cands):
+            values = getattr(cands, f.name).copy()
+            values[bs] = np.take_along_axis(values[bs], order, axis=1)
+            reordered[f.name] = values
+        return _Candidates(**reordered)
+
+    def _advance_states(self, nxt: _NextBeam) -> None:
+        """Each constrained sentence's slot states after this step's tokens."""
+        if not self._constrained:
+            return
+        for b, sentence in enumerate(self._sentences):
+            c = sentence.constraints
+            if c is None or b in self._failing:
+                continue
+            try:
+                sentence.states = [
+                    c.advance(sentence.states[slot], token)
+                    for slot, token in zip(
+                        nxt.slots[b].tolist(), nxt.tokens[b].tolist(), strict=True
+                    )
+                ]
+            except Exception as err:  # this sentence's constraints: it fails, not its batch
+                self._failing[b] = err
+
+    def _fail_rows(self, rows: np.ndarray, err: Exception) -> None:
+        """The sentences of slot rows (R,) fail at this step with err."""
+        for b in np.unique(rows // self._beam_size).tolist():
+            self._failing.setdefault(b, err)
+
+    def take_failed(self) -> list[tuple[Hashable, Exception]]:
+        """The sentences whose own controls raised since the last call, with the error: they
+        left the batch without an answer (the others decode on)."""
+        failed, self._failed = self._failed, []
+        return failed
+
+    def _control_groups(
+        self,
+    ) -> list[tuple[np.ndarray, ctl.SlotControls, list[np.random.Generator]]]:
+        """The controlled sentences' slots, grouped by step and controls (a batch that joined
+        together is one group; sampling sentences whatever their seeds), each group's rows (R,),
+        its SlotControls, and its sampling sentences' generators, in row order (each draws from
+        its own). Groups with nothing to change at this step are left out."""
+        if not self._controlled:
+            return []
+        at_last = self._steps == self._max_len - 1  # (B,) at their last step
+        if not self._reading and not at_last.any():
+            return []  # force_eos alone: nothing to do before a sentence's last step
+        K, L = self._beam_size, self._beams.seqs.shape[1]
+        members: dict[tuple[int, ctl.Controls, bool], list[int]] = {}
+        for b, sentence in enumerate(self._sentences):
+            if sentence.group is None or not (sentence.reads_history or at_last[b]):
+                continue
+            last = sentence.group.force_eos and bool(at_last[b])
+            members.setdefault((sentence.steps, sentence.group, last), []).append(b)
+        groups = []
+        for (steps, controls, last), bs in members.items():
+            rows = (np.asarray(bs)[:, None] * K + np.arange(K)).reshape(-1)  # (R,)
+            seqs = self._beams.seqs[rows, L - steps :]  # (R, steps)
+            at = ctl.SlotControls.at(controls, seqs, steps, self._eos_id, last)
+            if not at.idle:
+                rngs = [r for r in (self._sentences[b].rng for b in bs) if r is not None]
+                groups.append((rows, at, rngs))
+        return groups
+
+    @staticmethod
+    def _model_log_probs(rows: ctl.SlotRows, ids: np.ndarray) -> np.ndarray:
+        """The model's log-prob of each candidate ids (K, k): from the whole rows where read, else
+        from the step's top k (a candidate is always one of them there)."""
+        if rows.full is not None:
+            return np.take_along_axis(rows.full, ids, axis=1)
+        same = ids[:, :, None] == rows.ids[:, None, :]  # (K, k, m)
+        values = np.take_along_axis(rows.values, same.argmax(axis=2), axis=1)  # (K, k)
+        return np.where(same.any(axis=2), values, -np.inf).astype(np.float32)
+
+    def _record(self, nxt: _NextBeam, attention: np.ndarray) -> None:
+        """Append this step to every sentence's history: one record of back-pointers, tokens and
+        log-probs for the batch; the attention rows (K, src_len) copied per sentence that asked
+        for them (the decoder reuses its buffer, and a sentence keeps only its own columns)."""
+        record = _StepRecord(nxt.slots, nxt.tokens, nxt.step_raw)
+        for b, sentence in enumerate(self._sentences):
+            history = sentence.history
+            rows = attention[b, :, : history.src_len].copy() if history.keep_attention else None
+            history.append(record, b, rows)
+
+    def _finish_eos(self, cands: _Candidates, ends: np.ndarray, coverage: np.ndarray) -> None:
+        """Finish the candidates ends (B, K*k) marks, with the coverage (N, S) of their slots."""
+        K = self._beam_size
+        top_eos = ends[:, 0]  # (B,) the best-ranked candidate ended
+        for b in np.flatnonzero(ends.any(axis=1)).tolist():
+            sentence = self._sentences[b]
+            sentence.top_ended = sentence.top_ended or bool(top_eos[b])
+            slots = cands.slots[b, ends[b]]  # (M,)
+            eos_coverage = coverage[b * K + slots, : sentence.history.src_len]  # (M, src_len)
+            sentence.finish(
+                slots, cands.scores[b, ends[b]], cands.raw[b, ends[b]], eos_coverage, by_eos=True
+            )
+            self._widths[b] = sentence.width
+            self._kept[b] = len(sentence.finished)
+
+    def _settle(self) -> np.ndarray:
+        """(B,) bool: the sentences done after this step. At its max length a sentence's live slots
+        finish as they are; otherwise its stopping rule says (`_Sentence.done`), which can only
+        stop a sentence with every live slot dead or its n-best list full: the others are not
+        looked at one by one."""
+        B, K = len(self._sentences), self._beam_size
+        scores = self._beams.scores.reshape(B, K)  # (B, K)
+        raw = self._beams.raw.reshape(B, K)  # (B, K)
+        best_live = scores.max(axis=1)  # (B,)
+        at_max = self._steps >= self._max_len  # (B,)
+        done = np.zeros(B, bool)  # (B,)
+        ask = at_max | ~np.isfinite(best_live) | (self._kept >= self._wanted)  # (B,)
+        for b in np.flatnonzero(ask).tolist():
+            sentence = self._sentences[b]
+            if at_max[b]:
+                src_len = sentence.history.src_len
+                live = np.flatnonzero(np.isfinite(scores[b]))  # (L,)
+                live_coverage = self._beams.coverage[b * K + live, :src_len]  # (L, src_len)
+                sentence.finish(live, scores[b, live], raw[b, live], live_coverage, by_eos=False)
+                done[b] = True
+            else:
+                done[b] = sentence.done(float(best_live[b]))
+        return done
+
+    def _retire(self, done: np.ndarray) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """Drop the done sentences and those that failed at this step from the batch and the
+        decoder; return the done ones' n-best lists (the failed ones go to `take_failed`)."""
+        failing, self._failing = self._failing, {}
+        if failing:
+            done = done.copy()
+            done[list(failing)] = True
+            self._failed += [(self._sentences[b].id, err) for b, err in failing.items()]
+        if not done.any():
+            return []
+        results = [
+            (s.id, s.n_best())
+            for b, (s, d) in enumerate(zip(self._sentences, done, strict=True))
+            if d and b not in failing
+        ]
+        self._drop(done)
+        return results
+
+    def remove(self, sentence_ids: Collection[Hashable]) -> list[Hashable]:
+        """Drop sentences before they finish (cancelled, deadline passed); returns the ids removed."""
+        drop = np.array([s.id in sentence_ids for s in self._sentences], bool)  # (B,)
+        removed = [s.id for s, d in zip(self._sentences, drop, strict=True) if d]
+        if removed:
+            self._drop(drop)
+        return removed
+
+    def _merge_joining(self) -> None:
+        """One concatenation for every sentence added since the last step (not one per sentence)."""
+        if self._joining:
+            self._beams = _Beams.join([self._beams, *self._joining])
+            self._joining = []
+
+    def _drop(self, done: np.ndarray) -> None:
+        """Remove the sentences done (B,) marks from the beams, the batch and the decoder."""
+        self._merge_joining()
+        K = self._beam_size
+        keep = compaction_order(done)  # (B',) int64
+        rows = (keep[:, None] * K + np.arange(K)).reshape(-1)  # (B'*K,)
+        self._beams = self._beams.select(rows)
+        self._ids.difference_update(self._sentences[b].id for b in np.flatnonzero(done))
+        gone = [self._sentences[b] for b in np.flatnonzero(done)]
+        self._controlled -= sum(s.controls.active for s in gone)
+        self._reading -= sum(s.reads_history for s in gone)
+        self._constrained -= sum(s.constraints is not None for s in gone)
+        self._sentences = [self._sentences[b] for b in keep]
+        self._steps, self._max_len = self._steps[keep], self._max_len[keep]
+        self._widths, self._kept, self._wanted = (
+            self._widths[keep],
+            self._kept[keep],
+            self._wanted[keep],
+        )
+        self._decoder.keep_sentences(keep)
+        # the token columns the remaining sentences whose controls read them still use
+        longest = 0
+        if self._reading:
+            longest = max((s.steps for s in self._sentences if s.reads_history), default=0)
+        if self._beams.seqs.shape[1] > longest:
+            self._beams = replace(self._beams, seqs=_left_pad(self._beams.seqs, longest))
+
+
+def trace_slots(parents: np.ndarray, slot: int, out: np.ndarray) -> None:
+    """One hypothesis's slot at each step into out (T,) int64, from its sentence's back-pointers
+    (T, K) (each new slot's parent slot, step by step) and its slot at the last step: an index a
+    step, a Python loop over the arrays' memory (both searches back-trace with it)."""
+    T, K = parents.shape
+    back = np.ascontiguousarray(parents, np.int64).reshape(-1).data  # a memoryview of its int64s
+    into = out.data
+    for t in range(T - 1, -1, -1):
+        into[t] = slot
+        slot = back[t * K + slot]
+
+
+def compaction_order(done: np.ndarray) -> np.ndarray:
+    """The surviving sentences (B',) of done (B,) in the order that moves the fewest rows.
+
+    Survivors among the first B' rows stay where they are; each dropped row there is filled by one
+    of the survivors beyond B' (there are exactly as many). Under iteration-level batching some
+    sentence leaves at almost every step, and an order-preserving compaction would move every row
+    after the first one dropped (the encoder tensors of half the batch, per step, on average).
+    """
+    B_new = int(len(done) - np.count_nonzero(done))
+    order = np.arange(B_new, dtype=np.int64)  # (B',)
+    holes = np.flatnonzero(done[:B_new])  # dropped rows that survivors must fill
+    order[holes] = np.flatnonzero(~done[B_new:]) + B_new  # survivors from beyond B'
+    return order
+
+
+def beam_search(
+    decoder: Decoder,
+    src_lens: Sequence[int],
+    options: SearchOptions,
+    bos_id: int,
+    eos_id: int,
+    vocab_size: int | None = None,
+) -> list[list[Hypothesis]]:
+    """Decode a static batch whose decoder state buffer holds one initial row per sentence.
+
+    Returns each sentence's n-best list (best first) in input order. Greedy is beam_size 1.
+    """
+    search = BeamSearch(decoder, options.beam_size, bos_id, eos_id, vocab_size=vocab_size)
+    for b, src_len in enumerate(src_lens):
+        search.add(b, src_len, options, state_row=b)
+    results: dict[Hashable, list[Hypothesis]] = {}
+    while not search.is_empty:
+        results.update(search.step())
+    return [results[b] for b in range(len(src_lens))]
