@@ -28,7 +28,7 @@ from service.decode.align.aligner import ForcedBatch, ForcedRequest, align, prep
 from service.decode.align.forced import AlignedPair, AlignOptions
 from service.decode.align.links import LINK_MODES, extract_links, parse_pharaoh, to_pharaoh
 from service.decode.engine.engine import Engine
-from service.decode.runtime.runtime import decoder_graph
+from service.decode.runtime.step_graph import decoder_graph
 from service.decode.search.beam import SearchOptions
 from service.decode.shared.alignment import word_index
 from service.decode.shared.errors import InvalidInput

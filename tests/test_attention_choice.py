@@ -63,7 +63,7 @@ def test_the_bundles_own_layer_and_head_give_its_own_alignment(engine: Engine) -
     )
     head_only = matrices(engine, attention_head=0)  # the layer unset: the alignment layer
     for a, b, c in zip(own, chosen, head_only, strict=True):
-        # the choice's session reads the weights unpacked (runtime.make_session's prepack): its
+        # the choice's session reads the weights unpacked (sessions.make_session's prepack): its
         # products round apart from the search's in the last bits
         np.testing.assert_allclose(a, b, atol=1e-6)
         np.testing.assert_allclose(a, c, atol=1e-6)
@@ -169,7 +169,7 @@ def test_a_graph_that_cannot_give_the_choice_fails_its_request_not_the_server(
 ) -> None:
     """A decoder graph where the chosen layer's cross-attention cannot be found (one not made by
     our exporter): the request gets INVALID_ARGUMENT saying so, and the server goes on."""
-    from service.decode.runtime.runtime import runtime
+    from service.decode.runtime import runtime
 
     def cannot(*args: object) -> None:
         raise ValueError("the decoder graph shows 0 layers' cross-attention, not layer 1")

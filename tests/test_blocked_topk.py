@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 from benchmarks.sample_texts import bundle_texts
 from service.decode.align.aligner import align
 from service.decode.engine.engine import Engine
+from service.decode.runtime import blocked_topk, runtime, step_graph
 from service.decode.runtime.blocked_topk import block_size, block_topk
-from service.decode.runtime.runtime import blocked_topk, runtime
 from service.decode.shared.config import RuntimeConfig
 from service.decode.shared.options import SearchOptions, merge_options
 from service.decode.text.translation import Translation
@@ -130,7 +130,7 @@ def test_engines_translate_the_same_with_two_stages(
     first_words = " ".join(one.translate(texts[:1])[0].hypotheses[0].text.split()[:2])
     cases = [({}, texts), ({"target_prefix": (first_words,)}, texts[:1])]
     # the device search's and Align's graphs are made on first use: the reference's before the
-    # patch; Align reads the log-softmax row beside the top k (runtime.FULL_LOG_PROBS)
+    # patch; Align reads the log-softmax row beside the top k (step_graph.FULL_LOG_PROBS)
     want = [hypotheses(translations(one, some, **changes)) for changes, some in cases]
     pairs = [(text, one.translate([text])[0].hypotheses[0].text) for text in texts[:3]]
     want_aligned = [repr(pair) for pair in align(one, pairs)]
@@ -142,7 +142,8 @@ def test_engines_translate_the_same_with_two_stages(
         return done
 
     monkeypatch.setattr(blocked_topk, "MIN_VOCAB", 1000)
-    monkeypatch.setattr(runtime, "block_topk", spy)
+    for module in (runtime, step_graph):  # the step's graph (step_graph) and the search's
+        monkeypatch.setattr(module, "block_topk", spy)
     two = Engine.load(bundle, config)
     got = [hypotheses(translations(two, some, **changes)) for changes, some in cases]
     assert got == want

@@ -83,7 +83,7 @@ def test_tiny_cgru_model_trains_exports_and_serves(tmp_path: Path) -> None:
     from export.train.torch_decoder import TorchDecoder
     from export.train.train import DataConfig, OptimConfig, TrainConfig, train
     from service.decode.engine.engine import Engine
-    from service.decode.runtime.runtime import pad_ids
+    from service.decode.runtime.encoded import pad_ids
     from service.decode.search.beam import SearchOptions, beam_search
     from service.decode.shared.config import RuntimeConfig
     from service.model.tokenizer import Tokenizer

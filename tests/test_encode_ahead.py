@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from service.decode.engine.encode_ahead import EncodeAhead
-from service.decode.runtime.runtime import EncodedSentence
+from service.decode.runtime.encoded import EncodedSentence
 from tests.conftest import wait_for
 
 WAIT_S = 20.0

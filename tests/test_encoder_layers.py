@@ -16,7 +16,9 @@ from benchmarks.sample_texts import bundle_texts
 from export.onnx.quantize import quantize_decoder
 from service.decode.align.aligner import align
 from service.decode.engine.engine import Engine
+from service.decode.runtime import runtime, step_graph
 from service.decode.runtime.device import Device, make_row_ops
+from service.decode.runtime.encoded import EncodedSentence
 from service.decode.runtime.encoder_layers import (
     LayerSlice,
     layer_slices,
@@ -24,7 +26,7 @@ from service.decode.runtime.encoder_layers import (
     split_encoder_inputs,
     split_graph,
 )
-from service.decode.runtime.runtime import EncodedSentence, EncoderRows, runtime
+from service.decode.runtime.encoder_rows import EncoderRows
 from service.decode.runtime.transfers import TransferLedger
 from service.decode.shared.config import RuntimeConfig
 from tests.conftest import REPO
@@ -226,7 +228,8 @@ def test_an_engine_answers_the_same_with_the_parts_as_inputs(
         sessions = with_parts.model.search_sessions.values()
         assert sessions and all(layer_slices(i.name for i in s.get_inputs()) for s in sessions)
 
-    monkeypatch.setattr(runtime, "split_encoder_inputs", lambda model: ())
+    for module in (runtime, step_graph):  # the step's graph (step_graph) and the search's
+        monkeypatch.setattr(module, "split_encoder_inputs", lambda model: ())
     stacked = Engine.load(TRANSFORMER, config)
     assert not layer_slices(i.name for i in stacked.model.decoder.get_inputs())
     want = [hypotheses(translations(stacked, some, **changes)) for changes, some in cases]

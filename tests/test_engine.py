@@ -8,7 +8,7 @@ import pytest
 from export.data.corpus import read_tsv
 from export.train.torch_decoder import TorchDecoder
 from service.decode.engine.engine import Engine, InvalidInput
-from service.decode.runtime.runtime import pad_ids
+from service.decode.runtime.encoded import pad_ids
 from service.decode.search.beam import SearchOptions, beam_search
 from service.decode.shared.config import EngineLimits, RuntimeConfig
 from service.decode.text.preparation import DecodeRequest

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service.decode.engine.kept_rows import KeptRows
-from service.decode.runtime.runtime import EncodedSentence
+from service.decode.runtime.encoded import EncodedSentence
 
 
 @dataclass

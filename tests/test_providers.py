@@ -18,7 +18,7 @@ import pytest
 
 from loadtest.harness import free_port
 from service.decode.engine.engine import Engine
-from service.decode.runtime.runtime import providers
+from service.decode.runtime import providers
 from service.decode.shared.config import RuntimeConfig
 from service.serve.config import load_settings
 from tests.conftest import DEFAULT_BUNDLE, REPO, needs_cuda, start_server_process, wait_for

@@ -12,17 +12,16 @@ from onnx import TensorProto
 
 from service.decode.engine.engine import Engine
 from service.decode.runtime.device import Device, RowOps, RowUpdates, make_row_ops
-from service.decode.runtime.runtime import (
+from service.decode.runtime.encoded import (
     CALL_COST_SENTENCES,
     Encoded,
     EncodedSentence,
-    EncoderRows,
-    cuda_provider_options,
-    float16_decoder,
     length_buckets,
-    provider_options,
     split_sentences,
 )
+from service.decode.runtime.encoder_rows import EncoderRows
+from service.decode.runtime.sessions import cuda_provider_options, provider_options
+from service.decode.runtime.step_graph import float16_decoder
 from service.decode.runtime.transfers import TransferLedger
 from service.decode.search.beam import compaction_order
 from service.decode.shared.config import RuntimeConfig
@@ -330,7 +329,7 @@ def test_every_session_of_a_decoder_reads_one_copy_of_its_weights() -> None:
     """The decoder step, the device search's variants and Align's session share the decoder's
     weights (SharedWeights: every large initializer, once) and answer as sessions with their own
     copies do, to the bit; no session keeps the graph bytes it was made from."""
-    from service.decode.runtime.runtime import runtime
+    from service.decode.runtime import runtime
 
     config = RuntimeConfig(providers=("CPUExecutionProvider",), intra_op_threads=1)
     engine = Engine.load(DEFAULT_BUNDLE, config)

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from service.decode.engine.engine import Engine
-from service.decode.runtime.runtime import EncodedSentence, OnnxModel
+from service.decode.runtime.encoded import EncodedSentence
+from service.decode.runtime.runtime import OnnxModel
 from service.decode.runtime.search_graph import PARAMS
 from service.decode.runtime.transfers import DIRECTIONS, REASONS, TransferLedger, TransferTotals
 from service.decode.search.beam import BeamSearch, SearchOptions

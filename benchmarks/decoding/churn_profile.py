@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from service.decode.engine.engine import Engine
-from service.decode.runtime.runtime import runtime
+from service.decode.runtime import runtime
 from service.decode.shared.config import RuntimeConfig
 from service.decode.shared.options import SearchOptions
 from service.decode.text.preparation import DecodeRequest
@@ -67,8 +67,8 @@ def timed(owner: Any, name: str, key: str, totals: defaultdict[str, float]) -> I
 
 @contextmanager
 def parts_timed(totals: defaultdict[str, float]) -> Iterator[None]:
-    from service.decode.engine.engine import engine
-    from service.decode.search.search import device_search
+    from service.decode.engine import engine
+    from service.decode.search import device_search
 
     patches: list[tuple[Any, str, str]] = [
         (runtime.OnnxModel, "run_step", "graph"),

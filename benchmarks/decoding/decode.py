@@ -36,7 +36,8 @@ from export.onnx.to_onnx import export_graphs
 from export.train.checkpoint import load_checkpoint
 from export.train.model import Seq2Seq
 from export.train.torch_decoder import TorchDecoder
-from service.decode.runtime.runtime import OnnxModel, pad_ids
+from service.decode.runtime.encoded import pad_ids
+from service.decode.runtime.runtime import OnnxModel
 from service.decode.search.beam import BeamSearch, SearchOptions
 from service.decode.shared.config import RuntimeConfig
 from service.decode.shared.search_types import Decoder

@@ -47,7 +47,7 @@ import onnxruntime as ort
 
 from benchmarks.decoding.instant import build_instant_bundle, instant_text
 from service.decode.engine.engine import Engine
-from service.decode.runtime.runtime import EncodedSentence
+from service.decode.runtime.encoded import EncodedSentence
 from service.decode.search.beam import BeamSearch
 from service.decode.search.device_search import DeviceSearch
 from service.decode.search.search import Joining

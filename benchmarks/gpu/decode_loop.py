@@ -48,7 +48,8 @@ import numpy as np
 
 from benchmarks.configs import REALISTIC
 from benchmarks.sample_texts import bundle_texts
-from service.decode.runtime.runtime import CUDA, EncodedSentence, OnnxDecoder, OnnxModel
+from service.decode.runtime.encoded import EncodedSentence
+from service.decode.runtime.runtime import CUDA, OnnxDecoder, OnnxModel
 from service.decode.search.beam import BeamSearch, SearchOptions
 from service.decode.search.device_search import DeviceSearch
 from service.decode.search.search import Joining

@@ -34,7 +34,8 @@ from benchmarks.gpu.decode_loop import PROVIDERS
 from benchmarks.sample_texts import bundle_texts
 from service.decode.engine.engine import Engine
 from service.decode.runtime.providers import CUDA
-from service.decode.runtime.runtime import decoder_graph, make_session
+from service.decode.runtime.sessions import make_session
+from service.decode.runtime.step_graph import decoder_graph
 from service.decode.shared.config import RuntimeConfig
 from service.decode.shared.options import SearchOptions
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from export.onnx.to_onnx import OPSET
 from export.train.link_head import Example, predict
-from service.decode.runtime.runtime import link_head as contract
+from service.decode.runtime import link_head as contract
 
 AXES = {
     "source_states": {1: "src_words"},

@@ -22,7 +22,7 @@ from service.decode.align.aligner import ForcedBatch, ForcedRequest, aligned_of
 from service.decode.align.forced import AlignedPair, AlignOptions, Forced
 from service.decode.engine.encode_ahead import EncodeAhead
 from service.decode.engine.engine import Engine, RunningBatch
-from service.decode.runtime.runtime import EncodedSentence
+from service.decode.runtime.encoded import EncodedSentence
 from service.decode.search.beam import SearchOptions
 from service.decode.shared.controls import Controls
 from service.decode.shared.errors import (

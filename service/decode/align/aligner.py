@@ -33,7 +33,7 @@ from service.decode.align.projection import head_weights, link_weights, project
 from service.decode.engine.engine import Engine
 from service.decode.engine.kept_rows import KeptRows, SourceRows
 from service.decode.runtime.attention_choice import AttentionChoice
-from service.decode.runtime.runtime import EncodedSentence
+from service.decode.runtime.encoded import EncodedSentence
 from service.decode.shared.alignment import Alignment, merge_by_index, word_spans
 from service.decode.shared.alignment import pharaoh as argmax_pharaoh
 from service.decode.shared.errors import DecodeFailed, InvalidInput

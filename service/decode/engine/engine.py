@@ -17,8 +17,9 @@ from typing import Any, Generic, TypeVar, cast
 import numpy as np
 
 from service.decode.engine.kept_rows import KeptRows
+from service.decode.runtime.encoded import EncodedSentence
 from service.decode.runtime.link_head import load_link_head
-from service.decode.runtime.runtime import EncodedSentence, OnnxModel
+from service.decode.runtime.runtime import OnnxModel
 from service.decode.search.beam import SearchOptions
 from service.decode.search.device_search import DeviceSearch
 from service.decode.search.search import HostSearch, Joining, Search

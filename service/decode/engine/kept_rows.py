@@ -23,7 +23,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
-from service.decode.runtime.runtime import EncodedSentence
+from service.decode.runtime.encoded import EncodedSentence
 
 SourceRows = Mapping[tuple[int, ...], np.ndarray]  # a source's encoder values (S, D), by its ids
 MAX_BYTES = 32 * 2**20  # ~270 verses of grc-en-nt (60 pieces x 512 floats each)

@@ -10,7 +10,7 @@ the ids (1.9 ms there). Ties keep ONNX TopK's order (the lower index first): the
 are laid out in ascending order, so a candidate's position orders as its vocabulary id does.
 
 Only for the CPU provider (`OnnxModel`): on CUDA the TopK kernel is already quick, and k must stay
-in host memory (runtime.topk_reads_k_on_the_host), which the stage's Min(k, blocks) would not."""
+in host memory (step_graph.topk_reads_k_on_the_host), which the stage's Min(k, blocks) would not."""
 
 from __future__ import annotations
 

@@ -36,12 +36,9 @@ import numpy as np
 import onnxruntime as ort
 
 from service.decode.runtime.device import host_view
-from service.decode.runtime.runtime import (
-    EncodedSentence,
-    EncoderRows,
-    HostBuffer,
-    OnnxModel,
-)
+from service.decode.runtime.encoded import EncodedSentence
+from service.decode.runtime.encoder_rows import EncoderRows, HostBuffer
+from service.decode.runtime.runtime import OnnxModel
 from service.decode.runtime.search_graph import (
     CODE,
     PARAMS,

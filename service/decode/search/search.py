@@ -22,7 +22,8 @@ from typing import Protocol
 
 import numpy as np
 
-from service.decode.runtime.runtime import EncodedSentence, OnnxDecoder, OnnxModel
+from service.decode.runtime.encoded import EncodedSentence
+from service.decode.runtime.runtime import OnnxDecoder, OnnxModel
 from service.decode.search.beam import BeamSearch
 from service.decode.shared.controls import NO_CONTROLS, Controls
 from service.decode.shared.options import SearchOptions
