@@ -362,7 +362,7 @@ def test_every_session_of_a_decoder_reads_one_copy_of_its_weights() -> None:
 def test_a_model_keeps_at_most_max_search_sessions_variants() -> None:
     """The least recently used device-search variant goes first; asked again, it is made again
     and answers the same."""
-    from service.decode.runtime.search_graph import SearchVariant
+    from service.decode.runtime.search_variant import SearchVariant
 
     config = RuntimeConfig(
         providers=("CPUExecutionProvider",), intra_op_threads=1, max_search_sessions=2
@@ -385,7 +385,7 @@ def test_past_its_graphs_per_beam_a_batch_runs_on_a_made_graph_that_covers_it() 
     fewest extras, or else the one that does every need; other beam sizes count apart."""
     from dataclasses import replace
 
-    from service.decode.runtime.search_graph import SearchVariant
+    from service.decode.runtime.search_variant import SearchVariant
 
     config = RuntimeConfig(
         providers=("CPUExecutionProvider",), intra_op_threads=1, search_graphs_per_beam=2

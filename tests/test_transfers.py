@@ -21,7 +21,7 @@ import pytest
 from service.decode.engine.engine import Engine
 from service.decode.runtime.encoded import EncodedSentence
 from service.decode.runtime.runtime import OnnxModel
-from service.decode.runtime.search_graph import PARAMS
+from service.decode.runtime.search_variant import PARAMS
 from service.decode.runtime.transfers import DIRECTIONS, REASONS, TransferLedger, TransferTotals
 from service.decode.search.beam import BeamSearch, SearchOptions
 from service.decode.search.device_search import DeviceSearch

@@ -37,7 +37,7 @@ from service.decode.shared.config import RuntimeConfig
 from service.decode.engine.engine import Engine
 from service.decode.runtime.graph_bytes import graph_bytes
 from service.decode.runtime.lexicon import Lexicon
-from service.decode.runtime.search_graph import SearchVariant
+from service.decode.runtime.search_variant import SearchVariant
 
 
 def rss():

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from service.decode.runtime.search_graph import Nodes, opset_of
+from service.decode.runtime.graph_nodes import Nodes, opset_of
 
 KERNEL = "MultiHeadAttention"
 CROSS_KEYS = "keys"  # the step's input: every layer's source keys side by side (B, S, layers·d)

@@ -41,7 +41,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from service.decode.runtime.device import Device
-from service.decode.runtime.search_graph import topological
+from service.decode.runtime.graph_nodes import topological
 from service.model.architecture import StateSpec
 
 MHA = "MultiHeadAttention"

@@ -25,6 +25,7 @@ import onnx
 import onnxruntime as ort
 
 from service.decode.runtime.attention_choice import AttentionChoice, choose_attention
+from service.decode.runtime.batch_graphs import finished_graph, grow_graph, select_graph
 from service.decode.runtime.blocked_topk import block_topk
 from service.decode.runtime.cache_in_place import (
     SLOT_INPUTS,
@@ -49,18 +50,17 @@ from service.decode.runtime.encoder_layers import (
 from service.decode.runtime.encoder_rows import DeclaredStates, EncoderRows, HostBuffer
 from service.decode.runtime.providers import CPU, CUDA, check_model_providers
 from service.decode.runtime.search_graph import (
-    SearchVariant,
     controls_problem,
-    covers_needs,
-    extra_needs,
-    finished_graph,
-    full,
     graph_problem,
-    grow_graph,
-    same_beam,
     search_scores_output,
     search_step_graph,
-    select_graph,
+)
+from service.decode.runtime.search_variant import (
+    SearchVariant,
+    covers_needs,
+    extra_needs,
+    full,
+    same_beam,
 )
 from service.decode.runtime.sessions import (
     ArenaShrink,

@@ -40,206 +40,37 @@ broadcast a sentence's settings cheaply.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
-from service.decode.runtime.graph_bytes import graph_bytes
-from service.decode.shared.options import SearchOptions
+from service.decode.runtime.graph_nodes import (
+    BOOL,
+    DOUBLE,
+    FLOAT,
+    INT64,
+    Nodes,
+    opset_of,
+    topological,
+    used,
+)
+from service.decode.runtime.search_variant import (
+    BIG,
+    CODE,
+    MAX_BEAM,
+    MIN_OPSET,
+    PARAMS,
+    SEARCH_NAMES,
+    SENTENCE_FIELDS,
+    STOP,
+    SearchVariant,
+)
 from service.decode.shared.rules import (
     COVERAGE_FLOOR,
-    exact_rule_applies,
-    length_normalizer,
-    patience_ends,
 )
-
-FLOAT, DOUBLE, INT64, BOOL = (
-    TensorProto.FLOAT,
-    TensorProto.DOUBLE,
-    TensorProto.INT64,
-    TensorProto.BOOL,
-)
-CODE = 32  # a history code is token * CODE + slot: beams of up to CODE slots
-MAX_BEAM = CODE
-SENTENCE_FIELDS = 3  # a sentence's steps, ended, top ended; then its n-best's and slots' fields
-# a sentence's settings (rows of `settings`), written by the host when it joins
-PARAMS = (
-    "beam",  # the sentence's beam size (<= K): its width
-    "keep",  # hypotheses it returns (n_best, <= beam)
-    "alpha",  # GNMT's length penalty
-    "beta",  # GNMT's coverage penalty
-    "normalize",  # Marian's length normalization
-    "word_penalty",  # Marian's word penalty
-    "narrowing",  # 1: the beam narrows by the hypotheses ended
-    "max_lp",  # lp(max_len) * max_len ** normalize: the exact rule's bound
-    "pool",  # the sentence's row of the history buffers
-    "max_len",  # its maximum length in steps
-    # the stopping rules, each a threshold that one of the sentence's values reaches (STOP)
-    "exact_at",  # the worst kept score minus the bound: 0 (the exact rule), or +inf (not)
-    "stop_ends",  # ended: patience and narrowing (>= keep), else +inf
-    "stop_first",  # top_ended · BIG + ended: first (BIG + keep), else +inf
-    "stop_len",  # steps: its maximum length
-)
-STOP = 4  # the last rows of PARAMS: the stopping rules' thresholds
-BIG = 1e9  # stop_first's weight of top_ended (more than any count of ended hypotheses), and a
-# floor for a finished score (a normalized score is far above -BIG)
-
-
-def sentence_params(options: SearchOptions, max_len: int) -> list[float]:
-    """A sentence's settings (PARAMS, the pool row left at 0): service/decode/shared/rules.py's rules as
-    the graph reads them: its beam and penalties, its exact bound's normalizer, and its stopping
-    rule as thresholds (`_stopping`)."""
-    values = {
-        "beam": options.beam_size,
-        "keep": options.n_best,
-        "alpha": options.length_penalty,
-        "beta": options.coverage_penalty,
-        "normalize": options.normalize,
-        "word_penalty": options.word_penalty,
-        "narrowing": float(options.stopping == "narrowing"),
-        "max_lp": length_normalizer(max_len, options),
-        "pool": 0,
-        "max_len": max_len,
-        "exact_at": 0.0 if exact_rule_applies(options) else math.inf,
-        "stop_ends": patience_ends(options),
-        "stop_first": BIG + options.n_best if options.stopping == "first" else math.inf,
-        "stop_len": max_len,
-    }
-    return [float(values[name]) for name in PARAMS]
-
-
-MIN_OPSET = 13
-# the names the search's inputs and outputs take in the merged graph (besides the decoder's own
-# tokens, reorder, state, values, keys, mask and new_state)
-SEARCH_NAMES = (
-    "sentences", "settings", "row_base", "history", "attention_history", "attention_shape",
-    "out_sentences", "out_tokens", "out_reorder", "done", "out_history", "out_attention_history",
-    "blocked", "forced", "coverage", "row_select", "coverage_ends", "coverage_pads",
-    "out_coverage",
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class SearchVariant:
-    """What a search graph is built for: K slots a sentence, k candidates a slot, the end of
-    sentence, the start token, and the beam rule (narrow_on_eos: only the non-EOS candidates among
-    the top `width` continue, the imported toolkits' rule); and what the batch's sentences need,
-    each kept only while one of them needs it (each costs the others): the coverage (a sentence
-    has a coverage penalty: (N, S) work a step), the controls (a sentence has controls the graph
-    applies: they touch the step's whole log-softmax row), the attention rows (a sentence returns
-    its alignment: (N, S) written a step), and its `keep` best finished scores (wide: a sentence
-    returns more than one hypothesis; else the best one is all the stopping rules read)."""
-
-    K: int
-    k: int
-    bos_id: int
-    eos_id: int
-    narrow_on_eos: bool = False
-    coverage: bool = False
-    controls: bool = False
-    attention: bool = True
-    wide: bool = False
-
-    @property
-    def M(self) -> int:
-        """Candidates ranked per sentence: 2K, or all of them when fewer."""
-        return min(2 * self.K, self.K * self.k)
-
-
-NEEDS: tuple[str, ...] = ("coverage", "controls", "attention", "wide")  # SearchVariant's
-
-
-def same_beam(a: SearchVariant, b: SearchVariant) -> bool:
-    """Whether two variants differ at most in what their sentences need (NEEDS)."""
-    return replace(a, **{n: False for n in NEEDS}) == replace(b, **{n: False for n in NEEDS})
-
-
-def covers_needs(variant: SearchVariant, needed: SearchVariant) -> bool:
-    """Whether `variant` does everything `needed` does (the same beam)."""
-    return same_beam(variant, needed) and all(
-        getattr(variant, n) or not getattr(needed, n) for n in NEEDS
-    )
-
-
-def extra_needs(variant: SearchVariant) -> int:
-    """How many of NEEDS a variant does (a rank among those that cover a batch: the fewest
-    costs its batch least)."""
-    return sum(bool(getattr(variant, n)) for n in NEEDS)
-
-
-def full(variant: SearchVariant, controls: bool) -> SearchVariant:
-    """The variant of `variant`'s beam that does every need (the controls where the graph takes
-    them)."""
-    return replace(variant, coverage=True, controls=controls, attention=True, wide=True)
-
-
-class Nodes:
-    """onnx.helper with generated names: `op` returns its output names (a node is named after
-    its first output, which ONNX Runtime's profiler reports)."""
-
-    def __init__(self, prefix: str, opset: int) -> None:
-        self.prefix = prefix
-        self.opset = opset
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self.count = 0
-
-    def name(self, hint: str) -> str:
-        self.count += 1
-        return f"{self.prefix}{hint}_{self.count}"
-
-    def op(self, op_type: str, *inputs: str, out: str = "", **attrs: Any) -> str:
-        """One node; returns its (only) output's name (`out` names it)."""
-        names = [out or self.name(op_type.lower())]
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, names[0], **attrs))
-        return names[0]
-
-    def ops(self, op_type: str, *inputs: str, outputs: int, **attrs: Any) -> list[str]:
-        names = [self.name(op_type.lower()) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, names[0], **attrs))
-        return names
-
-    def const(self, value: np.ndarray | Sequence[float] | float, dtype: type = np.float64) -> str:
-        array: np.ndarray = np.asarray(value, dtype=dtype)
-        name = self.name("const")
-        self.inits.append(
-            helper.make_tensor(
-                name, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape,
-                array.ravel().tolist(),
-            )
-        )  # fmt: skip
-        return name
-
-    def split(self, x: str, parts: int, axis: int) -> list[str]:
-        """x split in `parts` equal parts along `axis` (opset 18 names the count)."""
-        if self.opset >= 18:
-            return self.ops("Split", x, outputs=parts, axis=axis, num_outputs=parts)
-        return self.ops("Split", x, outputs=parts, axis=axis)
-
-    def reduce(self, op_type: str, x: str, axis: int) -> str:
-        """ReduceMax over one axis, dims kept (its axes became an input at opset 18)."""
-        if self.opset >= 18:
-            return self.op(op_type, x, self.const([axis], np.int64), keepdims=1)
-        return self.op(op_type, x, axes=[axis], keepdims=1)
-
-    def reduce_sum(self, x: str, axis: int, keepdims: int = 1) -> str:
-        return self.op("ReduceSum", x, self.const([axis], np.int64), keepdims=keepdims)
-
-    def cast(self, x: str, to: int) -> str:
-        return self.op("Cast", x, to=to)
-
-    def reshape(self, x: str, *shape: int) -> str:
-        return self.op("Reshape", x, self.const(list(shape), np.int64))
-
-    def columns(self, x: str, start: int, end: int) -> str:
-        """x[:, start:end]."""
-        one = self.const([1], np.int64)
-        return self.op("Slice", x, self.const([start], np.int64), self.const([end], np.int64), one)
 
 
 def sentence_width(K: int) -> int:
@@ -247,44 +78,6 @@ def sentence_width(K: int) -> int:
     hypotheses, best first (K scores, -inf where none; K log-probs; K codes); its slots'
     cumulative scores (K)."""
     return SENTENCE_FIELDS + 4 * K
-
-
-def topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """The nodes in an order where each comes after the nodes whose outputs it reads (the given
-    order where it already is); a value no node makes is a graph input or an initializer."""
-    made = {o for node in nodes for o in node.output}
-    ready: set[str] = set()
-    out: list[onnx.NodeProto] = []
-    waiting = list(nodes)
-    while waiting:
-        later = []
-        for node in waiting:
-            if all(i == "" or i not in made or i in ready for i in node.input):
-                out.append(node)
-                ready.update(node.output)
-            else:
-                later.append(node)
-        if len(later) == len(waiting):
-            raise ValueError(f"the search graph has a cycle through {later[0].op_type}")
-        waiting = later
-    return out
-
-
-def used(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
-    """The nodes (in topological order) that `outputs` depend on: the decoder's values nothing
-    reads (its attention, where no sentence of the batch needs it and it does not feed the
-    rest) are not computed."""
-    needed = set(outputs)
-    kept = []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(node.input)
-    return kept[::-1]
-
-
-def opset_of(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def scores_topk(graph: onnx.GraphProto) -> onnx.NodeProto | None:
@@ -587,7 +380,7 @@ def _finished(
     K ranks) and, at the maximum length, the live slots, scored as beam.py's _Sentence.finish
     does, merged into each sentence's finished hypotheses (its `keep` best: score, log-prob,
     code = slot + CODE·(2·prefix_steps + by_eos)), the earlier first on ties as its stable sort."""
-    K, k = variant.K, variant.k
+    K = variant.K
     p, neg_inf = batch.p, g.const(-np.inf)
     steps = g.op("Add", batch.steps, g.const(1.0))  # (1, B) steps taken, this one included
     lp = g.op(
@@ -641,30 +434,53 @@ def _finished(
         rank = g.cast(g.op("Sub", p["keep"], g.const(1.0)), INT64)  # (1, B)
         worst = g.op("GatherElements", best, rank, axis=0)
     else:  # every sentence keeps one: the best of its best, this step's best end and best cut
-        # without a coverage penalty a step's normalized scores follow its cumulative ones: the
-        # first end in rank order and the first live slot are this step's best (ties: the first)
-        ranks = g.const(np.arange(K, dtype=np.float64)[:, None])  # (K, 1)
-        j = g.reduce("ReduceMin", g.op("Where", ends, ranks, g.const(K - 1.0)), 0)  # (1, B)
-        j = g.cast(j, INT64)  # the first end's rank (any, without one: its score is -inf)
-        eos_log_prob = g.op(
-            "GatherElements", g.op("Where", ends, head_scores, neg_inf), j, axis=0
-        )  # (1, B)
-        eos_slot = g.op("Div", g.op("GatherElements", c.index, j, axis=0), g.const(k, np.int64))
-        eos_code = g.op("Add", g.cast(eos_slot, DOUBLE), eos_base)
-        max_best = g.op("Where", at_max, normalized(best_live), neg_inf)  # (1, B) slot 0's
-        best, best_log_prob, best_code = nb_scores, nb_log_probs, nb_codes
-        for score, log_prob, code in (
-            (normalized(eos_log_prob), eos_log_prob, eos_code),
-            (max_best, best_live, max_base),
-        ):
-            better = g.op("Greater", score, best)  # strictly: the earlier stays on ties
-            best = g.op("Where", better, score, best)
-            best_log_prob = g.op("Where", better, log_prob, best_log_prob)
-            best_code = g.op("Where", better, code, best_code)
-        rest = batch.nbest[3:]  # the kept hypotheses past the first (K > 1): as they were
-        nbest = [best, *rest[:1], best_log_prob, *rest[1:2], best_code, *rest[2:3]]
-        worst = best
+        nbest = _one_kept(g, variant, batch, c, normalized, ends, head_scores, at_max, best_live,
+                          (neg_inf, eos_base, max_base))  # fmt: skip
+        worst = nbest[0]
     return _Ends(ended, top_ended, nbest, worst, steps, spent, best_live)
+
+
+def _one_kept(
+    g: Nodes,
+    variant: SearchVariant,
+    batch: _Batch,
+    c: _Candidates,
+    normalized: Callable[[str], str],
+    ends: str,
+    head_scores: str,
+    at_max: str,
+    best_live: str,
+    consts: tuple[str, str, str],
+) -> list[str]:
+    """The finished hypotheses of sentences that keep one: the best of the kept one, this step's
+    best end and its best cut (`_finished` without the `wide` and `coverage` variants); consts:
+    -inf, and the codes' bases of an end and of a cut."""
+    K, k = variant.K, variant.k
+    neg_inf, eos_base, max_base = consts
+    nb_scores, nb_log_probs, nb_codes = batch.nbest[:3]
+    # without a coverage penalty a step's normalized scores follow its cumulative ones: the
+    # first end in rank order and the first live slot are this step's best (ties: the first)
+    ranks = g.const(np.arange(K, dtype=np.float64)[:, None])  # (K, 1)
+    j = g.reduce("ReduceMin", g.op("Where", ends, ranks, g.const(K - 1.0)), 0)  # (1, B)
+    j = g.cast(j, INT64)  # the first end's rank (any, without one: its score is -inf)
+    eos_log_prob = g.op(
+        "GatherElements", g.op("Where", ends, head_scores, neg_inf), j, axis=0
+    )  # (1, B)
+    eos_slot = g.op("Div", g.op("GatherElements", c.index, j, axis=0), g.const(k, np.int64))
+    eos_code = g.op("Add", g.cast(eos_slot, DOUBLE), eos_base)
+    max_best = g.op("Where", at_max, normalized(best_live), neg_inf)  # (1, B) slot 0's
+    best, best_log_prob, best_code = nb_scores, nb_log_probs, nb_codes
+    for score, log_prob, code in (
+        (normalized(eos_log_prob), eos_log_prob, eos_code),
+        (max_best, best_live, max_base),
+    ):
+        better = g.op("Greater", score, best)  # strictly: the earlier stays on ties
+        best = g.op("Where", better, score, best)
+        best_log_prob = g.op("Where", better, log_prob, best_log_prob)
+        best_code = g.op("Where", better, code, best_code)
+    rest = batch.nbest[3:]  # the kept hypotheses past the first (K > 1): as they were
+    nbest = [best, *rest[:1], best_log_prob, *rest[1:2], best_code, *rest[2:3]]
+    return nbest
 
 
 def _stopping(g: Nodes, batch: _Batch, beam: _Beam, e: _Ends) -> None:
@@ -728,6 +544,32 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, variant: SearchVariant) ->
     model = onnx.ModelProto()
     model.CopyFrom(decoder)
     graph = model.graph
+    _rename_decoder_values(graph, variant)
+    new_state = next(o for o in graph.output if o.name == "new_state")
+    declared = [o for o in graph.output if o.name.startswith("new_") and o.name != "new_state"]
+    del graph.output[:]
+    outputs = {"out_tokens", "out_reorder", "out_sentences", "new_state", "done", "out_history"}
+    outputs |= {o.name for o in declared}
+    if variant.attention:
+        outputs.add("out_attention_history")
+    if variant.coverage:
+        outputs.add("out_coverage")
+    nodes = used(topological([*graph.node, *g.nodes]), outputs)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(g.inits)
+    read = {i for node in nodes for i in node.input}
+    kept = [i for i in graph.initializer if i.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    _declare_search_values(graph, variant, new_state, declared)
+    onnx.checker.check_model(model)
+    return model
+
+
+def _rename_decoder_values(graph: onnx.GraphProto, variant: SearchVariant) -> None:
+    """The decoder's values named like the search's moved aside (decoder/...), its k a constant,
+    its positions computed from the sentences' steps."""
     rename = {
         "log_probs": "search/log_probs",
         "token_ids": "search/token_ids",
@@ -759,24 +601,16 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, variant: SearchVariant) ->
     )
     if reads_positions:  # each row's tokens decoded so far: its sentence's steps
         graph.node.extend(_positions(variant.K))
-    new_state = next(o for o in graph.output if o.name == "new_state")
-    declared = [o for o in graph.output if o.name.startswith("new_") and o.name != "new_state"]
-    del graph.output[:]
+
+
+def _declare_search_values(
+    graph: onnx.GraphProto,
+    variant: SearchVariant,
+    new_state: onnx.ValueInfoProto,
+    declared: list[onnx.ValueInfoProto],
+) -> None:
+    """The merged graph's inputs and outputs: the decoder's state, the search's, the variant's."""
     W = sentence_width(variant.K)
-    outputs = {"out_tokens", "out_reorder", "out_sentences", "new_state", "done", "out_history"}
-    outputs |= {o.name for o in declared}
-    if variant.attention:
-        outputs.add("out_attention_history")
-    if variant.coverage:
-        outputs.add("out_coverage")
-    nodes = used(topological([*graph.node, *g.nodes]), outputs)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    graph.initializer.extend(g.inits)
-    read = {i for node in nodes for i in node.input}
-    kept = [i for i in graph.initializer if i.name in read]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
     vi = helper.make_tensor_value_info
     graph.input.extend(
         [
@@ -817,8 +651,6 @@ def merge_decoder(decoder: onnx.ModelProto, g: Nodes, variant: SearchVariant) ->
             ]
         )
         graph.output.append(vi("out_coverage", FLOAT, ["N", "S"]))
-    onnx.checker.check_model(model)
-    return model
 
 
 def _positions(K: int) -> list[onnx.NodeProto]:
@@ -838,105 +670,3 @@ def _positions(K: int) -> list[onnx.NodeProto]:
         n("Constant", [], ["positions/flat"], value=helper.make_tensor("f", INT64, [1], [-1])),
         n("Reshape", ["positions/rows", "positions/flat"], ["positions"]),  # (N,)
     ]  # fmt: skip
-
-
-def select_graph() -> bytes:
-    """The batch after its joins and leaves, on the device (where its memory is not the host's:
-    `DeviceSearch._select` does the same with numpy there): sentences (W, B_prev) f64, tokens and
-    reorder (B_prev·K,) int64, settings (P, B_prev) f64, the joining sentences' join_sentences
-    (W, n), join_tokens and join_reorder (n, K), join_settings (P, n), sent_select (B,) int64 into
-    the previous sentences then the joining ones → out_sentences (W, B), out_tokens, out_reorder
-    (B·K,), out_settings (P, B)."""
-    vi = helper.make_tensor_value_info
-    n = helper.make_node
-    nodes = [
-        n("Shape", ["join_tokens"], ["join_shape"]),
-        n("Slice", ["join_shape", "one", "two"], ["K"]),
-        n("Concat", ["minus_one", "K"], ["by_sentence"], axis=0),
-    ]
-    inits = [
-        helper.make_tensor("one", INT64, [1], [1]),
-        helper.make_tensor("two", INT64, [1], [2]),
-        helper.make_tensor("minus_one", INT64, [1], [-1]),
-    ]
-    inputs, outputs = [vi("sent_select", INT64, ["B"])], []
-    for name, dtype, dims, axis in (
-        ("sentences", DOUBLE, ["W", "B_prev"], 1),
-        ("tokens", INT64, ["N_prev"], 0),
-        ("reorder", INT64, ["N_prev"], 0),
-        ("settings", DOUBLE, ["P", "B_prev"], 1),
-    ):
-        rows = name in ("tokens", "reorder")  # (B·K,), picked by sentence: (B, K) rows
-        join_dims = ["n", "K"] if rows else (["n", dims[1]] if axis == 0 else [dims[0], "n"])
-        inputs += [vi(name, dtype, dims), vi(f"join_{name}", dtype, join_dims)]
-        source = name
-        if rows:
-            nodes.append(n("Reshape", [name, "by_sentence"], [f"{name}_rows"]))
-            source = f"{name}_rows"
-        nodes += [
-            n("Concat", [source, f"join_{name}"], [f"all_{name}"], axis=axis),
-            n("Gather", [f"all_{name}", "sent_select"], [f"picked_{name}"], axis=axis),
-        ]
-        if rows:
-            nodes.append(n("Reshape", [f"picked_{name}", "minus_one"], [f"out_{name}"]))
-            outputs.append(vi(f"out_{name}", dtype, ["N"]))
-        else:
-            nodes.append(n("Identity", [f"picked_{name}"], [f"out_{name}"]))
-            out_dims = ["B", dims[1]] if axis == 0 else [dims[0], "B"]
-            outputs.append(vi(f"out_{name}", dtype, out_dims))
-    return graph_bytes(nodes, "select_sentences", inputs, outputs, inits)
-
-
-def finished_graph(attention: bool = True) -> bytes:
-    """sentences (W, B) f64, history (P, L, 2, K) and (with `attention`) attention_history
-    (P, L, K, S) f32, rows (D,), pools (D,), steps (1,) int64 → fields (D, W), blocks (D, steps,
-    2, K) (and attention (D, steps, K, S)): the finished sentences' n-best entries and histories,
-    gathered on the device to come down in one copy each."""
-    vi = helper.make_tensor_value_info
-    n = helper.make_node
-    nodes = [
-        n("Gather", ["sentences", "rows"], ["columns"], axis=1),
-        n("Transpose", ["columns"], ["fields"]),
-        n("Gather", ["history", "pools"], ["history_rows"], axis=0),
-        n("Slice", ["history_rows", "zero", "steps", "one"], ["blocks"]),
-    ]
-    inputs = [
-        vi("sentences", DOUBLE, ["W", "B"]),
-        vi("history", FLOAT, ["P", "L", 2, "K"]),
-        vi("rows", INT64, ["D"]),
-        vi("pools", INT64, ["D"]),
-        vi("steps", INT64, [1]),
-        vi("zero", INT64, [1]),
-        vi("one", INT64, [1]),
-    ]
-    outputs = [
-        vi("fields", DOUBLE, ["D", "W"]),
-        vi("blocks", FLOAT, ["D", "T", 2, "K"]),
-    ]
-    if attention:
-        nodes += [
-            n("Gather", ["attention_history", "pools"], ["attention_rows"], axis=0),
-            n("Slice", ["attention_rows", "zero", "steps", "one"], ["attention"]),
-        ]
-        inputs.append(vi("attention_history", FLOAT, ["P", "L", "K", "S"]))
-        outputs.append(vi("attention", FLOAT, ["D", "T", "K", "S"]))
-    return graph_bytes(nodes, "finished_sentences", inputs, outputs)
-
-
-def grow_graph() -> bytes:
-    """history (P, L, Y, X) f32, ends (4,), pads (8,) int64 → the history cut to `ends` then
-    zero-padded by `pads` (a buffer with more rows or steps, or another source axis, holding the
-    old one's entries)."""
-    vi = helper.make_tensor_value_info
-    n = helper.make_node
-    nodes = [
-        n("Slice", ["history", "starts", "ends"], ["cut"]),
-        n("Pad", ["cut", "pads"], ["grown"]),
-    ]
-    inputs = [
-        vi("history", FLOAT, ["P", "L", "Y", "X"]),
-        vi("starts", INT64, [4]),
-        vi("ends", INT64, [4]),
-        vi("pads", INT64, [8]),
-    ]
-    return graph_bytes(nodes, "grow", inputs, [vi("grown", FLOAT, ["P2", "L2", "Y", "X2"])])

@@ -39,13 +39,13 @@ from service.decode.runtime.device import host_view
 from service.decode.runtime.encoded import EncodedSentence
 from service.decode.runtime.encoder_rows import EncoderRows, HostBuffer
 from service.decode.runtime.runtime import OnnxModel
-from service.decode.runtime.search_graph import (
+from service.decode.runtime.search_graph import sentence_width
+from service.decode.runtime.search_variant import (
     CODE,
     PARAMS,
     SENTENCE_FIELDS,
     SearchVariant,
     sentence_params,
-    sentence_width,
 )
 from service.decode.search.beam import compaction_order, trace_slots
 from service.decode.search.search import Joining
