@@ -17,7 +17,7 @@ from export.onnx.quantize import quantize_decoder
 from service.decode.align.aligner import align
 from service.decode.engine.engine import Engine
 from service.decode.runtime import runtime, step_graph
-from service.decode.runtime.device import Device, make_row_ops
+from service.decode.runtime.device import Device
 from service.decode.runtime.encoded import EncodedSentence
 from service.decode.runtime.encoder_layers import (
     LayerSlice,
@@ -27,6 +27,7 @@ from service.decode.runtime.encoder_layers import (
     split_graph,
 )
 from service.decode.runtime.encoder_rows import EncoderRows
+from service.decode.runtime.row_ops import make_row_ops
 from service.decode.runtime.transfers import TransferLedger
 from service.decode.shared.config import RuntimeConfig
 from tests.conftest import REPO

@@ -23,9 +23,9 @@ from service.decode.shared.options import SearchOptions
 from service.decode.text.preparation import Prepared
 from service.serve import channel as ch
 from service.serve.engine_link import EngineLink, EngineState
+from service.serve.jobs import Job
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion
-from service.serve.worker import Job
 
 MODEL = ModelVersion("numbers", "1", cast(Engine, None))  # the link reads its name and version
 FAILED = "engine 0 failed to start again (exit status 1): cannot start: bundle file altered"

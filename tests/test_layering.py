@@ -65,6 +65,14 @@ def test_domain_errors_the_worker_and_the_serving_loop_benchmark_import_no_grpc(
     assert bad == "", f"grpc pulled in: {bad}"
 
 
+def test_the_jobs_a_front_sends_import_no_onnx_runtime() -> None:
+    """A front builds jobs (service/serve/jobs.py) for the engines: plain types, loading neither
+    ONNX Runtime nor the engine's runtime (service/decode/runtime/, service/decode/engine/)."""
+    runtime = ("onnxruntime", "service.decode.runtime", "service.decode.engine")
+    bad = imported_modules("import service.serve.jobs", runtime)
+    assert bad == "", f"the jobs pulled in: {bad}"
+
+
 def test_no_import_cycles() -> None:
     """No module reaches itself through its imports (type-checking imports count too): what two
     modules share lives in the lower layer (docs/architecture.md)."""

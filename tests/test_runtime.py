@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto
 
 from service.decode.engine.engine import Engine
-from service.decode.runtime.device import Device, RowOps, RowUpdates, make_row_ops
+from service.decode.runtime.device import Device
 from service.decode.runtime.encoded import (
     CALL_COST_SENTENCES,
     Encoded,
@@ -20,6 +20,7 @@ from service.decode.runtime.encoded import (
     split_sentences,
 )
 from service.decode.runtime.encoder_rows import EncoderRows
+from service.decode.runtime.row_ops import RowOps, RowUpdates, make_row_ops
 from service.decode.runtime.sessions import cuda_provider_options, provider_options
 from service.decode.runtime.step_graph import float16_decoder
 from service.decode.runtime.transfers import TransferLedger

@@ -28,11 +28,8 @@ from service.decode.engine.engine import Engine
 from service.decode.shared.config import RuntimeConfig
 from service.decode.shared.options import SearchOptions
 from service.decode.text.translation import AlignmentMode
-from service.serve.protocol import (
-    MAX_REQUEST_ID_CHARS,
-    translation_to_pb,
-    worst_case_response_bytes,
-)
+from service.serve.protocol import MAX_REQUEST_ID_CHARS, translation_to_pb
+from service.serve.response_bound import worst_case_response_bytes
 from tests.conftest import DEFAULT_BUNDLE, REPO
 from tests.test_client import make_certificate, openssl
 from tests.test_server import (

@@ -21,7 +21,8 @@ from service.cli import translate
 from service.decode.engine.engine import Engine
 from service.decode.search.beam import SearchOptions
 from service.model.bundle import MANIFEST
-from service.serve.protocol import hypothesis_from_pb, input_shape, worst_case_response_bytes
+from service.serve.protocol import hypothesis_from_pb
+from service.serve.response_bound import input_shape, worst_case_response_bytes
 from tests.conftest import DEFAULT_BUNDLE, REPO
 from tests.test_http import call
 from tests.test_server import ServerThread, base_args

@@ -25,10 +25,11 @@ from service.decode.shared.errors import (
     ShuttingDown,
 )
 from service.decode.text.translation import AlignmentMode, Translation
+from service.serve.jobs import Job, SentenceKey
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion
 from service.serve.scheduler import BatchingConfig
-from service.serve.worker import Job, SentenceKey, Worker
+from service.serve.worker import Worker
 from tests.conftest import TinyModel, wait_for
 
 SCORE_TOL = 1e-4

@@ -31,9 +31,10 @@ from service.decode.search.beam import SearchOptions
 from service.decode.shared.config import RuntimeConfig
 from service.decode.text.preparation import Prepared
 from service.decode.text.translation import Translation
+from service.serve.jobs import Job
 from service.serve.metrics import Metrics
 from service.serve.scheduler import POLICIES, BatchingConfig
-from service.serve.worker import Job, Worker
+from service.serve.worker import Worker
 
 REPO = Path(__file__).resolve().parent.parent.parent
 

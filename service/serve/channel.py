@@ -21,7 +21,7 @@ between its death and the front's knowing: `Peer.fail_all` answers it `NotTaken`
 need not fail, and the front sends it again (service/serve/engine_link.py).
 
 A job's deadline is a `time.monotonic()` reading: the same clock in every process of a host. The
-work and the results are what the worker takes and gives (service/serve/worker.py's Job with
+work and the results are what the worker takes and gives (service/serve/jobs.py's Job with
 `raw`): token ids, controls and options in; each sentence's n-best lists (token ids, scores, the
 attention as one array) or each pair's forced pass out. Errors travel as their class names
 (service/decode/shared/errors.py) and are raised again on the front.

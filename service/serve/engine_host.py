@@ -37,12 +37,13 @@ from service.model.embedded import resolve_bundle, resolve_repository
 from service.serve import channel as ch
 from service.serve import glossary_files, memory_files
 from service.serve.config import Settings, VersionPolicy
+from service.serve.jobs import Job
 from service.serve.metrics import Metrics
 from service.serve.metrics_endpoint import ProcessMetrics
 from service.serve.repository import Events, ModelVersion, ReloadReport, Repository, single
 from service.serve.request_trace import NO_TRACE
 from service.serve.tracing import Tracing
-from service.serve.worker import Job, Worker
+from service.serve.worker import Worker
 
 log = logging.getLogger("s2s.engine")
 

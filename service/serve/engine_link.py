@@ -42,9 +42,9 @@ from service.decode.shared.errors import (
     ShuttingDown,
 )
 from service.serve import channel as ch
+from service.serve.jobs import Job
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion
-from service.serve.worker import Job
 
 log = logging.getLogger("s2s.front")
 

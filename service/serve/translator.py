@@ -34,25 +34,24 @@ from service.decode.shared.errors import InvalidInput, NotReady
 from service.decode.shared.options import SearchOptions
 from service.decode.text.preparation import DecodeRequest, Prepared
 from service.decode.text.translation import AlignmentMode, Translation
+from service.model.markup import Marked
 from service.serve.config import Settings
 from service.serve.engine_link import EngineLink
+from service.serve.jobs import Job
 from service.serve.metrics import Metrics
 from service.serve.protocol import (
     MalformedRequest,
-    align_response_bytes,
     aligned_pair_to_pb,
-    check_response_bound,
-    input_shape,
     model_info,
     parse_align_request,
     parse_request,
     translation_to_pb,
 )
 from service.serve.repository import ModelVersion, Repository
-from service.serve.request_trace import current_trace
+from service.serve.request_trace import RequestTrace, current_trace
+from service.serve.response_bound import align_response_bytes, check_response_bound, input_shape
 from service.serve.status import reject_reason
 from service.serve.tracing import Tracing
-from service.serve.worker import Job
 
 log = logging.getLogger("s2s.server")
 
@@ -127,21 +126,7 @@ class TranslatorCore:
         self.check_options(engine, parsed.options, parsed.alignment, len(parsed.texts))
         marks = marked.read_texts(parsed.texts, parsed.options)  # the model reads the plain text
         texts = [m.plain for m in marks]
-        prepared = []
-        for i, text in enumerate(texts):
-            try:
-                sentence = engine.prepare(text)
-            except InvalidInput as err:
-                raise InvalidInput(f"texts[{i}]: {err}") from err
-            # its glossary terms, once: the memory's plan and the controls read them
-            prepared.append(engine.with_terms(sentence, parsed.options.for_text(i), f"texts[{i}]"))
-        check_response_bound(
-            [input_shape(p) for p in prepared],
-            parsed.options,
-            parsed.alignment,
-            engine.max_piece_bytes,
-            self.settings.server.max_message_bytes,
-        )
+        prepared = self.prepare_texts(engine, texts, parsed.options, parsed.alignment)
         deadline = None if remaining is None else self.worker.clock() + remaining
         trace.set(
             input_tokens=sum(len(p.ids) for p in prepared), beam_size=parsed.options.beam_size
@@ -160,19 +145,10 @@ class TranslatorCore:
             keep_rows=heads_next,
         )
         if parsed.options.marked:
-            heads = None
-            if heads_next:
-                texts_read = marked.head_texts(marks, results)
-                heads = await self.worker.heads(model, texts_read, deadline)
-            results = await asyncio.to_thread(
-                marked.restore, engine, marks, results, parsed.alignment, heads
+            results = await self.restore_markup(
+                model, marks, results, parsed.alignment, heads_next, deadline
             )
-        self.metrics.add_low_confidence(
-            sum(1 for t in results if t.hypotheses and t.hypotheses[0].low_confidence)
-        )
-        best = [t.hypotheses[0] for t in results if t.hypotheses]
-        trace.set(output_tokens=sum(len(h.token_ids) for h in best))
-        trace.texts("output.texts", [h.text for h in best])
+        self.record_output(trace, results)
         response = pb.TranslateResponse(
             translations=[translation_to_pb(t) for t in results],
             request_id=request_id,
@@ -186,6 +162,57 @@ class TranslatorCore:
                 "send fewer texts, or ask for a smaller n_best or no alignment"
             )
         return response
+
+    def prepare_texts(
+        self, engine: Engine, texts: list[str], options: SearchOptions, alignment: AlignmentMode
+    ) -> list[Prepared]:
+        """Each text prepared (input rule, tokens, segments) with its glossary terms, errors naming
+        the text; refused at once if the response could exceed the message limit."""
+        prepared = []
+        for i, text in enumerate(texts):
+            try:
+                sentence = engine.prepare(text)
+            except InvalidInput as err:
+                raise InvalidInput(f"texts[{i}]: {err}") from err
+            # its glossary terms, once: the memory's plan and the controls read them
+            prepared.append(engine.with_terms(sentence, options.for_text(i), f"texts[{i}]"))
+        check_response_bound(
+            [input_shape(p) for p in prepared],
+            options,
+            alignment,
+            engine.max_piece_bytes,
+            self.settings.server.max_message_bytes,
+        )
+        return prepared
+
+    async def restore_markup(
+        self,
+        model: ModelVersion,
+        marks: list[Marked],
+        results: list[Translation],
+        alignment: AlignmentMode,
+        heads_next: bool,
+        deadline: float | None,
+    ) -> list[Translation]:
+        """The texts' markup put back into their translations (service/decode/requests/marked.py);
+        heads_next: the link head's weights of the texts are the engines' (their kept rows)."""
+        heads = None
+        if heads_next:
+            texts_read = marked.head_texts(marks, results)
+            heads = await self.worker.heads(model, texts_read, deadline)
+        return await asyncio.to_thread(
+            marked.restore, model.engine, marks, results, alignment, heads
+        )
+
+    def record_output(self, trace: RequestTrace, results: list[Translation]) -> None:
+        """The low-confidence count, and on the request's trace its best hypotheses' tokens and
+        texts."""
+        self.metrics.add_low_confidence(
+            sum(1 for t in results if t.hypotheses and t.hypotheses[0].low_confidence)
+        )
+        best = [t.hypotheses[0] for t in results if t.hypotheses]
+        trace.set(output_tokens=sum(len(h.token_ids) for h in best))
+        trace.texts("output.texts", [h.text for h in best])
 
     def check_options(
         self, engine: Engine, options: SearchOptions, alignment: str, texts: int

@@ -1,10 +1,11 @@
 """The decode loop: one thread that owns the running batches and applies the scheduler's decisions.
 
-The gRPC server submits a `Job` (one request's sentences, for one model version) and gets its
-translations back through the job's callback, called from this thread. Submitting never waits: a
+The gRPC server submits a `Job` (service/serve/jobs.py: one request's sentences, for one model
+version) and gets its translations back through the job's callback, called from this thread. Submitting never waits: a
 full queue is refused at once. The running batches are keyed by (model version, beam size), so one
 decoder call only ever holds one model version's hypotheses; the scheduler takes turns between
-models (service/serve/scheduler.py).
+models (service/serve/scheduler.py). Translate's and Align's batches are stepped alike
+(service/serve/batches.py).
 """
 
 from __future__ import annotations
@@ -13,18 +14,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import numpy as np
-
-from service.decode.align.aligner import ForcedBatch, ForcedRequest, aligned_of
-from service.decode.align.forced import AlignedPair, AlignOptions, Forced
 from service.decode.engine.encode_ahead import EncodeAhead
-from service.decode.engine.engine import Engine, RunningBatch
+from service.decode.engine.engine import Engine
 from service.decode.runtime.encoded import EncodedSentence
-from service.decode.search.beam import SearchOptions
-from service.decode.shared.controls import Controls
 from service.decode.shared.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -33,88 +27,17 @@ from service.decode.shared.errors import (
     QueueFull,
     ShuttingDown,
 )
-from service.decode.text.preparation import DecodeRequest, Prepared, RawParts
-from service.decode.text.sides import PreparedPair
-from service.decode.text.translation import AlignmentMode, Translation
+from service.decode.text.preparation import Prepared
+from service.decode.text.translation import Translation
+from service.serve.batches import Batch, new_batch
+from service.serve.jobs import Job, RawResult, Result, SentenceKey
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion, single
-from service.serve.request_trace import NO_TRACE, RequestTrace
 from service.serve.scheduler import BatchingConfig, BatchKey, Decision, Waiting, decide
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-
-
-Result = Translation | AlignedPair  # a Translate sentence's, an Align pair's
-RawResult = RawParts | tuple[Forced, np.ndarray | None]  # a raw job's result per sentence or pair
-
-
-@dataclass(eq=False)
-class Job:
-    """One request's sentences; `on_done(results, error)` is called once, from the worker thread.
-    An Align job (`Job.align`) holds its pairs, and their sources as its sentences (what is encoded)."""
-
-    request_id: str
-    sentences: Sequence[Prepared]
-    options: SearchOptions
-    alignment: AlignmentMode
-    on_done: Callable[[list[Any] | None, Exception | None], None]
-    deadline: float | None = None  # clock reading
-    model: ModelVersion | None = None  # None: the worker's default model
-    results: dict[int, Result | RawResult] = field(default_factory=dict)
-    finished: bool = False
-    trace: RequestTrace = NO_TRACE  # the request's spans (service/serve/tracing.py)
-    pairs: Sequence[PreparedPair] = ()  # Align: teacher-forced, one result per pair
-    align_options: AlignOptions | None = None  # set for an Align job
-    # results left as the search gives them (an engine process's: its front converts them):
-    # a sentence's RawParts, a pair's (Forced, link head scores or None)
-    raw: bool = False
-    # each sentence's parts' controls, computed by the front (None: the batch computes them)
-    controls: Sequence[tuple[Controls, ...]] | None = None
-    # the link head reads its sources next (markup): their encoder rows are kept for it
-    # (Engine.kept_rows) instead of encoded again
-    keep_rows: bool = False
-
-    @classmethod
-    def align(
-        cls,
-        request_id: str,
-        pairs: Sequence[PreparedPair],
-        options: AlignOptions,
-        on_done: Callable[[list[Any] | None, Exception | None], None],
-        deadline: float | None = None,
-        model: ModelVersion | None = None,
-    ) -> Job:
-        """An Align request's job: its pairs decode in the forced batches, one row each."""
-        sources = [p.source for p in pairs]
-        single_row = SearchOptions(beam_size=1, n_best=1)
-        return cls(
-            request_id, sources, single_row, "none", on_done, deadline, model,
-            pairs=pairs, align_options=options,
-        )  # fmt: skip
-
-    @property
-    def forced(self) -> bool:
-        return self.align_options is not None
-
-    def complete(self, error: Exception | None = None) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        self.trace.decoded(error)
-        if error is not None:
-            self.on_done(None, error)
-        else:
-            self.on_done([self.results[i] for i in range(len(self.sentences))], None)
-
-
-@dataclass(frozen=True)
-class SentenceKey:
-    """Sentence `index` of a job: the key of a queued or decoding sentence."""
-
-    job: Job
-    index: int
 
 
 Queued = Waiting[SentenceKey, Job]  # a queued sentence and the job it belongs to
@@ -147,7 +70,7 @@ class Worker:
         self.stopping = False
         self.waiting: list[Queued] = []  # loop thread only
         # (model, beam, forced) → batch: beam searches, and Align's teacher-forced batches
-        self.batches: dict[BatchKey, RunningBatch[SentenceKey] | ForcedBatch[SentenceKey]] = {}
+        self.batches: dict[BatchKey, Batch] = {}
         self.last_stepped: BatchKey | None = None
         # liveness, read by an engine process's heartbeat: the clock when the loop last began an
         # iteration, and whether it is waiting for work now (a wait is not a hang)
@@ -346,10 +269,7 @@ class Worker:
             for k, parts in zip(keys, rows, strict=True):
                 if k.job.keep_rows:
                     model.engine.kept_rows.keep(k.job.sentences[k.index], parts[0])
-            if isinstance(batch, ForcedBatch):
-                batch.add([forced_request(k) for k in keys], rows)
-            else:
-                batch.add([sentence_request(k) for k in keys], rows)
+            batch.add(keys, rows)
         except Exception:  # the model failed: these jobs and the batch's others get INTERNAL
             log.exception("encoder failed; failing the batch of %s beam %d", model, key.beam)
             self.fail_batch(key, jobs_of(taken))
@@ -374,10 +294,10 @@ class Worker:
         model: ModelVersion = key.model  # type: ignore[assignment]
         self.last_stepped = key
         sentences, hypotheses = len(batch), batch.num_hypotheses
-        traced = {r.key.job.trace for r in batch.requests.values() if r.key.job.trace.recording}
+        traced = {k.job.trace for k in batch.sentences() if k.job.trace.recording}
         started = time.perf_counter()
         try:
-            finished = finished_results(batch)
+            finished = batch.step()
         except Exception:
             log.exception("decoder step failed; failing the batch of %s beam %d", model, key.beam)
             self.fail_batch(key, set())
@@ -417,18 +337,18 @@ class Worker:
         if len(job.results) == len(job.sentences):
             job.complete()
 
-    def fail_alone(self, batch: RunningBatch[SentenceKey] | ForcedBatch[SentenceKey]) -> None:
+    def fail_alone(self, batch: Batch) -> None:
         """The jobs of the sentences that failed on their own (their controls): the batch's others
         decode on."""
-        for request, error in batch.take_failed():
+        for key, error in batch.take_failed():
             log.error("a sentence failed alone: %s", error)
-            self.fail_jobs({request.key.job}, error)
+            self.fail_jobs({key.job}, error)
 
     def fail_batch(self, key: BatchKey, extra_jobs: set[Job]) -> None:
         batch = self.batches.pop(key, None)
         jobs = set(extra_jobs)
         if batch is not None:
-            jobs |= {r.key.job for r in batch.requests.values()}
+            jobs |= {k.job for k in batch.sentences()}
         self.fail_jobs(
             jobs, DecodeFailed("decoding failed inside the model runtime; the error was logged")
         )
@@ -454,66 +374,13 @@ class Worker:
             if self.ahead is not None:
                 self.ahead.discard(waiting_keys)
         for key, batch in list(self.batches.items()):
-            batch.remove([r.key for r in batch.requests.values() if r.key.job in jobs])
+            batch.remove([k for k in batch.sentences() if k.job in jobs])
             if not len(batch):
                 del self.batches[key]
         if notify:
             for job in jobs:
                 job.complete(Cancelled("the request was cancelled"))
         self.set_running()
-
-
-def sentence_request(key: SentenceKey) -> DecodeRequest[SentenceKey]:
-    """The engine's request for one queued sentence of a job."""
-    job = key.job
-    options = job.options.for_text(key.index)  # its own target prefix
-    controls = None if job.controls is None else job.controls[key.index]
-    return DecodeRequest(key, job.sentences[key.index], options, job.alignment, controls)
-
-
-def finished_results(
-    batch: RunningBatch[SentenceKey] | ForcedBatch[SentenceKey],
-) -> list[tuple[SentenceKey, Result | RawResult | DecodeFailed]]:
-    """One step of `batch`: its finished sentences' results, raw for a raw job's; a sentence
-    whose result could not be made fails alone (its DecodeFailed in place of the result)."""
-    engine = batch.engine
-    if isinstance(batch, ForcedBatch):
-        return [
-            (
-                r.key,
-                (forced, logits) if r.key.job.raw else alone(aligned_of, engine, r, forced, logits),
-            )
-            for r, forced, logits in batch.step_raw()
-        ]
-    return [
-        (r.key, parts if r.key.job.raw else alone(engine.translation_of, r, parts))
-        for r, parts in batch.step_raw()
-    ]
-
-
-def alone(make: Callable[..., Result], *args: Any) -> Result | DecodeFailed:
-    """make(*args), or the DecodeFailed that fails this one sentence (the cause logged)."""
-    try:
-        return make(*args)
-    except Exception as err:
-        log.exception("a finished sentence's answer could not be made")
-        return DecodeFailed(f"this text's answer could not be made ({type(err).__name__}); logged")
-
-
-def forced_request(key: SentenceKey) -> ForcedRequest[SentenceKey]:
-    """The engine's request for one queued pair of an Align job."""
-    job = key.job
-    assert job.align_options is not None
-    return ForcedRequest(key, job.pairs[key.index], job.align_options)
-
-
-def new_batch(
-    engine: Engine, key: BatchKey
-) -> RunningBatch[SentenceKey] | ForcedBatch[SentenceKey]:
-    """A running batch for `key`: a beam search of its beam size, or Align's forced pass."""
-    if key.forced:
-        return ForcedBatch(engine, key.attention)  # type: ignore[arg-type]
-    return engine.new_batch(key.beam)
 
 
 def jobs_of(entries: Sequence[Queued]) -> set[Job]:

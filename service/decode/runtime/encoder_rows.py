@@ -11,13 +11,14 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from service.decode.runtime.device import HostRowOps, RowUpdates, host_view
+from service.decode.runtime.device import host_view
 from service.decode.runtime.encoded import EncodedSentence, first_widths
 from service.decode.runtime.encoder_layers import (
     HostLayerRows,
     LayerSlice,
     layer_slices,
 )
+from service.decode.runtime.row_ops import HostRowOps, RowUpdates
 from service.model.architecture import ModelConfig, StateSpec
 
 

@@ -6,7 +6,7 @@ back-pointers go in, and only the top-k candidates and the attention row come ba
 reusable host buffers. The same code runs under the CPU provider in the tests.
 
 Sentences joining or leaving the running batch change the device buffers in place
-(`service.decode.runtime.device.RowOps`): a join uploads only the joining sentences' rows and initial states, a leave
+(`service.decode.runtime.row_ops.RowOps`): a join uploads only the joining sentences' rows and initial states, a leave
 moves rows on the device, and the decoder state never leaves it. Every host↔device copy is counted
 in the model's `TransferLedger` (`service.decode.runtime.transfers`), so the bytes per step are a tested quantity:
 O(joining sentences + hypotheses × (k + source length)), never O(batch × source length).
@@ -33,7 +33,7 @@ from service.decode.runtime.cache_in_place import (
     attend_in_place,
     cacheable,
 )
-from service.decode.runtime.device import Device, make_row_ops
+from service.decode.runtime.device import Device
 from service.decode.runtime.encoded import (
     Encoded,
     EncodedSentence,
@@ -49,6 +49,7 @@ from service.decode.runtime.encoder_layers import (
 )
 from service.decode.runtime.encoder_rows import DeclaredStates, EncoderRows, HostBuffer
 from service.decode.runtime.providers import CPU, CUDA, check_model_providers
+from service.decode.runtime.row_ops import make_row_ops
 from service.decode.runtime.search_graph import (
     controls_problem,
     graph_problem,

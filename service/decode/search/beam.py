@@ -17,300 +17,28 @@ enough non-EOS candidates even when every slot's best token is EOS.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Hashable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import cast
 
 import numpy as np
 
+from service.decode.search.beam_sentences import (
+    Beams,
+    History,
+    SentenceBeam,
+    StepRecord,
+    fit_columns,
+    left_pad,
+)
 from service.decode.shared import controls as ctl
-from service.decode.shared.constraints import START, Constraints, SlotTable, State, bank_order
+from service.decode.shared.constraints import START, Constraints, SlotTable, bank_order
 from service.decode.shared.controls import NO_CONTROLS, Controls, unusable_controls
 from service.decode.shared.options import SearchOptions
 from service.decode.shared.rules import (
-    cannot_improve,
-    coverage_penalty,
-    heuristic_ends,
-    kept_finished,
     max_length,
-    normalized_score,
 )
 from service.decode.shared.search_types import Decoder, Hypothesis, RowsDecoder, StepOutput
-
-
-@dataclass(frozen=True)
-class _Beams:
-    """Per-hypothesis state of the running batch, one row per slot (row n = b*K + j)."""
-
-    tokens: np.ndarray  # (N,) int64 last token of each hypothesis, fed to the next step
-    parents: np.ndarray  # (N,) int64 decoder state-buffer row each hypothesis continues
-    scores: np.ndarray  # (N,) float64 cumulative score ranked by; -inf marks a dead slot
-    coverage: np.ndarray  # (N, S) float32 attention summed over the steps so far
-    raw: np.ndarray  # (N,) float64 cumulative log-prob under the model (= scores without controls)
-    # (N, L) int64 tokens so far, right-aligned (a sentence's last `steps` columns); kept only
-    # while a sentence with controls (which read them) is in the batch: L = 0 otherwise, and the
-    # rows of sentences without controls are never read
-    seqs: np.ndarray
-
-    @classmethod
-    def empty(cls) -> _Beams:
-        return cls(
-            tokens=np.zeros(0, np.int64),  # (0,)
-            parents=np.zeros(0, np.int64),  # (0,)
-            scores=np.zeros(0, np.float64),  # (0,)
-            coverage=np.zeros((0, 0), np.float32),  # (0, 0)
-            raw=np.zeros(0, np.float64),  # (0,)
-            seqs=np.zeros((0, 0), np.int64),  # (0, 0)
-        )
-
-    @classmethod
-    def start(cls, K: int, bos_id: int, state_row: int, S: int, live: int = 1) -> _Beams:
-        """K slots of a joining sentence: the first `live` slots at score 0, the others dead."""
-        scores = np.full(K, -np.inf)  # (K,)
-        scores[:live] = 0.0
-        return cls(
-            tokens=np.full(K, bos_id, np.int64),  # (K,)
-            parents=np.full(K, state_row, np.int64),  # (K,)
-            scores=scores,
-            coverage=np.zeros((K, S), np.float32),  # (K, S)
-            raw=scores.copy(),
-            seqs=np.zeros((K, 0), np.int64),  # (K, 0)
-        )
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def select(self, rows: np.ndarray) -> _Beams:
-        """The rows (N',) int64 of every field, in that order."""
-        return _Beams(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
-
-    @classmethod
-    def join(cls, parts: Sequence[_Beams]) -> _Beams:
-        """The rows of several parts, in order (coverage padded to the widest source)."""
-        if len(parts) == 1:
-            return parts[0]
-        S = max(p.coverage.shape[1] for p in parts)
-        L = max(p.seqs.shape[1] for p in parts)
-        return cls(
-            tokens=np.concatenate([p.tokens for p in parts]),
-            parents=np.concatenate([p.parents for p in parts]),
-            scores=np.concatenate([p.scores for p in parts]),
-            coverage=np.concatenate([_fit_columns(p.coverage, S) for p in parts]),
-            raw=np.concatenate([p.raw for p in parts]),
-            seqs=np.concatenate([_left_pad(p.seqs, L) for p in parts]),
-        )
-
-
-def _left_pad(seqs: np.ndarray, L: int) -> np.ndarray:
-    """seqs (N, L') right-aligned, padded on the left with -1 or cut on the left to (N, L)."""
-    N, L_old = seqs.shape
-    if L_old >= L:
-        return seqs[:, L_old - L :]
-    return np.concatenate([np.full((N, L - L_old), -1, np.int64), seqs], axis=1)  # (N, L)
-
-
-def _fit_columns(matrix: np.ndarray, S: int) -> np.ndarray:
-    """matrix (N, S') padded with zeros or cut to (N, S); cut columns are padding, hence 0."""
-    N, S_old = matrix.shape
-    if S_old >= S:
-        return matrix[:, :S]
-    return np.concatenate([matrix, np.zeros((N, S - S_old), matrix.dtype)], axis=1)  # (N, S)
-
-
-@dataclass(frozen=True)
-class _StepRecord:
-    """One step of the whole running batch, for back-tracing; each sentence's history holds it with
-    the sentence's row (one record a step for the batch, not three arrays a sentence)."""
-
-    parents: np.ndarray  # (B, K) int64 slot of the previous beam each new slot continues
-    tokens: np.ndarray  # (B, K) int64 token each new slot appended
-    log_probs: np.ndarray  # (B, K) float32 the model's log-prob of each new slot's token
-
-
-class _History:
-    """Back-pointers, tokens and (when asked for) attention of one sentence, one record per step.
-
-    History is kept per sentence rather than per batch step: sentences join and leave at different
-    steps, and per sentence a join is a new empty history, a leave drops it, and back-pointers are
-    slots 0..K-1 whatever rows the sentence occupies in the running batch. Each entry is the batch's
-    record of that step (shared by every sentence then running), the sentence's row in it, and the
-    sentence's own attention rows (K, src_len) of that step when it keeps attention.
-    """
-
-    def __init__(self, src_len: int, keep_attention: bool) -> None:
-        self.src_len = src_len
-        self.keep_attention = keep_attention
-        self._records: list[tuple[_StepRecord, int, np.ndarray | None]] = []
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def append(self, record: _StepRecord, row: int, attention: np.ndarray | None) -> None:
-        self._records.append((record, row, attention))
-
-    def backtrace(self, slot: int, steps: int) -> tuple[list[int], np.ndarray | None, np.ndarray]:
-        """Tokens, attention rows (steps, src_len) and token log-probs (steps,) of the hypothesis
-        in `slot` after `steps` steps.
-
-        Step t's record holds the new slots' parents and tokens, and the attention of the previous
-        beam's slots: the row that produced a slot's token is the one of its parent.
-        """
-        attention = np.zeros((steps, self.src_len), np.float32) if self.keep_attention else None
-        if not steps:  # ended at its first step
-            return [], attention, np.zeros(0, np.float32)
-        records = self._records[:steps]
-        parents = np.array([r.parents[row] for r, row, _ in records], np.int64)  # (steps, K)
-        slots = np.zeros(steps, np.int64)  # (steps,)
-        trace_slots(parents, slot, slots)
-        at = np.arange(steps)
-        tokens = np.array([r.tokens[row] for r, row, _ in records], np.int64)[at, slots]
-        log_probs = np.array([r.log_probs[row] for r, row, _ in records], np.float32)[at, slots]
-        if attention is not None:  # (steps, src_len)
-            for t, (_, _, rows) in enumerate(records):
-                if rows is not None:
-                    attention[t] = rows[parents[t, slots[t]]]
-        return tokens.tolist(), attention, log_probs
-
-
-@dataclass(frozen=True)
-class _Finished:
-    """A finished hypothesis before back-tracing: `slot` after `prefix_steps` steps (+ EOS)."""
-
-    score: float
-    log_prob: float
-    slot: int
-    prefix_steps: int
-    by_eos: bool
-    # every constraint met (a glossary's: service/decode/shared/constraints.py)
-    complete: bool = True
-
-
-@dataclass
-class _Sentence:
-    """One sentence of the running batch: its options, controls, history and best finished
-    hypotheses."""
-
-    id: Hashable
-    options: SearchOptions
-    max_len: int
-    history: _History
-    controls: Controls = NO_CONTROLS
-    rng: np.random.Generator | None = None  # sampling: the sentence's own stream
-    constraints: Constraints | None = None  # lexical constraints (a glossary's terms)
-    # the controls the step's candidates go through (service/decode/shared/controls.py), its group's key
-    # (whatever the seed; constraints are the search's own: _constrain); None: none act
-    group: Controls | None = None
-    states: list[State] = field(default_factory=list)  # (K,) each slot's constraint state
-    finished: list[_Finished] = field(default_factory=list)  # best first, at most `keep`
-    ended: int = 0  # hypotheses finished so far, kept or not (the patience rule counts them)
-    # ends the constraints refused: a slot's best next token was the end of sentence before it
-    # met every constraint (the patience rule counts them too: the search has seen that many ends)
-    refused: int = 0
-    top_ended: bool = False  # a step's best-ranked candidate was EOS (the "first" rule)
-    reads_history: bool = False  # its controls read its tokens so far (Controls.reads_history)
-
-    @property
-    def steps(self) -> int:
-        return len(self.history)
-
-    @property
-    def width(self) -> int:
-        """The slots the sentence uses: its beam (narrowed by the hypotheses ended, under the
-        "narrowing" rule), or its samples."""
-        if self.controls.sampling:
-            return self.options.n_best
-        if self.options.stopping == "narrowing":
-            return max(0, self.options.beam_size - self.ended)
-        return self.options.beam_size
-
-    @property
-    def wanted(self) -> int:
-        """The finished hypotheses it keeps: its n-best (its beam under the heuristic rule,
-        rules.kept_finished), or every alternative."""
-        return self.options.beam_size if self.controls.alternatives else kept_finished(self.options)
-
-    def finish(
-        self,
-        slots: np.ndarray,
-        scores: np.ndarray,
-        log_probs: np.ndarray,
-        coverage: np.ndarray,
-        by_eos: bool,
-    ) -> None:
-        """Score the hypotheses in slots (M,) with their cumulative scores (M,), model log-probs
-        (M,) and coverage (M, src_len). Hypotheses that met their constraints rank first (only a
-        sentence cut at its maximum length can finish one that did not)."""
-        prefix_steps = self.steps - 1 if by_eos else self.steps
-        opts = self.options
-        new = [
-            _Finished(
-                score=normalized_score(float(score), self.steps, opts)
-                + coverage_penalty(cov, opts.coverage_penalty),
-                log_prob=float(log_prob),
-                slot=int(slot),
-                prefix_steps=prefix_steps,
-                by_eos=by_eos,
-                complete=by_eos or self.met(int(slot)),
-            )
-            for slot, score, log_prob, cov in zip(slots, scores, log_probs, coverage, strict=True)
-        ]
-        self.ended += len(new)
-        ranked = sorted(self.finished + new, key=lambda f: (not f.complete, -f.score))
-        self.finished = ranked[: self.wanted]
-
-    def met(self, slot: int) -> bool:
-        """Whether the hypothesis in `slot` has met every constraint (True without any)."""
-        return self.constraints is None or self.constraints.complete(self.states[slot])
-
-    @property
-    def constrained(self) -> bool:
-        """Constraints act at this step: the sentence has some, and its prefix is spelled."""
-        return self.constraints is not None and self.steps >= len(self.controls.prefix)
-
-    def done(self, best_live: float) -> bool:
-        """Whether the search of this sentence stops now (before its maximum length), by its
-        stopping rule: "exact" (nothing live can win), "first" (its best-ranked candidate ended
-        at some step) or "patience" (beam_size x patience hypotheses ended)."""
-        if best_live == -math.inf:
-            return True
-        if self.controls.independent or len(self.finished) < self.wanted:
-            return False
-        rule = self.options.stopping
-        if rule == "first":
-            return self.top_ended
-        if rule == "patience":
-            ended = self.ended + self.refused
-            return ended >= math.ceil(self.options.beam_size * self.options.patience)
-        if rule == "narrowing":
-            return self.width == 0
-        if rule == "heuristic":
-            return heuristic_ends(best_live, self.steps, self.finished[-1].score, self.options)
-        return self.cannot_improve(best_live)
-
-    def cannot_improve(self, best_live: float) -> bool:
-        """True when n_best hypotheses are finished and no live one can beat the worst of them
-        (rules.cannot_improve)."""
-        if len(self.finished) < self.wanted:
-            return False
-        worst = self.finished[-1].score
-        return cannot_improve(best_live, self.steps, worst, self.max_len, self.options)
-
-    def n_best(self) -> list[Hypothesis]:
-        """The finished hypotheses it returns, best first, back-traced."""
-        count = self.wanted if self.controls.alternatives else self.options.n_best
-        return [self._hypothesis(f) for f in self.finished[:count]]
-
-    def _hypothesis(self, f: _Finished) -> Hypothesis:
-        tokens, attention, log_probs = self.history.backtrace(f.slot, f.prefix_steps)
-        return Hypothesis(
-            tokens=tokens,
-            score=f.score,
-            log_prob=f.log_prob,
-            attention=attention,
-            finished_by_eos=f.by_eos,
-            token_log_probs=log_probs,
-        )
 
 
 @dataclass(frozen=True)
@@ -325,7 +53,7 @@ class _Candidates:
 
 
 def _rank_candidates(
-    beams: _Beams, out: StepOutput, step_raw: np.ndarray, B: int, K: int
+    beams: Beams, out: StepOutput, step_raw: np.ndarray, B: int, K: int
 ) -> _Candidates:
     """Every slot's top-k extensions, grouped per sentence and sorted by cumulative score.
     step_raw (N, k): the model's log-prob of each candidate token (out.log_probs without
@@ -409,6 +137,33 @@ def _check_step_output(out: StepOutput, N: int, k: int) -> None:
         raise ValueError(f"decoder attention must be ({N}, S), got {out.attention.shape}")
 
 
+def bank_ordered(
+    cands: _Candidates, constrained: list[int], table: SlotTable, K: int
+) -> _Candidates:
+    """The constrained sentences' candidates in dynamic beam allocation's order (by banks of
+    constraint tokens met: `bank_order`); the others' by score, as ranked."""
+    bs = np.asarray(constrained)  # (Bc,)
+    slots = cands.slots[bs]  # (Bc, M)
+    banks = table.banks(np.arange(len(bs))[:, None] * K + slots, cands.tokens[bs])
+    order = bank_order(banks, np.isfinite(cands.scores[bs]))  # (Bc, M)
+    reordered = {}
+    for f in fields(cands):
+        values = getattr(cands, f.name).copy()
+        values[bs] = np.take_along_axis(values[bs], order, axis=1)
+        reordered[f.name] = values
+    return _Candidates(**reordered)
+
+
+def model_log_probs(rows: ctl.SlotRows, ids: np.ndarray) -> np.ndarray:
+    """The model's log-prob of each candidate ids (K, k): from the whole rows where read, else
+    from the step's top k (a candidate is always one of them there)."""
+    if rows.full is not None:
+        return np.take_along_axis(rows.full, ids, axis=1)
+    same = ids[:, :, None] == rows.ids[:, None, :]  # (K, k, m)
+    values = np.take_along_axis(rows.values, same.argmax(axis=2), axis=1)  # (K, k)
+    return np.where(same.any(axis=2), values, -np.inf).astype(np.float32)
+
+
 class BeamSearch:
     """Beam search state of a running batch with K slots per sentence over one Decoder.
 
@@ -448,18 +203,20 @@ class BeamSearch:
         self._narrow_on_eos = narrow_on_eos
         self._continues_word = continues_word
         self._table: tuple[list[int], SlotTable] | None = None  # this step's constrained slots
-        self._beams = _Beams.empty()
-        self._joining: list[_Beams] = []  # slots of sentences added since the last step
-        self._sentences: list[_Sentence] = []
+        self._beams = Beams.empty()
+        self._joining: list[Beams] = []  # slots of sentences added since the last step
+        self._sentences: list[SentenceBeam] = []
         self._ids: set[Hashable] = set()
         # per sentence, in batch order, as arrays: a step reads them without a loop over B
         self._steps = np.zeros(0, np.int64)  # (B,) steps decoded
         self._max_len = np.zeros(0, np.int64)  # (B,) the sentence's maximum length
-        self._widths = np.zeros(0, np.int64)  # (B,) slots in use (_Sentence.width)
+        self._widths = np.zeros(0, np.int64)  # (B,) slots in use (SentenceBeam.width)
         self._kept = np.zeros(0, np.int64)  # (B,) finished hypotheses held (len(finished))
-        self._wanted = np.zeros(0, np.int64)  # (B,) finished hypotheses wanted (_Sentence.wanted)
+        self._wanted = np.zeros(
+            0, np.int64
+        )  # (B,) finished hypotheses wanted (SentenceBeam.wanted)
         self._controlled = 0  # sentences with active controls
-        # sentences whose controls read their tokens so far: `_Beams.seqs` is kept while any is
+        # sentences whose controls read their tokens so far: `Beams.seqs` is kept while any is
         # in the batch (force_eos alone reads none)
         self._reading = 0
         self._constrained = 0  # sentences with constraints (a glossary's terms)
@@ -514,11 +271,11 @@ class BeamSearch:
         self._ids.add(sentence_id)
         constraints = Constraints(controls.constraints) if controls.constraints else None
         forced = constraints.total if constraints else 0  # room for the constraints' tokens
-        sentence = _Sentence(
+        sentence = SentenceBeam(
             id=sentence_id,
             options=options,
             max_len=max_length(options, src_len, len(controls.prefix), forced),
-            history=_History(src_len, keep_attention=options.return_attention),
+            history=History(src_len, keep_attention=options.return_attention),
             controls=controls,
             rng=np.random.default_rng(controls.seed or None) if controls.sampling else None,
             constraints=constraints,
@@ -536,7 +293,7 @@ class BeamSearch:
         self._reading += sentence.reads_history
         self._constrained += constraints is not None
         live = sentence.width if controls.sampling else 1
-        self._joining.append(_Beams.start(self._beam_size, self._bos_id, state_row, src_len, live))
+        self._joining.append(Beams.start(self._beam_size, self._bos_id, state_row, src_len, live))
 
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         """Advance every sentence by one token; return the sentences done now with their n-best lists."""
@@ -548,17 +305,17 @@ class BeamSearch:
         out, step_raw = self._decoder_step()
         N, S = out.attention.shape
         # coverage of each current slot including this step's attention
-        coverage = _fit_columns(self._beams.coverage, S) + out.attention  # (N, S)
+        coverage = fit_columns(self._beams.coverage, S) + out.attention  # (N, S)
         # rank each sentence's candidates; EOS ones in the top `width` finish, the rest continue
         widths = self._widths  # (B,)
         cands = _rank_candidates(self._beams, out, step_raw, B, K)
         if self._table is not None:
-            cands = self._bank_order(cands, *self._table)
+            cands = bank_ordered(cands, *self._table, self._beam_size)
         ends = _eos_choices(cands, widths, self._eos_id)  # (B, K*k)
         nxt = _continuations(cands, widths, self._eos_id, K, self._narrow_on_eos)
         self._advance_states(nxt)
         rows = nxt.slots + K * np.arange(B)[:, None]  # (B, K) rows of this step's output
-        self._beams = _Beams(
+        self._beams = Beams(
             tokens=nxt.tokens.reshape(N),
             parents=rows.reshape(N),
             scores=nxt.scores.reshape(N),
@@ -628,7 +385,7 @@ class BeamSearch:
                     values, ids = ctl.sampled_candidates(given, at, k, draws, live)
                 else:
                     values, ids = ctl.candidates(given, at, k)
-                model = self._model_log_probs(given, ids)  # (R, k)
+                model = model_log_probs(given, ids)  # (R, k)
             except Exception as err:  # these sentences' controls: they fail, the batch goes on
                 self._fail_rows(rows, err)
                 log_probs[rows], step_raw[rows] = -np.inf, -np.inf
@@ -686,23 +443,6 @@ class BeamSearch:
             np.concatenate([token_ids, more_ids], axis=1),
             np.concatenate([step_raw, more], axis=1),
         )
-
-    def _bank_order(
-        self, cands: _Candidates, constrained: list[int], table: SlotTable
-    ) -> _Candidates:
-        """The constrained sentences' candidates in dynamic beam allocation's order (by banks of
-        constraint tokens met: `bank_order`); the others' by score, as ranked."""
-        K = self._beam_size
-        bs = np.asarray(constrained)  # (Bc,)
-        slots = cands.slots[bs]  # (Bc, M)
-        banks = table.banks(np.arange(len(bs))[:, None] * K + slots, cands.tokens[bs])
-        order = bank_order(banks, np.isfinite(cands.scores[bs]))  # (Bc, M)
-        reordered = {}
-        for f in fields(cands):
-            values = getattr(cands, f.name).copy()
-            values[bs] = np.take_along_axis(values[bs], order, axis=1)
-            reordered[f.name] = values
-        return _Candidates(**reordered)
 
     def _advance_states(self, nxt: _NextBeam) -> None:
         """Each constrained sentence's slot states after this step's tokens."""
@@ -762,21 +502,11 @@ class BeamSearch:
                 groups.append((rows, at, rngs))
         return groups
 
-    @staticmethod
-    def _model_log_probs(rows: ctl.SlotRows, ids: np.ndarray) -> np.ndarray:
-        """The model's log-prob of each candidate ids (K, k): from the whole rows where read, else
-        from the step's top k (a candidate is always one of them there)."""
-        if rows.full is not None:
-            return np.take_along_axis(rows.full, ids, axis=1)
-        same = ids[:, :, None] == rows.ids[:, None, :]  # (K, k, m)
-        values = np.take_along_axis(rows.values, same.argmax(axis=2), axis=1)  # (K, k)
-        return np.where(same.any(axis=2), values, -np.inf).astype(np.float32)
-
     def _record(self, nxt: _NextBeam, attention: np.ndarray) -> None:
         """Append this step to every sentence's history: one record of back-pointers, tokens and
         log-probs for the batch; the attention rows (K, src_len) copied per sentence that asked
         for them (the decoder reuses its buffer, and a sentence keeps only its own columns)."""
-        record = _StepRecord(nxt.slots, nxt.tokens, nxt.step_raw)
+        record = StepRecord(nxt.slots, nxt.tokens, nxt.step_raw)
         for b, sentence in enumerate(self._sentences):
             history = sentence.history
             rows = attention[b, :, : history.src_len].copy() if history.keep_attention else None
@@ -799,7 +529,7 @@ class BeamSearch:
 
     def _settle(self) -> np.ndarray:
         """(B,) bool: the sentences done after this step. At its max length a sentence's live slots
-        finish as they are; otherwise its stopping rule says (`_Sentence.done`), which can only
+        finish as they are; otherwise its stopping rule says (`SentenceBeam.done`), which can only
         stop a sentence with every live slot dead or its n-best list full: the others are not
         looked at one by one."""
         B, K = len(self._sentences), self._beam_size
@@ -850,7 +580,7 @@ class BeamSearch:
     def _merge_joining(self) -> None:
         """One concatenation for every sentence added since the last step (not one per sentence)."""
         if self._joining:
-            self._beams = _Beams.join([self._beams, *self._joining])
+            self._beams = Beams.join([self._beams, *self._joining])
             self._joining = []
 
     def _drop(self, done: np.ndarray) -> None:
@@ -878,19 +608,7 @@ class BeamSearch:
         if self._reading:
             longest = max((s.steps for s in self._sentences if s.reads_history), default=0)
         if self._beams.seqs.shape[1] > longest:
-            self._beams = replace(self._beams, seqs=_left_pad(self._beams.seqs, longest))
-
-
-def trace_slots(parents: np.ndarray, slot: int, out: np.ndarray) -> None:
-    """One hypothesis's slot at each step into out (T,) int64, from its sentence's back-pointers
-    (T, K) (each new slot's parent slot, step by step) and its slot at the last step: an index a
-    step, a Python loop over the arrays' memory (both searches back-trace with it)."""
-    T, K = parents.shape
-    back = np.ascontiguousarray(parents, np.int64).reshape(-1).data  # a memoryview of its int64s
-    into = out.data
-    for t in range(T - 1, -1, -1):
-        into[t] = slot
-        slot = back[t * K + slot]
+            self._beams = replace(self._beams, seqs=left_pad(self._beams.seqs, longest))
 
 
 def compaction_order(done: np.ndarray) -> np.ndarray:

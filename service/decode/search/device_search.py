@@ -27,213 +27,44 @@ takes which path and what it costs).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from service.decode.runtime.device import host_view
+from service.decode.runtime.device import Device, host_view
 from service.decode.runtime.encoded import EncodedSentence
 from service.decode.runtime.encoder_rows import EncoderRows, HostBuffer
 from service.decode.runtime.runtime import OnnxModel
 from service.decode.runtime.search_graph import sentence_width
 from service.decode.runtime.search_variant import (
-    CODE,
     PARAMS,
     SENTENCE_FIELDS,
     SearchVariant,
-    sentence_params,
 )
-from service.decode.search.beam import compaction_order, trace_slots
+from service.decode.search.beam import compaction_order
+from service.decode.search.device_history import History
+from service.decode.search.device_sentences import (
+    COVERAGE,
+    NEG_INF,
+    POOL,
+    STEPS,
+    WANTED,
+    KnownOptions,
+    SentenceEntry,
+    control_inputs,
+    device_controls,
+    finished_hypotheses,
+    joining_columns,
+)
 from service.decode.search.search import Joining
-from service.decode.search.search_memory import SearchMemory, search_memory
+from service.decode.search.search_memory import search_memory
 from service.decode.shared.controls import NO_CONTROLS, Controls, unusable_controls
 from service.decode.shared.options import SearchOptions
 from service.decode.shared.rules import max_length
 from service.decode.shared.search_types import Hypothesis
-
-NEG_INF = -math.inf
-
-
-@dataclass(slots=True)
-class _Entry:
-    """A sentence of the batch, as the host knows it."""
-
-    id: Hashable
-    options: SearchOptions
-    src_len: int
-    max_len: int
-    pool: int  # its row of the history buffers
-    controls: Controls = NO_CONTROLS  # a prefix, single suppressed tokens, a minimum length
-
-    @property
-    def wanted(self) -> int:
-        return self.options.n_best
-
-
-def device_controls(controls: Controls) -> bool:
-    """Whether the device search applies a sentence's controls: a target prefix (forced), single
-    suppressed tokens and a minimum length (masks). What reads a hypothesis's own tokens (n-gram
-    blocking, a suppressed sequence, a repetition penalty), samples, alternatives, glossary
-    constraints and the end forced at the maximum length stay with the numpy search."""
-    return (
-        all(len(seq) == 1 for seq in controls.suppress)
-        and not controls.no_repeat_ngram_size
-        and controls.repetition_penalty == 1.0
-        and not controls.alternatives
-        and not controls.sampling
-        and not controls.constraints
-        and not controls.force_eos
-    )
-
-
-# per sentence of the batch, the columns of DeviceSearch._meta (B, 7) int64: its steps (as the
-# device counts them), history row, hypotheses kept, and what it needs of the graph (SearchVariant's
-# coverage, controls, attention, wide: 0 or 1)
-STEPS, POOL, WANTED, COVERAGE, CONTROLS, ATTENTION, WIDE = range(7)
-
-
-@dataclass(slots=True)
-class _Known:
-    """What the host derives from one options object (a batch's sentences share a few): its
-    maximum lengths by source length, its settings rows by maximum length, its needs."""
-
-    options: SearchOptions
-    max_lens: dict[int, int]
-    rows: dict[int, np.ndarray]  # (len(PARAMS),) float64
-    needs: tuple[int, int, int, int, int]  # WANTED, COVERAGE, CONTROLS (0), ATTENTION, WIDE
-
-    @classmethod
-    def of(cls, options: SearchOptions) -> _Known:
-        needs = (
-            options.n_best,
-            int(options.coverage_penalty > 0),
-            0,
-            int(options.return_attention),
-            int(options.n_best > 1),
-        )
-        return cls(options, {}, {}, needs)
-
-    def max_len(self, src_len: int) -> int:
-        """rules.max_length for a source of src_len tokens (without a prefix)."""
-        max_len = self.max_lens.get(src_len)
-        if max_len is None:
-            max_len = self.max_lens[src_len] = max_length(self.options, src_len)
-        return max_len
-
-    def row(self, max_len: int) -> np.ndarray:
-        row = self.rows.get(max_len)
-        if row is None:
-            row = self.rows[max_len] = np.array(sentence_params(self.options, max_len))
-        return row
-
-
-class History:
-    """The history buffers on the device, one row per sentence of the pool, one column per step:
-    `fields` (P, L, 2, K) float32 (codes and log-probs) and, while a sentence of the batch returns
-    its alignment, `attention` (P, L, K, S) float32 on the batch's source axis S: `shape`
-    (P, L, K, S) is read over the leading elements of buffers that may be larger. They grow (larger
-    buffers, the live entries copied) when a sentence needs a row or a step beyond them, follow S
-    when it changes (cut columns are padding: every sentence left has a shorter source); with no
-    live entry (an emptied batch: under churn at small batches, at every step) a new shape is read
-    over the same buffers, nothing copied. `memory`: where they live (service/decode/search/search_memory.py:
-    numpy where the device's memory is the host's, graph runs elsewhere)."""
-
-    MIN_ROWS, MIN_STEPS = 16, 32
-    KEEP_BYTES = 16 << 20  # an emptied batch keeps history buffers up to this size
-
-    def __init__(self, memory: SearchMemory, K: int) -> None:
-        self.memory = memory
-        self.K = K
-        self.fields: ort.OrtValue | None = None
-        self.attention: ort.OrtValue | None = None
-        self.shape: tuple[int, int, int, int] = (0, 0, K, 0)  # (P, L, K, S)
-        self.with_attention = False  # the attention buffer follows the shape
-        self.live = False  # entries of sentences still decoding are in the buffers
-        self.free: list[int] = []
-        self.used = 0  # rows handed out so far (free rows are reused first)
-
-    @property
-    def fields_shape(self) -> tuple[int, int, int, int]:
-        """(P, L, 2, K)."""
-        P, L, K, _ = self.shape
-        return (P, L, 2, K)
-
-    def take(self) -> int:
-        if self.free:
-            return self.free.pop()
-        self.used += 1
-        return self.used - 1
-
-    def give_back(self, rows: Sequence[int]) -> None:
-        self.free.extend(rows)
-
-    def fit(self, steps: int, source_len: int, attention: bool) -> bool:
-        """Room for `used` rows and `steps` steps (and, with `attention`, the attention rows on a
-        source axis of `source_len`); True when the buffers or their shape changed (a binding to
-        the old ones is stale)."""
-        P, L, K, S = self.shape
-        S_new = source_len if attention else S
-        if (
-            self.fields is not None
-            and self.used <= P
-            and steps <= L
-            and S_new == S
-            and attention == self.with_attention
-        ):
-            return False
-        shape = (
-            P if self.used <= P else max(2 * P, self.used, self.MIN_ROWS),
-            L if steps <= L else max(2 * L, steps, self.MIN_STEPS),
-            K,
-            S_new,
-        )
-        fields_shape = (shape[0], shape[1], 2, K)
-        if self.live:  # entries to keep: new buffers, the entries copied
-            if fields_shape != self.fields_shape:
-                self.fields = self._refit(self.fields, self.fields_shape, fields_shape)
-            if attention and self.with_attention:
-                self.attention = self._refit(self.attention, self.shape, shape)
-            elif attention:  # nobody decoding asked for its rows before: they start now
-                self.attention = self._empty(shape)
-        else:
-            if not fits(self.fields, fields_shape):
-                self.fields = self._empty(fields_shape)
-            if attention and not fits(self.attention, shape):
-                self.attention = self._empty(shape)
-        self.with_attention = attention
-        self.shape = shape
-        return True
-
-    def _empty(self, shape: tuple[int, ...]) -> ort.OrtValue:
-        return self.memory.empty(shape)
-
-    def _refit(
-        self, old: ort.OrtValue | None, have: tuple[int, ...], shape: tuple[int, ...]
-    ) -> ort.OrtValue:
-        """A buffer of `shape` holding old's entries (read as `have`; cut to its last axis where
-        shorter)."""
-        return self._empty(shape) if old is None else self.memory.refit(old, have, shape)
-
-    def reset(self) -> None:
-        """No sentence holds a row any more: the buffers stay (the large ones go), with no live
-        entry."""
-        self.free = []
-        self.used = 0
-        self.live = False
-        P, L, K, S = self.shape
-        if P * L * K * (2 + S) * 4 > self.KEEP_BYTES:
-            self.fields = self.attention = None
-            self.with_attention = False
-            self.shape = (0, 0, self.K, 0)
-
-
-def fits(buffer: ort.OrtValue | None, shape: tuple[int, ...]) -> bool:
-    """Whether a buffer holds at least the elements of `shape`."""
-    return buffer is not None and math.prod(buffer.shape()) >= math.prod(shape)
 
 
 class DeviceSearch:
@@ -274,7 +105,7 @@ class DeviceSearch:
         self._outputs_bound: list[str] = []  # the binding's outputs, in the order first bound
         self._taken: list[tuple[str, int]] | None = None  # `_take_outputs`' map, made once
         self.done = HostBuffer(np.bool_)
-        self._entries: list[_Entry] = []
+        self._entries: list[SentenceEntry] = []
         self._ids: set[Hashable] = set()
         self._meta = np.zeros((0, 7), np.int64)  # (B, 7) per sentence, in its order: STEPS..
         self._max_steps = 0  # the most steps a sentence of the batch has taken
@@ -283,12 +114,10 @@ class DeviceSearch:
         self._S_prev = 0  # the coverage's source axis, as the last step left it
         # what changed since the last step: sentences kept (in their new order), and joining
         self._keep: np.ndarray | None = None  # (B',) int64 into the last step's sentences
-        self._joining: list[tuple[_Entry, EncodedSentence]] = []
+        self._joining: list[tuple[SentenceEntry, EncodedSentence]] = []
         self._bound: dict[str, object] = {}  # what the binding holds, by input name
-        # device buffers of 0, 1, ... and of b·K per row, whose leading views are bound
-        self._arange: Any = None
-        self._row_bases: Any = None
-        self._known: dict[int, _Known] = {}  # by the options object's id (kept alive here)
+        self._aranges = DeviceAranges(self.device, K)
+        self._known: dict[int, KnownOptions] = {}  # by the options object's id (kept alive here)
         self._done_view = self.done.view((0,))  # (B,): what `done` is copied into
         self._S = 0  # the source axis of this step's encoder rows
         self._changed = True  # the batch changed before this step (picked anew)
@@ -340,15 +169,15 @@ class DeviceSearch:
         if controls.prefix:
             max_len = max_length(options, src_len, len(controls.prefix))
         self._ids.add(sentence_id)
-        entry = _Entry(sentence_id, options, src_len, max_len, self.history.take(), controls)
+        entry = SentenceEntry(sentence_id, options, src_len, max_len, self.history.take(), controls)
         self._joining.append((entry, encoded))
 
-    def _known_of(self, options: SearchOptions) -> _Known:
+    def _known_of(self, options: SearchOptions) -> KnownOptions:
         known = self._known.get(id(options))
         if known is None or known.options is not options:
             if len(self._known) > 256:
                 self._known.clear()
-            known = self._known[id(options)] = _Known.of(options)
+            known = self._known[id(options)] = KnownOptions.of(options)
         return known
 
     def takes(self, options: SearchOptions, controls: Controls) -> bool:
@@ -436,7 +265,7 @@ class DeviceSearch:
         if self.history.fields is None:
             self._bound.pop("history", None)
 
-    def _join(self, joining: list[tuple[_Entry, EncodedSentence]]) -> np.ndarray:
+    def _join(self, joining: list[tuple[SentenceEntry, EncodedSentence]]) -> np.ndarray:
         """The joining sentences become the batch's last rows: their encoder rows and initial
         states (after the decoder state's rows), their per-sentence columns; returns their
         settings (len(PARAMS), n), made once per options object and maximum length."""
@@ -450,21 +279,7 @@ class DeviceSearch:
         n = len(entries)
         if self.declared is not None:
             self.declared.join(n)
-        groups: dict[tuple[int, int], tuple[SearchOptions, list[int]]] = {}
-        controlled = []
-        for i, e in enumerate(entries):
-            groups.setdefault((id(e.options), e.max_len), (e.options, []))[1].append(i)
-            if e.controls is not NO_CONTROLS and e.controls.active:
-                controlled.append(i)
-        meta = np.zeros((n, 7), np.int64)
-        meta[:, POOL] = np.fromiter((e.pool for e in entries), np.int64, n)
-        settings = np.empty((len(PARAMS), n))  # (P, n)
-        for (_, max_len), (options, at) in groups.items():
-            known = self._known_of(options)
-            settings[:, at] = known.row(max_len)[:, None]
-            meta[at, WANTED:] = known.needs
-        meta[controlled, CONTROLS] = 1
-        settings[PARAMS.index("pool")] = meta[:, POOL]
+        meta, settings = joining_columns(entries, self._known_of)
         self._meta = np.concatenate([self._meta, meta])
         return settings
 
@@ -488,7 +303,8 @@ class DeviceSearch:
         )
         if variant != self.variant:  # the other graph: a new binding, every input bound again
             self._switch(variant)
-        self._coverage_follows_variant()
+        if coverage_follows(self._state, self.variant.coverage, self.device):
+            self._S_prev = 0
         self._select(B_prev, N_prev, settings)
         self._changed = True
         self._max_steps = int(self._meta[:, STEPS].max(initial=0))
@@ -499,7 +315,7 @@ class DeviceSearch:
         if self._bound.get("settings") is not state["settings"]:
             device.bind_value(binding, "settings", state["settings"])
             self._bound["settings"] = state["settings"]
-        _, row_bases = self._aranges(B)
+        _, row_bases = self._aranges.for_rows(B)
         if self._bound.get("row_base") != (B, row_bases.data_ptr()):
             device.bind_device_input(binding, "row_base", row_bases, (1, B))
             self._bound["row_base"] = (B, row_bases.data_ptr())
@@ -545,10 +361,11 @@ class DeviceSearch:
             self._bind_coverage_fit(self._S)
         if self.variant.controls:
             self._bind_controls()
-        for name in self._outputs:
+        outputs = step_outputs(self.declared, self.in_place, self.variant.coverage)
+        for name in outputs:
             device.bind_new_output(binding, name)  # a new tensor: the inputs stay
         if self._taken is None:
-            for name in self._outputs:
+            for name in outputs:
                 self._note_output(name)
 
     def _keep_base(self) -> np.ndarray:
@@ -571,18 +388,7 @@ class DeviceSearch:
         n = 0 if settings is None else settings.shape[1]
         joins: dict[str, np.ndarray] = {}
         if settings is not None and n:
-            rows = np.zeros((W, n), np.float64)  # (W, n)
-            rows[SENTENCE_FIELDS : SENTENCE_FIELDS + K] = NEG_INF  # nothing finished
-            rows[SENTENCE_FIELDS + 3 * K + 1 :] = NEG_INF  # one live slot: the K starts are one
-            starts = np.repeat((N_prev + np.arange(n, dtype=np.int64))[:, None], K, axis=1)
-            if self.declared is not None:  # a lazy join's rows read row 0's (masked) entries
-                starts = self.declared.cache_reorder(starts)
-            joins = {
-                "sentences": rows,
-                "tokens": np.full((n, K), self.bos_id, np.int64),
-                "reorder": starts,
-                "settings": settings,
-            }
+            joins = joining_rows(settings, K, W, N_prev, self.bos_id, self.declared)
         B = len(kept) + n
         self.device.ledger.record("host_to_device", "indices", B * 8)
         moved = sum(a.nbytes for a in joins.values())
@@ -607,7 +413,7 @@ class DeviceSearch:
         assert self._state is not None
         device.bind_value(binding, "coverage", self._state["coverage"])
         B = len(self._entries)
-        aranges, _ = self._aranges(B)
+        aranges, _ = self._aranges.for_rows(B)
         if not self._changed and self._bound.get("identity") != (B, aranges.data_ptr()):
             device.bind_device_input(binding, "row_select", aranges, (B * K,))
             self._bound["identity"] = (B, aranges.data_ptr())
@@ -622,17 +428,6 @@ class DeviceSearch:
             )
             self._bound["coverage_S"] = (self._S_prev, S)
         self._S_prev = S
-
-    def _aranges(self, B: int) -> tuple[Any, Any]:
-        """Device buffers of 0, 1, ... and of 0, K, 2K, ..., long enough for B sentences' rows
-        (grown by doubling; bound as views, and bound again when they grow)."""
-        K = self._beam_size
-        if self._arange is None or self._arange.shape()[0] < B * K:
-            size = max(2 * B * K, 64)
-            rows = np.arange(size, dtype=np.int64)
-            self._arange = self.device.upload(rows, "indices")
-            self._row_bases = self.device.upload(rows * K, "indices")
-        return self._arange, self._row_bases
 
     @property
     def sentence_rows(self) -> int:
@@ -666,41 +461,21 @@ class DeviceSearch:
         assert state is not None
         if self._taken is None:  # (state key, output index) for each output a step hands on
             at = {name: i for i, name in enumerate(self._outputs_bound)}
-            self._taken = [(name.removeprefix("out_"), at[name]) for name in self._outputs]
+            self._taken = [
+                (name.removeprefix("out_"), at[name])
+                for name in step_outputs(self.declared, self.in_place, self.variant.coverage)
+            ]
         for key, index in self._taken:
             state[key] = outputs[index]
         if self.declared is not None and not self.in_place:  # theirs, after this step; cut
             self.declared.values = {s.name: state.pop("new_" + s.name) for s in self.declared.specs}
             self.declared.cut(self._max_steps + 1)  # to the entries rows read
 
-    @property
-    def _outputs(self) -> tuple[str, ...]:
-        """The outputs a step makes for the next: new device tensors every step."""
-        names: tuple[str, ...] = ("out_tokens", "out_reorder", "out_sentences", "new_state")
-        if self.declared is not None and not self.in_place:  # in place: bound with the inputs
-            names = (*names, *("new_" + spec.name for spec in self.declared.specs))
-        return (*names, "out_coverage") if self.variant.coverage else names
-
     def _bind_controls(self) -> None:
         """This step's controls as the graph's inputs: each row's forced token (a prefix's, -1
         for none) and the (row, token) pairs blocked (suppressed tokens; the end of sentence
         before the minimum length), from the controlled sentences' own steps."""
-        K = self._beam_size
-        forced = np.full(len(self._entries) * K, -1, np.int64)  # (N,)
-        pairs: list[np.ndarray] = []
-        meta = self._meta
-        for b in np.flatnonzero(meta[:, CONTROLS]).tolist():
-            controls, step = self._entries[b].controls, int(meta[b, STEPS])
-            if step < len(controls.prefix):  # forced: nothing else applies
-                forced[b * K : (b + 1) * K] = controls.prefix[step]
-                continue
-            tokens = [seq[0] for seq in controls.suppress]
-            if step < controls.min_length:
-                tokens.append(self.eos_id)
-            if tokens:
-                rows = np.repeat(np.arange(b * K, (b + 1) * K), len(tokens))
-                pairs.append(np.stack([rows, np.tile(tokens, K)], axis=1))
-        blocked = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64)  # (P, 2)
+        forced, blocked = control_inputs(self._entries, self._meta, self._beam_size, self.eos_id)
         self._upload("forced", forced, "tokens")
         self._upload("blocked", blocked.astype(np.int64), "tokens")
 
@@ -715,60 +490,16 @@ class DeviceSearch:
         self._taken = None
         self._bound = {}
 
-    def _coverage_follows_variant(self) -> None:
-        """The state holds a coverage exactly while the graph takes one, whatever came before: a
-        switch of graphs, or a batch that emptied (its state went with it) under the coverage
-        graph and fills again. A new coverage starts at zero: it matters only to the sentences
-        with the penalty, which join now; so do the attention rows."""
-        state = self._state
-        assert state is not None
-        if self.variant.coverage == ("coverage" in state):
-            return
-        if self.variant.coverage:
-            N = int(state["new_state"].shape()[0])
-            state["coverage"] = self.device.upload(np.zeros((N, 0), np.float32), "state")
-        else:
-            del state["coverage"]
-        self._S_prev = 0
-
     # --- finished sentences ----------------------------------------------------------------------
 
     def _finish(self, rows: np.ndarray) -> list[tuple[Hashable, list[Hypothesis]]]:
         """The n-best lists of the sentences in rows (D,) of the batch (their finished hypotheses,
         best first: their first `keep` entries with a score), back-traced together."""
-        K = self._beam_size
-        fields, history, attention, where = self._finished_rows(rows)
-        n = SENTENCE_FIELDS
-        scores = fields[:, n : n + K]  # (D, K) best first, -inf where none
-        valid = (scores > NEG_INF) & (np.arange(K) < self._meta[rows, WANTED][:, None])
-        d, j = np.nonzero(valid)  # entries (E,), best first within a sentence
-        codes = fields[d, n + 2 * K + j].astype(np.int64)
-        paths = backtrace(history, where[d], codes)
-        score, log_prob = scores[d, j].tolist(), fields[d, n + K + j].tolist()
-        by_eos = paths.by_eos.tolist()
-        tokens, lengths = paths.tokens.tolist(), paths.steps.tolist()
         entries = [self._entries[b] for b in rows.tolist()]
-        out: list[list[Hypothesis]] = [[] for _ in entries]
-        T = paths.tokens.shape[1]
-        at = np.arange(T)
-        for e, dd in enumerate(d.tolist()):
-            entry, length = entries[dd], lengths[e]
-            rows_attention = None
-            if entry.options.return_attention:
-                rows_attention = attention[
-                    where[dd], at[:length], paths.parents[e, :length], : entry.src_len
-                ]  # (T, src_len)
-            out[dd].append(
-                Hypothesis(
-                    tokens=tokens[e] if length == T else tokens[e][:length],
-                    score=score[e],
-                    log_prob=log_prob[e],
-                    attention=rows_attention,
-                    finished_by_eos=by_eos[e],
-                    token_log_probs=paths.log_probs[e, :length],
-                )
-            )
-        return [(entry.id, out[i]) for i, entry in enumerate(entries)]
+        found = finished_hypotheses(
+            *self._finished_rows(rows), self._meta[rows, WANTED], entries, self._beam_size
+        )
+        return [(entry.id, found[i]) for i, entry in enumerate(entries)]
 
     def _finished_rows(
         self, rows: np.ndarray
@@ -786,79 +517,69 @@ class DeviceSearch:
         )
 
 
-@dataclass(frozen=True)
-class Paths:
-    """Finished hypotheses back-traced: for entry e, its tokens, back-pointers and slots at each
-    step t < steps[e] (E, T) int64 each, and its tokens' log-probs (E, T) float32."""
+class DeviceAranges:
+    """Device buffers of 0, 1, ... and of 0, K, 2K, ..., long enough for B sentences' rows (grown
+    by doubling; bound as views, and bound again when they grow)."""
 
-    tokens: np.ndarray
-    parents: np.ndarray
-    slots: np.ndarray
-    steps: np.ndarray  # (E,)
-    by_eos: np.ndarray  # (E,) bool
-    log_probs: np.ndarray
+    def __init__(self, device: Device, K: int) -> None:
+        self.device, self.K = device, K
+        self.arange: Any = None
+        self.row_bases: Any = None
 
-
-def backtrace(history: np.ndarray, rows: np.ndarray, codes: np.ndarray) -> Paths:
-    """The paths of E finished hypotheses from the histories (·, T, 2, K) at rows (E,) and their
-    n-best codes (slot + CODE·(2·steps + by_eos)): a few paths each chased in Python over its own
-    back-pointers (a list index a step), many all at once, a step back for every entry per numpy
-    call (each entry's block read once: a gather of whole rows, then flat takes).
-
-    Step t's column holds each new slot's code (token · CODE + parent) and that token's log-prob;
-    the attention row that produced a slot's token is its parent's (beam.py's
-    _History.backtrace)."""
-    code = np.asarray(codes, np.int64)  # (E,)
-    slot, rest = code % CODE, code // CODE
-    steps, by_eos = rest // 2, (rest % 2).astype(bool)
-    E, T = len(code), int(steps.max(initial=0))
-    if E < VECTOR_ENTRIES:
-        return _backtrace_each(history, rows, slot, steps, by_eos, T)
-    K = history.shape[-1]
-    blocks = np.take(history, rows, axis=0)[:, :T]  # (E, T, 2, K) float32
-    table = blocks[:, :, 0].astype(np.int64)  # (E, T, K) codes
-    slots = np.zeros((E, T), np.int64)
-    flat = table.reshape(-1)
-    base = np.arange(E) * (T * K)  # (E,) each entry's block in `flat`
-    same = bool((steps == T).all())  # a static batch's: no entry waits for its last step
-    for t in range(T - 1, -1, -1):
-        slots[:, t] = slot
-        back = flat.take(base + t * K + slot) % CODE
-        slot = back if same else np.where(t < steps, back, slot)
-    at = base[:, None] + np.arange(T) * K + slots  # (E, T) into (E, T, K)
-    tokens, parents = np.divmod(flat.take(at), CODE)  # (E, T) each
-    log_probs = np.ascontiguousarray(blocks[:, :, 1]).reshape(-1).take(at)  # (E, T) float32
-    return Paths(tokens, parents, slots, steps, by_eos, log_probs)
+    def for_rows(self, B: int) -> tuple[Any, Any]:
+        K = self.K
+        if self.arange is None or self.arange.shape()[0] < B * K:
+            rows = np.arange(max(2 * B * K, 64), dtype=np.int64)
+            self.arange = self.device.upload(rows, "indices")
+            self.row_bases = self.device.upload(rows * K, "indices")
+        return self.arange, self.row_bases
 
 
-def _backtrace_each(
-    history: np.ndarray,
-    rows: np.ndarray,
-    slot: np.ndarray,
-    steps: np.ndarray,
-    by_eos: np.ndarray,
-    T: int,
-) -> Paths:
-    """`backtrace` of a few entries, each over its own block (a view): its slots chased in Python
-    over its back-pointers, its codes and log-probs then read at them."""
-    E = len(rows)
-    tokens = np.zeros((E, T), np.int64)
-    parents = np.zeros((E, T), np.int64)
-    slots = np.zeros((E, T), np.int64)
-    log_probs = np.zeros((E, T), np.float32)
-    entries = zip(rows.tolist(), steps.tolist(), slot.tolist(), strict=True)
-    for e, (row, n, last) in enumerate(entries):
-        block = history[row, :n]  # (n, 2, K)
-        codes = block[:, 0].astype(np.int64)  # (n, K)
-        path = slots[e, :n]
-        trace_slots(codes % CODE, last, path)
-        at = np.arange(n)
-        tokens[e, :n], parents[e, :n] = np.divmod(codes[at, path], CODE)
-        log_probs[e, :n] = block[at, 1, path]
-    return Paths(tokens, parents, slots, steps, by_eos, log_probs)
+def joining_rows(
+    settings: np.ndarray, K: int, W: int, N_prev: int, bos_id: int, declared: Any
+) -> dict[str, np.ndarray]:
+    """The joining sentences' columns and rows for `select`: no steps, nothing finished, one live
+    slot at BOS whose back-pointer is the sentence's initial state (rows N_prev.. of the decoder
+    state)."""
+    n = settings.shape[1]
+    rows = np.zeros((W, n), np.float64)  # (W, n)
+    rows[SENTENCE_FIELDS : SENTENCE_FIELDS + K] = NEG_INF  # nothing finished
+    rows[SENTENCE_FIELDS + 3 * K + 1 :] = NEG_INF  # one live slot: the K starts are one
+    starts = np.repeat((N_prev + np.arange(n, dtype=np.int64))[:, None], K, axis=1)
+    if declared is not None:  # a lazy join's rows read row 0's (masked) entries
+        starts = declared.cache_reorder(starts)
+    return {
+        "sentences": rows,
+        "tokens": np.full((n, K), bos_id, np.int64),
+        "reorder": starts,
+        "settings": settings,
+    }
 
 
-VECTOR_ENTRIES = 48  # from this many finished hypotheses on, `backtrace` goes step by step
+def step_outputs(declared: Any, in_place: bool, coverage: bool) -> tuple[str, ...]:
+    """The outputs a step makes for the next: new device tensors every step."""
+    names: tuple[str, ...] = ("out_tokens", "out_reorder", "out_sentences", "new_state")
+    if declared is not None and not in_place:  # in place: bound with the inputs
+        names = (*names, *("new_" + spec.name for spec in declared.specs))
+    return (*names, "out_coverage") if coverage else names
+
+
+def coverage_follows(state: dict[str, Any] | None, coverage: bool, device: Device) -> bool:
+    """The state holds a coverage exactly while the graph takes one, whatever came before: a
+        switch of graphs, or a batch that emptied (its state went with it) under the coverage
+        graph and fills again. A new coverage starts at zero: it matters only to the sentences
+        with the penalty, which join now; so do the attention rows.
+
+    Whether the state changed."""
+    assert state is not None
+    if coverage == ("coverage" in state):
+        return False
+    if coverage:
+        N = int(state["new_state"].shape()[0])
+        state["coverage"] = device.upload(np.zeros((N, 0), np.float32), "state")
+    else:
+        del state["coverage"]
+    return True
 
 
 def as_ortvalue(value: Any) -> ort.OrtValue:

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from service.decode.runtime.device import Device, HostRowOps, RowUpdates, host_view
+from service.decode.runtime.device import Device, host_view
+from service.decode.runtime.row_ops import HostRowOps, RowUpdates
 from service.decode.runtime.runtime import OnnxModel
 
 State = dict[str, Any]  # the search's device tensors by name
