@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from service.model.bundle import BundleError, add_files, read_manifest, sha256_of
+from service.model.manifest import as_format_1
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "models"
@@ -54,9 +55,10 @@ class Release:
         return cls(dict(entry["files"]), str(entry["settings"]), str(entry.get("note", "")))
 
 
-def settings_sha256(manifest: dict[str, Any]) -> str:
-    """The sha256 of the manifest's settings: every section but info, files and version."""
-    settings = {k: v for k, v in manifest.items() if k not in NOT_SETTINGS}
+def settings_sha256(manifest: dict[str, Any], where: Path = Path("manifest.json")) -> str:
+    """The sha256 of the manifest's settings: every section but info, files and version, as format
+    1 wrote them (a manifest rewritten in a later format changes no answer, so no version)."""
+    settings = {k: v for k, v in as_format_1(manifest, where).items() if k not in NOT_SETTINGS}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -67,7 +69,7 @@ def release_of(bundle: Path) -> tuple[str, str, Release]:
     return (
         str(manifest["name"]),
         str(manifest["version"]),
-        Release(files, settings_sha256(manifest)),
+        Release(files, settings_sha256(manifest, bundle / "manifest.json")),
     )
 
 

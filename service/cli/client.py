@@ -32,7 +32,12 @@ from proto.translation.v1 import translation_pb2 as pb
 from proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from service.cli.heatmap import save_heatmap_png
 from service.cli.parallel import read_parallel
-from service.cli.render import alternative_column, origin_column, translation_to_json
+from service.cli.render import (
+    add_column_flags,
+    alternative_column,
+    origin_column,
+    translation_to_json,
+)
 from service.decode.align.forced import AlignedPair
 from service.decode.align.links import LINK_MODES
 from service.decode.shared.alignment import render_text_heatmap
@@ -322,18 +327,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--heatmap", type=Path, help="save the first sentence's alignment matrix as a PNG"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object per text")
-    p.add_argument(
-        "--confidence",
-        action="store_true",
-        help="begin each hypothesis line with its confidence in [0, 1], followed by '?' when the "
-        "server marked it low_confidence",
-    )
-    p.add_argument(
-        "--origin",
-        action="store_true",
-        help="begin each hypothesis line with where it came from: model, memory or mixed (after "
-        "the confidence with --confidence); plain output is the answer alone",
-    )
+    add_column_flags(p, "hypothesis line", "the server marked it low_confidence")
     p.add_argument(
         "--timeout", type=float, default=30.0, help="seconds per call (default: %(default)s)"
     )

@@ -3,6 +3,7 @@ client's `ClientTranslation` (client CLI) carry the same fields, so one function
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import numpy as np
@@ -99,3 +100,19 @@ def origin_column(h: Any) -> str:
     """The text CLIs' --origin column: where the answer came from (model, memory or mixed), then a
     tab. Plain output never carries it: a line is the answer alone, as marian-decoder's is."""
     return f"{h.origin}\t"
+
+
+def add_column_flags(p: argparse.ArgumentParser, line: str, low: str) -> None:
+    """--confidence and --origin, the columns both CLIs may put before an answer: `line` names
+    what a column begins, `low` says when its confidence is marked."""
+    p.add_argument(
+        "--confidence",
+        action="store_true",
+        help=f"begin each {line} with its confidence in [0, 1], followed by '?' when {low}",
+    )
+    p.add_argument(
+        "--origin",
+        action="store_true",
+        help=f"begin each {line} with where it came from: model, memory or mixed (after the "
+        "confidence with --confidence); plain output is the answer alone",
+    )

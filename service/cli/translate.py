@@ -32,7 +32,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from service.cli.heatmap import save_heatmap_png
-from service.cli.render import alternative_column, origin_column, translation_to_json
+from service.cli.render import (
+    add_column_flags,
+    alternative_column,
+    origin_column,
+    translation_to_json,
+)
 from service.decode.engine.engine import Engine, InvalidInput
 from service.decode.requests import marked
 from service.decode.shared.config import AUTO, EngineLimits, RuntimeConfig
@@ -122,17 +127,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "threads (default: %(default)s; on a small model, one a core is fastest)",
     )
     p.add_argument("--int8", action="store_true", help="use the bundle's int8 decoder graph")
-    p.add_argument(
-        "--confidence",
-        action="store_true",
-        help="begin each line with the hypothesis's confidence in [0, 1] (the geometric-mean token "
-        "probability), followed by '?' when below the threshold (--min-confidence)",
-    )
-    p.add_argument(
-        "--origin",
-        action="store_true",
-        help="begin each line with where its answer came from: model, memory or mixed (after "
-        "the confidence with --confidence); plain output is the answer alone",
+    add_column_flags(
+        p,
+        "line",
+        "below the threshold (--min-confidence; the confidence is the geometric-mean token "
+        "probability)",
     )
     p.add_argument(
         "--min-confidence",

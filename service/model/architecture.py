@@ -256,8 +256,9 @@ class ModelConfig:
         return self.dec_layers * per_layer + (self.dec_hidden if self.input_feeding else 0)
 
     def to_dict(self) -> dict[str, Any]:
-        """The manifest's `architecture`; `decoder_states` only where there are some (the RNN
-        bundles' manifests read as they always did)."""
+        """Every field, `decoder_states` only where there are some: a checkpoint's config, the
+        ModelInfo's architecture_json and a format-1 manifest's `architecture` (format 2 writes
+        the family's fields of it: service/model/manifest.py)."""
         data = asdict(self)
         states = [
             {k: v for k, v in s.items() if k != "heads" or v} for s in data.pop("decoder_states")

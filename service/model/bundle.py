@@ -1,6 +1,7 @@
 """The model bundle: one directory with the two ONNX graphs, the tokenizers and a manifest.
 
-manifest.json records the architecture, the special ids, the model's name and version, and the sha256 of
+manifest.json records the architecture (its schema per model family and format_version:
+service/model/manifest.py), the special ids, the model's name and version, and the sha256 of
 every file. Loading verifies all of it and refuses a missing, altered or unexpected file with a message
 that names the file: a server never starts on a model other than the one the manifest describes.
 """
@@ -15,9 +16,16 @@ from typing import Any
 
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
 from service.model.input_rule import InputRule
+from service.model.manifest import (
+    FORMAT_VERSION,
+    ManifestError,
+    architecture_section,
+    check_version,
+    config_from,
+    read_architecture,
+)
 from service.model.segment import Segmentation, SegmentationError
 
-FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 REQUIRED_FILES = ("encoder.onnx", "decoder.onnx", "source.model", "target.model")
 # decoder.int8.onnx: the int8 decoder (--int8); link_head.onnx and link_lexicon.json: the link head,
@@ -140,7 +148,7 @@ def write_manifest(
     directory: Path,
     name: str,
     version: str,
-    architecture: dict[str, Any],
+    architecture: ModelConfig | dict[str, Any],
     info: dict[str, Any] | None = None,
     input_rule: InputRule | None = None,
     tokenizer: dict[str, Any] | None = None,
@@ -150,6 +158,8 @@ def write_manifest(
 ) -> Path:
     """Hash every bundle file present in `directory` and write manifest.json next to them.
 
+    architecture: a ModelConfig, its to_dict() or a format-2 section; written in format 2, its
+    family's fields only (service/model/manifest.py).
     tokenizer: the manifest's tokenizer section; None writes none (SentencePiece, as ever).
     segmentation, confidence: the manifest's sections of those names (checked here as the loader
     will read them); None writes none."""
@@ -158,11 +168,15 @@ def write_manifest(
     missing = [f for f in required if f not in present]
     if missing:
         raise BundleError(f"cannot write a manifest for {directory}: missing {missing}")
+    try:
+        section = architecture_section(config_from(architecture, directory / MANIFEST))
+    except ManifestError as err:
+        raise BundleError(str(err)) from err
     manifest = {
         "format_version": FORMAT_VERSION,
         "name": name,
         "version": version,
-        "architecture": architecture,
+        "architecture": section,
         "special_ids": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID},
         "files": {f: sha256_of(directory / f) for f in present},
         "info": info or {},
@@ -218,10 +232,10 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise BundleError(f"{path} is not valid JSON: {err}") from err
-    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
-        raise BundleError(
-            f"{path}: unsupported bundle format (expected format_version {FORMAT_VERSION})"
-        )
+    try:
+        check_version(manifest, path)
+    except ManifestError as err:
+        raise BundleError(str(err)) from err
     for key in ("name", "version", "architecture", "files", "special_ids"):
         if key not in manifest:
             raise BundleError(f"{path}: manifest has no {key!r}")
@@ -260,9 +274,11 @@ def load_bundle(path: str | Path) -> Bundle:
             f"{directory / MANIFEST}: special ids {manifest['special_ids']} differ from {expected_ids}"
         )
     try:
-        architecture = ModelConfig.from_dict(dict(manifest["architecture"]))
-    except (TypeError, ValueError) as err:
-        raise BundleError(f"{directory / MANIFEST}: bad architecture: {err}") from err
+        architecture = read_architecture(
+            manifest["architecture"], manifest["format_version"], directory / MANIFEST
+        )
+    except ManifestError as err:
+        raise BundleError(str(err)) from err
     input_rule = None
     if "input" in manifest:
         try:
