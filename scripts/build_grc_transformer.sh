@@ -3,7 +3,7 @@
 # Marian (docs/model-grc-en-transformer.md): the verse pairs and gold links of bible-alignments 0.4.2
 # (the same splits as grc-en-nt: John held out, dev chooses the checkpoint) → SentencePiece models
 # and the links remapped to their pieces → `marian train --type transformer` with guided alignment
-# (export/importers/marian_guided.py; the shipped model: 4,500 updates, 58 minutes at one CPU thread
+# (export/toolkits/marian_guided.py; the shipped model: 4,500 updates, 58 minutes at one CPU thread
 # then 32 at two, here) →
 # s2s-import marian from the decoder.yml Marian wrote (its beam-size and normalize as the
 # bundle's defaults), the best dev-BLEU checkpoint → dev BLEU/chrF/AER and John's.
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 run=${RUN:-runs/grc-en-transformer}
 out=models/grc-en-nt-transformer
 python -m export.data.bible --out data/grc-en
-python -m export.importers.marian_guided --data data/grc-en --out "$run" --updates "${UPDATES:-4500}"
+python -m export.toolkits.marian_guided --data data/grc-en --out "$run" --updates "${UPDATES:-4500}"
 rm -rf "$out"
 s2s-import marian --config "$run/model.npz.decoder.yml" --model "$run/model.npz.best-bleu.npz" \
   --out "$out" --name grc-en-nt-transformer --version 1.1.0

@@ -367,7 +367,7 @@ def test_the_first_rule_stops_once_the_best_ranked_candidate_ended() -> None:
 def marian_reference(
     dist: Dist, src_len: int, K: int, normalize: float, word_penalty: float, factor: float
 ) -> list[tuple[tuple[int, ...], float]]:
-    """marian-decoder's search (export/importers/marian_search.py's rule) over dist: the top
+    """marian-decoder's search (export/toolkits/marian_search.py's rule) over dist: the top
     `width` candidates by path score, EOS ones finish and narrow the beam for good, every
     hypothesis of the last step joins the n-best; ranked by (log P - wp x len) / len^normalize."""
     max_len = math.ceil(factor * src_len)

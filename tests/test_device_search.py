@@ -100,7 +100,7 @@ def marian_bundle(root: Path) -> Path:
     pytest.importorskip("pymarian")
     pytest.importorskip("torch")
     from export.importers import marian
-    from export.importers import marian_toolkit as mt
+    from export.toolkits import marian_toolkit as mt
 
     model = mt.train_words_demo(root)
     vocabs = (model.parent / "src.yml", model.parent / "tgt.yml")

@@ -30,8 +30,9 @@ torch = pytest.importorskip("torch")
 onmt = pytest.importorskip("onmt", reason="OpenNMT-py is not installed (the import extra)")
 joeynmt = pytest.importorskip("joeynmt", reason="Joey NMT is not installed (the import extra)")
 
-from export.importers import cli, toolkits  # noqa: E402
+from export.importers import cli  # noqa: E402
 from export.importers.common import ImportRefused  # noqa: E402
+from export.toolkits import toolkits  # noqa: E402
 from service.decode.engine.engine import Engine  # noqa: E402
 from service.decode.search.beam import SearchOptions  # noqa: E402
 from service.model.vocab import WordTokenizer  # noqa: E402

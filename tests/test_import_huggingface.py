@@ -1,7 +1,7 @@
 """s2s-import huggingface: a MarianMTModel directory → a bundle whose Transformer graphs compute
 what transformers computes, step by step, and whose translations are generate()'s.
 
-The model is made here (export/importers/hf_fixture.py: SentencePiece models trained on number
+The model is made here (export/toolkits/hf_fixture.py: SentencePiece models trained on number
 words, a 2 + 2 layer Marian trained a few hundred steps to copy its source), saved with
 save_pretrained as the Hub's conversions are, and read back by transformers itself for the checks.
 """
@@ -20,8 +20,8 @@ pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 from export.importers.common import ImportRefused  # noqa: E402
-from export.importers.hf_fixture import corpus, write_model  # noqa: E402
 from export.importers.huggingface import import_model  # noqa: E402
+from export.toolkits.hf_fixture import corpus, write_model  # noqa: E402
 from service.decode.engine.engine import Engine  # noqa: E402
 from service.decode.shared.config import RuntimeConfig  # noqa: E402
 from service.decode.shared.options import SearchOptions  # noqa: E402

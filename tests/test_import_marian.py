@@ -15,8 +15,8 @@ pytest.importorskip("onnx")
 pytest.importorskip("pymarian")
 
 from export.importers import cli, marian
-from export.importers import marian_toolkit as mt
-from export.importers.marian_search import MarianRules, MarianSearch
+from export.toolkits import marian_toolkit as mt
+from export.toolkits.marian_search import MarianRules, MarianSearch
 from service.decode.align.aligner import align
 from service.decode.engine.engine import Engine
 from service.decode.search.beam import SearchOptions

@@ -20,8 +20,8 @@ pytest.importorskip("pymarian")
 pytest.importorskip("torch")
 
 from export.importers import cli, marian
-from export.importers import marian_toolkit as mt
 from export.importers.marian_transformer import MAX_POSITIONS
+from export.toolkits import marian_toolkit as mt
 from service.decode.engine.engine import Engine
 from service.decode.shared.config import RuntimeConfig
 from service.decode.shared.options import SearchOptions

@@ -18,8 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onmt")
 
-from export.importers import cli, opennmt, toolkits  # noqa: E402
+from export.importers import cli, opennmt  # noqa: E402
 from export.importers.common import ImportRefused  # noqa: E402
+from export.toolkits import toolkits  # noqa: E402
 from service.decode.engine.engine import Engine  # noqa: E402
 from tests.conftest import empty_caches  # noqa: E402
 from tests.test_import import onmt_base, onmt_checkpoint, task  # noqa: E402, F401

@@ -30,8 +30,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onmt", reason="OpenNMT-py is not installed (the import extra)")
 pytest.importorskip("joeynmt", reason="Joey NMT is not installed (the import extra)")
 
-from export.importers import cli, toolkits  # noqa: E402
+from export.importers import cli  # noqa: E402
 from export.importers.common import load_torch_file  # noqa: E402
+from export.toolkits import toolkits  # noqa: E402
 from service.decode.engine.engine import Engine  # noqa: E402
 from service.decode.search.beam import SearchOptions  # noqa: E402
 

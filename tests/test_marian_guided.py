@@ -1,4 +1,4 @@
-"""export/importers/marian_guided.py: word links remapped to the SentencePiece pieces Marian sees."""
+"""export/toolkits/marian_guided.py: word links remapped to the SentencePiece pieces Marian sees."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("sentencepiece")
 
-from export.importers.marian_guided import piece_links, remap, train_spm, word_of_pieces
+from export.toolkits.marian_guided import piece_links, remap, train_spm, word_of_pieces
 
 
 def test_each_piece_belongs_to_the_word_it_continues() -> None:

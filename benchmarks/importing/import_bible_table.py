@@ -46,9 +46,9 @@ import torch
 from benchmarks.alignment import grc_en
 from benchmarks.importing import import_speed
 from export.data import bible
-from export.importers import toolkits
 from export.metrics.aer import parse_pharaoh, score_corpus
 from export.onnx.quantize import quantize_decoder
+from export.toolkits import toolkits
 from service.decode.engine.engine import Engine
 from service.decode.shared.config import EngineLimits, RuntimeConfig
 from service.decode.shared.options import SearchOptions
@@ -80,7 +80,7 @@ def decode(engine: Engine, sources: Sequence[str], options: SearchOptions) -> li
 
 
 def toolkit_options(beam: int) -> SearchOptions:
-    """The settings the toolkits' translate commands are run with (export/importers/toolkits.py)."""
+    """The settings the toolkits' translate commands are run with (export/toolkits/toolkits.py)."""
     return SearchOptions(beam_size=beam, max_length_a=0.0, max_length_b=import_speed.MAX_LEN)
 
 

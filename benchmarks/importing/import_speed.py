@@ -4,7 +4,7 @@
     python -m benchmarks.importing.import_speed --bible /work/data/grc-en --work runs/import_bible [...]
 
 Per toolkit, two models trained with the toolkit's own command line on the generated reversal task
-(export/importers/toolkits.py), then imported with s2s-import:
+(export/toolkits/toolkits.py), then imported with s2s-import:
   gru:  embeddings 128, bidirectional GRU encoder (hidden 256 = 2 x 128), GRU decoder 256,
         mlp (OpenNMT-py) / Bahdanau (Joey NMT) attention, no input feeding;
   lstm: OpenNMT-py's default RNN (rnn encoder, 2-layer LSTM, general attention, input feeding) and
@@ -50,8 +50,9 @@ os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 import torch
 import yaml
 
-from export.importers import cli, toolkits
+from export.importers import cli
 from export.importers.spm_vocab import install_set_vocabulary
+from export.toolkits import toolkits
 from service.decode.engine.engine import Engine
 from service.decode.search.beam import SearchOptions
 from service.decode.shared.config import RuntimeConfig

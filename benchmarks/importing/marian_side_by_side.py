@@ -11,7 +11,7 @@ cells, tied embeddings and Marian's word vocabularies with `--dim-vocabs 8000 60
 
 - fidelity: marian-decoder on John at beam 1 and 5 (n-best, `--alignment soft`, one sentence a
   mini-batch so that each has its own length limit) against (a) marian-decoder's search rule over our
-  graphs (export/importers/marian_search.py): n-best texts, scores within 1e-4, soft alignments; and
+  graphs (export/toolkits/marian_search.py): n-best texts, scores within 1e-4, soft alignments; and
   (b) the engine as served with the bundle's defaults (Marian's rules: stopping "narrowing",
   max_length_factor 3): best outputs and n-best texts.
 - quality: BLEU/chrF of Marian's and the served beam-5 outputs (benchmarks/alignment/grc_en.py's
@@ -37,8 +37,9 @@ import numpy as np
 from benchmarks.alignment import grc_en
 from benchmarks.importing import import_speed
 from export.data import bible
-from export.importers import marian, marian_toolkit
-from export.importers.marian_search import MarianRules, MarianSearch
+from export.importers import marian
+from export.toolkits import marian_toolkit
+from export.toolkits.marian_search import MarianRules, MarianSearch
 from service.decode.engine.engine import Engine
 from service.decode.search.beam import SearchOptions
 from service.decode.shared.config import EngineLimits, RuntimeConfig

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.alignment.grc_en import ensure_data, read_split
-from export.importers import cli, toolkits
+from export.importers import cli
+from export.toolkits import toolkits
 from service.decode.engine.engine import Engine
 
 MODEL = {  # a bi-GRU with mlp attention, word vocabularies that leave words unknown

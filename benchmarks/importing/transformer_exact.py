@@ -3,7 +3,7 @@ scores, n-best lists and attention.
 
     python -m benchmarks.importing.transformer_exact --sentences 500 [--json PATH]
 
-The model is made here (export/importers/hf_fixture.py: SentencePiece models and a 2 + 2 layer
+The model is made here (export/toolkits/hf_fixture.py: SentencePiece models and a 2 + 2 layer
 Marian trained 800 steps to copy number words); the sentences are drawn with another seed and
 none is a training line. transformers decodes each with `generate(num_beams=5,
 num_return_sequences=5)` in batches of 32; the import decodes them at beam 5, n-best 5, with the
@@ -49,7 +49,7 @@ class Figures:
 
 def held_out(count: int) -> list[str]:
     """`count` texts, none of them a line the fixture trained on."""
-    from export.importers.hf_fixture import corpus
+    from export.toolkits.hf_fixture import corpus
 
     seen = set(corpus(2000, seed=1)) | set(corpus(400, seed=0))
     texts = [t for t in dict.fromkeys(corpus(count * 3, seed=123)) if t not in seen]
@@ -144,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sentences", type=int, default=500)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    from export.importers.hf_fixture import write_model
     from export.importers.huggingface import import_model
+    from export.toolkits.hf_fixture import write_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model(Path(tmp) / "hf", train_steps=800)

@@ -6,7 +6,7 @@ scores, soft and hard alignments against the served bundle's.
         --source held-out.txt [--bundle B] [--sentences 500] [--json PATH]
 
 Without --model, a 2 + 2 layer Transformer is trained here by Marian (pymarian) on the generated
-reversal task (export/importers/marian_toolkit.py), its alignment layer the first, and the
+reversal task (export/toolkits/marian_toolkit.py), its alignment layer the first, and the
 sentences are drawn from the task's generator with another seed, none of them a training line.
 marian-decoder decodes each sentence alone (its maximum length counts the widest source of a
 mini-batch), beam 5, `--n-best`, once with `--alignment soft` and once with `--alignment hard`;
@@ -50,7 +50,7 @@ class Figures:
 
 def tiny_model(root: Path, count: int) -> tuple[Path, tuple[Path, Path], list[str]]:
     """The reversal task's Transformer, trained here, and `count` held-out sources."""
-    from export.importers import marian_toolkit as mt
+    from export.toolkits import marian_toolkit as mt
 
     model = mt.train_demo(root, options=("--transformer-guided-alignment-layer", "1"),
                           kind="transformer", n_test=count * 3, after="20e")  # fmt: skip
@@ -65,7 +65,7 @@ def tiny_model(root: Path, count: int) -> tuple[Path, tuple[Path, Path], list[st
 
 def measure(model: Path, vocabs: tuple[Path, Path], bundle: Path, texts: list[str],
             work: Path) -> Figures:  # fmt: skip
-    from export.importers import marian_toolkit as mt
+    from export.toolkits import marian_toolkit as mt
 
     source = work / "source.txt"
     source.write_text("".join(t + "\n" for t in texts), encoding="utf-8")

@@ -3,7 +3,7 @@
     python -m benchmarks.importing.transformer_speed --shape opus-mt --sentences 128 \
         --threads 1 2 [--int8] [--json docs/benchmarks/transformer-speed.json]
 
-One Hugging Face MarianMTModel directory (export/importers/hf_fixture.py: `opus-mt` is OPUS-MT's
+One Hugging Face MarianMTModel directory (export/toolkits/hf_fixture.py: `opus-mt` is OPUS-MT's
 shape, 6 + 6 layers, 512 wide, 8 heads, 2,048 swish feed-forward, a 32k shared vocabulary, random
 weights; `tiny` is the tests' 2 + 2 layer model trained to copy) is imported with s2s-import
 huggingface and converted with CTranslate2's own TransformersConverter, float32 and int8. Each
@@ -62,7 +62,7 @@ class Row:
 def sentences(count: int, seed: int) -> list[str]:
     """Texts of 6-22 number words (the fixture's SentencePiece model cuts the benchmark's into
     6-91 pieces)."""
-    from export.importers.hf_fixture import WORDS
+    from export.toolkits.hf_fixture import WORDS
 
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 22))) for _ in range(count)]
@@ -222,8 +222,8 @@ def optimum_row(
 def prepare(shape: str, work: Path) -> tuple[Path, Path, dict[bool, Path]]:
     from ctranslate2.converters import TransformersConverter
 
-    from export.importers.hf_fixture import write_model
     from export.importers.huggingface import import_model
+    from export.toolkits.hf_fixture import write_model
 
     model_dir = write_model(work / "hf", **SHAPES[shape])  # type: ignore[arg-type]
     bundle = import_model(model_dir, work / "bundle", shape, "1", int8=True)

@@ -52,7 +52,7 @@ def words() -> list[str]:
 
 def make_model(work: Path) -> tuple[Path, Path]:
     """The OPUS-MT-shaped model.npz and its vocabulary, one update from Marian's initialization."""
-    from export.importers import marian_toolkit as mt
+    from export.toolkits import marian_toolkit as mt
 
     work.mkdir(parents=True, exist_ok=True)
     vocab = work / "vocab.yml"
@@ -102,7 +102,7 @@ def convert(model: Path, vocab: Path, work: Path) -> dict[bool, Path]:
 
 
 def marian_row(model: Path, vocab: Path, source: Path, threads: int, work: Path) -> Row:
-    from export.importers import marian_toolkit as mt
+    from export.toolkits import marian_toolkit as mt
 
     out = work / f"marian.{threads}.out"
     start = time.perf_counter()

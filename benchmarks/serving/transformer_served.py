@@ -15,7 +15,7 @@ The models:
   length normalization and narrowing beam), CTranslate2 with length_penalty 1, its nearest: the
   two write about as many tokens (reported), not the same lists.
 - `opus-mt`: OPUS-MT's shape (6 + 6 layers, 512 wide, 8 heads, a 32k shared vocabulary, random
-  weights: export/importers/hf_fixture.py), a Hugging Face MarianMTModel directory imported with
+  weights: export/toolkits/hf_fixture.py), a Hugging Face MarianMTModel directory imported with
   s2s-import huggingface and converted by CTranslate2's TransformersConverter, on
   benchmarks/importing/transformer_speed.py's texts (number words, 6-72 pieces). Its random
   weights write every sentence to the length cap, so both sides decode `--max-tokens` tokens a
@@ -74,8 +74,8 @@ class Setup:
 def prepare_opus_mt(work: Path, count: int, max_tokens: int) -> Setup:
     from ctranslate2.converters import TransformersConverter
 
-    from export.importers.hf_fixture import write_model
     from export.importers.huggingface import import_model
+    from export.toolkits.hf_fixture import write_model
 
     model_dir = write_model(work / "hf", **SHAPES["opus-mt"])  # type: ignore[arg-type]
     bundle = import_model(model_dir, work / "bundle", "opus-mt", "1")

@@ -29,12 +29,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     sub = parser.add_subparsers(dest="toolkit", required=True)
     onmt = sub.add_parser(
-        "opennmt-py", help="an OpenNMT-py 3.x checkpoint (.pt): RNN or Transformer"
+        "opennmt-py", help="an OpenNMT-py 3.x checkpoint (.pt): an RNN or a Transformer"
     )
-    joey = sub.add_parser("joeynmt", help="a Joey NMT 2.x recurrent model (config + .ckpt)")
+    joey = sub.add_parser(
+        "joeynmt", help="a Joey NMT 2.x RNN (config + .ckpt); its Transformers are refused"
+    )
     joey.add_argument("--config", required=True, type=Path, help="the training config.yaml")
     marian = sub.add_parser(
-        "marian", help="a Marian model.npz (s2s or transformer) and its two vocabularies"
+        "marian", help="a Marian model.npz, an s2s (RNN) or a transformer, and its vocabularies"
     )
     marian.add_argument("--model", type=Path, help="model.npz (its special:model.yml)")
     marian.add_argument(

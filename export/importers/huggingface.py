@@ -38,9 +38,11 @@ from export.importers.common import (
     subword_side,
     write_bundle,
 )
+from export.importers.config_builder import model_config
+from export.importers.options import Option, OptionTable, check
 from export.transformer.graphs import export_graphs
 from export.transformer.model import TransformerSeq2Seq
-from service.model.architecture import BOS_ID, PAD_ID, ModelConfig, TransformerShape
+from service.model.architecture import BOS_ID, PAD_ID
 
 BOS_TOKEN = "<hf:decoder_start>"  # our BOS: the row the decoder starts from (Marian's pad)
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu",
@@ -79,41 +81,38 @@ def read_weights(directory: Path) -> dict[str, Tensor]:
     return dict(state)
 
 
-def shape_of(config: dict[str, Any], path: Path) -> tuple[TransformerShape, int]:
-    """The Transformer's shape and its position table's rows, or ImportRefused naming the option."""
-    refuse_unless(
-        config.get("model_type") == "marian",
-        f"{path}: model_type {config.get('model_type')!r} is not 'marian' (MarianMTModel)",
-    )
-    for key in ("normalize_before", "add_final_layer_norm", "normalize_embedding"):
-        refuse_unless(not config.get(key, False), f"{path}: {key} is set; not supported")
-    refuse_unless(
-        config.get("share_encoder_decoder_embeddings", True),
-        f"{path}: share_encoder_decoder_embeddings is false (separate vocabularies): not supported",
-    )
-    pairs = (("encoder_attention_heads", "decoder_attention_heads"),
-             ("encoder_ffn_dim", "decoder_ffn_dim"))  # fmt: skip
-    for enc, dec in pairs:
-        refuse_unless(
-            config.get(enc) == config.get(dec),
-            f"{path}: {enc} {config.get(enc)} differs from {dec} {config.get(dec)}: not supported",
-        )
-    act = str(config.get("activation_function", "swish"))
-    refuse_unless(act in ACTIVATIONS, f"{path}: activation_function {act!r} is not supported")
-    shape = TransformerShape(
-        d_model=int(config["d_model"]),
-        heads=int(config["encoder_attention_heads"]),
-        ffn_dim=int(config["encoder_ffn_dim"]),
-        enc_layers=int(config["encoder_layers"]),
-        dec_layers=int(config["decoder_layers"]),
-        activation=ACTIVATIONS[act],
-        pre_norm=False,
-        positions="sinusoidal_halves",
-        scale_embedding=bool(config.get("scale_embedding", True)),
-        align_layer=-1,  # CTranslate2's default for a model trained without guidance
-        align_heads=(),
-    )
-    return shape, int(config.get("max_position_embeddings", 512))
+def _equal(other: str) -> Option:
+    """The decoder's option of a pair, which must equal the encoder's."""
+    name = other.replace("encoder", "decoder")
+    return Option(name, lambda v, o: v == o[other], accepted=lambda o: f"{other} is {o[other]}")
+
+
+def _unset(name: str) -> Option:
+    return Option(name, lambda v, o: not v, False, "not supported")
+
+
+OPTIONS = OptionTable("Hugging Face", "", (
+    Option("model_type", ("marian",), accepted="the importer reads 'marian' (MarianMTModel)"),
+    *(_unset(name) for name in ("normalize_before", "add_final_layer_norm", "normalize_embedding")),
+    Option("share_encoder_decoder_embeddings", lambda v, o: bool(v), True,
+           "separate vocabularies are not supported"),
+    _equal("encoder_attention_heads"),
+    _equal("encoder_ffn_dim"),
+    Option("activation_function", lambda v, o: str(v) in ACTIVATIONS, "swish",
+           f"the importer supports {list(ACTIVATIONS)}", to="TransformerShape.activation",
+           convert=lambda act: ACTIVATIONS[str(act)]),
+    Option("decoder_start_token_id", lambda v, o: int(v) == int(o["pad_token_id"]),
+           default_from="pad_token_id", accepted="the decoder starts from the pad (pad_token_id)"),
+    Option("d_model", to="TransformerShape.d_model", convert=int),
+    Option("encoder_attention_heads", to="TransformerShape.heads", convert=int),
+    Option("encoder_ffn_dim", to="TransformerShape.ffn_dim", convert=int),
+    Option("encoder_layers", to="TransformerShape.enc_layers", convert=int),
+    Option("decoder_layers", to="TransformerShape.dec_layers", convert=int),
+    Option("scale_embedding", default=True, to="TransformerShape.scale_embedding", convert=bool),
+))  # fmt: skip
+# What modeling_marian.py fixes: post-norm layers, sines then cosines; no guided alignment, so
+# CTranslate2's default (the last layer, every head)
+SHAPE = {"pre_norm": False, "positions": "sinusoidal_halves", "align_layer": -1, "align_heads": ()}
 
 
 def vocabulary(path: Path, pad: int, eos: int) -> tuple[list[str], list[int]]:
@@ -172,15 +171,14 @@ def build(directory: Path) -> tuple[TransformerSeq2Seq, list[str], list[int], di
     """The network with the directory's weights, its tokens, our ids' rows, the generation config."""
     config_path = directory / "config.json"
     config = read_json(config_path, "config.json")
-    shape, max_positions = shape_of(config, config_path)
+    mapped = check(OPTIONS, config, str(config_path))
+    max_positions = int(config.get("max_position_embeddings", 512))
     generation = config | (
         read_json(directory / "generation_config.json", "generation_config.json")
         if (directory / "generation_config.json").is_file()
         else {}
     )
     pad, eos = int(config["pad_token_id"]), int(config["eos_token_id"])
-    start = int(config.get("decoder_start_token_id", pad))
-    refuse_unless(start == pad, f"{config_path}: decoder_start_token_id {start} is not the pad")
     vocab_path = directory / "vocab.json"
     tokens, order = vocabulary(vocab_path, pad, eos)
     weights = read_weights(directory)
@@ -192,25 +190,19 @@ def build(directory: Path) -> tuple[TransformerSeq2Seq, list[str], list[int], di
         f"{config_path}: vocab_size {config.get('vocab_size')} and the embedding's "
         f"{shared.shape[0]} rows must both be vocab.json's {V} pieces",
     )
+    d_model = mapped["TransformerShape.d_model"]
     refuse_unless(
-        shared.shape[1] == shape.d_model,
-        f"{config_path}: d_model {shape.d_model} is not the embedding's width {shared.shape[1]}",
+        shared.shape[1] == d_model,
+        f"{config_path}: d_model {d_model} is not the embedding's width {shared.shape[1]}",
     )
     rows = [row if row < V else pad for row in order]  # our BOS reads the pad's row
     embed = permuted(shared, rows)
     bias = first(weights, ("final_logits_bias",), directory).reshape(-1)
     bias = permuted(bias, rows)
     bias[BOS_ID] = float("-inf")  # a row Marian lacks: out of the log-softmax
-    cfg = ModelConfig(
-        src_vocab_size=len(tokens),
-        tgt_vocab_size=len(tokens),
-        emb_dim=shape.d_model,
-        attention="scaled_dot",
-        dropout=0.0,
-        toolkit="huggingface",
-        decoder_states=TransformerSeq2Seq.state_specs(shape),
-        transformer=shape,
-    )
+    cfg = model_config("huggingface", (len(tokens), len(tokens)), mapped, shape=SHAPE)
+    shape = cfg.transformer
+    assert shape is not None
     banned = {PAD_ID} | {_our_id(order, ids[0]) for ids in generation.get("bad_words_ids") or []
                          if len(ids) == 1}  # fmt: skip
     net = TransformerSeq2Seq(cfg, max_positions, banned=tuple(sorted(banned)))

@@ -29,20 +29,23 @@ from torch import Tensor, nn
 
 from export.importers.common import (
     ImportRefused,
-    attend,
     check_rows,
-    encode_packed,
-    gru_or_lstm,
     load_torch_file,
     load_weights,
-    pack_state,
     permuted,
     refuse_unless,
     special_order,
     subword_side,
-    token_rnn_step,
-    unpack_state,
     write_bundle,
+)
+from export.importers.config_builder import model_config
+from export.importers.options import Option, Options, OptionTable, check
+from export.importers.rnn_steps import (
+    attend,
+    encode_packed,
+    pack_state,
+    token_rnn_step,
+    unpack_rows,
 )
 from export.train.model import Encoded, FoldedEmbedding
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, ModelConfig
@@ -131,9 +134,7 @@ class JoeyRnn(nn.Module):
         N = tokens.shape[0]
         B, S = mask.shape
         K = N // B
-        h, c, feed = unpack_state(
-            state, cfg.dec_layers, cfg.dec_hidden, cfg.rnn == "lstm", cfg.input_feeding
-        )
+        h, c, feed = unpack_rows(cfg, state)
         s_t, h, c = token_rnn_step(
             self.dec_rnn, self.tgt_embed, self.folded, tokens, feed, h, c, self.tgt_scale
         )
@@ -197,49 +198,78 @@ def read_checkpoint(path: Path) -> dict[str, Tensor]:
     return dict(ckpt["model_state"])
 
 
-def _want(
-    section: dict[str, Any], where: str, name: str, allowed: tuple[Any, ...], default: Any
-) -> Any:
-    value = section.get(name, default)
-    refuse_unless(
-        value in allowed,
-        f"unsupported Joey NMT option {where}.{name}: {value!r} (the importer supports {list(allowed)})",
-    )
-    return value
+def _level(side: str) -> Any:
+    return lambda options: options[f"data.{side}.level"] == "bpe"
 
 
-def check_config(cfg: dict[str, Any]) -> None:
-    """Refuse every option this importer does not rebuild, naming the option and its value."""
-    model, data = cfg["model"], cfg["data"]
-    enc, dec = model.get("encoder", {}), model.get("decoder", {})
-    _want(enc, "model.encoder", "type", ("recurrent",), "recurrent")
-    _want(dec, "model.decoder", "type", ("recurrent",), "recurrent")
-    refuse_unless(
-        enc.get("bidirectional", True) is True,
-        f"unsupported Joey NMT option model.encoder.bidirectional: {enc.get('bidirectional')!r}: "
-        "Joey NMT 2.3.0's RecurrentEncoder cannot run unidirectionally (its forward indexes the "
-        "backward direction and raises IndexError), so no such model can have been trained by it",
+def _pretokenizer(side: str) -> Any:
+    """Moses pretokenization goes with a subword level only (sacremoses at serving time)."""
+    bpe = _level(side)
+    return lambda value, options: (
+        value in ((None, "none", "moses") if bpe(options) else (None, "none"))
     )
-    _want(dec, "model.decoder", "attention", ("bahdanau", "luong"), "bahdanau")
-    _want(dec, "model.decoder", "init_hidden", ("zero", "last", "bridge"), "bridge")
-    _want(dec, "model.decoder", "activation", ("tanh", "relu"), "tanh")
-    for side in ("src", "trg"):
-        section = data.get(side, {})
-        level = _want(section, f"data.{side}", "level", ("word", "bpe"), "word")
-        if level == "bpe":
-            _want(section, f"data.{side}", "tokenizer_type", SUBWORD_TOKENIZERS, "sentencepiece")
-        pre = section.get("tokenizer_cfg", {}) or {}
-        pretokenizers = (None, "none", "moses") if level == "bpe" else (None, "none")
-        _want(pre, f"data.{side}.tokenizer_cfg", "pretokenizer", pretokenizers, None)
-        _want(section, f"data.{side}", "normalize", (False, None), None)
-    symbols = data.get("special_symbols", {}) or {}
-    _want(symbols, "data.special_symbols", "sep_token", (None,), None)
-    _want(symbols, "data.special_symbols", "lang_tags", (None, []), None)
-    refuse_unless(
-        gru_or_lstm(enc.get("rnn_type", "gru")) == gru_or_lstm(dec.get("rnn_type", "gru")),
-        f"unsupported Joey NMT options: encoder rnn_type {enc.get('rnn_type')!r} and decoder "
-        f"rnn_type {dec.get('rnn_type')!r} differ",
-    )
+
+
+def _data(side: str) -> tuple[Option, ...]:
+    """One side's data options: its level, a subword level's tokenizer, no normalization."""
+    where = f"data.{side}"
+    return (
+        Option(f"{where}.level", ("word", "bpe"), "word"),
+        Option(f"{where}.tokenizer_type", SUBWORD_TOKENIZERS, "sentencepiece", when=_level(side)),
+        Option(f"{where}.tokenizer_cfg.pretokenizer", _pretokenizer(side), None,
+               "'moses' or 'none' with level 'bpe', 'none' with level 'word'"),
+        Option(f"{where}.normalize", (False, None), None),
+    )  # fmt: skip
+
+
+def _last_fits(value: Any, options: Options) -> bool:
+    """init_hidden 'last' takes the encoder's output, or its forward half, as the first state."""
+    He, H = int(options["model.encoder.hidden_size"]), int(options["model.decoder.hidden_size"])
+    return value != "last" or 2 * He in (H, 2 * H)
+
+
+def _rnn_kind(value: Any) -> str:
+    return str(value).lower()
+
+
+OPTIONS = OptionTable("Joey NMT", "", (
+    Option("model.encoder.type", ("recurrent",), "recurrent"),
+    Option("model.decoder.type", ("recurrent",), "recurrent"),
+    Option("model.encoder.bidirectional", lambda v, o: v is True, True,
+           "Joey NMT 2.3.0's RecurrentEncoder cannot run unidirectionally (its forward indexes the "
+           "backward direction and raises IndexError), so no such model can have been trained by it"),
+    Option("model.encoder.rnn_type", lambda v, o: _rnn_kind(v) in ("gru", "lstm"), "gru",
+           "only GRU and LSTM are imported", to="ModelConfig.rnn", convert=_rnn_kind),
+    Option("model.decoder.rnn_type", lambda v, o: _rnn_kind(v) == _rnn_kind(o["model.encoder.rnn_type"]),
+           "gru", lambda o: f"the encoder's rnn_type {o['model.encoder.rnn_type']!r}: both the same"),
+    Option("model.decoder.attention", tuple(ATTENTIONS), "bahdanau", to="ModelConfig.attention",
+           convert=ATTENTIONS),
+    Option("model.decoder.init_hidden", ("zero", "last", "bridge"), "bridge", to="ModelConfig.bridge"),
+    Option("model.decoder.init_hidden", _last_fits, "bridge",
+           lambda o: f"'last' needs the encoder's output ({2 * int(o['model.encoder.hidden_size'])}) "
+           f"to equal or double the decoder's hidden_size ({o['model.decoder.hidden_size']})"),
+    Option("model.decoder.activation", tuple(ACTIVATIONS), "tanh"),
+    Option("model.decoder.input_feeding", default=True, to="ModelConfig.input_feed", convert=bool),
+    Option("model.encoder.embeddings.embedding_dim", default=0, to="ModelConfig.emb_dim",
+           convert=int),
+    Option("model.encoder.hidden_size", default=1, to="ModelConfig.enc_hidden", convert=int),
+    Option("model.decoder.hidden_size", default=1, to="ModelConfig.dec_hidden", convert=int),
+    Option("model.encoder.num_layers", default=1, to="ModelConfig.enc_layers", convert=int),
+    Option("model.decoder.num_layers", default=1, to="ModelConfig.dec_layers", convert=int),
+    *_data("src"),
+    *_data("trg"),
+    Option("data.trg.level", lambda v, o: v == o["data.src.level"], "word",
+           lambda o: f"data.src.level is {o['data.src.level']!r}: both sides must be words, "
+           "or both subwords"),
+    Option("data.special_symbols.sep_token", (None,), None),
+    Option("data.special_symbols.lang_tags", (None, []), None),
+))  # fmt: skip
+
+
+def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Refuse, once, every option this importer does not rebuild, naming each and its value; else
+    what OPTIONS maps."""
+    return check(OPTIONS, cfg)
 
 
 def vocab_file(cfg: dict[str, Any], side: str, config_path: Path, checkpoint: Path) -> Path:
@@ -276,7 +306,7 @@ def read_vocab(path: Path, symbols: dict[str, Any]) -> list[str]:
 def build(
     cfg: dict[str, Any], state: dict[str, Tensor], src_tokens: list[str], tgt_tokens: list[str]
 ) -> tuple[JoeyRnn, list[int], list[int]]:
-    check_config(cfg)
+    mapped = check_config(cfg)
     model_cfg, data = cfg["model"], cfg["data"]
     enc, dec = model_cfg.get("encoder", {}), model_cfg.get("decoder", {})
     symbols = data.get("special_symbols", {}) or {}
@@ -295,32 +325,9 @@ def build(
     check_rows("the source embedding", state["src_embed.lut.weight"], len(src_tokens), "source")
     check_rows("the target embedding", state["trg_embed.lut.weight"], len(tgt_tokens), "target")
     check_rows("the output layer", state["decoder.output_layer.weight"], len(tgt_tokens), "target")
-    He, H = int(enc.get("hidden_size", 1)), int(dec.get("hidden_size", 1))
-    init_hidden = dec.get("init_hidden", "bridge")
-    refuse_unless(
-        init_hidden != "last" or 2 * He in (H, 2 * H),
-        f"init_hidden 'last' needs the encoder's output ({2 * He}) to equal or double the decoder's "
-        f"hidden_size ({H})",
-    )
-    attention = ATTENTIONS[dec.get("attention", "bahdanau")]
-    cfg_out = ModelConfig(
-        src_vocab_size=len(src_tokens),
-        tgt_vocab_size=len(tgt_tokens),
-        emb_dim=int(enc.get("embeddings", {}).get("embedding_dim", 0)),
-        enc_hidden=He,
-        dec_hidden=H,
-        enc_layers=int(enc.get("num_layers", 1)),
-        dec_layers=int(dec.get("num_layers", 1)),
-        rnn=gru_or_lstm(enc.get("rnn_type", "gru")),  # type: ignore[arg-type]
-        attention=attention,  # type: ignore[arg-type]
-        decoder_style="luong",
-        attn_dim=H,
-        dropout=0.0,
-        bidirectional=True,
-        toolkit="joeynmt",
-        bridge=init_hidden,
-        input_feed=bool(dec.get("input_feeding", True)),
-    )
+    cfg_out = model_config("joeynmt", (len(src_tokens), len(tgt_tokens)), mapped,
+                           attn_dim=mapped["ModelConfig.dec_hidden"], decoder_style="luong",
+                           bidirectional=True)  # fmt: skip
     model = JoeyRnn(
         cfg_out,
         tgt_emb_dim=int(dec.get("embeddings", {}).get("embedding_dim", 0)),
@@ -386,13 +393,7 @@ def tokenizer_section(
     vocabularies: Joey's tokens per side ("src", "trg"), which its segmenters are restricted to."""
     data = cfg["data"]
     src, trg = data.get("src", {}), data.get("trg", {})
-    levels = (src.get("level", "word"), trg.get("level", "word"))
-    refuse_unless(
-        levels[0] == levels[1],
-        f"unsupported Joey NMT options data.src.level {levels[0]!r} and data.trg.level {levels[1]!r}: "
-        "both sides must be words, or both subwords",
-    )
-    if levels[0] == "word":
+    if src.get("level", "word") == "word":  # both sides alike (check_config)
         word = {
             "kind": "word",
             "toolkit": "joeynmt",

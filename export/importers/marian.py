@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import io
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import numpy as np
-import sentencepiece as spm
 import torch
 import yaml
 from torch import Tensor, nn
@@ -42,22 +41,19 @@ from torch import Tensor, nn
 from export.importers import marian_transformer
 from export.importers.common import (
     ImportRefused,
-    attend,
-    encode_packed,
-    pack_state,
     permuted,
     refuse_unless,
-    special_order,
     subword_side,
-    unpack_state,
     write_bundle,
 )
+from export.importers.config_builder import model_config
+from export.importers.marian_vocab import Vocabulary, read_vocab, vocab_order, with_rows
+from export.importers.options import Option, OptionTable, check
+from export.importers.rnn_steps import attend, encode_packed, pack_state, unpack_state
 from export.train.model import Encoded, FoldedEmbedding, gru_cell, lstm_cell
 from export.transformer.graphs import export_graphs as export_transformer
 from service.model.architecture import BOS_ID, PAD_ID, UNK_ID, ModelConfig, Toolkit
 
-# Marian writes no PAD or BOS token; the bundle's vocabularies name ids 0 and 1 with these.
-PAD_TOKEN, BOS_TOKEN = "<marian:pad>", "<marian:bos>"
 # What serving knows the model as (service/model/architecture.py): its beam keeps only the non-EOS
 # candidates among the top beam_size, as an imported toolkit's (Marian's narrows by its finished
 # hypotheses too), and service/model/subword.py joins its pieces with SentencePiece's DecodePieces,
@@ -76,7 +72,7 @@ DECODING: dict[str, Any] = {
 }
 
 # Options that change the computation, with the values this importer rebuilds exactly (Marian's
-# defaults for s2s unless noted). Each is read from special:model.yml; others are refused by name.
+# defaults for s2s first). Each is read from special:model.yml; others are refused by name.
 TYPES = ("s2s", "transformer")
 SUPPORTED: dict[str, tuple[Any, ...]] = {
     "enc-type": ("bidirectional",),
@@ -100,6 +96,19 @@ SUPPORTED: dict[str, tuple[Any, ...]] = {
     "input-types": ([],),
     "input-reorder": ([],),
 }
+# Every model's options (the s2s's or the Transformer's follow: marian_transformer.OPTIONS)
+SHARED = OptionTable("Marian", "--", (
+    Option("type", TYPES),
+    Option("original-type", lambda v, o: v in (None, o["type"]), flag="type",
+           accepted=f"converted from another type; the importer supports {list(TYPES)}"),
+    Option("dim-vocabs", lambda v, o: isinstance(v, list) and len(v) == 2,
+           accepted="one source and one target vocabulary"),
+))  # fmt: skip
+S2S: tuple[Option, ...] = (
+    *(Option(name, allowed, allowed[0]) for name, allowed in SUPPORTED.items()),
+    Option("dec-cell", default="gru", to="ModelConfig.rnn"),  # the packed state's layout
+    Option("dim-rnn", default=0, to="ModelConfig.dec_hidden", convert=int),
+)
 
 
 @dataclass(frozen=True)
@@ -137,132 +146,11 @@ def read_model(path: Path) -> MarianModel:
     return MarianModel(tensors=arrays, options=options)
 
 
-def check_options(options: dict[str, Any]) -> None:
-    """Refuse every computation-changing option this importer does not rebuild, by name and value."""
-    kind = options.get("type")
-    refuse_unless(
-        kind in TYPES,
-        f"unsupported Marian option --type {kind!r} (the importer supports {list(TYPES)})",
-    )
-    if is_transformer(options):
-        marian_transformer.check_options(options)
-    else:
-        check_s2s_options(options)
-    refuse_unless(
-        options.get("original-type") in (None, kind),
-        f"unsupported Marian option --type {options.get('original-type')!r} (converted from "
-        f"another type; the importer supports {list(TYPES)})",
-    )
-    dims = options.get("dim-vocabs")
-    refuse_unless(
-        isinstance(dims, list) and len(dims) == 2,
-        f"unsupported Marian option --dim-vocabs {dims!r}: one source and one target vocabulary",
-    )
-
-
-def check_s2s_options(options: dict[str, Any]) -> None:
-    for name, allowed in SUPPORTED.items():
-        if name not in options:
-            continue
-        value = options[name]
-        refuse_unless(
-            value in allowed,
-            f"unsupported Marian option --{name} {value!r} (the importer supports {list(allowed)})",
-        )
-
-
-# --- vocabularies --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Vocabulary:
-    """Marian's tokens in id order, its `</s>` and `<unk>`, and the file they came from."""
-
-    tokens: list[str]
-    eos: str
-    unk: str
-    path: Path
-
-    @property
-    def is_spm(self) -> bool:
-        return self.path.suffix == ".spm"
-
-
-def read_vocab(path: Path, side: str) -> Vocabulary:
-    """A SentencePiece model (`.spm`, Marian's rule: by suffix) or a Marian `.yml` word vocabulary."""
-    refuse_unless(path.is_file(), f"the {side} vocabulary is not found: {path}")
-    if path.suffix == ".spm":
-        processor = spm.SentencePieceProcessor()
-        try:
-            processor.Load(str(path))
-        except (OSError, RuntimeError) as err:
-            raise ImportRefused(f"{path} is not a sentencepiece model: {err}") from err
-        tokens = [processor.IdToPiece(i) for i in range(processor.GetPieceSize())]
-        eos, unk = processor.eos_id(), processor.unk_id()
-        refuse_unless(eos >= 0, f"the {side} sentencepiece model {path} has no end-of-sentence id")
-        return Vocabulary(tokens=tokens, eos=tokens[eos], unk=tokens[unk], path=path)
-    refuse_unless(
-        path.suffix in (".yml", ".yaml", ".json"),
-        f"unsupported {side} vocabulary {path}: the importer reads Marian's .spm and .yml vocabularies",
-    )
-    mapping = read_yaml_vocab(path)
-    by_id: dict[int, str] = {}
-    for word, raw in mapping.items():
-        refuse_unless(
-            isinstance(word, str) and isinstance(raw, str) and raw.isdigit(),
-            f"{path}: {word!r}: {raw!r} is not a word and its id",
-        )
-        refuse_unless(int(raw) not in by_id, f"{path}: id {raw} is given to two words")
-        by_id[int(raw)] = word
-    refuse_unless(
-        sorted(by_id) == list(range(len(by_id))),
-        f"{path}: the ids of a .yml vocabulary must be 0..{len(by_id) - 1}",
-    )
-    tokens = [by_id[i] for i in range(len(by_id))]
-    for special in ("</s>", "<unk>"):
-        refuse_unless(special in tokens, f"the {side} vocabulary {path} has no {special}")
-    return Vocabulary(tokens=tokens, eos="</s>", unk="<unk>", path=path)
-
-
-class TextSafeLoader(yaml.SafeLoader):
-    """safe_load with no implicit resolver: every plain scalar is the text written, as Marian
-    (yaml-cpp's as<std::string>) reads a vocabulary's keys, where the YAML 1.1 resolvers would
-    read on/no/yes/true as booleans, 1984 as an integer, null as None, 2001-01-01 as a date and
-    `<<:` as a merge."""
-
-    yaml_implicit_resolvers: ClassVar[dict[Any, Any]] = {}
-
-
-def read_yaml_vocab(path: Path) -> dict[Any, Any]:
-    """A .yml (or .json) vocabulary's word → id mapping, keys and ids as the text written."""
-    try:
-        mapping = yaml.load(path.read_text(encoding="utf-8"), Loader=TextSafeLoader)
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ImportRefused(f"{path} is not a Marian .yml vocabulary: {err}") from err
-    refuse_unless(isinstance(mapping, dict), f"{path} is not a Marian .yml vocabulary")
-    return cast(dict[Any, Any], mapping)
-
-
-def with_rows(vocab: Vocabulary, rows: int, what: str, side: str) -> Vocabulary:
-    """The vocabulary padded to a weight of `rows` rows. Marian keeps embeddings and output layer
-    of --dim-vocabs rows when its corpus has fewer types; the rows past its vocabulary hold no
-    word. They get its unknown token again: a repeated token keeps its first id
-    (service/model/vocab.py), so no text reaches them, and the target's are never emitted
-    (MarianS2S.step_log_probs). A weight narrower than the vocabulary is refused."""
-    refuse_unless(
-        rows >= len(vocab.tokens),
-        f"vocabulary size mismatch: {what} has {rows} rows but the {side} vocabulary "
-        f"{vocab.path} has {len(vocab.tokens)} tokens",
-    )
-    return replace(vocab, tokens=[*vocab.tokens, *[vocab.unk] * (rows - len(vocab.tokens))])
-
-
-def vocab_order(vocab: Vocabulary, side: str) -> tuple[list[str], list[int]]:
-    """Marian's tokens plus our PAD and BOS (rows V and V+1), and the row of each of our ids."""
-    for extra in (PAD_TOKEN, BOS_TOKEN):
-        refuse_unless(extra not in vocab.tokens, f"the {side} vocabulary has a token {extra!r}")
-    tokens = [*vocab.tokens, PAD_TOKEN, BOS_TOKEN]
-    return tokens, special_order(tokens, PAD_TOKEN, BOS_TOKEN, vocab.eos, vocab.unk, side)
+def check_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Refuse, once, every computation-changing option this importer does not rebuild, naming each
+    and its value; else what the s2s's or the Transformer's table maps."""
+    kind = marian_transformer.OPTIONS if is_transformer(options) else S2S
+    return check(SHARED + kind, options)
 
 
 # --- the network ---------------------------------------------------------------------------------
@@ -521,42 +409,31 @@ def build(
 ) -> tuple[nn.Module, Sides]:
     """The network of the model's type with its weights, and its vocabularies' sides."""
     options = model.options
-    check_options(options)
+    mapped = check_options(options)
     parts = sides(model, src_vocab, tgt_vocab)
     if is_transformer(options):
         banned = (UNK_ID, *parts.unused)
         net = marian_transformer.build(
-            model.get, model.tensors.keys(), options, parts.tensors, banned, TOOLKIT
+            model.get, model.tensors.keys(), options, parts.tensors, banned, TOOLKIT, mapped
         )
         return net, parts
-    return build_s2s(model, parts), parts
+    return build_s2s(model, parts, mapped), parts
 
 
-def build_s2s(model: MarianModel, parts: Sides) -> MarianS2S:
+def build_s2s(model: MarianModel, parts: Sides, mapped: dict[str, Any]) -> MarianS2S:
     options = model.options
     src_emb = parts.tensors["src_embed.weight"]
-    E, H = int(options.get("dim-emb", src_emb.shape[1])), int(options.get("dim-rnn", 0))
+    E, H = int(options.get("dim-emb", src_emb.shape[1])), mapped["ModelConfig.dec_hidden"]
     refuse_unless(
         src_emb.shape[1] == E and parts.tensors["tgt_embed.weight"].shape[1] == E,
         f"--dim-emb {E} does not match the embeddings' {src_emb.shape[1]} columns",
     )
-    enc_cell, dec_cell = str(options.get("enc-cell", "gru")), str(options.get("dec-cell", "gru"))
-    cfg = ModelConfig(
-        src_vocab_size=len(parts.source[0]),
-        tgt_vocab_size=len(parts.target[0]),
-        emb_dim=E,
-        enc_hidden=H,
-        dec_hidden=H,
-        rnn=dec_cell,  # type: ignore[arg-type]  # the decoder's cell: the packed state's layout
-        attention="additive",
-        decoder_style="cgru",  # the conditional decoder (dec-cell-base-depth 2)
-        attn_dim=2 * H,
-        dropout=0.0,
-        bidirectional=True,
-        toolkit=TOOLKIT,
-        bridge="marian_mean_tanh",
-        input_feed=False,
-    )
+    enc_cell, dec_cell = str(options.get("enc-cell", "gru")), str(mapped["ModelConfig.rnn"])
+    sizes = (len(parts.source[0]), len(parts.target[0]))
+    cfg = model_config(TOOLKIT, sizes, mapped, emb_dim=E, enc_hidden=H, attention="additive",
+                       decoder_style="cgru",  # the conditional decoder (dec-cell-base-depth 2)
+                       attn_dim=2 * H, bidirectional=True, bridge="marian_mean_tanh",
+                       input_feed=False)  # fmt: skip
     net = MarianS2S(cfg, enc_cell, unk_row=UNK_ID, unused_rows=parts.unused)
     readout_bias = sum(model.get(f"decoder_ff_logit_l1_b{i}").reshape(-1) for i in range(3))
     tensors: dict[str, Tensor] = {

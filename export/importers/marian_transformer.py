@@ -31,8 +31,10 @@ from typing import Any
 from torch import Tensor
 
 from export.importers.common import load_weights, refuse_unless
+from export.importers.config_builder import model_config
+from export.importers.options import Option, Options
 from export.transformer.model import TransformerSeq2Seq
-from service.model.architecture import ModelConfig, Toolkit, TransformerShape
+from service.model.architecture import Toolkit, TransformerShape
 
 ACTIVATIONS = {"relu": "relu", "swish": "swish"}
 EPS = 1e-9  # Marian's layerNorm (graph/expression_operators.h)
@@ -59,75 +61,49 @@ REQUIRED: tuple[tuple[str, tuple[Any, ...], Any], ...] = (
     ("ulr", (False,), False),
     ("input-types", ([],), []),
 )
-# The pre/post-processing strings (d: dropout, a: the residual, n: a layer norm), dropout dropped
-PROCESSING = {
-    "transformer-preprocess": ("",),
-    "transformer-postprocess": ("an",),
-    "transformer-postprocess-emb": ("",),
-    "transformer-postprocess-top": ("",),
-}
-PROCESSING_DEFAULTS = {"transformer-postprocess": "dan"}
+# The pre/post-processing strings (d: dropout, a: the residual, n: a layer norm), dropout dropped:
+# (option, its value with dropout dropped that is rebuilt, its value where model.yml has none)
+PROCESSING = (
+    ("transformer-preprocess", "", ""),
+    ("transformer-postprocess", "an", "dan"),
+    ("transformer-postprocess-emb", "", ""),
+    ("transformer-postprocess-top", "", ""),
+)
 
 
-def check_options(options: dict[str, Any]) -> None:
-    """Refuse every option the graphs do not rebuild, by name and value."""
-    for name, allowed, default in REQUIRED:
-        value = options.get(name, default)
-        refuse_unless(
-            value in allowed,
-            f"unsupported Marian option --{name} {value!r} for a Transformer (the importer "
-            f"supports {list(allowed)})",
-        )
-    for name, allowed in PROCESSING.items():
-        value = str(options.get(name, PROCESSING_DEFAULTS.get(name, "")) or "")
-        refuse_unless(
-            value.replace("d", "") in allowed,
-            f"unsupported Marian option --{name} {value!r} (the importer rebuilds post-norm "
-            "Transformers: --transformer-preprocess d, --transformer-postprocess dan)",
-        )
-    act = options.get("transformer-ffn-activation", "swish")
-    refuse_unless(
-        act in ACTIVATIONS,
-        f"unsupported Marian option --transformer-ffn-activation {act!r} (the importer supports "
-        f"{list(ACTIVATIONS)})",
-    )
-    ffn, dec_ffn = options.get("transformer-dim-ffn"), options.get("transformer-decoder-dim-ffn", 0)
-    refuse_unless(
-        dec_ffn in (0, ffn),
-        f"unsupported Marian option --transformer-decoder-dim-ffn {dec_ffn} (the decoder's "
-        f"feed-forward must be --transformer-dim-ffn {ffn} wide)",
-    )
+def _processing(rebuilt: str) -> Any:
+    return lambda value, options: str(value or "").replace("d", "") == rebuilt
+
+
+def _alignment_layer(value: Any, options: Options) -> bool:
+    raw = str(value).strip()
+    return raw == "last" or (raw.isdigit() and 1 <= int(raw) <= int(options["dec-depth"]))
+
+
+# A Transformer's options (marian.py adds those of every Marian model)
+OPTIONS: tuple[Option, ...] = (
+    *(Option(name, allowed, default) for name, allowed, default in REQUIRED),
+    *(Option(name, _processing(rebuilt), default, "the importer rebuilds post-norm Transformers: "
+             "--transformer-preprocess d, --transformer-postprocess dan")
+      for name, rebuilt, default in PROCESSING),
+    Option("transformer-ffn-activation", tuple(ACTIVATIONS), "swish",
+           to="TransformerShape.activation", convert=ACTIVATIONS),
+    Option("transformer-dim-ffn", default=2048, to="TransformerShape.ffn_dim", convert=int),
+    Option("transformer-decoder-dim-ffn", lambda v, o: v in (0, o["transformer-dim-ffn"]), 0,
+           lambda o: f"the decoder's feed-forward must be --transformer-dim-ffn "
+           f"{o['transformer-dim-ffn']} wide"),
+    Option("transformer-heads", default=8, to="TransformerShape.heads", convert=int),
+    Option("enc-depth", default=6, to="TransformerShape.enc_layers", convert=int),
+    Option("dec-depth", default=6, to="TransformerShape.dec_layers", convert=int),
+    Option("transformer-guided-alignment-layer", _alignment_layer, "last",
+           lambda o: f"'last' or one of the decoder's {o['dec-depth']} layers, from 1"),
+)  # fmt: skip
 
 
 def alignment_layer(options: dict[str, Any], layers: int) -> int:
     """The 0-based decoder layer of --transformer-guided-alignment-layer ("last" or 1-based)."""
     raw = str(options.get("transformer-guided-alignment-layer", "last")).strip()
-    if raw == "last":
-        return layers - 1
-    refuse_unless(
-        raw.isdigit() and 1 <= int(raw) <= layers,
-        f"--transformer-guided-alignment-layer {raw!r} is not one of the decoder's {layers} layers",
-    )
-    return int(raw) - 1
-
-
-def shape_of(options: dict[str, Any], width: int) -> TransformerShape:
-    """The graphs' shape from model.yml (`width`: the embeddings' columns, --dim-emb)."""
-    dec_layers = int(options.get("dec-depth", 6))
-    return TransformerShape(
-        d_model=width,
-        heads=int(options.get("transformer-heads", 8)),
-        ffn_dim=int(options.get("transformer-dim-ffn", 2048)),
-        enc_layers=int(options.get("enc-depth", 6)),
-        dec_layers=dec_layers,
-        activation=ACTIVATIONS[options.get("transformer-ffn-activation", "swish")],
-        pre_norm=False,
-        positions="sinusoidal_marian",
-        scale_embedding=True,
-        align_layer=alignment_layer(options, dec_layers),
-        align_heads=(0,),
-        norm_eps=EPS,
-    )
+    return layers - 1 if raw == "last" else int(raw) - 1
 
 
 Getter = Callable[[str], Tensor]
@@ -180,32 +156,28 @@ def build(
     vocab_part: dict[str, Tensor],
     banned: tuple[int, ...],
     toolkit: Toolkit,
+    mapped: dict[str, Any],
 ) -> TransformerSeq2Seq:
-    """The network with the model's weights. `vocab_part`: the embeddings and the output layer in
+    """The network with the model's weights; `mapped`: what OPTIONS mapped. `vocab_part`: the embeddings and the output layer in
     our id order (export/importers/marian.py: `src_embed.weight`, `tgt_embed.weight`, `out.bias`,
     and `out.weight` unless tied to the target embedding); `banned`: our ids marian-decoder never
     emits (its `<unk>`, rows past its vocabulary)."""
-    check_options(options)
     src, tgt = vocab_part["src_embed.weight"], vocab_part["tgt_embed.weight"]
     width = int(options.get("dim-emb", src.shape[1]))
     refuse_unless(
         src.shape[1] == width and tgt.shape[1] == width,
         f"--dim-emb {width} does not match the embeddings ({src.shape[1]}, {tgt.shape[1]})",
     )
-    shape = shape_of(options, width)
     refuse_unless(
-        width % shape.heads == 0, f"--dim-emb {width} is not a multiple of --transformer-heads"
+        width % mapped["TransformerShape.heads"] == 0,
+        f"--dim-emb {width} is not a multiple of --transformer-heads",
     )
-    cfg = ModelConfig(
-        src_vocab_size=src.shape[0],
-        tgt_vocab_size=tgt.shape[0],
-        emb_dim=width,
-        attention="scaled_dot",
-        dropout=0.0,
-        toolkit=toolkit,
-        decoder_states=TransformerSeq2Seq.state_specs(shape),
-        transformer=shape,
-    )
+    layer = alignment_layer(options, mapped["TransformerShape.dec_layers"])
+    fixed = {"d_model": width, "pre_norm": False, "positions": "sinusoidal_marian",
+             "scale_embedding": True, "align_layer": layer, "align_heads": (0,), "norm_eps": EPS}  # fmt: skip
+    cfg = model_config(toolkit, (src.shape[0], tgt.shape[0]), mapped, shape=fixed)
+    shape = cfg.transformer
+    assert shape is not None
     net = TransformerSeq2Seq(cfg, MAX_POSITIONS, banned=banned, final_norms=False)
     if "out.weight" not in vocab_part:
         net.tie_output()

@@ -27,20 +27,24 @@ from torch import Tensor, nn
 
 from export.importers import opennmt_transformer
 from export.importers.common import (
-    attend,
     check_rows,
-    encode_packed,
-    gru_or_lstm,
     load_torch_file,
     load_weights,
-    pack_state,
     permuted,
     refuse_unless,
     special_order,
     subword_side,
-    token_rnn_step,
-    unpack_state,
     write_bundle,
+)
+from export.importers.config_builder import model_config
+from export.importers.options import Option, OptionTable, check
+from export.importers.rnn_steps import (
+    attend,
+    encode_packed,
+    gru_or_lstm,
+    pack_state,
+    token_rnn_step,
+    unpack_rows,
 )
 from export.onnx.to_onnx import export_graphs
 from export.train.model import Encoded, FoldedEmbedding
@@ -52,6 +56,7 @@ PAD, BOS, EOS, UNK = "<blank>", "<s>", "</s>", "<unk>"  # onmt.constants.Default
 # training data (filters), which serving can ignore.
 SUBWORD_TRANSFORMS = {"sentencepiece": "sentencepiece", "bpe": "bpe"}
 TRAINING_ONLY_TRANSFORMS = ("filtertoolong",)
+ALLOWED_TRANSFORMS = [*SUBWORD_TRANSFORMS, *TRAINING_ONLY_TRANSFORMS]
 ATTENTIONS = {"dot": "dot", "general": "general", "mlp": "additive"}
 
 
@@ -151,9 +156,7 @@ class OnmtRnn(nn.Module):
         N = tokens.shape[0]
         B, S = mask.shape
         K = N // B
-        h, c, feed = unpack_state(
-            state, cfg.dec_layers, cfg.dec_hidden, cfg.rnn == "lstm", cfg.input_feeding
-        )
+        h, c, feed = unpack_rows(cfg, state)
         s_t, h, c = token_rnn_step(self.dec_rnn, self.tgt_embed, self.folded, tokens, feed, h, c)
         query = s_t.reshape(B, K, -1)  # (B, K, H)
         if self.onmt_attention == "mlp":
@@ -191,39 +194,60 @@ def _opt(opt: Any, name: str, default: Any = None) -> Any:
     return getattr(opt, name, default)
 
 
-def check_options(opt: Any) -> None:
-    """Refuse every option this importer does not rebuild, naming the option and its value."""
-    wanted: list[tuple[str, Any, Any]] = [  # (option, allowed values, default when absent)
-        ("model_task", ("seq2seq",), "seq2seq"),
-        ("model_type", ("text",), "text"),
-        ("encoder_type", ("rnn", "brnn"), "rnn"),
-        ("decoder_type", ("rnn",), "rnn"),
-        ("rnn_type", ("LSTM", "GRU", "lstm", "gru"), "LSTM"),
-        ("global_attention", ("dot", "general", "mlp"), "general"),
-        ("global_attention_function", ("softmax",), "softmax"),
-        ("generator_function", ("softmax",), "softmax"),
-        ("copy_attn", (False,), False),
-        ("coverage_attn", (False,), False),
-        ("context_gate", (None,), None),
-        ("position_encoding", (False,), False),
-        ("input_feed", (0, 1, True, False), 1),
-    ]
-    for name, allowed, default in wanted:
-        value = _opt(opt, name, default)
-        refuse_unless(
-            value in allowed,
-            f"unsupported OpenNMT-py option -{name} {value!r}: the importer supports {list(allowed)}",
-        )
-    refuse_unless(
-        _opt(opt, "enc_layers") == _opt(opt, "dec_layers"),
-        f"unsupported OpenNMT-py options -enc_layers {_opt(opt, 'enc_layers')} -dec_layers "
-        f"{_opt(opt, 'dec_layers')}: the decoder starts from the encoder's state, layer by layer",
-    )
-    enc_h, dec_h = _opt(opt, "enc_hid_size"), _opt(opt, "dec_hid_size")
-    refuse_unless(
-        enc_h == dec_h,
-        f"unsupported OpenNMT-py options -enc_hid_size {enc_h} -dec_hid_size {dec_h}: must be equal",
-    )
+def _subword(transforms: list[str] | None) -> list[str]:
+    """The subword transforms among a checkpoint's -transforms."""
+    return [t for t in transforms or [] if t in SUBWORD_TRANSFORMS]
+
+
+# The options every OpenNMT-py checkpoint is checked for: the task and the transforms
+SHARED: tuple[Option, ...] = (
+    Option("model_task", ("seq2seq",), "seq2seq"),
+    Option("transforms", lambda v, o: all(t in ALLOWED_TRANSFORMS for t in v or []), [],
+           f"the importer supports {ALLOWED_TRANSFORMS}"),
+    Option("transforms", lambda v, o: len(_subword(v)) <= 1, [],
+           "two subword transforms: the importer imports one"),
+    *(Option(f"{side}_vocab_threshold", lambda v, o: not _subword(o["transforms"]) or (v or 0) <= 0, 0,
+             "subword vocabulary restriction is not imported (retrain without it, or set it to 0)")
+      for side in ("src", "tgt")),
+)  # fmt: skip
+# An RNN's options (a Transformer's: opennmt_transformer.OPTIONS)
+RNN: tuple[Option, ...] = (
+    Option("model_type", ("text",), "text"),
+    Option("encoder_type", ("rnn", "brnn"), "rnn",
+           to="ModelConfig.bidirectional", convert=lambda kind: kind == "brnn"),
+    Option("decoder_type", ("rnn",), "rnn"),
+    Option("rnn_type", ("LSTM", "GRU", "lstm", "gru"), "LSTM", to="ModelConfig.rnn",
+           convert=gru_or_lstm),
+    Option("global_attention", tuple(ATTENTIONS), "general", to="ModelConfig.attention",
+           convert=ATTENTIONS),
+    Option("global_attention_function", ("softmax",), "softmax"),
+    Option("generator_function", ("softmax",), "softmax"),
+    Option("copy_attn", (False,), False),
+    Option("coverage_attn", (False,), False),
+    Option("context_gate", (None,), None),
+    Option("position_encoding", (False,), False),
+    Option("input_feed", (0, 1, True, False), 1, to="ModelConfig.input_feed", convert=bool),
+    Option("enc_layers", to="ModelConfig.enc_layers", convert=int),
+    Option("dec_layers", lambda v, o: v == o["enc_layers"], None,
+           lambda o: f"equal to -enc_layers {o['enc_layers']}: the decoder starts from the "
+           "encoder's state, layer by layer", to="ModelConfig.dec_layers", convert=int),
+    Option("enc_hid_size"),
+    Option("dec_hid_size", lambda v, o: v == o["enc_hid_size"], None,
+           lambda o: f"equal to -enc_hid_size {o['enc_hid_size']}", to="ModelConfig.dec_hidden",
+           convert=int),
+    Option("dec_hid_size", lambda v, o: o["encoder_type"] != "brnn" or int(v) % 2 == 0, None,
+           "even: a brnn encoder splits -hidden_size over its two directions"),
+    Option("bridge", default=False, to="ModelConfig.bridge",
+           convert=lambda bridge: "onmt" if bridge else "final_state"),
+)  # fmt: skip
+
+
+def check_options(opt: Any) -> dict[str, Any]:
+    """Refuse, once, every option this importer does not rebuild, naming each and its value; else
+    what the RNN's or the Transformer's table maps."""
+    transformer = _opt(opt, "encoder_type") == "transformer"
+    options = SHARED + (opennmt_transformer.OPTIONS if transformer else RNN)
+    return check(OptionTable("OpenNMT-py", "-", options), opt)
 
 
 def vocab_facts(ckpt: dict[str, Any]) -> dict[str, Any]:
@@ -253,7 +277,7 @@ def checkpoint_weights(ckpt: dict[str, Any]) -> dict[str, Tensor]:
 def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
     """The model with the checkpoint's weights (vocabulary rows permuted), and the import facts."""
     opt = ckpt["opt"]
-    check_options(opt)
+    mapped = check_options(opt)
     facts = vocab_facts(ckpt)
     src_tokens, tgt_tokens = facts["src_tokens"], facts["tgt_tokens"]
     src_order, tgt_order = facts["src_order"], facts["tgt_order"]
@@ -268,7 +292,11 @@ def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
     check_rows("the target embedding", tgt_emb, len(tgt_tokens), "target")
     gen_w = weights.get("generator.weight", tgt_emb)
     check_rows("the generator", gen_w, len(tgt_tokens), "target")
-    cfg = model_config(opt, len(src_tokens), len(tgt_tokens), int(src_emb.shape[1]))
+    H = mapped["ModelConfig.dec_hidden"]
+    enc_hidden = H // 2 if mapped["ModelConfig.bidirectional"] else H
+    cfg = model_config("opennmt-py", (len(src_tokens), len(tgt_tokens)), mapped,
+                       emb_dim=int(src_emb.shape[1]), enc_hidden=enc_hidden, attn_dim=H,
+                       decoder_style="luong")  # fmt: skip
     attn = str(_opt(opt, "global_attention", "general"))
     model = OnmtRnn(cfg, attn, tgt_emb_dim=int(tgt_emb.shape[1]))
     tensors: dict[str, Tensor] = {
@@ -283,34 +311,6 @@ def build(ckpt: dict[str, Any]) -> tuple[OnmtRnn, dict[str, Any]]:
     load_weights(model, tensors)
     model.eval()
     return model, facts
-
-
-def model_config(opt: Any, src_vocab: int, tgt_vocab: int, emb_dim: int) -> ModelConfig:
-    """The checkpoint's options (checked by `check_options`) as this project's model config."""
-    rnn = gru_or_lstm(_opt(opt, "rnn_type", "LSTM"))
-    bidirectional = _opt(opt, "encoder_type") == "brnn"
-    H = int(_opt(opt, "dec_hid_size"))
-    L = int(_opt(opt, "dec_layers"))
-    refuse_unless(not bidirectional or H % 2 == 0, f"-hidden_size {H} is odd for a brnn encoder")
-    attn = str(_opt(opt, "global_attention", "general"))
-    return ModelConfig(
-        src_vocab_size=src_vocab,
-        tgt_vocab_size=tgt_vocab,
-        emb_dim=emb_dim,
-        enc_hidden=H // 2 if bidirectional else H,
-        dec_hidden=H,
-        enc_layers=L,
-        dec_layers=L,
-        rnn=rnn,  # type: ignore[arg-type]
-        attention=ATTENTIONS[attn],  # type: ignore[arg-type]
-        decoder_style="luong",
-        attn_dim=H,
-        dropout=0.0,
-        bidirectional=bidirectional,
-        toolkit="opennmt-py",
-        bridge="onmt" if _opt(opt, "bridge", False) else "final_state",
-        input_feed=bool(_opt(opt, "input_feed", 1)),
-    )
 
 
 def layer_weights(weights: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
@@ -344,28 +344,9 @@ def layer_weights(weights: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Ten
 
 
 def subword_transform(opt: Any) -> str | None:
-    """The checkpoint's subword transform ("sentencepiece", "bpe" or None); other transforms
-    that change the text are refused, naming them."""
-    transforms = list(_opt(opt, "transforms", []) or [])
-    allowed = [*SUBWORD_TRANSFORMS, *TRAINING_ONLY_TRANSFORMS]
-    other = [t for t in transforms if t not in allowed]
-    refuse_unless(
-        not other,
-        f"unsupported OpenNMT-py option -transforms {transforms}: the importer supports {allowed} "
-        f"(not {other})",
-    )
-    subword = [t for t in transforms if t in SUBWORD_TRANSFORMS]
-    refuse_unless(
-        len(subword) <= 1,
-        f"unsupported OpenNMT-py option -transforms {transforms}: two subword transforms",
-    )
-    for side in ("src", "tgt"):
-        threshold = _opt(opt, f"{side}_vocab_threshold", 0) or 0
-        refuse_unless(
-            not subword or threshold <= 0,
-            f"unsupported OpenNMT-py option -{side}_vocab_threshold {threshold}: subword vocabulary "
-            "restriction is not imported (retrain without it, or set it to 0)",
-        )
+    """The checkpoint's subword transform ("sentencepiece", "bpe" or None; its other transforms
+    are checked by SHARED)."""
+    subword = _subword(_opt(opt, "transforms", []))
     return subword[0] if subword else None
 
 
@@ -427,12 +408,14 @@ def import_checkpoint(
     """An OpenNMT-py checkpoint → a bundle at `out` (nothing written when refused).
     src/tgt_subword_model: where the subword models are, when not where the checkpoint says."""
     ckpt = read_checkpoint(checkpoint)
+    mapped = check_options(ckpt["opt"])
     tokenizer, files = tokenizer_section(ckpt["opt"], src_subword_model, tgt_subword_model)
     info = {"imported_from": "opennmt-py", "checkpoint": checkpoint.name}
     if _opt(ckpt["opt"], "encoder_type") == "transformer":
         facts = vocab_facts(ckpt)
         orders = (facts["src_order"], facts["tgt_order"])
-        model: nn.Module = opennmt_transformer.build(ckpt["opt"], checkpoint_weights(ckpt), orders)
+        weights = checkpoint_weights(ckpt)
+        model: nn.Module = opennmt_transformer.build(ckpt["opt"], weights, orders, mapped)
         export: Any = transformer_graphs.export_graphs
     else:
         model, facts = build(ckpt)

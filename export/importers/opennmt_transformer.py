@@ -27,8 +27,10 @@ import torch
 from torch import Tensor
 
 from export.importers.common import check_rows, load_weights, permuted, refuse_unless
+from export.importers.config_builder import model_config
+from export.importers.options import Option, Options
 from export.transformer.model import TransformerSeq2Seq
-from service.model.architecture import ModelConfig, TransformerShape
+from service.model.architecture import TransformerShape
 
 # silu and gated-gelu are gated feed-forwards in OpenNMT-py (a third matrix, w_3): not carried
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu"}
@@ -50,66 +52,46 @@ REQUIRED: tuple[tuple[str, tuple[Any, ...], Any], ...] = (
     ("copy_attn", (False,), False),
     ("num_experts", (0,), 0),
     ("sliding_window", (0,), 0),
-    ("model_task", ("seq2seq",), "seq2seq"),
 )
 
 
-def _opt(opt: Any, name: str, default: Any = None) -> Any:
-    return getattr(opt, name, default)
+def _guided(options: Options) -> bool:
+    """Trained with guided alignment: -report_align reads -alignment_layer/-alignment_heads."""
+    return float(options["lambda_align"]) > 0
 
 
-def check_options(opt: Any) -> None:
-    decoder = _opt(opt, "decoder_type", "rnn")
-    refuse_unless(
-        decoder == "transformer",
-        f"unsupported OpenNMT-py options -encoder_type 'transformer' -decoder_type {decoder!r}: "
-        "the importer supports a Transformer encoder with a Transformer decoder",
-    )
-    for name, allowed, default in REQUIRED:
-        value = _opt(opt, name, default)
-        refuse_unless(
-            value in allowed,
-            f"unsupported OpenNMT-py option -{name} {value!r} for a Transformer: the importer "
-            f"supports {list(allowed)}",
-        )
-    act = _opt(opt, "pos_ffn_activation_fn", "relu")
-    refuse_unless(act in ACTIVATIONS, f"unsupported -pos_ffn_activation_fn {act!r}")
-    kind = _opt(opt, "position_encoding_type", "SinusoidalInterleaved")
-    refuse_unless(kind in POSITIONS, f"unsupported -position_encoding_type {kind!r}")
-    for side in ("enc", "dec"):
-        size = _opt(opt, f"{side}_hid_size", _opt(opt, "hidden_size"))
-        refuse_unless(
-            size == _opt(opt, "hidden_size"),
-            f"unsupported -{side}_hid_size {size}: encoder and decoder must be -hidden_size wide",
-        )
+def _layer_of(value: Any, options: Options) -> bool:
+    layers = int(options["dec_layers"])
+    return -layers <= int(value) < layers
 
 
-def shape_of(opt: Any) -> TransformerShape:
-    heads = int(_opt(opt, "heads", 8))
-    layers = int(_opt(opt, "dec_layers", _opt(opt, "layers", 6)))
-    align_layer, align_heads = -1, 0  # no guided alignment: CTranslate2's default
-    if float(_opt(opt, "lambda_align", 0.0)) > 0:  # trained to align: what -report_align reads
-        align_layer = int(_opt(opt, "alignment_layer", -3))
-        refuse_unless(
-            -layers <= align_layer < layers,
-            f"-alignment_layer {align_layer} is not one of the decoder's {layers} layers",
-        )
-        align_heads = int(_opt(opt, "alignment_heads", 0))
-        refuse_unless(0 <= align_heads <= heads, f"-alignment_heads {align_heads} of {heads} heads")
-    return TransformerShape(
-        d_model=int(_opt(opt, "hidden_size")),
-        heads=heads,
-        ffn_dim=int(_opt(opt, "transformer_ff", 2048)),
-        enc_layers=int(_opt(opt, "enc_layers", _opt(opt, "layers", 6))),
-        dec_layers=layers,
-        activation=ACTIVATIONS[_opt(opt, "pos_ffn_activation_fn", "relu")],
-        pre_norm=True,
-        positions=POSITIONS[_opt(opt, "position_encoding_type", "SinusoidalInterleaved")],
-        scale_embedding=True,
-        align_layer=align_layer,
-        align_heads=tuple(range(align_heads)),
-        norm_eps=float(_opt(opt, "norm_eps", 1e-6)),
-    )
+# The Transformer's options (opennmt.py adds those every OpenNMT-py checkpoint shares); the
+# alignment of a model trained without guided alignment: CTranslate2's default (last layer, all
+# heads), given to the builder by build().
+OPTIONS: tuple[Option, ...] = (
+    Option("decoder_type", ("transformer",), "rnn",
+           "with -encoder_type 'transformer' the importer supports a Transformer decoder"),
+    *(Option(name, allowed, default) for name, allowed, default in REQUIRED),
+    Option("pos_ffn_activation_fn", tuple(ACTIVATIONS), "relu",
+           to="TransformerShape.activation", convert=ACTIVATIONS),
+    Option("position_encoding_type", tuple(POSITIONS), "SinusoidalInterleaved",
+           to="TransformerShape.positions", convert=POSITIONS),
+    Option("hidden_size", to="TransformerShape.d_model", convert=int),
+    *(Option(f"{side}_hid_size", lambda v, o: v == o["hidden_size"], default_from="hidden_size",
+             accepted="encoder and decoder must be -hidden_size wide") for side in ("enc", "dec")),
+    Option("heads", default=8, to="TransformerShape.heads", convert=int),
+    Option("transformer_ff", default=2048, to="TransformerShape.ffn_dim", convert=int),
+    Option("layers", default=6),
+    Option("enc_layers", default_from="layers", to="TransformerShape.enc_layers", convert=int),
+    Option("dec_layers", default_from="layers", to="TransformerShape.dec_layers", convert=int),
+    Option("norm_eps", default=1e-6, to="TransformerShape.norm_eps", convert=float),
+    Option("lambda_align", default=0.0),
+    Option("alignment_layer", _layer_of, -3, lambda o: f"one of the {o['dec_layers']} decoder layers",
+           to="TransformerShape.align_layer", convert=int, when=_guided),
+    Option("alignment_heads", lambda v, o: 0 <= int(v) <= int(o["heads"]), 0,
+           lambda o: f"at most -heads {o['heads']}", to="TransformerShape.align_heads",
+           convert=lambda heads: tuple(range(int(heads))), when=_guided),
+)  # fmt: skip
 
 
 def linear(weights: dict[str, Tensor], theirs: str, ours: str, out: dict[str, Tensor]) -> None:
@@ -159,12 +141,18 @@ def layer_tensors(weights: dict[str, Tensor], shape: TransformerShape) -> dict[s
 
 
 def build(
-    opt: Any, weights: dict[str, Tensor], orders: tuple[list[int], list[int]]
+    opt: Any,
+    weights: dict[str, Tensor],
+    orders: tuple[list[int], list[int]],
+    mapped: dict[str, Any],
 ) -> TransformerSeq2Seq:
     """The network with the checkpoint's weights; `orders`: the toolkit's row of each of our
-    source and target ids (opennmt.py's special_order)."""
-    check_options(opt)
-    shape = shape_of(opt)
+    source and target ids (opennmt.py's special_order); `mapped`: what OPTIONS mapped
+    (opennmt.check_options)."""
+    fixed = {"pre_norm": True, "scale_embedding": True, "align_layer": -1, "align_heads": ()}
+    cfg = model_config("opennmt-py", (len(orders[0]), len(orders[1])), mapped, shape=fixed)
+    shape = cfg.transformer
+    assert shape is not None
     src_order, tgt_order = orders
     src_emb = weights["encoder.embeddings.make_embedding.emb_luts.0.weight"]
     tgt_emb = weights["decoder.embeddings.make_embedding.emb_luts.0.weight"]
@@ -178,18 +166,8 @@ def build(
     check_rows("the generator", gen_w, len(tgt_order), "target")
     table = weights.get("encoder.embeddings.make_embedding.pe.pe")
     rows = int(table.shape[0]) if table is not None else 5000
-    cfg = ModelConfig(
-        src_vocab_size=len(src_order),
-        tgt_vocab_size=len(tgt_order),
-        emb_dim=shape.d_model,
-        attention="scaled_dot",
-        dropout=0.0,
-        toolkit="opennmt-py",
-        decoder_states=TransformerSeq2Seq.state_specs(shape),
-        transformer=shape,
-    )
     net = TransformerSeq2Seq(cfg, rows, final_norms=True)
-    tied = bool(_opt(opt, "share_decoder_embeddings", False))
+    tied = bool(getattr(opt, "share_decoder_embeddings", False))
     if tied:  # one weight, one initializer, as the checkpoint's one parameter
         net.tie_output()
     tensors = {

@@ -1,9 +1,9 @@
 """Train a Marian Transformer guided by word alignments, on a parallel corpus with gold links.
 
-    python -m export.importers.marian_guided --data data/grc-en --src grc --tgt en \
+    python -m export.toolkits.marian_guided --data data/grc-en --src grc --tgt en \
         --out runs/grc-en-transformer
 
-What Marian is given (pymarian 1.12, the `marian` extra; export/importers/marian_toolkit.py runs
+What Marian is given (pymarian 1.12, the `marian` extra; export/toolkits/marian_toolkit.py runs
 it): SentencePiece models trained here on each training side (unigram; Marian reads a `.spm` file
 as its vocabulary and segments the raw text itself), the raw training and dev texts, and the
 training links remapped from words to those pieces (Marian's `--guided-alignment` reads links
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from export.importers.marian_toolkit import train
+from export.toolkits.marian_toolkit import train
 
 # The shape and schedule (docs/model-grc-en-transformer.md): a small post-norm Transformer, as
 # OPUS-MT's equations (swish, tied target embeddings), at this corpus's size (~5,500 verses)

@@ -1,7 +1,7 @@
 """Train, decode and score with Marian itself (pymarian 1.12.42, the `marian` extra), for the tests
 and benchmarks of the Marian importer.
 
-    python -m export.importers.marian_toolkit --out runs/marian-demo    # a tiny s2s model, seconds
+    python -m export.toolkits.marian_toolkit --out runs/marian-demo    # a tiny s2s model, seconds
 
 Every Marian command runs in a child process (`_pymarian.main([...])`, the `marian` binary's
 subcommands) with OMP_NUM_THREADS=1, so that one test's Marian state never leaks into another and
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from export.importers.toolkits import make_subword_task
+from export.toolkits.toolkits import make_subword_task
 
 # The s2s shapes the tests train: Marian's defaults apart from size and time.
 TINY = ["--dim-emb", "32", "--dim-rnn", "32", "--mini-batch", "32", "--learn-rate", "0.003"]

@@ -3,7 +3,7 @@ graphs: the reference that shows an imported Marian model gives Marian's n-best 
 from serving (which has the same rules as options: stopping "narrowing", normalize, word_penalty,
 max_length_factor; a Marian bundle's decoding defaults; docs/import.md, "Marian's decoding rules").
 
-Where it differs from service/decode/beam.py's default rule for imported models:
+Where it differs from service/decode/search/beam.py's default rule for imported models:
 - the beam narrows for good: with f hypotheses finished, a sentence keeps the top K - f candidates
   (EOS ones among them finish, the others go on), and its search ends when K have finished;
 - the maximum length is ceil(max_length_factor x the source's tokens with `</s>`) target tokens, at

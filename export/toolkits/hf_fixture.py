@@ -2,7 +2,7 @@
 OPUS-MT conversions hold (config.json, model.safetensors, source.spm, target.spm, vocab.json,
 generation_config.json), at a size the tests and benchmarks build in seconds.
 
-    python -m export.importers.hf_fixture --out /tmp/hf-marian [--d-model 64 --layers 2]
+    python -m export.toolkits.hf_fixture --out /tmp/hf-marian [--d-model 64 --layers 2]
 
 With `--train-steps`, the model is trained to copy its source (a few hundred steps): its
 translations end and vary, so that beam searches compare rules, not near-ties; without, the

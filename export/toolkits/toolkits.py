@@ -1,6 +1,6 @@
 """Train and run OpenNMT-py and Joey NMT through their own command lines, on a generated task.
 
-    python -m export.importers.toolkits --toolkit opennmt-py --tokenizer sentencepiece --out runs/demo
+    python -m export.toolkits.toolkits --toolkit opennmt-py --tokenizer sentencepiece --out runs/demo
 
 trains one tiny subword model with the toolkit's own command line (a minute on 2 cores) and prints
 what it wrote: a checkpoint to try s2s-import on (docs/import.md walks through it).
@@ -26,8 +26,8 @@ import sentencepiece as spm
 import yaml
 from subword_nmt.learn_bpe import learn_bpe as subword_learn_bpe
 
-from service.decode.engine import Engine
-from service.decode.options import SearchOptions
+from service.decode.engine.engine import Engine
+from service.decode.shared.options import SearchOptions
 
 WORDS = [f"w{i}" for i in range(40)]
 REPO = (
