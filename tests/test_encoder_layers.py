@@ -32,6 +32,7 @@ from service.decode.runtime.transfers import TransferLedger
 from service.decode.shared.config import RuntimeConfig
 from tests.conftest import REPO
 from tests.test_blocked_topk import hypotheses, translations
+from tests.test_runtime import rows_on_host
 
 TRANSFORMER = REPO / "models" / "grc-en-nt-transformer"
 CPU = ["CPUExecutionProvider"]
@@ -185,7 +186,7 @@ def test_the_parts_follow_the_rows_through_a_leave_and_a_join_that_keep_their_co
         binding.bind_output("out0")
         binding.bind_output("out1")
         echo.run_with_iobinding(binding)
-        values, keys, _ = rows.to_host()
+        values, keys, _ = rows_on_host(rows)
         got = [out.numpy() for out in binding.get_outputs()]
         for a, b in zip(got, numpy_parts(values[: rows.count], keys[: rows.count]), strict=True):
             assert np.array_equal(a, b)

@@ -61,7 +61,7 @@ def record_some(m: Metrics) -> None:
     m.observe_step(sentences=2, hypotheses=10, seconds=0.0015)
     m.observe_step(sentences=1, hypotheses=5, seconds=0.0009)
     m.add_generated(tokens=7, sentences=2)
-    m.set_model_info("default", "1.0.0", "additive", "CPUExecutionProvider")
+    m.model_loaded("default", "1.0.0", "additive", "CPUExecutionProvider", 1 << 20)
     m.restart_waited("resumed", 2.5)
 
 
@@ -182,22 +182,16 @@ def test_counters_accumulate(metrics: Metrics) -> None:
     assert value(metrics, "s2s_rejected_requests_total", reason="cancelled") == 0
 
 
-def test_model_info_keeps_only_the_latest_model(metrics: Metrics) -> None:
-    metrics.set_model_info("a", "1", "dot", "CPUExecutionProvider")
-    metrics.set_model_info("b", "2", "additive", "CUDAExecutionProvider")
-    labels = {"attention": "additive", "provider": "CUDAExecutionProvider"}
-    assert value(metrics, "s2s_model_info", name="b", version="2", **labels) == 1
-    assert (
-        value(
-            metrics,
-            "s2s_model_info",
-            name="a",
-            version="1",
-            attention="dot",
-            provider="CPUExecutionProvider",
-        )
-        is None
-    )
+def test_model_info_holds_the_loaded_versions_and_drops_an_unloaded_one(metrics: Metrics) -> None:
+    metrics.model_loaded("a", "1", "dot", "CPUExecutionProvider", 1 << 20)
+    metrics.model_loaded("b", "2", "additive", "CUDAExecutionProvider", 1 << 20)
+    a = {"name": "a", "version": "1", "attention": "dot", "provider": "CPUExecutionProvider"}
+    b = {"name": "b", "version": "2", "attention": "additive", "provider": "CUDAExecutionProvider"}
+    assert value(metrics, "s2s_model_info", **a) == 1
+    assert value(metrics, "s2s_model_info", **b) == 1
+    metrics.model_unloaded("a", "1")
+    assert value(metrics, "s2s_model_info", **a) is None
+    assert value(metrics, "s2s_model_info", **b) == 1
 
 
 def test_instances_do_not_share_state() -> None:

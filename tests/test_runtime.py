@@ -30,6 +30,15 @@ from service.decode.shared.options import SearchOptions
 from tests.conftest import DEFAULT_BUNDLE, needs_cuda
 
 
+def rows_on_host(rows: EncoderRows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The running batch's values (B, S, D), keys (B, S or 1, Dk) and mask (B, S), copied to the
+    host for inspection (the decode loop never reads them back)."""
+    assert rows.buffers is not None
+    download = rows.ops.device.download
+    values, keys, mask = (download(b, "encoder_rows")[: rows.count] for b in rows.buffers)
+    return values, keys, mask
+
+
 @pytest.fixture(scope="module", params=["graph", "host", pytest.param("cuda", marks=needs_cuda)])
 def ops(request: pytest.FixtureRequest) -> RowUpdates:
     """Both row-op kinds on the CPU: the device graphs a GPU runs, and the numpy writes the CPU
@@ -103,7 +112,7 @@ def test_append_grow_compact_and_shrink_keep_rows_in_order(ops: RowUpdates) -> N
     ):
         buf.keep(np.array(keep))
         model = [model[i] for i in keep]
-        values, keys, mask = buf.to_host()
+        values, keys, mask = rows_on_host(buf)
         want_v, want_k, want_m = expected(model)
         S = want_m.shape[1]
         assert np.array_equal(mask[:, :S], want_m) and not mask[:, S:].any()
@@ -122,7 +131,7 @@ def test_fixed_context_keys_do_not_follow_the_source_axis(ops: RowUpdates) -> No
         values, _, mask = sentence_rows(rng, lengths)
         summary = rng.standard_normal((len(lengths), 1, 3)).astype(np.float32)
         buf.append(as_sentences(values, summary, mask, keys_follow_source=False))
-    _, keys, mask = buf.to_host()
+    _, keys, mask = rows_on_host(buf)
     assert keys.shape == (3, 1, 3) and mask.shape == (3, 7)
 
 
@@ -164,7 +173,7 @@ def test_compaction_keep_moves_only_the_rows_that_change_place_in_place(
     buf = EncoderRows(ops, keys_follow_source=True)
     values, keys, mask = sentence_rows(rng, [2, 3, 4, 5, 6])
     buf.append(as_sentences(values, keys, mask))
-    before = buf.to_host()[0].copy()
+    before = rows_on_host(buf)[0].copy()
     assert buf.buffers is not None
     pointers = [b.data_ptr() for b in buf.buffers]
     moved = ops.device.ledger.snapshot()
@@ -176,7 +185,7 @@ def test_compaction_keep_moves_only_the_rows_that_change_place_in_place(
     # graphs; nothing for numpy writes in host memory
     want = 2 * 8 if isinstance(ops, RowOps) else 0
     assert moved.total_bytes == moved.by_reason().get("indices", 0) == want
-    after, _, after_mask = buf.to_host()
+    after, _, after_mask = rows_on_host(buf)
     assert np.array_equal(after[0], before[0]) and np.array_equal(after[2], before[2])
     assert np.array_equal(after[1], before[3])  # the one survivor beyond the end filled row 1
     assert after_mask.sum(axis=1).tolist() == [2, 5, 4]
@@ -197,7 +206,7 @@ def test_a_join_uploads_only_the_joining_rows_at_their_own_length(ops: RowUpdate
     if isinstance(ops, RowOps):  # the graphs also take row numbers and pads per buffer
         assert moved.by_reason()["indices"] == 2 * 8 + (6 + 6 + 4) * 8
     assert moved.bytes[("device_to_host", "encoder_rows")] == 0
-    got_v, _, got_m = buf.to_host()
+    got_v, _, got_m = rows_on_host(buf)
     assert got_m.sum(axis=1).tolist() == [9] * 10 + [3, 2]
     assert np.array_equal(got_v[10, :3], joining[0].values) and not got_v[10, 3:].any()
 
@@ -289,7 +298,7 @@ def test_a_join_of_rows_left_on_the_device_copies_them_there(ops: RowUpdates) ->
     device_state = on_device.append(sentences, device_state)
     moved = ops.device.ledger.snapshot().minus(before)
     assert moved.total_bytes == moved.by_reason()["indices"]  # no row, no state crosses
-    (got_v, got_k, got_m), (want_v, want_k, want_m) = on_device.to_host(), host.to_host()
+    (got_v, got_k, got_m), (want_v, want_k, want_m) = rows_on_host(on_device), rows_on_host(host)
     assert np.array_equal(got_m, want_m)
     assert np.array_equal(got_v[got_m], want_v[want_m])
     assert np.array_equal(got_k[got_m], want_k[want_m])

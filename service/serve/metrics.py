@@ -387,14 +387,6 @@ class Metrics:
         if translations:
             self.low_confidence.inc(translations)
 
-    def set_model_info(self, name: str, version: str, attention: str, provider: str) -> None:
-        """Describe the served model (the only s2s_model_info series afterwards); a repository
-        of several versions uses `model_loaded` / `model_unloaded` instead."""
-        self.model_info.clear()
-        self.model_info.labels(
-            name=name, version=version, attention=attention, provider=provider
-        ).set(1)
-
     # --- per model version ----------------------------------------------------------------------
 
     def model_loaded(

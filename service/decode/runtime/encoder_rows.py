@@ -265,14 +265,6 @@ class EncoderRows:
             cut = self._parts[parts] = list(device.outputs(binding))
         return cut
 
-    def to_host(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """values (B, S, D), keys (B, S or 1, Dk), mask (B, S) copied to the host (for inspection;
-        the decode loop never calls it)."""
-        assert self.buffers is not None
-        B = self.count
-        values, keys, mask = (self.ops.device.download(b, "encoder_rows")[:B] for b in self.buffers)
-        return values, keys, mask
-
 
 class DeclaredStates:
     """A running batch's declared decoder state tensors beside `state` (ModelConfig.decoder_states:
