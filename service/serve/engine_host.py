@@ -84,7 +84,9 @@ class EngineHost:
         self.published: dict[tuple[str, str], ModelVersion] = {}
         self.leaving: list[Leaving] = []
         self.lock = threading.Lock()  # published, leaving, generation
-        self.heads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="link-head")
+        self.link_head_pool = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="link-head"
+        )
 
     def start(self) -> None:
         self.publish()
@@ -179,7 +181,7 @@ class EngineHost:
                 self.worker.cancel(job)
         elif kind == ch.HEADS:
             self.endpoint.send(peer, (ch.TAKEN, message[1]))
-            self.heads.submit(self.link_weights, peer, message)
+            self.link_head_pool.submit(self.link_weights, peer, message)
 
     def take(self, peer: bytes, message: Sequence[Any]) -> None:
         """A job: queued on the worker, or refused at once (a full queue, a stop, no such model)."""
@@ -271,7 +273,7 @@ class EngineHost:
         """Finish the accepted jobs (up to drain_timeout), send their answers, stop."""
         self.worker.stop(drain_timeout)
         self.endpoint.stop()
-        self.heads.shutdown(wait=False, cancel_futures=True)
+        self.link_head_pool.shutdown(wait=False, cancel_futures=True)
 
 
 # --- loading ------------------------------------------------------------------------------------

@@ -311,7 +311,7 @@ class EngineLink:
                 )
             engine.failed = failed
 
-    async def heads(
+    async def link_head_weights(
         self,
         model: ModelVersion,
         texts: Sequence[tuple[str, list[str]]],

@@ -196,12 +196,12 @@ class TranslatorCore:
     ) -> list[Translation]:
         """The texts' markup put back into their translations (service/decode/requests/marked.py);
         heads_next: the link head's weights of the texts are the engines' (their kept rows)."""
-        heads = None
+        weights = None
         if heads_next:
             texts_read = marked.head_texts(marks, results)
-            heads = await self.worker.heads(model, texts_read, deadline)
+            weights = await self.worker.link_head_weights(model, texts_read, deadline)
         return await asyncio.to_thread(
-            marked.restore, model.engine, marks, results, alignment, heads
+            marked.restore, model.engine, marks, results, alignment, weights
         )
 
     def record_output(self, trace: RequestTrace, results: list[Translation]) -> None:

@@ -146,7 +146,9 @@ class OnnxModel:
         # Align's decoder session (the same graph, its log-softmax exposed), made on first use
         self._forced: ort.InferenceSession | None = None
         self._forced_made = False
-        self._forced_lock = threading.Lock()
+        # guards every session made on first use (Align's, the choices, the searches, their helpers, the
+        # cut ones): two threads asking for one make it once
+        self._lazy_sessions_lock = threading.Lock()
         # Align's sessions with a chosen cross-attention (`choice_session`), made on first use
         self._choices: OrderedDict[AttentionChoice, ort.InferenceSession] = OrderedDict()
         # the device search's sessions (service/decode/search/device_search.py), made on first use; with
@@ -176,7 +178,7 @@ class OnnxModel:
         and `controls_problem` for a variant with controls)."""
         V = self.bundle.architecture.tgt_vocab_size
         variant = replace(variant, k=min(variant.K + 1, V))
-        with self._forced_lock:
+        with self._lazy_sessions_lock:
             session = self._searches.get(variant)
             if session is not None:
                 self._searches.move_to_end(variant)
@@ -235,7 +237,7 @@ class OnnxModel:
         mixed load holds a few packed copies of the decoder's weights a beam size, not sixteen."""
         V = self.bundle.architecture.tgt_vocab_size
         key = replace(needed, k=min(needed.K + 1, V))
-        with self._forced_lock:
+        with self._lazy_sessions_lock:
             made = [v for v in self._searches if same_beam(v, key)]
         if key in made or len(made) < self.config.search_graphs_per_beam:
             return needed
@@ -279,7 +281,7 @@ class OnnxModel:
     def search_helper(self, name: str) -> ort.InferenceSession:
         """The device search's small graphs (`select_graph`, `finished_graph` with or without the
         attention rows, `grow_graph`), on the model's device with one thread, made on first use."""
-        with self._forced_lock:
+        with self._lazy_sessions_lock:
             session = self._helpers.get(name)
             if session is None:
                 graph = {
@@ -305,7 +307,7 @@ class OnnxModel:
     def cut_session(self, parts: tuple[LayerSlice, ...]) -> ort.InferenceSession:
         """The graph that cuts `parts` from a running batch's encoder keys and values
         (encoder_layers.split_graph), on the model's device, made on first use."""
-        with self._forced_lock:
+        with self._lazy_sessions_lock:
             session = self._cutters.get(parts)
             if session is None:
                 session = make_session(split_graph(parts), self.config, 1)
@@ -357,7 +359,7 @@ class OnnxModel:
         shape = self.bundle.architecture.transformer
         if shape is None:
             raise ValueError(f"{self.bundle.name} is not a Transformer: no layer or head to choose")
-        with self._forced_lock:
+        with self._lazy_sessions_lock:
             session = self._choices.get(choice)
             if session is not None:
                 self._choices.move_to_end(choice)
@@ -382,7 +384,7 @@ class OnnxModel:
     def forced_session(self) -> ort.InferenceSession | None:
         """The decoder graph with FULL_LOG_PROBS exposed, loaded once, on the first Align; None when
         the graph cannot expose it (step_full then asks the TopK for every token)."""
-        with self._forced_lock:
+        with self._lazy_sessions_lock:
             if not self._forced_made:
                 graph, k_on_host = decoder_graph(
                     self.decoder_file,
