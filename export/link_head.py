@@ -58,8 +58,9 @@ from export.train.teacher import (
     silver_corpus,
 )
 from service.decode.align import links as link_modes
-from service.decode.align.aligner import align, prepare_pair
+from service.decode.align.aligner import align
 from service.decode.align.forced import AlignOptions
+from service.decode.align.pair_answers import prepare_pair
 from service.decode.engine.engine import Engine
 from service.decode.runtime.lexicon import Lexicon
 from service.decode.runtime.link_head import GRAPH, LEXICON, Thresholds, head_links

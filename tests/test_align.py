@@ -24,9 +24,10 @@ from export.train.model import Seq2Seq
 from proto.translation.v1 import translation_pb2 as pb
 from service.cli import align as offline_align
 from service.cli import client as client_cli
-from service.decode.align.aligner import ForcedBatch, ForcedRequest, align, prepare_pair
+from service.decode.align.aligner import ForcedBatch, align
 from service.decode.align.forced import AlignedPair, AlignOptions
 from service.decode.align.links import LINK_MODES, extract_links, parse_pharaoh, to_pharaoh
+from service.decode.align.pair_answers import ForcedRequest, prepare_pair
 from service.decode.engine.engine import Engine
 from service.decode.runtime.step_graph import decoder_graph
 from service.decode.search.beam import SearchOptions

@@ -17,9 +17,12 @@ def service_files() -> list[Path]:
     return sorted(p for p in (REPO / "service").rglob("*.py") if "_pb2" not in p.name)
 
 
-def lines_of(node: ast.AST) -> int:
-    first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-    return node.end_lineno - first + 1
+Sized = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def lines_of(node: Sized) -> int:
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return (node.end_lineno or node.lineno) - first + 1
 
 
 def declares(statement: ast.stmt) -> bool:

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -60,7 +60,7 @@ def server() -> Iterator[ServerThread]:
 
 @pytest.fixture(scope="module")
 def engine(server: ServerThread) -> Engine:
-    return server.r.engine
+    return cast(Engine, server.r.engine)  # the single-process server's: an engine
 
 
 @pytest.fixture(scope="module")

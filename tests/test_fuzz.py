@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -86,7 +86,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
     server = ServerThread.start(base_args(DEFAULT_BUNDLE))
-    engine = server.r.engine
+    engine = cast(Engine, server.r.engine)  # the single-process server's: an engine
     info = server.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=CALL_TIMEOUT_S)
     raw = server.channel.unary_unary(  # type: ignore[union-attr]
         "/translation.v1.Translator/Translate",

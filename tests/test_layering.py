@@ -73,6 +73,25 @@ def test_the_jobs_a_front_sends_import_no_onnx_runtime() -> None:
     assert bad == "", f"the jobs pulled in: {bad}"
 
 
+FRONT_MODULES = (
+    "service.serve.grpc_server", "service.serve.grpc_api", "service.serve.http_api",
+    "service.serve.translator", "service.serve.mirror", "service.serve.engine_link",
+    "service.serve.protocol", "service.serve.repository", "service.decode.engine.text_side",
+    "service.decode.requests.marked", "service.decode.requests.recall",
+    "service.decode.align.pair_answers",
+)  # fmt: skip
+
+
+def test_a_front_process_imports_no_onnx_runtime() -> None:
+    """What a front process runs (its faces, the translator over the engines' text sides, the
+    request's markup and memory, Align's pairs) loads neither ONNX Runtime nor the engine's
+    sessions and device search: those are the engine processes' (Engine over TextSide)."""
+    engine_side = ("onnxruntime", "service.decode.runtime.runtime", "service.decode.engine.engine",
+                   "service.decode.search.device_search", "service.decode.search.search_memory")  # fmt: skip
+    bad = imported_modules("\n".join(f"import {m}" for m in FRONT_MODULES), engine_side)
+    assert bad == "", f"a front pulled in: {bad}"
+
+
 def test_no_import_cycles() -> None:
     """No module reaches itself through its imports (type-checking imports count too): what two
     modules share lives in the lower layer (docs/architecture.md)."""

@@ -12,7 +12,7 @@ import io
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -25,7 +25,7 @@ from service.cli.client import TranslatorClient
 from service.decode.align.aligner import align
 from service.decode.align.forced import AlignOptions
 from service.decode.engine.engine import Engine
-from service.decode.requests import marked
+from service.decode.requests import in_process
 from service.decode.shared.config import RuntimeConfig
 from service.decode.shared.options import SearchOptions, merge_options
 from service.model.markup import strip
@@ -64,7 +64,7 @@ def test_the_engine_answers_with_the_markup_and_the_untagged_translation(
     engine: Engine,  # noqa: F811
     marked_texts: list[str],
 ) -> None:
-    got = marked.translate(engine, marked_texts, options(), "none")
+    got = in_process.translate(engine, marked_texts, options(), "none")
     plain = [strip(t, "xml") for t in marked_texts]
     untagged = engine.translate(plain, SearchOptions(beam_size=3, n_best=2), "none")
     for translation, want, source in zip(got, untagged, marked_texts, strict=True):
@@ -81,7 +81,7 @@ def test_grpc_http_and_the_client_answer_as_the_engine(
     engine: Engine,  # noqa: F811
     marked_texts: list[str],
 ) -> None:
-    want = marked.translate(engine, marked_texts, options(), "word")
+    want = in_process.translate(engine, marked_texts, options(), "word")
     message = pb.DecodingOptions(
         beam_size=3, n_best=2, markup="xml", alignment=pb.ALIGNMENT_MODE_WORD
     )
@@ -132,7 +132,7 @@ def test_markup_requests_share_the_running_batch_and_answer_as_alone(
 
 def test_protected_spans_never_reach_the_model(engine: Engine, texts: list[str]) -> None:  # noqa: F811
     source = f"{texts[0]} {{name}} %s"
-    got = marked.translate(
+    got = in_process.translate(
         engine, [source], SearchOptions(beam_size=2, protect=("placeholder",)), "none"
     )
     (want,) = engine.translate([texts[0]], SearchOptions(beam_size=2), "none")
@@ -222,7 +222,7 @@ def test_the_translate_cli_takes_markup(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    want = marked.translate(
+    want = in_process.translate(
         engine, marked_texts[:2], SearchOptions(beam_size=2, markup="xml"), "none"
     )
     monkeypatch.setattr("sys.stdin", io.StringIO("".join(t + "\n" for t in marked_texts[:2])))
@@ -247,7 +247,7 @@ def shipped(name: str) -> Engine:
 def test_the_numbers_model_puts_each_tag_around_the_right_french_words() -> None:
     model = shipped("default")
     source = "<b>ninety-seven</b> and <i>March 5, 2021</i>"
-    (got,) = marked.translate(model, [source], SearchOptions(beam_size=5, markup="xml"), "none")
+    (got,) = in_process.translate(model, [source], SearchOptions(beam_size=5, markup="xml"), "none")
     assert got.hypotheses[0].text == "<b>quatre-vingt-dix-sept</b> et <i>5 mars 2021</i>"
 
 
@@ -269,7 +269,7 @@ def test_align_with_the_greek_link_head_tags_the_aligned_english_words() -> None
 def test_the_g2p_model_keeps_a_tag_around_the_phonemes_of_its_word() -> None:
     model = shipped("g2p")
     options = SearchOptions(beam_size=3, markup="xml", use_memory=False)
-    (got,) = marked.translate(model, ["<b>hello</b>"], options, "none")
+    (got,) = in_process.translate(model, ["<b>hello</b>"], options, "none")
     h = got.hypotheses[0]
     assert h.text == f"<b>{h.plain_text}</b>" and len(h.plain_text.split()) >= 3
 
@@ -345,10 +345,10 @@ def test_the_server_puts_markup_back_with_the_decodes_encoder_rows_in_both_layou
         encoded.clear()
         single = srv.stub.Translate(greek_markup_request(), timeout=120)
         assert sum(encoded) == len(GREEK_TAGGED), f"sources encoded {sum(encoded)} times"
-        engine = srv.r.engine
+        engine = cast(Engine, srv.r.engine)  # the single-process server's: an engine
         defaults = merge_options(SearchOptions().values(), engine.decoding_defaults)
         options = SearchOptions(**{**defaults, "beam_size": 5, "n_best": 2, "markup": "xml"})
-        cli = marked.translate(engine, GREEK_TAGGED, options, "none")
+        cli = in_process.translate(engine, GREEK_TAGGED, options, "none")
     finally:
         srv.close()
     assert answers_of(single) == [[(h.text, h.plain_text) for h in t.hypotheses] for t in cli]

@@ -17,7 +17,7 @@ from proto.translation.v1 import translation_pb2 as pb
 from service.cli.client import main as client_main
 from service.decode.align.aligner import align
 from service.decode.engine.engine import Engine
-from service.decode.requests import recall
+from service.decode.requests import in_process
 from service.decode.shared.config import RuntimeConfig
 from service.decode.shared.options import SearchOptions
 from service.decode.text.translation import AlignmentMode
@@ -128,7 +128,7 @@ def test_a_hit_is_answered_from_the_memory_with_the_models_forced_pass(
 ) -> None:
     engine, source = remembered
     options = SearchOptions(beam_size=3, n_best=1)
-    (t,) = recall.translate(engine, [source], options, "subword")
+    (t,) = in_process.translate_with_memory(engine, [source], options, "subword")
     (h,) = t.hypotheses
     assert (h.text, h.origin, h.finished) == ("un deux trois", "memory", True)
     (pair,) = align(engine, [(source, "un deux trois")])
@@ -143,7 +143,9 @@ def test_variants_are_the_n_best_and_the_model_fills_the_rest(
     remembered: tuple[Engine, str],
 ) -> None:
     engine, source = remembered
-    (t,) = recall.translate(engine, [source], SearchOptions(beam_size=4, n_best=4), "none")
+    (t,) = in_process.translate_with_memory(
+        engine, [source], SearchOptions(beam_size=4, n_best=4), "none"
+    )
     assert [h.text for h in t.hypotheses[:2]] == ["un deux trois", "quatre cinq"]
     assert [h.origin for h in t.hypotheses] == ["memory", "memory", "model", "model"]
     assert len({h.text for h in t.hypotheses}) == 4
@@ -152,7 +154,7 @@ def test_variants_are_the_n_best_and_the_model_fills_the_rest(
 def test_a_request_can_turn_the_memory_off(remembered: tuple[Engine, str]) -> None:
     engine, source = remembered
     options = SearchOptions(beam_size=3, use_memory=False)
-    (off,) = recall.translate(engine, [source], options, "none")
+    (off,) = in_process.translate_with_memory(engine, [source], options, "none")
     assert off.hypotheses[0].origin == "model"
     assert (
         off.hypotheses[0].text == engine.translate([source], options, "none")[0].hypotheses[0].text
@@ -277,7 +279,9 @@ def test_an_entry_that_escaped_the_checks_is_left_to_the_model(
     before = engine.user_memory
     engine.user_memory = Memory({key: ("six " * 600,)})
     try:
-        (t,) = recall.translate(engine, [source], SearchOptions(beam_size=2), "none")
+        (t,) = in_process.translate_with_memory(
+            engine, [source], SearchOptions(beam_size=2), "none"
+        )
     finally:
         engine.user_memory = before
     assert t.hypotheses[0].origin == "model"
@@ -324,7 +328,7 @@ def test_a_segmented_input_consults_the_memory_segment_by_segment(tmp_path: Path
     engine = Engine.load(bundle, CPU)
     text = "ninety-seven and twelve"
     assert len(engine.prepare(text).segments) == 2
-    (t,) = recall.translate(engine, [text], SearchOptions(beam_size=3), "subword")
+    (t,) = in_process.translate_with_memory(engine, [text], SearchOptions(beam_size=3), "subword")
     (plain,) = engine.translate([text], SearchOptions(beam_size=3), "subword")
     h = t.hypotheses[0]
     assert h.text.startswith("quatre-vingt-dix-sept mémoire et ")
@@ -333,7 +337,9 @@ def test_a_segmented_input_consults_the_memory_segment_by_segment(tmp_path: Path
     assert h.alignment is not None
     assert h.alignment.matrix.shape == (len(h.tokens), len(t.source_tokens))
     assert len(h.token_log_probs) == len(h.token_ids)
-    whole = recall.translate(engine, ["ninety-seven"], SearchOptions(beam_size=3), "none")[0]
+    whole = in_process.translate_with_memory(
+        engine, ["ninety-seven"], SearchOptions(beam_size=3), "none"
+    )[0]
     assert whole.hypotheses[0].origin == "memory"
 
 
@@ -359,7 +365,7 @@ def test_an_entry_the_model_cannot_spell_is_served_as_written(
     assert pair.unknown_target_tokens == [8] and pair.unknown_target_words == [1]
     modes: list[tuple[AlignmentMode, tuple[int, ...]]] = [("subword", (8,)), ("word", (1,))]
     for mode, marked in modes:
-        (t,) = recall.translate(engine, [source], SearchOptions(beam_size=2), mode)
+        (t,) = in_process.translate_with_memory(engine, [source], SearchOptions(beam_size=2), mode)
         h = t.hypotheses[0]
         assert (h.text, h.origin) == (target, "memory")
         assert h.tokens == pair.target_tokens and h.tokens[8] == "<unk>"
@@ -386,7 +392,7 @@ def test_a_segment_the_memory_answers_as_written_keeps_its_unknowns_marked(tmp_p
     text = "ninety-seven and twelve"
     modes: list[AlignmentMode] = ["subword", "word"]
     for mode in modes:
-        (t,) = recall.translate(engine, [text], SearchOptions(beam_size=3), mode)
+        (t,) = in_process.translate_with_memory(engine, [text], SearchOptions(beam_size=3), mode)
         h = t.hypotheses[0]
         assert h.origin == "mixed" and h.text.endswith(" douze (TM)")
         assert [h.tokens[i] for i in h.unknown_tokens] == ["<unk>"]
@@ -405,7 +411,7 @@ def test_a_segmented_answers_word_labels_are_its_texts_words(tmp_path: Path) -> 
     path.write_text("twelve\tdouze Ωmega\nseven\t(TM) sept\n", "utf-8")
     engine.user_memory = engine.read_memory(path)
     for text in ["ninety-seven and twelve", "twelve and ninety-seven", "seven and twelve"]:
-        (t,) = recall.translate(engine, [text], SearchOptions(beam_size=3), "word")
+        (t,) = in_process.translate_with_memory(engine, [text], SearchOptions(beam_size=3), "word")
         h = t.hypotheses[0]
         assert h.origin in ("mixed", "memory") and h.alignment is not None
         assert h.alignment.target_tokens == h.text.split(), text
@@ -424,13 +430,17 @@ def test_the_g2p_memory_matches_after_the_input_rule_and_s2s_translate_reads_a_f
     from tests.conftest import REPO
 
     engine = Engine.load(REPO / "models" / "g2p", CPU)
-    (t,) = recall.translate(engine, ["  KNIGHT "], SearchOptions(beam_size=2, n_best=2), "none")
+    (t,) = in_process.translate_with_memory(
+        engine, ["  KNIGHT "], SearchOptions(beam_size=2, n_best=2), "none"
+    )
     assert (t.hypotheses[0].text, t.hypotheses[0].origin) == ("N AY1 T", "memory")
     assert t.hypotheses[1].origin == "model"
     # the whole dictionary is the memory: words of the model's held-out test split too, with
     # CMUdict's variants as the n-best (the model's held-out figures are measured without it)
     options = SearchOptions(beam_size=2, n_best=2)
-    stapleton, rashid = recall.translate(engine, ["Stapleton", "rashid"], options, "none")
+    stapleton, rashid = in_process.translate_with_memory(
+        engine, ["Stapleton", "rashid"], options, "none"
+    )
     assert (stapleton.hypotheses[0].text, stapleton.hypotheses[0].origin) == (
         "S T EY1 P AH0 L T AH0 N",
         "memory",

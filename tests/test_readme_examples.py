@@ -16,7 +16,7 @@ import pytest
 
 from service.cli import client
 from service.decode.engine.engine import Engine
-from service.decode.requests import recall
+from service.decode.requests import in_process
 from service.decode.shared.config import RuntimeConfig
 from service.decode.shared.options import SearchOptions, merge_options, options_from_args
 from tests.conftest import REPO
@@ -65,7 +65,7 @@ def test_each_greek_example_shows_what_the_model_answers(engine: Engine, index: 
     options = SearchOptions(**merge_options(defaults, options_from_args(args)))
     if options.target_prefix:  # the client sends its one prefix for every text
         options = replace(options, target_prefix=options.target_prefix[:1] * len(args.texts))
-    translations = recall.translate(engine, args.texts, options, "none")
+    translations = in_process.translate_with_memory(engine, args.texts, options, "none")
     text_only = argparse.Namespace(**{**vars(args), "align": None})  # no Pharaoh, no heatmap
     shape: Any = translations[0]  # the engine's Translation: the client's fields, same names
     printed = client.format_translation(shape, text_only).splitlines()

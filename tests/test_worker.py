@@ -29,7 +29,7 @@ from service.serve.jobs import Job, SentenceKey
 from service.serve.metrics import Metrics
 from service.serve.repository import ModelVersion
 from service.serve.scheduler import BatchingConfig
-from service.serve.worker import Worker
+from service.serve.worker import Worker, engine_of
 from tests.conftest import TinyModel, wait_for
 
 SCORE_TOL = 1e-4
@@ -527,13 +527,13 @@ def test_each_decoder_call_and_encoder_call_holds_one_model_versions_sentences(
     for i in range(6):
         model = (mine, other)[i % 2]
         texts = tiny.sources[i * 3 : i * 3 + 3]
-        job, outcome = make_job(model.engine, texts, opts(2))
+        job, outcome = make_job(engine_of(model), texts, opts(2))
         job.model = model
         worker.submit(job)
         jobs.append((model, texts, outcome))
     for model, texts, outcome in jobs:
         assert outcome.wait().error is None
-        assert_same(outcome.results, model.engine.translate(texts, opts(2), "subword"))
+        assert_same(outcome.results, engine_of(model).translate(texts, opts(2), "subword"))
     assert steps and all(models == {batch_engine} for batch_engine, models in steps)
     assert {e for e, _ in steps} == {engine, other.engine}  # both were decoded
     per_model = {m: sum(n for c, n in encodes if c is m) for m in {c for c, _ in encodes}}

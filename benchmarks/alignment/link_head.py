@@ -39,8 +39,9 @@ import numpy as np
 import onnxruntime as ort
 
 from benchmarks.alignment.align_modes import read_split
-from service.decode.align.aligner import align, prepare_pair
+from service.decode.align.aligner import align
 from service.decode.align.forced import AlignOptions
+from service.decode.align.pair_answers import prepare_pair
 from service.decode.engine.engine import Engine
 from service.decode.runtime.link_head import GRAPH, head_inputs
 from service.decode.shared.alignment import mean_pool

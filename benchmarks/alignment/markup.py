@@ -334,7 +334,7 @@ def check_answer(source: str, answer: str, untagged: str) -> tuple[bool, bool, b
 
 
 def translate_part(args: argparse.Namespace) -> dict[str, Any]:
-    from service.decode.requests import marked
+    from service.decode.requests import in_process
     from service.decode.shared.options import SearchOptions
 
     pairs, _ = read_split(args.data, args.split, "grc", "en")
@@ -357,7 +357,7 @@ def translate_part(args: argparse.Namespace) -> dict[str, Any]:
     def tagged_run() -> list[str]:
         out = []
         for i in range(0, len(sources), 32):
-            got = marked.translate(engine, sources[i : i + 32], tagged_options, "none")
+            got = in_process.translate(engine, sources[i : i + 32], tagged_options, "none")
             out += [t.hypotheses[0].text for t in got]
         return out
 

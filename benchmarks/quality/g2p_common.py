@@ -23,7 +23,7 @@ from typing import Any
 from export.data import g2p
 from export.metrics.g2p_metrics import g2p_scores
 from service.decode.engine.engine import Engine
-from service.decode.requests import recall
+from service.decode.requests import in_process
 from service.decode.shared.config import RuntimeConfig
 from service.decode.shared.options import SearchOptions
 
@@ -54,7 +54,10 @@ def run(engine: Engine, split: g2p.Split) -> dict[str, Any]:
     rows: dict[str, Any] = {"bundle": str(engine.bundle.path), "words": len(words)}
     for name, use_memory in (("model alone", False), ("memory, then model", True)):
         options = SearchOptions(beam_size=5, use_memory=use_memory)
-        answers = [t.hypotheses[0] for t in recall.translate(engine, words, options, "none")]
+        answers = [
+            t.hypotheses[0]
+            for t in in_process.translate_with_memory(engine, words, options, "none")
+        ]
         right = [correct(a.text, refs[w]) for a, w in zip(answers, words, strict=True)]
         wrong = [
             (w, a.text, refs[w]) for a, w, r in zip(answers, words, right, strict=True) if not r
@@ -81,7 +84,9 @@ def held_out(engine: Engine, split: g2p.Split, limit: int | None) -> dict[str, A
         answers: dict[str, str] = {}
         for start in range(0, len(words), 64):
             chunk = words[start : start + 64]
-            for w, t in zip(chunk, recall.translate(engine, chunk, options, "none"), strict=True):
+            for w, t in zip(
+                chunk, in_process.translate_with_memory(engine, chunk, options, "none"), strict=True
+            ):
                 answers[w] = t.hypotheses[0].text
         out[name] = g2p_scores(refs, answers)["overall"]
     return out

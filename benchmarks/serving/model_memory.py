@@ -7,7 +7,7 @@ sessions).
 For each bundle of `--models`, three fresh processes (CPU provider, one thread, as an engine loads
 it), each paying ONNX Runtime's one-time start-up first (a probe session: counted once a process,
 not per model): one reads the bundle's text side alone (tokenizers, a memory table such as
-CMUdict's, glossary: `Engine.text_side`), one its link head's lexicon (a table too), one loads
+CMUdict's, glossary: `TextSide.of_bundle`), one its link head's lexicon (a table too), one loads
 and warms up the whole engine as the server does (`Engine.load`, `warm_up`). The graphs' memory
 is the engine's growth less the two tables'. With `--variants`, the model's device search is then made for every beam
 size from 1 to 5 and every combination of what its sentences may need (up to its
@@ -35,6 +35,7 @@ from onnx import TensorProto, helper
 
 from service.decode.shared.config import RuntimeConfig
 from service.decode.engine.engine import Engine
+from service.decode.engine.text_side import TextSide
 from service.decode.runtime.graph_bytes import graph_bytes
 from service.decode.runtime.lexicon import Lexicon
 from service.decode.runtime.search_variant import SearchVariant
@@ -52,7 +53,7 @@ ort.InferenceSession(add, providers=["CPUExecutionProvider"])  # ONNX Runtime's 
 start = rss()
 out = {}
 if part == "text":  # tokenizers, memory table, glossary: what a front holds too
-    side = Engine.text_side(bundle, None)
+    side = TextSide.of_bundle(bundle, None)
     out["bytes"] = rss() - start
 elif part == "lexicon":  # the link head's lookup table
     lexicon = bundle / "link_lexicon.json"

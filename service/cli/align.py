@@ -24,9 +24,10 @@ from pathlib import Path
 
 from service.cli.parallel import read_parallel
 from service.cli.translate import DEFAULT_BUNDLE, DEFAULT_PROVIDERS, length_sorted_batches
-from service.decode.align.aligner import align_prepared, check_aligner, prepare_pair
+from service.decode.align.aligner import align_prepared
 from service.decode.align.forced import DEFAULT_LINKS, AlignedPair, AlignOptions
 from service.decode.align.links import DEFAULT_THRESHOLD, LINK_MODES
+from service.decode.align.pair_answers import check_aligner, prepare_pair
 from service.decode.engine.engine import Engine
 from service.decode.shared.config import EngineLimits, RuntimeConfig
 from service.decode.shared.errors import InvalidInput

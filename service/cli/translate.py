@@ -39,7 +39,7 @@ from service.cli.render import (
     translation_to_json,
 )
 from service.decode.engine.engine import Engine, InvalidInput
-from service.decode.requests import marked
+from service.decode.requests import in_process
 from service.decode.shared.config import AUTO, EngineLimits, RuntimeConfig
 from service.decode.shared.options import (
     SearchOptions,
@@ -278,11 +278,11 @@ def translate_window(
         if options.target_prefix:  # the first --target-prefix starts every line's translation
             batch_options = replace(options, target_prefix=options.target_prefix[:1] * len(texts))
         try:
-            decoded = marked.decode(engine, texts, batch_options, mode)
+            decoded = in_process.decode(engine, texts, batch_options, mode)
         except InvalidInput:
             failed.append((batch, batch_options))
             continue
-        restored = restorer.submit(marked.finish, engine, decoded, mode)
+        restored = restorer.submit(in_process.finish, engine, decoded, mode)
         pending.append((batch, batch_options, restored))
     for batch, batch_options, restored in pending:
         try:
@@ -313,7 +313,7 @@ def translate_window_in_lanes(
     def on_a_lane(texts: list[str], batch_options: SearchOptions) -> list[Translation] | None:
         engine = free.get()
         try:
-            return marked.translate(engine, texts, batch_options, mode)
+            return in_process.translate(engine, texts, batch_options, mode)
         except InvalidInput:
             return None  # a bad line: its batch goes line by line below
         finally:
@@ -369,7 +369,7 @@ def translate_one_by_one(
     out: list[Translation | None] = []
     for i, line in enumerate(lines):
         try:
-            out.append(marked.translate(engine, [line], options.for_text(i), mode)[0])
+            out.append(in_process.translate(engine, [line], options.for_text(i), mode)[0])
         except InvalidInput as err:
             print(f"error: {err}: {line[:60]!r}", file=sys.stderr)
             out.append(None)

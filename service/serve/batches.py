@@ -13,7 +13,8 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
-from service.decode.align.aligner import ForcedBatch, ForcedRequest, aligned_of
+from service.decode.align.aligner import ForcedBatch
+from service.decode.align.pair_answers import ForcedRequest, aligned_of
 from service.decode.engine.engine import Engine, RunningBatch
 from service.decode.runtime.encoded import EncodedSentence
 from service.decode.shared.errors import DecodeFailed

@@ -43,7 +43,7 @@ from service.serve.metrics_endpoint import ProcessMetrics
 from service.serve.repository import Events, ModelVersion, ReloadReport, Repository, single
 from service.serve.request_trace import NO_TRACE
 from service.serve.tracing import Tracing
-from service.serve.worker import Worker
+from service.serve.worker import Worker, engine_of
 
 log = logging.getLogger("s2s.engine")
 
@@ -233,9 +233,8 @@ class EngineHost:
         _, ident, name, version, texts = message
         try:
             model = self.resolve(name, version)
-            found = head_weights_for(
-                model.engine, [(s, list(t)) for s, t in texts], model.engine.kept_rows
-            )
+            engine = engine_of(model)
+            found = head_weights_for(engine, [(s, list(t)) for s, t in texts], engine.kept_rows)
         except Exception as err:
             if not isinstance(err, ModelNotFound):
                 log.exception("the link head failed")
@@ -352,7 +351,7 @@ def build_engine_host(
             warm_up(engine)
         repository = Repository.of(single(engine), events=EngineEvents(metrics))
         repository.events.loaded(repository.get())
-    worker = Worker(repository.get().engine, settings.batching, metrics)
+    worker = Worker(engine_of(repository.get()), settings.batching, metrics)
     own = Tracing(settings.tracing) if tracing is None else None
 
     def refresh() -> None:

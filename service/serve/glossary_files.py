@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from service.decode.engine.engine import Engine
+from service.decode.engine.text_side import TextSide
 from service.model import glossary as gl
 from service.serve.memory_files import memory_file as model_file
 from service.serve.memory_files import signature
@@ -17,17 +17,17 @@ from service.serve.memory_files import signature
 log = logging.getLogger("s2s.server")
 
 
-def attach(engine: Engine, directory: str) -> None:
+def attach(engine: TextSide, directory: str) -> None:
     """Read the model's file into engine.terms.user_glossary (GlossaryFileError naming file and line)."""
     read_into(engine, model_file(directory, engine.bundle.name))
 
 
-def read_into(engine: Engine, path: Path | None) -> None:
+def read_into(engine: TextSide, path: Path | None) -> None:
     engine.terms.user_glossary = gl.EMPTY if path is None else engine.terms.read_glossary(path)
     engine.terms.user_glossary_signature = signature(path)
 
 
-def refresh(engines: list[Engine], directory: str) -> None:
+def refresh(engines: list[TextSide], directory: str) -> None:
     """Re-read each engine's file where it changed; a file that does not parse is logged and the
     terms in force kept."""
     for engine in engines:

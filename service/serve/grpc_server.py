@@ -30,16 +30,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from service.decode.engine.engine import Engine
-from service.decode.runtime.providers import require_provider
+from service.decode.engine.text_side import TextSide
 from service.serve.config import Settings
-from service.serve.engine_host import EngineHost, build_engine_host
 from service.serve.engine_link import EngineLink
 from service.serve.grpc_api import SERVICE_NAME, TranslatorServicer, add_translator_servicer
 from service.serve.http_api import HttpFace
@@ -54,7 +53,11 @@ from service.serve.repository import Events, ModelVersion, ReloadReport, Reposit
 from service.serve.status import status_for
 from service.serve.supervisor import start_failure
 from service.serve.tls import bind_grpc_port
-from service.serve.worker import Worker
+
+if TYPE_CHECKING:  # the engine half's: a front process imports neither it nor ONNX Runtime
+    from service.decode.engine.engine import Engine
+    from service.serve.engine_host import EngineHost
+    from service.serve.worker import Worker
 
 log = logging.getLogger("s2s.server")
 
@@ -98,7 +101,7 @@ class Running:
         return self.host.worker
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> TextSide:
         """The default model's engine (a front process's: its text side)."""
         return self.repository.get().engine
 
@@ -290,7 +293,10 @@ async def create_server(
     The single-process mode binds its ports first (health NOT_SERVING while the models load); a
     front process binds them once it follows its engines' versions, so that a front (re)started
     beside others never takes a connection it cannot serve."""
-    require_provider(settings.runtime.require_provider, settings.runtime.device_id)
+    if settings.runtime.require_provider:  # (ONNX Runtime imported only to check it)
+        from service.decode.runtime.providers import require_provider
+
+        require_provider(settings.runtime.require_provider, settings.runtime.device_id)
     metrics = metrics or Metrics()
     loop = asyncio.get_running_loop()
     started = Starting()
@@ -407,6 +413,8 @@ def start_engine_half(
 ) -> EngineHost:
     """The single-process mode's engine half, over an in-process channel; traced with the front's
     tracer (whatever it is when a request comes)."""
+    from service.serve.engine_host import build_engine_host
+
     host = build_engine_host(
         settings, metrics, f"inproc://engine-{uuid.uuid4().hex}", engine, lambda: servicer.tracing
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from service.decode.engine.engine import Engine
+from service.decode.engine.text_side import TextSide
 from service.model import memory as mem
 
 log = logging.getLogger("s2s.server")
@@ -34,14 +34,14 @@ def signature(path: Path | None) -> tuple[str, int, int] | None:
     return (str(path), stat.st_mtime_ns, stat.st_size)
 
 
-def attach(engine: Engine, directory: str) -> None:
+def attach(engine: TextSide, directory: str) -> None:
     """Read the model's file into engine.user_memory (MemoryFileError naming file and line), and
     log the entries refused in it and in the bundle's own memory."""
     log_refused(engine.bundle.name, engine.bundle_memory)
     read_into(engine, memory_file(directory, engine.bundle.name))
 
 
-def read_into(engine: Engine, path: Path | None) -> None:
+def read_into(engine: TextSide, path: Path | None) -> None:
     memory = mem.EMPTY if path is None else engine.read_memory(path)
     log_refused(engine.bundle.name, memory)
     engine.user_memory = memory
@@ -54,7 +54,7 @@ def log_refused(model: str, memory: mem.Memory) -> None:
         log.warning("memory entry refused: %s", refusal, extra={"model": model})
 
 
-def refresh(engines: list[Engine], directory: str) -> None:
+def refresh(engines: list[TextSide], directory: str) -> None:
     """Re-read each engine's file where it changed; a file that does not parse is logged and the
     entries in force kept."""
     for engine in engines:

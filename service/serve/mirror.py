@@ -4,7 +4,7 @@ The engine processes own the versions (they load, reload and retire them: servic
 engine_host.py); a front follows what they publish (`Follower.follow`), so that it never names a
 version its engines do not have. For each version it needs the model's text side: tokenizers, the
 input rule, limits, memory and glossary, `translation_of`, but no ONNX Runtime session. A front
-process loads it from the bundle (`text_sides`: `Engine.text_side` with a `TextModel` standing in
+process loads it from the bundle (`text_sides`: `TextSide.of_bundle` with a `TextModel` standing in
 for the graphs); the single-process mode shares the engine half's own Engine objects
 (`shared_engines`), which hold the same text side.
 """
@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from service.decode.engine.engine import Engine
+from service.decode.engine.text_side import TextSide
 from service.decode.runtime.transfers import TransferLedger
 from service.decode.shared.config import RuntimeConfig
 from service.serve import glossary_files, memory_files
@@ -30,7 +30,7 @@ MakeVersion = Callable[[Found], ModelVersion]
 
 
 class TextModel:
-    """Stands in for the ONNX Runtime model in a front's Engine: what the engine process reported
+    """Stands in for the ONNX Runtime model in a front's TextSide: what the engine process reported
     of it (its providers), and no graph."""
 
     def __init__(self, providers: Sequence[str], config: RuntimeConfig) -> None:
@@ -52,7 +52,7 @@ def text_sides(settings: Settings, entries: dict[tuple[str, str], Entry]) -> Mak
 
     def make(found: Found) -> ModelVersion:
         _, _, _, providers, resident = entries[(found.name, found.version)]
-        engine = Engine.text_side(
+        engine = TextSide.of_bundle(
             found.path, TextModel(providers, settings.runtime), settings.limits
         )
         memory_files.attach(engine, settings.server.memory_dir)

@@ -37,7 +37,7 @@ from service.decode.shared.options import (
 from service.model import glossary as gl
 
 if TYPE_CHECKING:  # the client imports this module: keep onnxruntime out of its imports
-    from service.decode.engine.engine import Engine
+    from service.decode.engine.text_side import TextSide
     from service.decode.text.translation import AlignmentMode, Translation
     from service.serve.config import Settings
     from service.serve.repository import ModelVersion
@@ -249,7 +249,7 @@ def parse_align_request(request: pb.AlignRequest, settings: Settings) -> ParsedA
     if o.alignment not in MATRICES_FROM_PB:
         raise InvalidInput(f"unknown alignment mode {o.alignment}: use NONE, SUBWORD or WORD")
     options = AlignOptions(
-        links=LINKS_FROM_PB[o.links] or "",  # "": the model's default (aligner.resolve_links)
+        links=LINKS_FROM_PB[o.links] or "",  # "": the model's default (pair_answers.resolve_links)
         threshold=o.threshold if o.HasField("threshold") else DEFAULT_THRESHOLD,
         matrices=MATRICES_FROM_PB[o.alignment],
         markup=o.markup if o.HasField("markup") else "none",
@@ -639,7 +639,7 @@ def aligned_pair_from_pb(message: pb.PairAlignment) -> AlignedPair:
     )
 
 
-def default_link_mode(engine: Engine) -> int:
+def default_link_mode(engine: TextSide) -> int:
     """The LinkMode an Align request without one gets from this model."""
     if not engine.supports_alignment:
         return pb.LINK_MODE_UNSPECIFIED

@@ -25,14 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.decode.engine.engine import Engine
+from service.decode.engine.text_side import TextSide
 from service.decode.shared.errors import ModelNotFound
 from service.model.bundle import MANIFEST, read_manifest
 from service.serve.config import VersionPolicy
 
 log = logging.getLogger("s2s.repository")
 
-LoadFn = Callable[[Path], Engine]  # bundle folder → engine, loaded and warmed up
+LoadFn = Callable[[Path], TextSide]  # bundle folder → engine (or a front's text side), loaded
 
 
 @dataclass(eq=False)
@@ -42,7 +42,7 @@ class ModelVersion:
 
     name: str
     version: str
-    engine: Engine
+    engine: TextSide
     path: Path | None = None
     resident_bytes: int = (
         0  # the process's resident memory growth while it loaded (at least its graphs' bytes)
@@ -55,7 +55,7 @@ class ModelVersion:
         return f"{self.name}:{self.version}"
 
 
-def single(engine: Engine, name: str = "") -> ModelVersion:
+def single(engine: TextSide, name: str = "") -> ModelVersion:
     """An engine loaded elsewhere as a repository entry, named and versioned by its manifest."""
     return ModelVersion(
         name or engine.bundle.name, engine.bundle.version, engine, engine.bundle.path
@@ -184,7 +184,7 @@ class Repository:
     ) -> Repository:
         """A repository of versions loaded elsewhere (no folder: reload changes nothing; `follow`
         changes them)."""
-        repo = cls(None, lambda path: Engine.load(path), default_model=default_model, events=events)
+        repo = cls(None, load_engine, default_model=default_model, events=events)
         for v in versions:
             repo.models.setdefault(v.name, {})[v.version] = v
         return repo
@@ -415,3 +415,11 @@ class Repository:
             detail = f": refused {report.failed}" if report.failed else ""
             raise ModelNotFound(f"no model could be loaded from {self.root}{detail}")
         return report
+
+
+def load_engine(path: Path) -> TextSide:
+    """An engine loaded from a bundle folder: imported here, as a front's repository never loads
+    one (its versions are the engines' text sides: service/serve/mirror.py)."""
+    from service.decode.engine.engine import Engine
+
+    return Engine.load(path)

@@ -20,19 +20,14 @@ from typing import Any
 import grpc
 
 from proto.translation.v1 import translation_pb2 as pb
-from service.decode.align.aligner import (
-    ForcedRequest,
-    PreparedPair,
-    aligned_of,
-    check_aligner,
-    prepare_pair,
-)
 from service.decode.align.forced import AlignedPair
-from service.decode.engine.engine import Engine
+from service.decode.align.pair_answers import ForcedRequest, aligned_of, check_aligner, prepare_pair
+from service.decode.engine.text_side import TextSide
 from service.decode.requests import marked, recall
 from service.decode.shared.errors import InvalidInput, NotReady
 from service.decode.shared.options import SearchOptions
 from service.decode.text.preparation import DecodeRequest, Prepared
+from service.decode.text.sides import PreparedPair
 from service.decode.text.translation import AlignmentMode, Translation
 from service.model.markup import Marked
 from service.serve.config import Settings
@@ -67,7 +62,7 @@ class TranslatorCore:
         self.tracing = Tracing(settings.tracing)
         self._repository: Repository | None = None
         self._worker: EngineLink | None = None
-        self.checked: set[tuple[Engine, SearchOptions, str, int]] = set()
+        self.checked: set[tuple[TextSide, SearchOptions, str, int]] = set()
 
     def attach(self, repository: Repository, worker: EngineLink) -> None:
         """The front's versions (service/serve/mirror.py) and its link to the engines."""
@@ -84,7 +79,7 @@ class TranslatorCore:
         return self._repository
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> TextSide:
         """The default model's engine."""
         return self.repository.get().engine
 
@@ -164,7 +159,7 @@ class TranslatorCore:
         return response
 
     def prepare_texts(
-        self, engine: Engine, texts: list[str], options: SearchOptions, alignment: AlignmentMode
+        self, engine: TextSide, texts: list[str], options: SearchOptions, alignment: AlignmentMode
     ) -> list[Prepared]:
         """Each text prepared (input rule, tokens, segments) with its glossary terms, errors naming
         the text; refused at once if the response could exceed the message limit."""
@@ -215,7 +210,7 @@ class TranslatorCore:
         trace.texts("output.texts", [h.text for h in best])
 
     def check_options(
-        self, engine: Engine, options: SearchOptions, alignment: str, texts: int
+        self, engine: TextSide, options: SearchOptions, alignment: str, texts: int
     ) -> None:
         """engine.check_options, remembered for options it passed (they pass again: a model's
         controls and limits do not change while it is loaded)."""

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from service.decode.engine.encode_ahead import EncodeAhead
 from service.decode.engine.engine import Engine
@@ -247,7 +247,7 @@ class Worker:
         model: ModelVersion = key.model  # type: ignore[assignment]  # the worker's batch keys
         self.last_admitted = model
         try:
-            batch = self.batches.get(key) or new_batch(model.engine, key)
+            batch = self.batches.get(key) or new_batch(engine_of(model), key)
         except ValueError as err:  # a decoder graph that cannot give Align's chosen attention
             log.warning("no batch for %s: %s", key, err)
             self.fail_jobs(jobs_of(taken), InvalidInput(f"model {model}: {err}"))
@@ -268,7 +268,7 @@ class Worker:
             rows = [encoded[k] for k in keys]
             for k, parts in zip(keys, rows, strict=True):
                 if k.job.keep_rows:
-                    model.engine.kept_rows.keep(k.job.sentences[k.index], parts[0])
+                    engine_of(model).kept_rows.keep(k.job.sentences[k.index], parts[0])
             batch.add(keys, rows)
         except Exception:  # the model failed: these jobs and the batch's others get INTERNAL
             log.exception("encoder failed; failing the batch of %s beam %d", model, key.beam)
@@ -285,7 +285,7 @@ class Worker:
         """One encoder call with `model` (from this loop or the encode-ahead thread), timed for the
         metrics: each sentence's parts (a segmented one's segments)."""
         started = time.perf_counter()
-        encoded = model.engine.encode(sentences)
+        encoded = engine_of(model).encode(sentences)
         self.metrics.observe_encoder(time.perf_counter() - started)
         return encoded
 
@@ -385,3 +385,9 @@ class Worker:
 
 def jobs_of(entries: Sequence[Queued]) -> set[Job]:
     return {w.request for w in entries}
+
+
+def engine_of(model: ModelVersion) -> Engine:
+    """A version's engine, as an engine process holds it (a front's versions hold their text side
+    alone: service/serve/mirror.py)."""
+    return cast(Engine, model.engine)

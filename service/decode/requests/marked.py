@@ -10,17 +10,14 @@ hypothesis's attention read in the model's default link mode (grow-diag-final-an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from service.decode.align import links as link_modes
-from service.decode.align.aligner import head_weights_for
 from service.decode.align.forced import DEFAULT_LINKS
 from service.decode.align.projection import link_weights, project
-from service.decode.engine.engine import Engine
-from service.decode.engine.kept_rows import KeptRows
-from service.decode.requests import recall
+from service.decode.engine.text_side import TextSide
 from service.decode.shared.alignment import merge_subwords, word_spans
 from service.decode.shared.errors import InvalidInput
 from service.decode.shared.options import SearchOptions
@@ -52,7 +49,7 @@ def read_texts(texts: Sequence[str], options: SearchOptions) -> list[Marked]:
     ]
 
 
-def decode_alignment(engine: Engine, options: SearchOptions, alignment: str) -> AlignmentMode:
+def decode_alignment(engine: TextSide, options: SearchOptions, alignment: str) -> AlignmentMode:
     """The alignment to decode with: with markup on a model without a link head, the attention
     the links are read from (word level, where the request asks none)."""
     if not options.marked or engine.link_head is not None or not engine.supports_alignment:
@@ -71,7 +68,7 @@ def positional_weights(T: int, S: int) -> np.ndarray:
     return weights
 
 
-def attention_weights(engine: Engine, plain: str, hyp: TranslationHypothesis) -> np.ndarray:
+def attention_weights(engine: TextSide, plain: str, hyp: TranslationHypothesis) -> np.ndarray:
     """(T, S) weights from the hypothesis's attention, read as the model's default link mode."""
     T, S = len(word_spans(hyp.text)), len(word_spans(plain))
     alignment = hyp.alignment
@@ -107,23 +104,19 @@ def head_texts(marked: Sequence[Marked], translations: Sequence[Translation]) ->
 
 
 def restore(
-    engine: Engine,
+    engine: TextSide,
     marked: Sequence[Marked],
     translations: Sequence[Translation],
     alignment: str,
     found: HeadWeights | None = None,
-    kept: KeptRows | None = None,
 ) -> list[Translation]:
     """Each translation's hypotheses with their text's markup put back (`text`), the translation
     of the plain text kept as `plain_text`; alignments dropped where the request asked none.
-    found: the link head's weights of `head_texts` computed elsewhere (an engine process's); None:
-    computed here with the engine's link head, where it has one, reading the sources' encoder rows
-    from `kept` where it holds them (the decode's: service/decode/engine/kept_rows.py)."""
+    found: the link head's weights of `head_texts` (an engine's: service/decode/align/aligner.py's
+    head_weights_for), where the model has a link head; None: the hypotheses' attention is read."""
     heads: list[list[np.ndarray] | None] = [None] * len(marked)
-    if engine.link_head is not None:
+    if engine.link_head is not None and found is not None:
         todo = [i for i, m in enumerate(marked) if m.nodes]
-        if found is None:
-            found = head_weights_for(engine, head_texts(marked, translations), kept)
         for i, weights in zip(todo, found, strict=True):
             heads[i] = weights
     out = []
@@ -148,45 +141,3 @@ def restore(
             )
         )
     return out
-
-
-# --- translating, in one process ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Decoded:
-    """A batch's texts decoded, their markup not yet put back (`finish`)."""
-
-    marked: list[Marked] | None  # None: the texts asked for no markup
-    translations: list[Translation]  # of the plain texts
-    kept: KeptRows | None  # the decode's encoder rows, for the link head
-
-
-def decode(
-    engine: Engine, texts: Sequence[str], options: SearchOptions, alignment: AlignmentMode
-) -> Decoded:
-    """`recall.translate` (the memory, then the model) of the texts with their markup taken out."""
-    if not options.marked:
-        return Decoded(None, recall.translate(engine, texts, options, alignment), None)
-    marks = read_texts(texts, options)
-    mode = decode_alignment(engine, options, alignment)
-    kept = KeptRows() if engine.link_head is not None else None
-    encode = kept.keeping(engine.encode) if kept is not None else None
-    results = recall.translate(engine, [m.plain for m in marks], options, mode, encode)
-    return Decoded(marks, results, kept)
-
-
-def finish(engine: Engine, decoded: Decoded, alignment: AlignmentMode) -> list[Translation]:
-    """The decoded texts' markup put back (`restore`): s2s-translate runs it on a thread of its
-    own while the next batch decodes."""
-    if decoded.marked is None:
-        return decoded.translations
-    return restore(engine, decoded.marked, decoded.translations, alignment, kept=decoded.kept)
-
-
-def translate(
-    engine: Engine, texts: Sequence[str], options: SearchOptions, alignment: AlignmentMode
-) -> list[Translation]:
-    """`recall.translate` (the memory, then the model) with the texts' markup taken out before and
-    put back after (s2s-translate; the server does the same around its worker)."""
-    return finish(engine, decode(engine, texts, options, alignment), alignment)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from service.decode.align.aligner import align_prepared, prepare_pair
 from service.decode.align.forced import AlignedPair, AlignOptions
-from service.decode.engine.engine import Encoder, Engine
+from service.decode.align.pair_answers import prepare_pair
+from service.decode.engine.text_side import TextSide
 from service.decode.shared.alignment import Alignment
 from service.decode.shared.errors import InvalidInput
 from service.decode.shared.options import SearchOptions
@@ -26,7 +26,7 @@ from service.decode.text.translation import AlignmentMode, Translation, Translat
 FORCED = AlignOptions(links="argmax", matrices="both")  # the pass behind a memory's answer
 
 
-def consulted(engine: Engine, options: SearchOptions) -> bool:
+def consulted(engine: TextSide, options: SearchOptions) -> bool:
     return bool(
         len(engine.memory)
         and options.use_memory
@@ -36,9 +36,9 @@ def consulted(engine: Engine, options: SearchOptions) -> bool:
     )
 
 
-def remembered(engine: Engine, text: str, keep: int) -> list[tuple[str, PreparedPair]]:
+def remembered(engine: TextSide, text: str, keep: int) -> list[tuple[str, PreparedPair]]:
     """The memory's first `keep` targets for text, each with the pair its forced pass reads. A
-    memory's entries are checked at load (Engine.read_memory); a target whose pair would still be
+    memory's entries are checked at load (TextSide.read_memory); a target whose pair would still be
     refused is left to the model: a memory never turns a valid request into an error."""
     out = []
     for target in engine.recall(text)[:keep]:
@@ -50,7 +50,7 @@ def remembered(engine: Engine, text: str, keep: int) -> list[tuple[str, Prepared
 
 
 def memory_hypothesis(
-    engine: Engine,
+    engine: TextSide,
     aligned: AlignedPair,
     pair: PreparedPair,
     options: SearchOptions,
@@ -126,7 +126,7 @@ class Plan:
 
 
 def plan(
-    engine: Engine, texts: Sequence[str], prepared: Sequence[Prepared], options: SearchOptions
+    engine: TextSide, texts: Sequence[str], prepared: Sequence[Prepared], options: SearchOptions
 ) -> Plan:
     keep = max(options.n_best, 1)
     out = Plan()
@@ -162,7 +162,7 @@ def raw(alignment: AlignmentMode) -> AlignmentMode:
 
 
 def assemble(
-    engine: Engine,
+    engine: TextSide,
     the_plan: Plan,
     texts: Sequence[str],
     prepared: Sequence[Prepared],
@@ -203,7 +203,7 @@ def assemble(
 
 
 def join_segments(
-    engine: Engine,
+    engine: TextSide,
     sentence: Prepared,
     parts: list[list[TranslationHypothesis]],
     alignment: AlignmentMode,
@@ -220,30 +220,3 @@ def join_segments(
         joined = engine.results.join_hypotheses(chosen, sentence, mode)
         hypotheses.append(replace(joined, origin=origins.pop() if len(origins) == 1 else "mixed"))
     return Translation(source=sentence.text, source_tokens=sentence.pieces, hypotheses=hypotheses)
-
-
-def translate(
-    engine: Engine,
-    texts: Sequence[str],
-    options: SearchOptions,
-    alignment: AlignmentMode,
-    encode: Encoder | None = None,
-) -> list[Translation]:
-    """`Engine.translate` with the memory consulted first (s2s-translate; the server does the same
-    through its worker: service/serve/translator.py). encode: what encodes the sentences the
-    model decodes (default `Engine.encode`)."""
-    if not texts or not consulted(engine, options):
-        return engine.translate(texts, options, alignment, encode)  # (and its own refusals)
-    engine.check_options(options, alignment, len(texts))
-    prepared = [engine.prepare(t) for t in texts]
-    todo = plan(engine, texts, prepared, options)
-    whole: list[Translation] = []
-    if todo.whole:  # (a memory is not consulted under a prefix: then every text is here)
-        sentences = [prepared[i] for i in todo.whole]
-        whole = engine.decode_prepared(sentences, options.for_texts(todo.whole), alignment, encode)
-    segments: list[Translation] = []
-    if todo.segments:
-        sentences = todo.segment_sentences(prepared)
-        segments = engine.decode_prepared(sentences, options, raw(alignment), encode)
-    aligned = align_prepared(engine, [f.pair for f in todo.forced], FORCED) if todo.forced else []
-    return assemble(engine, todo, texts, prepared, whole, segments, aligned, options, alignment)

@@ -28,13 +28,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
 
 from service.decode.runtime.lexicon import NUM_FEATURES, Lexicon
 from service.decode.shared.alignment import mean_pool
 from service.model.bundle import Bundle, BundleError
+
+if TYPE_CHECKING:  # a front's text side holds a link head without its graph: no ONNX Runtime
+    import onnxruntime as ort
 
 GRAPH = "link_head.onnx"
 LEXICON = "link_lexicon.json"
@@ -132,6 +135,8 @@ class LinkHead:
     def load(cls, directory: Path, thresholds: Thresholds) -> LinkHead:
         """One thread, no spinning: a call is a millisecond of small matrices, one pair at a time
         (more threads only wait for each other, and spin against the decoder's)."""
+        import onnxruntime as ort  # an engine's alone: a front's text side never loads the graph
+
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
