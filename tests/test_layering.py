@@ -78,6 +78,7 @@ FRONT_MODULES = (
     "service.serve.translator", "service.serve.mirror", "service.serve.engine_link",
     "service.serve.protocol", "service.serve.repository", "service.decode.engine.text_side",
     "service.decode.requests.marked", "service.decode.requests.recall",
+    "service.decode.requests.pipeline",
     "service.decode.align.pair_answers",
 )  # fmt: skip
 

@@ -11,6 +11,7 @@ import pytest
 
 from service.cli import translate
 from service.decode.engine.engine import Engine
+from service.decode.text.preparation import Prepared
 from tests.conftest import TinyModel
 
 
@@ -135,13 +136,13 @@ def test_lines_are_decoded_sorted_by_length_and_printed_in_input_order(
     engine = Engine.load(tiny.bundle)
     lengths = {line: len(engine.prepare(line).ids) for line in shuffled}
     batches: list[list[str]] = []
-    real = Engine.translate
+    real = Engine.decode_prepared
 
-    def spy(self: Engine, texts: list[str], *args: object, **kwargs: object) -> object:
-        batches.append(list(texts))
-        return real(self, texts, *args, **kwargs)  # type: ignore[arg-type]
+    def spy(self: Engine, prepared: list[Prepared], *args: object, **kwargs: object) -> object:
+        batches.append([p.text for p in prepared])
+        return real(self, prepared, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Engine, "translate", spy)
+    monkeypatch.setattr(Engine, "decode_prepared", spy)
     code, out, err = run(
         monkeypatch,
         capsys,
@@ -155,8 +156,8 @@ def test_lines_are_decoded_sorted_by_length_and_printed_in_input_order(
         assert sorted(decoded) == sorted(window)
         assert [lengths[t] for t in decoded] == sorted((lengths[t] for t in window), reverse=True)
     batches.clear()
-    alone = [real(engine, [line], translate.SearchOptions(max_length_b=4))[0].hypotheses[0].text
-             for line in shuffled]  # fmt: skip
+    options = translate.SearchOptions(max_length_b=4)
+    alone = [engine.translate([line], options)[0].hypotheses[0].text for line in shuffled]
     assert out.splitlines() == alone
     assert re.search(r"translated 12 lines in [0-9.]+ s of decoding \([0-9.]+ sentences/s", err)
 
@@ -171,13 +172,13 @@ def test_lanes_decode_batches_side_by_side_with_the_same_output(
     flags = ("--bundle", str(tiny.bundle), "--batch-size", "2", "--json", "--nbest", "2")
     code_one, one, _ = run(monkeypatch, capsys, stdin, *flags)
     engines: set[int] = set()
-    real = Engine.translate
+    real = Engine.decode_prepared
 
-    def spy(self: Engine, texts: list[str], *args: object, **kwargs: object) -> object:
+    def spy(self: Engine, prepared: list[Prepared], *args: object, **kwargs: object) -> object:
         engines.add(id(self))
-        return real(self, texts, *args, **kwargs)  # type: ignore[arg-type]
+        return real(self, prepared, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Engine, "translate", spy)
+    monkeypatch.setattr(Engine, "decode_prepared", spy)
     code_two, two, err_two = run(monkeypatch, capsys, stdin, *flags, "--lanes", "2")
     assert (code_one, code_two) == (1, 1)  # the blank line
     assert two == one and len(two.splitlines()) == len(lines)

@@ -7,5 +7,7 @@
 - fp16: the float16 decoder step's AER, BLEU and chrF beside float32's on John;
 - grc_en_dev: choosing the Greek→English model on dev: BLEU and chrF per decoding setting;
 - g2p_en: the G2P bundle against g2p_en's predictor: accuracy and words/s;
-- g2p_common: common English words through the G2P model, with and without its memory.
+- g2p_common: common English words through the G2P model, with and without its memory;
+- answers_digest: every embedded bundle's s2s-translate answers and the Greek models' served ones,
+  as bytes, before and after a change that says it keeps them.
 """

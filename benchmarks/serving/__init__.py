@@ -14,5 +14,7 @@
 - model_memory: what each embedded model's graphs hold in memory against the size of its files
   (and what its device-search variants add);
 - memory_load: how long a memory file of N entries takes to load, and what it holds;
-- json_mapping: what one answer costs to encode for each face: protobuf (gRPC) against JSON (HTTP).
+- json_mapping: what one answer costs to encode for each face: protobuf (gRPC) against JSON (HTTP);
+- before_after: this checkout against an earlier one, served at 64 clients and s2s-translate, in
+  interleaved rounds (a restructuring's "no slower").
 """

@@ -282,7 +282,7 @@ def translate_window(
         except InvalidInput:
             failed.append((batch, batch_options))
             continue
-        restored = restorer.submit(in_process.finish, engine, decoded, mode)
+        restored = restorer.submit(in_process.finish, decoded, mode)
         pending.append((batch, batch_options, restored))
     for batch, batch_options, restored in pending:
         try:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -24,12 +24,12 @@ from service.decode.align.forced import AlignedPair
 from service.decode.align.pair_answers import ForcedRequest, aligned_of, check_aligner, prepare_pair
 from service.decode.engine.text_side import TextSide
 from service.decode.requests import marked, recall
+from service.decode.requests.pipeline import Pipeline
 from service.decode.shared.errors import InvalidInput, NotReady
 from service.decode.shared.options import SearchOptions
 from service.decode.text.preparation import DecodeRequest, Prepared
 from service.decode.text.sides import PreparedPair
 from service.decode.text.translation import AlignmentMode, Translation
-from service.model.markup import Marked
 from service.serve.config import Settings
 from service.serve.engine_link import EngineLink
 from service.serve.jobs import Job
@@ -119,30 +119,25 @@ class TranslatorCore:
         trace.set(texts=len(parsed.texts), input_chars=sum(len(t) for t in parsed.texts))
         trace.texts("input.texts", parsed.texts)
         self.check_options(engine, parsed.options, parsed.alignment, len(parsed.texts))
-        marks = marked.read_texts(parsed.texts, parsed.options)  # the model reads the plain text
-        texts = [m.plain for m in marks]
-        prepared = self.prepare_texts(engine, texts, parsed.options, parsed.alignment)
         deadline = None if remaining is None else self.worker.clock() + remaining
-        trace.set(
-            input_tokens=sum(len(p.ids) for p in prepared), beam_size=parsed.options.beam_size
-        )
-        # the link head reads each text with markup next: the engine keeps the decode's encoder
-        # rows for it (service/decode/engine/kept_rows.py) and reads them instead of encoding again
-        heads_next = engine.link_head is not None and any(m.nodes for m in marks)
-        results = await self.translate_with_memory(
-            model,
-            texts,
-            prepared,
-            parsed.options,
-            marked.decode_alignment(engine, parsed.options, parsed.alignment),
-            request_id,
-            deadline,
-            keep_rows=heads_next,
-        )
-        if parsed.options.marked:
-            results = await self.restore_markup(
-                model, marks, results, parsed.alignment, heads_next, deadline
+
+        def check(prepared: list[Prepared]) -> None:
+            """Refused at once if the response could exceed the message limit."""
+            check_response_bound(
+                [input_shape(p) for p in prepared],
+                parsed.options,
+                parsed.alignment,
+                engine.max_piece_bytes,
+                self.settings.server.max_message_bytes,
             )
+            trace.set(
+                input_tokens=sum(len(p.ids) for p in prepared), beam_size=parsed.options.beam_size
+            )
+
+        decoding = EnginesDecoding(self, model, request_id, deadline)
+        results = await Pipeline(engine, decoding).translate(
+            parsed.texts, parsed.options, parsed.alignment, check
+        )
         self.record_output(trace, results)
         response = pb.TranslateResponse(
             translations=[translation_to_pb(t) for t in results],
@@ -157,47 +152,6 @@ class TranslatorCore:
                 "send fewer texts, or ask for a smaller n_best or no alignment"
             )
         return response
-
-    def prepare_texts(
-        self, engine: TextSide, texts: list[str], options: SearchOptions, alignment: AlignmentMode
-    ) -> list[Prepared]:
-        """Each text prepared (input rule, tokens, segments) with its glossary terms, errors naming
-        the text; refused at once if the response could exceed the message limit."""
-        prepared = []
-        for i, text in enumerate(texts):
-            try:
-                sentence = engine.prepare(text)
-            except InvalidInput as err:
-                raise InvalidInput(f"texts[{i}]: {err}") from err
-            # its glossary terms, once: the memory's plan and the controls read them
-            prepared.append(engine.with_terms(sentence, options.for_text(i), f"texts[{i}]"))
-        check_response_bound(
-            [input_shape(p) for p in prepared],
-            options,
-            alignment,
-            engine.max_piece_bytes,
-            self.settings.server.max_message_bytes,
-        )
-        return prepared
-
-    async def restore_markup(
-        self,
-        model: ModelVersion,
-        marks: list[Marked],
-        results: list[Translation],
-        alignment: AlignmentMode,
-        heads_next: bool,
-        deadline: float | None,
-    ) -> list[Translation]:
-        """The texts' markup put back into their translations (service/decode/requests/marked.py);
-        heads_next: the link head's weights of the texts are the engines' (their kept rows)."""
-        weights = None
-        if heads_next:
-            texts_read = marked.head_texts(marks, results)
-            weights = await self.worker.link_head_weights(model, texts_read, deadline)
-        return await asyncio.to_thread(
-            marked.restore, model.engine, marks, results, alignment, weights
-        )
 
     def record_output(self, trace: RequestTrace, results: list[Translation]) -> None:
         """The low-confidence count, and on the request's trace its best hypotheses' tokens and
@@ -299,64 +253,6 @@ class TranslatorCore:
                 "pairs, or ask for alignment NONE (links and scores only)"
             )
 
-    async def translate_with_memory(
-        self,
-        model: ModelVersion,
-        texts: list[str],
-        prepared: list[Prepared],
-        options: SearchOptions,
-        alignment: AlignmentMode,
-        request_id: str,
-        deadline: float | None,
-        keep_rows: bool = False,
-    ) -> list[Translation]:
-        """The texts the model's memory knows answered from it (their forced pass queued as an
-        Align job: service/decode/requests/recall.py), the others, and an n_best the memory cannot fill,
-        decoded; both jobs in the same decode loop at once. keep_rows: the decode keeps its
-        encoder rows for the link head (`Job.keep_rows`)."""
-        engine = model.engine
-        todo = recall.plan(engine, texts, prepared, options)
-        if recall.consulted(engine, options):
-            hits = len(texts) - len(todo.whole)
-            self.metrics.memory_lookups(model.name, hits, len(texts) - hits)
-
-        async def decode(
-            sentences: list[Prepared], o: SearchOptions, a: AlignmentMode
-        ) -> list[Translation]:
-            if not sentences:
-                return []
-            requests = [DecodeRequest(i, s, o.for_text(i), a) for i, s in enumerate(sentences)]
-            controls = [tuple(engine.sentence_controls(r.sentence, r.options)) for r in requests]
-            raw = await self.run_job(
-                lambda done: Job(
-                    request_id, sentences, o, a, done, deadline, model, controls=controls,
-                    keep_rows=keep_rows,
-                )
-            )  # fmt: skip
-            return [engine.translation_of(r, parts) for r, parts in zip(requests, raw, strict=True)]
-
-        async def force(pairs: list[PreparedPair]) -> list[AlignedPair]:
-            if not pairs:
-                return []
-            raw = await self.run_job(
-                lambda done: Job.align(request_id, pairs, recall.FORCED, done, deadline, model)
-            )
-            return [
-                aligned_of(engine, ForcedRequest(i, pair, recall.FORCED), forced, logits)
-                for i, (pair, (forced, logits)) in enumerate(zip(pairs, raw, strict=True))
-            ]
-
-        sentences = [prepared[i] for i in todo.whole]
-        parts, pairs = todo.segment_sentences(prepared), [f.pair for f in todo.forced]
-        whole, segments, aligned = await together(
-            (bool(sentences), lambda: decode(sentences, options.for_texts(todo.whole), alignment)),
-            (bool(parts), lambda: decode(parts, options, recall.raw(alignment))),
-            (bool(pairs), lambda: force(pairs)),
-        )
-        return recall.assemble(
-            engine, todo, texts, prepared, whole, segments, aligned, options, alignment
-        )
-
     async def run_job(self, make_job: Callable[[OnDone], Job]) -> list[Any]:
         """Submit the job `make_job` builds around its completion callback to the engines and wait
         for its raw results (a sentence's parts' hypotheses, a pair's forced pass); cancelling the
@@ -432,17 +328,58 @@ class TranslatorCore:
         )
 
 
-async def together(*jobs: tuple[bool, Callable[[], Awaitable[list[Any]]]]) -> list[list[Any]]:
-    """The results of the jobs that have work (the flag), in order ([] for the others), decoding
-    at once: awaited in place when only one has work (asyncio.gather would make a task of each,
-    a tenth of a request's time on a front)."""
-    busy = [make for has_work, make in jobs if has_work]
-    if len(busy) == 1:
-        done = [await busy[0]()]
-    else:
-        done = list(await asyncio.gather(*(make() for make in busy)))
-    results = iter(done)
-    return [next(results) if has_work else [] for has_work, _ in jobs]
+class EnginesDecoding:
+    """A `Pipeline`'s decode on the model's engines: the sentences and the memory's pairs as jobs
+    over the front's channel (both in the same decode loop at once), the link head's weights
+    read where the decode kept their rows, the memory's lookups counted."""
+
+    def __init__(
+        self, core: TranslatorCore, model: ModelVersion, request_id: str, deadline: float | None
+    ) -> None:
+        self.core, self.model = core, model
+        self.request_id, self.deadline = request_id, deadline
+
+    async def decode(
+        self,
+        sentences: list[Prepared],
+        options: SearchOptions,
+        alignment: AlignmentMode,
+        keep_rows: bool,
+    ) -> list[Translation]:
+        if not sentences:
+            return []
+        engine, model = self.model.engine, self.model
+        requests = [
+            DecodeRequest(i, s, options.for_text(i), alignment) for i, s in enumerate(sentences)
+        ]
+        controls = [tuple(engine.sentence_controls(r.sentence, r.options)) for r in requests]
+        raw = await self.core.run_job(
+            lambda done: Job(
+                self.request_id, sentences, options, alignment, done, self.deadline, model,
+                controls=controls, keep_rows=keep_rows,
+            )
+        )  # fmt: skip
+        return [engine.translation_of(r, parts) for r, parts in zip(requests, raw, strict=True)]
+
+    async def force(self, pairs: list[PreparedPair]) -> list[AlignedPair]:
+        if not pairs:
+            return []
+        model = self.model
+        raw = await self.core.run_job(
+            lambda done: Job.align(
+                self.request_id, pairs, recall.FORCED, done, self.deadline, model
+            )
+        )
+        return [
+            aligned_of(model.engine, ForcedRequest(i, pair, recall.FORCED), forced, logits)
+            for i, (pair, (forced, logits)) in enumerate(zip(pairs, raw, strict=True))
+        ]
+
+    async def link_head_weights(self, texts: marked.HeadTexts) -> marked.HeadWeights:
+        return await self.core.worker.link_head_weights(self.model, texts, self.deadline)
+
+    def remembered(self, hits: int, misses: int) -> None:
+        self.core.metrics.memory_lookups(self.model.name, hits, misses)
 
 
 def resolve(

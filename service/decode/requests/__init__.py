@@ -1,5 +1,8 @@
-"""The request's path around the engine: markup taken out and put back (marked.py), a model's memory
-consulted before the model (recall.py).
+"""The request's path around the engine, once: pipeline.py runs it (markup out → prepared → the
+memory's plan → decode and forced pass → answers → markup back) over a `Decoding` (the server's
+engines, or in_process.py's engine in this process); its steps' concepts are marked.py (markup taken
+out and put back) and recall.py (a model's memory consulted before the model).
 
-May import every room below it (align, engine, text, search, runtime, shared).
+May import every room below it (align, engine, text, search, runtime, shared); pipeline.py,
+marked.py and recall.py only what a front process holds (no ONNX Runtime: tests/test_layering.py).
 """

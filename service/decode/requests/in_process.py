@@ -1,84 +1,90 @@
-"""The request's path with the engine in this process (s2s-translate, the tests, the benchmarks):
-markup taken out (marked.py), the memory consulted (recall.py), the rest decoded by the engine, the
-markup put back by the link head's or the attention's links. The server runs the same steps around
-its engines (service/serve/translator.py), with the decode and the link head's reading theirs.
+"""The request's pipeline (pipeline.py) with its decode on an engine in this process: s2s-translate,
+the tests and the benchmarks. The server runs the same pipeline with its engines' decode
+(service/serve/translator.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.decode.align.aligner import align_prepared, head_weights_for
-from service.decode.engine.engine import Encoder, Engine
+from service.decode.align.forced import AlignedPair
+from service.decode.engine.engine import Engine
 from service.decode.engine.kept_rows import KeptRows
-from service.decode.requests.marked import decode_alignment, head_texts, read_texts, restore
-from service.decode.requests.recall import FORCED, assemble, consulted, plan, raw
+from service.decode.requests import marked, recall
+from service.decode.requests.pipeline import Decoded as PipelineDecoded
+from service.decode.requests.pipeline import Pipeline
+from service.decode.shared.errors import InvalidInput
 from service.decode.shared.options import SearchOptions
+from service.decode.text.preparation import Prepared
+from service.decode.text.sides import PreparedPair
 from service.decode.text.translation import AlignmentMode, Translation
-from service.model.markup import Marked
 
 
-def translate_with_memory(
-    engine: Engine,
-    texts: Sequence[str],
-    options: SearchOptions,
-    alignment: AlignmentMode,
-    encode: Encoder | None = None,
-) -> list[Translation]:
-    """`Engine.translate` with the memory consulted first. encode: what encodes the sentences the
-    model decodes (default `Engine.encode`)."""
-    if not texts or not consulted(engine, options):
-        return engine.translate(texts, options, alignment, encode)  # (and its own refusals)
+class EngineHere:
+    """A `pipeline.Decoding` on an engine in this process: its sentences decoded as one static
+    batch (`Engine.decode_prepared`), the memory's pairs as one forced batch, the link head
+    reading the encoder rows the decode kept."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.kept = KeptRows() if engine.link_head is not None else None
+
+    async def decode(
+        self,
+        sentences: list[Prepared],
+        options: SearchOptions,
+        alignment: AlignmentMode,
+        keep_rows: bool,
+    ) -> list[Translation]:
+        kept = self.kept if keep_rows else None
+        encode = kept.keeping(self.engine.encode) if kept is not None else None
+        return self.engine.decode_prepared(sentences, options, alignment, encode)
+
+    async def force(self, pairs: list[PreparedPair]) -> list[AlignedPair]:
+        return align_prepared(self.engine, pairs, recall.FORCED)
+
+    async def link_head_weights(self, texts: marked.HeadTexts) -> marked.HeadWeights:
+        return head_weights_for(self.engine, texts, self.kept)
+
+    def remembered(self, hits: int, misses: int) -> None:
+        """(s2s-translate counts nothing.)"""
+
+
+def pipeline_of(engine: Engine) -> Pipeline:
+    return Pipeline(engine, EngineHere(engine))
+
+
+def checked(engine: Engine, texts: Sequence[str], options: SearchOptions, alignment: str) -> None:
+    if not texts:
+        raise InvalidInput("no texts to translate")
     engine.check_options(options, alignment, len(texts))
-    prepared = [engine.prepare(t) for t in texts]
-    todo = plan(engine, texts, prepared, options)
-    whole: list[Translation] = []
-    if todo.whole:  # (a memory is not consulted under a prefix: then every text is here)
-        sentences = [prepared[i] for i in todo.whole]
-        whole = engine.decode_prepared(sentences, options.for_texts(todo.whole), alignment, encode)
-    segments: list[Translation] = []
-    if todo.segments:
-        sentences = todo.segment_sentences(prepared)
-        segments = engine.decode_prepared(sentences, options, raw(alignment), encode)
-    aligned = align_prepared(engine, [f.pair for f in todo.forced], FORCED) if todo.forced else []
-    return assemble(engine, todo, texts, prepared, whole, segments, aligned, options, alignment)
 
 
 @dataclass(frozen=True)
 class Decoded:
-    """A batch's texts decoded, their markup not yet put back (`finish`)."""
+    """A batch's texts decoded on its own pipeline (which holds the rows its link head reads),
+    their markup not yet put back (`finish`)."""
 
-    marked: list[Marked] | None  # None: the texts asked for no markup
-    translations: list[Translation]  # of the plain texts
-    kept: KeptRows | None  # the decode's encoder rows, for the link head
+    run: Pipeline
+    decoded: PipelineDecoded
 
 
 def decode(
     engine: Engine, texts: Sequence[str], options: SearchOptions, alignment: AlignmentMode
 ) -> Decoded:
-    """`translate_with_memory` of the texts with their markup taken out."""
-    if not options.marked:
-        return Decoded(None, translate_with_memory(engine, texts, options, alignment), None)
-    marks = read_texts(texts, options)
-    mode = decode_alignment(engine, options, alignment)
-    kept = KeptRows() if engine.link_head is not None else None
-    encode = kept.keeping(engine.encode) if kept is not None else None
-    results = translate_with_memory(engine, [m.plain for m in marks], options, mode, encode)
-    return Decoded(marks, results, kept)
+    """The texts' options checked, then the pipeline's decode: markup out, the memory first."""
+    checked(engine, texts, options, alignment)
+    run = pipeline_of(engine)
+    return Decoded(run, asyncio.run(run.decode(texts, options, alignment)))
 
 
-def finish(engine: Engine, decoded: Decoded, alignment: AlignmentMode) -> list[Translation]:
-    """The decoded texts' markup put back (marked.restore), by the link head where the model has
-    one (reading the decode's encoder rows where it kept them: service/decode/engine/kept_rows.py):
-    s2s-translate runs it on a thread of its own while the next batch decodes."""
-    if decoded.marked is None:
-        return decoded.translations
-    found = None
-    if engine.link_head is not None:
-        texts_read = head_texts(decoded.marked, decoded.translations)
-        found = head_weights_for(engine, texts_read, decoded.kept)
-    return restore(engine, decoded.marked, decoded.translations, alignment, found)
+def finish(decoded: Decoded, alignment: AlignmentMode) -> list[Translation]:
+    """The decoded texts' markup put back: s2s-translate runs it on a thread of its own while the
+    next batch decodes."""
+    return asyncio.run(decoded.run.finish(decoded.decoded, alignment))
 
 
 def translate(
@@ -86,4 +92,14 @@ def translate(
 ) -> list[Translation]:
     """The texts translated with their markup taken out before and put back after, the memory
     consulted first."""
-    return finish(engine, decode(engine, texts, options, alignment), alignment)
+    return finish(decode(engine, texts, options, alignment), alignment)
+
+
+def translate_with_memory(
+    engine: Engine, texts: Sequence[str], options: SearchOptions, alignment: AlignmentMode
+) -> list[Translation]:
+    """The texts (their markup not read) translated with the memory consulted first."""
+    checked(engine, texts, options, alignment)
+    run = pipeline_of(engine)
+    prepared = run.prepare(texts, options)
+    return asyncio.run(run.with_memory(list(texts), prepared, options, alignment, False))

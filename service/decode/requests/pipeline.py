@@ -1,0 +1,172 @@
+"""A Translate request's path, once: markup taken out → the texts prepared (input rule, tokens,
+segments, glossary terms) → the memory's plan → the decode and the memory's forced pass → the
+answers assembled → the markup put back by the link head's or the attention's links.
+
+The server's translator (service/serve/translator.py) and s2s-translate (in_process.py) both run
+it; what differs is where the decode runs, a `Decoding`: the engines behind the front's channel
+(jobs), or an engine in this process. Each step's concept lives in its module: marked.py (markup),
+recall.py (the memory), the text side (preparation, controls, answers from raw results).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from service.decode.align.forced import AlignedPair
+from service.decode.engine.text_side import TextSide
+from service.decode.requests import marked, recall
+from service.decode.shared.errors import InvalidInput
+from service.decode.shared.options import SearchOptions
+from service.decode.text.preparation import Prepared
+from service.decode.text.sides import PreparedPair
+from service.decode.text.translation import AlignmentMode, Translation
+from service.model.markup import Marked
+
+
+class Decoding(Protocol):
+    """Where a request's sentences decode: its model's engines (a server's) or an engine here."""
+
+    async def decode(
+        self,
+        sentences: list[Prepared],
+        options: SearchOptions,
+        alignment: AlignmentMode,
+        keep_rows: bool,
+    ) -> list[Translation]:
+        """The sentences decoded (options per sentence by `options.for_text`); keep_rows: their
+        encoder rows kept for the link head that reads them next."""
+        ...
+
+    async def force(self, pairs: list[PreparedPair]) -> list[AlignedPair]:
+        """The memory's (source, target) pairs through the model's forced pass."""
+        ...
+
+    async def link_head_weights(self, texts: marked.HeadTexts) -> marked.HeadWeights:
+        """The link head's weights of each (plain source, its hypotheses), from the rows kept."""
+        ...
+
+    def remembered(self, hits: int, misses: int) -> None:
+        """The memory consulted: how many texts it answered whole, and how many it did not."""
+        ...
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A request's texts decoded, their markup not yet put back (`Pipeline.finish`)."""
+
+    marks: list[Marked]  # each text's markup (none where the request asked for no markup)
+    translations: list[Translation]  # of the plain texts
+    options: SearchOptions
+    heads_next: bool  # the link head reads the texts with markup next (their rows kept)
+
+
+def no_check(prepared: list[Prepared]) -> None:
+    """`Pipeline.decode`'s default check of the prepared texts: none."""
+
+
+class Pipeline:
+    """One request's path over a model's text side and a `Decoding` (the module docstring)."""
+
+    def __init__(self, side: TextSide, decoding: Decoding) -> None:
+        self.side = side
+        self.decoding = decoding
+
+    def prepare(self, texts: Sequence[str], options: SearchOptions) -> list[Prepared]:
+        """Each text prepared with its glossary terms (computed once: the memory's plan and the
+        controls read them), errors naming the text."""
+        prepared = []
+        for i, text in enumerate(texts):
+            try:
+                sentence = self.side.prepare(text)
+            except InvalidInput as err:
+                raise InvalidInput(f"texts[{i}]: {err}") from err
+            prepared.append(self.side.with_terms(sentence, options.for_text(i), f"texts[{i}]"))
+        return prepared
+
+    async def decode(
+        self,
+        texts: Sequence[str],
+        options: SearchOptions,
+        alignment: AlignmentMode,
+        check: Callable[[list[Prepared]], None] = no_check,
+    ) -> Decoded:
+        """The texts' options checked by the caller: markup out, prepared (`check` sees them
+        before any decode: a server's response bound), decoded with the memory first."""
+        marks = marked.read_texts(texts, options)  # the model reads the plain text
+        plain = [m.plain for m in marks]
+        prepared = self.prepare(plain, options)
+        check(prepared)
+        # the link head reads each text with markup next: the decode keeps its encoder rows for
+        # it (service/decode/engine/kept_rows.py) and it reads them instead of encoding again
+        heads_next = self.side.link_head is not None and any(m.nodes for m in marks)
+        mode = marked.decode_alignment(self.side, options, alignment)
+        results = await self.with_memory(plain, prepared, options, mode, heads_next)
+        return Decoded(marks, results, options, heads_next)
+
+    async def with_memory(
+        self,
+        texts: list[str],
+        prepared: list[Prepared],
+        options: SearchOptions,
+        alignment: AlignmentMode,
+        keep_rows: bool,
+    ) -> list[Translation]:
+        """The texts the model's memory knows answered from it (their forced pass), the others,
+        and an n_best the memory cannot fill, decoded, side by side (recall.py)."""
+        side, decoding = self.side, self.decoding
+        todo = recall.plan(side, texts, prepared, options)
+        if recall.consulted(side, options):
+            hits = len(texts) - len(todo.whole)
+            decoding.remembered(hits, len(texts) - hits)
+        sentences = [prepared[i] for i in todo.whole]
+        parts, pairs = todo.segment_sentences(prepared), [f.pair for f in todo.forced]
+        whole_options = options.for_texts(todo.whole)
+        whole, segments, aligned = await together(
+            (bool(sentences),
+             lambda: decoding.decode(sentences, whole_options, alignment, keep_rows)),
+            (bool(parts),
+             lambda: decoding.decode(parts, options, recall.raw(alignment), keep_rows)),
+            (bool(pairs), lambda: decoding.force(pairs)),
+        )  # fmt: skip
+        return recall.assemble(
+            side, todo, texts, prepared, whole, segments, aligned, options, alignment
+        )
+
+    async def finish(self, decoded: Decoded, alignment: AlignmentMode) -> list[Translation]:
+        """The decoded texts' markup put back (marked.restore), by the link head's links where
+        the model has one, else by each hypothesis's attention."""
+        if not decoded.options.marked:
+            return decoded.translations
+        weights = None
+        if self.side.link_head is not None:
+            texts_read = marked.head_texts(decoded.marks, decoded.translations)
+            weights = await self.decoding.link_head_weights(texts_read)
+        return await asyncio.to_thread(
+            marked.restore, self.side, decoded.marks, decoded.translations, alignment, weights
+        )
+
+    async def translate(
+        self,
+        texts: Sequence[str],
+        options: SearchOptions,
+        alignment: AlignmentMode,
+        check: Callable[[list[Prepared]], None] = no_check,
+    ) -> list[Translation]:
+        """`decode`, then `finish`."""
+        return await self.finish(await self.decode(texts, options, alignment, check), alignment)
+
+
+async def together(*jobs: tuple[bool, Callable[[], Awaitable[list[Any]]]]) -> list[list[Any]]:
+    """The results of the jobs that have work (the flag), in order ([] for the others), decoding
+    at once: awaited in place when only one has work (asyncio.gather would make a task of each,
+    a tenth of a request's time on a front)."""
+    busy = [make for has_work, make in jobs if has_work]
+    if len(busy) == 1:
+        done = [await busy[0]()]
+    else:
+        done = list(await asyncio.gather(*(make() for make in busy)))
+    results = iter(done)
+    return [next(results) if has_work else [] for has_work, _ in jobs]
