@@ -156,7 +156,7 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
         context: grpc.aio.ServicerContext,
         model: ModelVersion,
     ) -> pb.TranslateResponse:
-        return await self.decode(request, request_id, context.time_remaining(), model)
+        return await self.translate_request(request, request_id, context.time_remaining(), model)
 
     @traced("GetModelInfo")
     async def GetModelInfo(

@@ -92,7 +92,7 @@ async def translate(
     model: ModelVersion | None,
 ) -> Message:
     assert model is not None  # Route.holds_model: acquired by HttpFace.call
-    return await core.decode(request, request_id, remaining, model)
+    return await core.translate_request(request, request_id, remaining, model)
 
 
 async def align(

@@ -4,7 +4,7 @@ Both faces call it, the gRPC servicer (service/serve/grpc_api.py) and the HTTP/J
 so both validate, decode, limit and account for requests (`finish`: metrics and the log line) the same way. It raises only the domain errors of
 service/decode/shared/errors.py; each face maps them to its own status codes and counts them in the metrics.
 
-A face acquires the request's model version (`acquire`) before `decode` and releases it when the
+A face acquires the request's model version (`acquire`) before `translate_request` (or `align`) and releases it when the
 answer is out: a reload meanwhile does not unload the version a request is decoding on.
 """
 
@@ -99,7 +99,7 @@ class TranslatorCore:
     def release(self, model: ModelVersion) -> None:
         self.repository.release(model)
 
-    async def decode(
+    async def translate_request(
         self,
         request: pb.TranslateRequest | MalformedRequest,
         request_id: str,
@@ -184,7 +184,7 @@ class TranslatorCore:
         model: ModelVersion,
     ) -> pb.AlignResponse:
         """Align: validate the pairs (errors name the pair), queue them on the worker's forced
-        batches, wait, convert; as `decode` for deadlines and cancellation."""
+        batches, wait, convert; as `translate_request` for deadlines and cancellation."""
         if isinstance(request, MalformedRequest):
             raise InvalidInput(
                 f"the request is not a valid {pb.AlignRequest.DESCRIPTOR.full_name}: {request.error}"
