@@ -56,6 +56,7 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
 OPTIONAL_FIELDS = ("decoder_states",)  # written only where there are some
 # The fields a Transformer's config holds at their defaults: format 2 does not write them.
 RNN_ONLY = tuple(name for name in FAMILY_FIELDS["rnn"] if name not in FAMILY_FIELDS["transformer"])
+RNN_DEFAULTS = {f.name: f.default for f in fields(ModelConfig) if f.name in RNN_ONLY}
 
 
 class ManifestError(ValueError):
@@ -71,8 +72,7 @@ def architecture_section(cfg: ModelConfig) -> dict[str, Any]:
     whose RNN fields are not their defaults is refused, since its manifest could not carry them."""
     family = family_of(cfg)
     if family == "transformer":
-        defaults = {f.name: f.default for f in fields(ModelConfig)}
-        changed = [name for name in RNN_ONLY if getattr(cfg, name) != defaults[name]]
+        changed = [name for name in RNN_ONLY if getattr(cfg, name) != RNN_DEFAULTS[name]]
         if changed:
             raise ManifestError(
                 f"a Transformer's config sets RNN fields {changed}, which its manifest does not "
@@ -164,7 +164,6 @@ def as_format_1(manifest: dict[str, Any], where: Path) -> dict[str, Any]:
     assert isinstance(section, dict)
     architecture = {k: v for k, v in section.items() if k != "family"}
     if section["family"] == "transformer":
-        defaults = {f.name: f.default for f in fields(ModelConfig)}
-        architecture = {**{name: defaults[name] for name in RNN_ONLY}, **architecture}
+        architecture = {**RNN_DEFAULTS, **architecture}
     architecture = dict(sorted(architecture.items()))
     return {**manifest, "architecture": architecture, "format_version": 1}

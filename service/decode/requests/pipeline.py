@@ -141,7 +141,7 @@ class Pipeline:
         if not decoded.options.marked:
             return decoded.translations
         weights = None
-        if self.side.link_head is not None:
+        if decoded.heads_next:  # a text with markup, on a model with a link head
             texts_read = marked.head_texts(decoded.marks, decoded.translations)
             weights = await self.decoding.link_head_weights(texts_read)
         return await asyncio.to_thread(
