@@ -100,6 +100,8 @@ STOPPING_RULES: tuple[str, ...] = ("exact", "first", "patience", "narrowing", "h
 PENALTY_RULES: tuple[str, ...] = ("first", "patience")
 PENALTIES: tuple[str, ...] = ("length_penalty", "coverage_penalty")
 MAX_OPTION_TEXT_CHARS = 1000  # the longest target_prefix or suppress entry
+SPLIT_MODES: tuple[str, ...] = ("off", "on", "nonewlines")  # DeepL's split_sentences 0, 1, nonewlines
+MAX_LANGUAGE_CHARS = 32  # the longest target_language name
 
 
 def option(spec: OptionSpec) -> Any:
@@ -251,6 +253,17 @@ class SearchOptions:
                    "a literal, or none (unset: url, email and placeholder with markup, nothing "
                    "without)", ("--protect",), limit="max_protect")
     )  # fmt: skip
+    split_sentences: str = option(
+        OptionSpec(str, "off", "cut each text into sentences, each decoded as a sentence of its "
+                   "own and the answers joined with the source's whitespace (docs/documents.md): "
+                   "off, on (at sentence punctuation and newlines) or nonewlines (at punctuation "
+                   "only)", ("--split-sentences",), choices=SPLIT_MODES)
+    )  # fmt: skip
+    target_language: str = option(
+        OptionSpec(str, "", "a multilingual model's target language (one of ModelInfo's "
+                   "target_languages, e.g. fra): its >>fra<< token put first in the source",
+                   ("--target-language",))
+    )  # fmt: skip
     return_attention: bool = False  # not a request option: set by the engine
 
     def __post_init__(self) -> None:
@@ -353,8 +366,10 @@ def problem(
             None if isinstance(value, bool) else f"{spec.name} must be true or false, got {value!r}"
         )
     if spec.kind is str:
-        if value not in spec.choices:
+        if spec.choices and value not in spec.choices:
             return f"{spec.name} must be one of {', '.join(spec.choices)}, got {value!r}"
+        if not isinstance(value, str) or len(value) > MAX_LANGUAGE_CHARS:
+            return f"{spec.name} must be a string of at most {MAX_LANGUAGE_CHARS} characters"
         return None
     if spec.kind is tuple:
         return _texts_problem(spec, value, limits)
