@@ -149,3 +149,20 @@ def test_each_call_encodes_one_models_sentences_and_a_flooded_model_leaves_room_
     ahead.take(["a0", "a1", "a2", "a3"])
     wait_for(lambda: len(ahead.ready_keys()) == 6 and "a4" in ahead.ready_keys(), "A's next")
     assert set(encoder.models) == {"A", "B"}
+
+
+def test_turns_between_owners_and_no_owner_kept_out_by_a_full_room(
+    make_ahead: Callable[..., EncodeAhead], encoder: FakeEncoder
+) -> None:
+    """A document of 6 sentences fills the room (3); a one-sentence request behind it is encoded
+    all the same (its owner holds none), and before the document's next sentences."""
+    encoder.gate.clear()
+    ahead = make_ahead(max_batch=8, max_ready=3)
+    ahead.submit([(f"doc.{i}", [i + 1]) for i in range(6)], None, "doc")
+    encoder.gate.set()
+    wait_for(lambda: len(ahead.ready_keys()) == 3, "the room full of the document")
+    ahead.submit([("single", [9])], None, "single")
+    wait_for(lambda: "single" in ahead.ready_keys(), "the single's encoding")
+    assert ahead.ready_keys() == {"doc.0", "doc.1", "doc.2", "single"}
+    ahead.take(["doc.0", "doc.1"])
+    wait_for(lambda: ahead.ready_keys() == {"doc.2", "doc.3", "single"}, "the document's next")

@@ -78,8 +78,9 @@ FRONT_MODULES = (
     "service.serve.translator", "service.serve.mirror", "service.serve.engine_link",
     "service.serve.protocol", "service.serve.repository", "service.decode.engine.text_side",
     "service.decode.requests.marked", "service.decode.requests.recall",
-    "service.decode.requests.pipeline",
-    "service.decode.align.pair_answers",
+    "service.decode.requests.pipeline", "service.decode.requests.documents",
+    "service.decode.align.pair_answers", "service.decode.align.pair_documents",
+    "service.model.sentences",
 )  # fmt: skip
 
 

@@ -422,3 +422,44 @@ def test_simulated_flood_of_one_model_admits_the_other_within_a_few_decisions() 
                     running[d.step_batch] -= 1
     assert tick < 20, f"B joined only at tick {tick}"
     assert len(waiting) > 150  # most of A's flood was still waiting: B did overtake it
+
+
+# --- turns between requests (documents) -----------------------------------------------------------
+
+
+def document(name: str, sentences: int, arrived: float = 0.0) -> list[Waiting]:
+    """A document's sentences: one request, queued together."""
+    return [w(f"{name}.{k}", beam=4, arrived=arrived, request=name) for k in range(sentences)]
+
+
+def test_a_document_alone_has_the_whole_batch() -> None:
+    config = cfg(max_batch_hypotheses=40, max_batch_sentences=128)  # 10 places at beam 4
+    d = decide(config, now=1.0, waiting=document("doc", 30), running={}, held={})
+    assert d.admit == tuple(f"doc.{k}" for k in range(10))
+
+
+def test_a_document_holds_its_share_and_the_singles_behind_it_come_first() -> None:
+    """A 30-sentence document queued first, then 6 one-sentence requests, 10 places (beam 4): the
+    share is 10 // 7 = 1 place each; every single joins, the document's second sentence does not."""
+    config = cfg(max_batch_hypotheses=40, max_batch_sentences=128)
+    singles = [w(f"s{i}", beam=4, arrived=1.0) for i in range(6)]
+    d = decide(config, now=2.0, waiting=[*document("doc", 30), *singles], running={}, held={})
+    assert d.admit == ("doc.0", "s0", "s1", "s2", "s3", "s4", "s5")
+
+
+def test_a_requests_running_sentences_count_against_its_turn() -> None:
+    """The document already runs 3 sentences: a single arriving now joins before its next one,
+    though the document's sentences are older; with places over, the document takes up to its
+    share (8 // 2 = 4: one more)."""
+    config = cfg(max_batch_hypotheses=32, max_batch_sentences=128)  # 8 places
+    waiting = [*document("doc", 27), w("late", beam=4, arrived=5.0)]
+    d = decide(config, now=6.0, waiting=waiting, running={B(4): 3}, held={"doc": 3}, ready=None)
+    assert d.admit == ("late", "doc.0")
+
+
+def test_without_turns_a_document_queued_first_goes_first() -> None:
+    """held None (no owners known): arrival order, as before."""
+    config = cfg(max_batch_hypotheses=40, max_batch_sentences=128)
+    singles = [w(f"s{i}", beam=4, arrived=1.0) for i in range(6)]
+    d = decide(config, now=2.0, waiting=[*document("doc", 30), *singles], running={})
+    assert d.admit == tuple(f"doc.{k}" for k in range(10))

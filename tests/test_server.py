@@ -572,6 +572,7 @@ def test_reflection_lists_the_translator(server: ServerThread) -> None:
         "GetModelInfo",
         "ListModels",
         "Align",
+        "TranslateStream",
     }
 
 

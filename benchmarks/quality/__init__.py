@@ -9,5 +9,7 @@
 - g2p_en: the G2P bundle against g2p_en's predictor: accuracy and words/s;
 - g2p_common: common English words through the G2P model, with and without its memory;
 - answers_digest: every embedded bundle's s2s-translate answers and the Greek models' served ones,
-  as bytes, before and after a change that says it keeps them.
+  as bytes, before and after a change that says it keeps them;
+- sentence_splitters: sentence splitting libraries and the served splitter on real sentence
+  boundaries (en, fr, de, grc): boundary precision, recall, F1 and speed.
 """

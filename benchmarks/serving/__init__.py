@@ -16,5 +16,8 @@
 - memory_load: how long a memory file of N entries takes to load, and what it holds;
 - json_mapping: what one answer costs to encode for each face: protobuf (gRPC) against JSON (HTTP);
 - before_after: this checkout against an earlier one, served at 64 clients and s2s-translate, in
-  interleaved rounds (a restructuring's "no slower").
+  interleaved rounds (a restructuring's "no slower");
+- documents_served: documents (5-50 sentences, split_sentences on) beside single sentences on one
+  server at 32 clients: sentences/s against the same sentences one a request, the singles' p50/p99
+  beside and without them, TranslateStream's first message against the whole answer.
 """

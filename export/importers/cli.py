@@ -15,6 +15,7 @@ gets one line on stderr saying what is wrong, exit status 2, and no bundle.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -83,7 +84,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.add_argument("--name", default="imported")
         p.add_argument("--version", default="0.1.0")
         p.add_argument("--int8", action="store_true", help="also write decoder.int8.onnx")
+        p.add_argument(
+            "--source-language",
+            default="",
+            help="the source language's ISO 639 code (en, fr, deu, ...), written to the manifest's "
+            "info: it picks the sentence splitter of documents (docs/documents.md)",
+        )
     return parser.parse_args(argv)
+
+
+def stamp_source_language(bundle: Path, language: str) -> None:
+    """The manifest's info.source_language (documentation: no recorded hash covers info)."""
+    path = bundle / "manifest.json"
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest.setdefault("info", {})["source_language"] = language
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportRefused as err:
         print(f"s2s-import: error: {err}", file=sys.stderr)
         return 2
+    if args.source_language:
+        stamp_source_language(out, args.source_language)
     print(f"wrote bundle {out}")
     return 0
 

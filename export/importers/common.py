@@ -24,6 +24,7 @@ from export.onnx.quantize import DEFAULT_SCHEME, quantize_decoder
 from export.onnx.to_onnx import export_graphs
 from service.model import bundle as bundle_format
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
+from service.model.manifest import family_of
 from service.model.tokenizer import TokenizerError
 from service.model.vocab import load_tokenizers
 
@@ -101,6 +102,16 @@ def write_vocab(path: Path, tokens: Sequence[str], order: Sequence[int], side: s
     return rows
 
 
+def document_defaults(cfg: ModelConfig, decoding: dict[str, Any]) -> dict[str, Any]:
+    """An imported Transformer was trained on sentences (OPUS-MT's, a toolkit's): a text sent to
+    it is cut into sentences unless a request says otherwise (split_sentences "on",
+    service/decode/requests/documents.py). Its decoding defaults say so where they do not
+    already."""
+    if family_of(cfg) != "transformer" or "split_sentences" in decoding:
+        return decoding
+    return {**decoding, "split_sentences": "on"}
+
+
 def write_bundle(
     model: nn.Module,
     cfg: ModelConfig,
@@ -136,7 +147,7 @@ def write_bundle(
             architecture=cfg.to_dict(),
             info={**info, "int8_scheme": DEFAULT_SCHEME} if int8 else info,
             tokenizer=tokenizer,
-            decoding=decoding,
+            decoding=document_defaults(cfg, decoding or {}),
         )
         try:
             load_tokenizers(bundle_format.load_bundle(tmp))

@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
@@ -165,6 +166,34 @@ class TranslatorClient:
         return [
             translation_from_pb(t, s) for t, s in zip(response.translations, texts, strict=True)
         ]
+
+    def translate_stream(
+        self,
+        texts: Sequence[str],
+        *,
+        alignment: str = "none",
+        timeout: float | None = None,
+        request_id: str = "",
+        model: str = "",
+        version: str = "",
+        **options: Any,
+    ) -> Iterator[pb.TranslateStreamResponse]:
+        """TranslateStream's messages as they come: each sentence final (`.sentence`, a
+        SentenceChunk), then the whole answer (`.response`, Translate's). Arguments as
+        `translate`'s; closing the iterator (or leaving its loop) cancels the call."""
+        request = pb.TranslateRequest(
+            texts=list(texts),
+            options=decoding_options_to_pb(alignment, **options),
+            request_id=request_id,
+            model=pb.ModelSpec(name=model, version=version),
+        )
+        call = self._stub.TranslateStream(
+            request, timeout=self.timeout if timeout is None else timeout
+        )
+        try:
+            yield from call
+        finally:
+            call.cancel()
 
     def align_request(
         self,
@@ -327,6 +356,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--heatmap", type=Path, help="save the first sentence's alignment matrix as a PNG"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object per text")
+    p.add_argument(
+        "--document",
+        type=Path,
+        help="translate this file whole as one text (- for stdin), its lines and blank lines "
+        "kept: with --split-sentences on, each sentence is decoded alone and the answer keeps "
+        "the file's layout",
+    )
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="TranslateStream: print each sentence the moment it is final (with --json: each "
+        "message as a JSON line)",
+    )
     add_column_flags(p, "hypothesis line", "the server marked it low_confidence")
     p.add_argument(
         "--timeout", type=float, default=30.0, help="seconds per call (default: %(default)s)"
@@ -402,7 +444,11 @@ def alignment_mode(args: argparse.Namespace) -> str:
 
 
 def read_texts(args: argparse.Namespace) -> list[str]:
-    """The TEXT arguments, else the non-blank stdin lines."""
+    """--document's whole text, else the TEXT arguments, else the non-blank stdin lines."""
+    if args.document is not None:
+        source = sys.stdin if str(args.document) == "-" else args.document.open(encoding="utf-8")
+        with source:
+            return [source.read()]
     if args.texts:
         return list(args.texts)
     return [line.rstrip("\n") for line in sys.stdin if line.strip()]
@@ -548,6 +594,11 @@ def run(args: argparse.Namespace) -> int:
             "error: no texts to translate (give TEXT arguments or lines on stdin)", file=sys.stderr
         )
         return 2
+    if args.stream:
+        with TranslatorClient(
+            args.server, timeout=args.timeout, round_robin=args.round_robin, **client_options
+        ) as client:
+            return print_stream(client, texts, args)
     with TranslatorClient(
         args.server, timeout=args.timeout, round_robin=args.round_robin, **client_options
     ) as client:
@@ -562,6 +613,36 @@ def run(args: argparse.Namespace) -> int:
         print(format_translation(t, args))
     if args.heatmap:
         print(f"heatmap saved to {save_first_heatmap(translations, args.heatmap)}", file=sys.stderr)
+    return 0
+
+
+def print_stream(client: TranslatorClient, texts: list[str], args: argparse.Namespace) -> int:
+    """--stream: each sentence printed the moment it is final, after the source's whitespace
+    before it, so that the texts take shape as they are translated; each text ends a line. With
+    --json, every message as one JSON line."""
+    messages = client.translate_stream(
+        texts, alignment=alignment_mode(args), model=args.model, version=args.model_version,
+        **options_from_args(args),
+    )  # fmt: skip
+    current, shown = 0, ""  # the text being printed, and what is printed of it
+    for message in messages:
+        if args.json:
+            line = json_format.MessageToJson(
+                message, preserving_proto_field_name=True, indent=None, ensure_ascii=False
+            )
+            print(line, flush=True)
+        elif message.HasField("sentence"):
+            chunk = message.sentence
+            if chunk.text_index != current:  # the texts before it are whole
+                print("\n" * (chunk.text_index - current), end="")
+                current, shown = chunk.text_index, ""
+            part = chunk.separator + chunk.hypothesis.text
+            print(part, end="", flush=True)
+            shown += part
+        else:  # the whole answer: the last text's rest (its trailing whitespace, its markup)
+            answers = [t.hypotheses[0].text for t in message.response.translations]
+            last = answers[current] if answers else ""
+            print(last[len(shown) :] if last.startswith(shown) else "\n" + last, flush=True)
     return 0
 
 

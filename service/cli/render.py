@@ -47,10 +47,12 @@ def translation_to_json(t: Any) -> dict[str, Any]:
     """A JSON-ready dict; matrices as nested lists, floats rounded to DECIMALS places; the glossary
     terms that apply to the text, where there are any."""
     glossary = [term_use_to_json(u) for u in getattr(t, "glossary", ())]
+    spans = getattr(t, "sentence_spans", ())
     return {
         "source": t.source,
         "source_tokens": list(t.source_tokens),
         **({"glossary": glossary} if glossary else {}),
+        **({"sentence_spans": [list(s) for s in spans]} if spans else {}),
         "hypotheses": [
             {
                 "text": h.text,
@@ -87,6 +89,10 @@ def alternative_to_json(h: Any) -> dict[str, Any]:
         out["unknown_tokens"] = list(h.unknown_tokens)
     if getattr(h, "plain_text", ""):
         out["plain_text"] = h.plain_text
+    if getattr(h, "sentence_spans", ()):  # a text cut into sentences (docs/documents.md)
+        out["sentence_spans"] = [list(span) for span in h.sentence_spans]
+        out["sentence_scores"] = [round(float(x), DECIMALS) for x in h.sentence_scores]
+        out["sentence_confidences"] = [round(float(x), DECIMALS) for x in h.sentence_confidences]
     return out
 
 

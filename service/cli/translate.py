@@ -141,6 +141,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "bundle's manifest threshold, if any)",
     )
     p.add_argument(
+        "--document",
+        action="store_true",
+        help="read stdin whole as one text, its lines and blank lines kept, and write its "
+        "translation exactly so (with --split-sentences on: each sentence decoded alone; "
+        "docs/documents.md)",
+    )
+    p.add_argument(
         "--verbose",
         action="store_true",
         help="report the decode time and sentences/s on stderr at the end",
@@ -206,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         if want_alignment and engine.supports_alignment
         else "none"
     )
+    if args.document:
+        return translate_document(engine, sys.stdin.read(), options, mode, args)
     lines = [line.rstrip("\n") for line in sys.stdin]
     window = args.batch_size * args.maxi_batch
     status, decode_s = 0, 0.0
@@ -235,6 +244,23 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     return status
+
+
+def translate_document(
+    engine: Engine, text: str, options: SearchOptions, mode: AlignmentMode, args: argparse.Namespace
+) -> int:
+    """--document: the text translated whole, written as the answer has it (its layout kept);
+    with --json, the whole answer as one JSON object."""
+    try:
+        [result] = in_process.translate(engine, [text], options, mode)
+    except InvalidInput as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.json or args.align or len(result.hypotheses) > 1:
+        print(format_line(result, args))
+    else:
+        sys.stdout.write(result.hypotheses[0].text)
+    return 0
 
 
 def load_engine(args: argparse.Namespace) -> Engine:

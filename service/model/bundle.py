@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sentencepiece as spm
+
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
 from service.model.input_rule import InputRule
+from service.model.languages import target_languages
 from service.model.manifest import (
     FORMAT_VERSION,
     ManifestError,
@@ -118,6 +121,9 @@ class Bundle:
     # The manifest's "memory": a listed (hashed) file of known source → target entries, consulted
     # before the model (service/model/memory.py); None: no memory.
     memory: str | None = None
+    # A multilingual model's target languages: its source vocabulary's >>xxx<< tokens' names,
+    # sorted (service/model/languages.py), read at load; empty for a model with one.
+    target_languages: tuple[str, ...] = ()
     # The manifest's "glossary": a listed (hashed) file of source → target terms the model's
     # translations keep (service/model/glossary.py); None: no standing glossary.
     glossary: str | None = None
@@ -333,7 +339,30 @@ def load_bundle(path: str | Path) -> Bundle:
         decoding=dict(decoding),
         memory=listed["memory"],
         glossary=listed["glossary"],
+        target_languages=read_target_languages(directory, tokenizer),
     )
+
+
+def read_target_languages(directory: Path, tokenizer: dict[str, Any]) -> tuple[str, ...]:
+    """The >>xxx<< tokens' names among the source vocabulary's pieces: its vocabulary file (line
+    i is piece i), or a SentencePiece bundle's source.model pieces (a few milliseconds for
+    OPUS-MT's 60,000). A file that does not read gives none: the tokenizer's loader names it."""
+    kind = tokenizer.get("kind", "sentencepiece")
+    section = tokenizer.get("source")
+    if kind == "sentencepiece":
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.Load(str(directory / "source.model"))
+        except (OSError, RuntimeError):
+            return ()
+        return target_languages(processor.IdToPiece(i) for i in range(processor.GetPieceSize()))
+    if not isinstance(section, dict) or not isinstance(section.get("file"), str):
+        return ()
+    try:
+        text = (directory / section["file"]).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ()
+    return target_languages(text.split("\n"))
 
 
 def parse_confidence(section: object, where: Path) -> float:

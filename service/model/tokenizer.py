@@ -8,6 +8,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from service.model import languages
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
@@ -21,6 +22,9 @@ class Tokenizer:
 
     processor: spm.SentencePieceProcessor
     path: Path
+    # a multilingual source's target-language tokens (>>fra<<), read whole at a text's start
+    # (service/model/languages.py); set by load_tokenizers
+    codes: frozenset[str] = frozenset()
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
@@ -65,6 +69,10 @@ class Tokenizer:
         return max(len(p.IdToPiece(i).encode()) for i in range(self.vocab_size))
 
     def encode(self, text: str) -> list[int]:
+        found = languages.leading(text) if self.codes else None
+        if found is not None and languages.token(found[0]) in self.codes:
+            code = self.processor.PieceToId(languages.token(found[0]))
+            return [code, *self.processor.EncodeAsIds(found[1])]
         return list(self.processor.EncodeAsIds(text))
 
     def pieces(self, ids: list[int], text: str | None = None) -> list[str]:

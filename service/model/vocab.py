@@ -19,10 +19,11 @@ subword-nmt BPE codes, service/model/subword.py) that cuts text into the vocabul
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from service.model import languages
 from service.model.architecture import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from service.model.bundle import Bundle
 from service.model.pretokenizer import Moses, load_pretokenizer
@@ -143,6 +144,9 @@ class SubwordTokenizer:
     # "▁" piece) replaced by its UNK token, as its prediction does on the AssertionError.
     joey_output: bool = False
     pretokenizer: Moses | None = None  # Joey NMT's `pretokenizer: moses`
+    # a multilingual source's target-language tokens (>>fra<<), read whole at a text's start
+    # (service/model/languages.py); set by load_tokenizers
+    codes: frozenset[str] = frozenset()
 
     word_level = False  # alignments merge pieces into the client's words
 
@@ -161,7 +165,14 @@ class SubwordTokenizer:
 
     def split(self, text: str) -> list[str]:
         """The toolkit's pieces of text (before the vocabulary lookup): Joey NMT's pre_process
-        (moses, then lowercase), then the segmenter."""
+        (moses, then lowercase), then the segmenter; a target-language token the text begins with
+        as one piece, then the rest's (transformers' MarianTokenizer._tokenize)."""
+        found = languages.leading(text) if self.codes else None
+        if found is not None and languages.token(found[0]) in self.codes:
+            return [languages.token(found[0]), *self.segmented(found[1])]
+        return self.segmented(text)
+
+    def segmented(self, text: str) -> list[str]:
         if self.pretokenizer is not None:
             text = self.pretokenizer.tokenize(text)
         return self.segmenter.split(text.lower() if self.lowercase else text)
@@ -304,14 +315,18 @@ def load_tokenizers(bundle: Bundle) -> tuple[TextTokenizer, TextTokenizer]:
     """The source and target tokenizers the bundle's manifest declares."""
     options = bundle.tokenizer
     kind = options.get("kind", "sentencepiece")
+    # the source reads a multilingual model's >>xxx<< tokens whole (a word vocabulary does: they
+    # are words)
+    codes = frozenset(languages.token(name) for name in bundle.target_languages)
     if kind == "sentencepiece":
-        return Tokenizer.load(bundle.file("source.model")), Tokenizer.load(
+        return replace(Tokenizer.load(bundle.file("source.model")), codes=codes), Tokenizer.load(
             bundle.file("target.model")
         )
     src, tgt = _side(options, "source"), _side(options, "target")
     if kind == "subword":
         toolkit = str(options.get("toolkit"))
-        return load_subword(bundle, src, toolkit), load_subword(bundle, tgt, toolkit)
+        source = replace(load_subword(bundle, src, toolkit), codes=codes)
+        return source, load_subword(bundle, tgt, toolkit)
     return (
         WordTokenizer.load(
             bundle.file(src["file"]),

@@ -93,6 +93,12 @@ class ServerConfig:
     )
     max_texts: int = setting(64, "the most texts in one request")
     max_text_chars: int = setting(2000, "the most characters of one text")
+    max_document_chars: int = setting(
+        20000, "the most characters of one text cut into sentences (split_sentences)"
+    )
+    max_sentences: int = setting(
+        256, "the most sentences of a request, all its texts cut (split_sentences)"
+    )
     max_message_bytes: int = setting(
         4 * 1024 * 1024,
         "the largest request or response in bytes; requests whose worst-case response is "
@@ -169,7 +175,11 @@ class ServerConfig:
             raise ValueError("fronts must be >= -1, engines >= 0, engine_hang_s > 0")
         if not 0 <= self.engine_restart_wait_s < math.inf:
             raise ValueError("engine_restart_wait_s must be a finite number >= 0 (0: none waits)")
-        if self.max_texts < 1 or self.max_text_chars < 1 or self.grace_s < 0:
+        if (
+            min(self.max_texts, self.max_text_chars, self.max_document_chars, self.max_sentences)
+            < 1
+            or self.grace_s < 0
+        ):
             raise ValueError("max_texts and max_text_chars must be >= 1, grace_s >= 0")
 
 

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import grpc
@@ -98,6 +98,41 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
             return await self.translate(request, request_id, context, model)
 
         return await self.handle("Translate", request, context, len(request.texts), call)
+
+    async def TranslateStream(
+        self, request: pb.TranslateRequest | MalformedRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.TranslateStreamResponse]:
+        """Translate, streamed (translator.py's translate_stream): counted, logged and its errors
+        mapped as Translate's; a client that cancels cancels the sentences not yet decoded."""
+        request_id = request.request_id or uuid.uuid4().hex[:16]
+        if len(request_id) > MAX_REQUEST_ID_CHARS:
+            request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
+        method, texts = "TranslateStream", len(request.texts)
+        started = time.perf_counter()
+        code, message = grpc.StatusCode.OK, ""
+        error: Exception | None = None
+        model: ModelVersion | None = None
+        with self.handlers.track(), self.metrics.track_in_flight(method):
+            try:
+                model = self.acquire(request)
+                stream = self.translate_stream(request, request_id, context.time_remaining(), model)
+                async for message_out in stream:
+                    yield message_out
+            except asyncio.CancelledError:
+                code = cancel_code(context.time_remaining())
+                self.finish(method, request_id, code, started, texts, model=model)
+                raise
+            except Exception as err:
+                error = err
+                code, message = status_for(err)
+                if code == grpc.StatusCode.INTERNAL:
+                    log.error("request failed", exc_info=err, extra={"request_id": request_id})
+            finally:
+                if model is not None:
+                    self.repository.release(model)
+        self.finish(method, request_id, code, started, texts, message, error, model=model)
+        if code != grpc.StatusCode.OK:
+            await context.abort(code, message)
 
     @traced("Align")
     async def Align(
@@ -197,6 +232,11 @@ def add_translator_servicer(servicer: TranslatorServicer, server: grpc.aio.Serve
             servicer.Translate,
             request_deserializer=deserialize_translate_request,
             response_serializer=pb.TranslateResponse.SerializeToString,
+        ),
+        "TranslateStream": grpc.unary_stream_rpc_method_handler(
+            servicer.TranslateStream,
+            request_deserializer=deserialize_translate_request,
+            response_serializer=pb.TranslateStreamResponse.SerializeToString,
         ),
         "Align": grpc.unary_unary_rpc_method_handler(
             servicer.Align,

@@ -252,6 +252,7 @@ class HttpFace:
         for route in ROUTES:
             for verb in route.verbs:
                 self.app.router.add_route(verb, API_PREFIX + route.method, self.handler(route))
+        self.app.router.add_post(API_PREFIX + "TranslateStream", self.stream)
         if server.ui:
             self.app.router.add_get("/", self.index)
             self.app.router.add_static("/ui/", UI_DIR, show_index=False)
@@ -333,6 +334,67 @@ class HttpFace:
             text=to_json(response), content_type="application/json", headers=headers
         )
 
+    async def stream(self, http_request: web.Request) -> web.StreamResponse:
+        """POST /v1/TranslateStream: TranslateStream as server-sent events, one `data:` line of
+        a TranslateStreamResponse (proto3 JSON) per message, the last one the whole answer. A
+        request refused before its first message gets Translate's JSON error and status; an error
+        after it, an `event: error` with {"code", "message"}. A client that goes away cancels
+        the sentences not yet decoded."""
+        method, started = "TranslateStream", time.perf_counter()
+        code, message, request_id, texts = grpc.StatusCode.OK, "", "", 0
+        error: Exception | None = None
+        model: ModelVersion | None = None
+        response: web.StreamResponse | None = None
+        with self.core.metrics.track_in_flight(method):
+            try:
+                request = await read_message(ROUTES[0], http_request, self.limit)
+                request_id = (request.request_id or uuid.uuid4().hex[:16])[:MAX_REQUEST_ID_CHARS]  # type: ignore[attr-defined]
+                texts = len(request.texts)  # type: ignore[attr-defined]
+                remaining = timeout_of(http_request)
+                model = self.core.acquire(request)
+                async with asyncio.timeout(remaining):
+                    messages = self.core.translate_stream(request, request_id, remaining, model)
+                    async for out in messages:
+                        if response is None:
+                            response = await self.begin_events(http_request, request_id)
+                        await response.write(f"data: {to_json(out)}\n\n".encode())
+            except TimeoutError:
+                code = grpc.StatusCode.DEADLINE_EXCEEDED
+                message = "the deadline passed before the request was answered"
+            except asyncio.CancelledError:  # the client went away
+                self.core.finish(method, request_id, grpc.StatusCode.CANCELLED, started, texts,
+                                 protocol="http", model=model)  # fmt: skip
+                raise
+            except Exception as err:
+                error = err
+                code, message = self.status_for(err)
+                if code == grpc.StatusCode.INTERNAL:
+                    log.error("request failed", exc_info=err, extra={"request_id": request_id})
+            finally:
+                if model is not None:
+                    self.core.release(model)
+        self.core.finish(method, request_id, code, started, texts, message, error,
+                         protocol="http", model=model)  # fmt: skip
+        body = json.dumps({"code": code.name, "message": message})
+        if response is None:
+            status = error.http_status if isinstance(error, BadBody) else HTTP_STATUS.get(code, 500)
+            headers = {"X-Request-Id": request_id} if request_id else {}
+            return web.Response(text=body, status=status, content_type="application/json",
+                                headers=headers)  # fmt: skip
+        if code != grpc.StatusCode.OK:
+            await response.write(f"event: error\ndata: {body}\n\n".encode())
+        await response.write_eof()
+        return response
+
+    async def begin_events(self, http_request: web.Request, request_id: str) -> web.StreamResponse:
+        """An event stream's response, its headers sent."""
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "X-Request-Id": request_id}
+        )
+        self.add_headers(http_request, response)
+        await response.prepare(http_request)
+        return response
+
     @property
     def limit(self) -> int:
         return self.settings.server.max_message_bytes
@@ -373,7 +435,14 @@ class HttpFace:
                     },
                     status=err.status,
                 )
-        if allowed:
+        if not response.prepared:  # a stream (`stream`) set its headers before it began
+            self.add_headers(request, response)
+        return response
+
+    def add_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        """The headers of every answer: CORS for the configured origins, no-sniff, the CSP."""
+        origin = request.headers.get("Origin")
+        if origin is not None and origin in self.settings.server.http_cors_origins:
             response.headers["Access-Control-Allow-Origin"] = origin or ""
             response.headers["Access-Control-Expose-Headers"] = "X-Request-Id"
         response.headers["Vary"] = "Origin"
@@ -381,7 +450,6 @@ class HttpFace:
         response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
         response.headers["Referrer-Policy"] = "no-referrer"
         response.headers["Cache-Control"] = "no-cache"
-        return response
 
     async def start(self) -> int:
         """Bind host:http_port (0 picks a free one), with the gRPC server's TLS files if set."""

@@ -30,7 +30,7 @@ from service.decode.runtime.transfers import DIRECTIONS, REASONS, TransferLedger
 
 # --- bounded label values ---------------------------------------------------------------------
 
-METHODS: tuple[str, ...] = ("Translate", "GetModelInfo", "ListModels", "Align")
+METHODS: tuple[str, ...] = ("Translate", "GetModelInfo", "ListModels", "Align", "TranslateStream")
 CODES: tuple[str, ...] = (  # gRPC status names, as grpc.StatusCode.X.name
     "OK",
     "INVALID_ARGUMENT",
@@ -137,6 +137,14 @@ class Metrics:
             "s2s_request_duration_seconds",
             "Time to answer one RPC, by method, gRPC status code and protocol (grpc or http).",
             ["method", "code", "protocol"],
+            buckets=REQUEST_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.first_chunk = Histogram(
+            "s2s_stream_first_chunk_seconds",
+            "TranslateStream: time from the request to its first message (a sentence final, or "
+            "the whole answer), by model.",
+            ["model"],
             buckets=REQUEST_SECONDS_BUCKETS,
             registry=r,
         )
@@ -319,6 +327,10 @@ class Metrics:
             code=_check_label("code", code, CODES),
             protocol=_check_label("protocol", protocol, PROTOCOLS),
         ).observe(seconds)
+
+    def observe_first_chunk(self, seconds: float, model: str) -> None:
+        """A TranslateStream's first message sent, `seconds` after its request arrived."""
+        self.first_chunk.labels(model=model).observe(seconds)
 
     @contextmanager
     def track_in_flight(self, method: str) -> Iterator[None]:

@@ -137,18 +137,21 @@ def parse_request(
             f"request_id has {len(request.request_id)} characters, over the limit of "
             f"{MAX_REQUEST_ID_CHARS}: send a shorter id (or none: the server makes one)"
         )
+    options = parse_options(request.options, settings, model_defaults)
+    documents = options.split_sentences != "off"
+    limit = server.max_document_chars if documents else server.max_text_chars
     for i, text in enumerate(texts):
         if not text.strip():
             raise InvalidInput(f"texts[{i}] is empty or only whitespace")
-        if len(text) > server.max_text_chars:
+        if len(text) > limit:
+            hint = (
+                "" if documents else
+                f"; a text cut into sentences (split_sentences on) may hold {server.max_document_chars}"
+            )  # fmt: skip
             raise InvalidInput(
-                f"texts[{i}] has {len(text)} characters, over the limit of {server.max_text_chars}"
+                f"texts[{i}] has {len(text)} characters, over the limit of {limit}{hint}"
             )
-    return ParsedRequest(
-        texts,
-        parse_options(request.options, settings, model_defaults),
-        parse_alignment(request.options.alignment),
-    )
+    return ParsedRequest(texts, options, parse_alignment(request.options.alignment))
 
 
 def default_options(
@@ -351,7 +354,9 @@ def term_use_to_pb(use: gl.TermUse) -> pb.GlossaryTermResult:
 
 def translation_to_pb(t: Translation) -> pb.Translation:
     out = pb.Translation(
-        source_tokens=t.source_tokens, glossary=[term_use_to_pb(u) for u in t.glossary]
+        source_tokens=t.source_tokens,
+        glossary=[term_use_to_pb(u) for u in t.glossary],
+        sentence_spans=[pb.Span(start=a, end=b) for a, b in t.sentence_spans],
     )
     for h in t.hypotheses:
         hyp = out.hypotheses.add(
@@ -367,6 +372,9 @@ def translation_to_pb(t: Translation) -> pb.Translation:
             origin=ORIGINS[h.origin],
             plain_text=h.plain_text,
             unknown_tokens=h.unknown_tokens,
+            sentence_spans=[pb.Span(start=a, end=b) for a, b in h.sentence_spans],
+            sentence_scores=h.sentence_scores,
+            sentence_confidences=h.sentence_confidences,
         )
         if h.alignment is not None:
             hyp.alignment.CopyFrom(alignment_to_pb(h.alignment))
@@ -388,6 +396,8 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
         limits=pb.Limits(
             max_texts=settings.server.max_texts,
             max_text_chars=settings.server.max_text_chars,
+            max_sentences=settings.server.max_sentences,
+            max_document_chars=settings.server.max_document_chars,
             max_source_tokens=limits.max_source_tokens,
             max_beam_size=limits.max_beam_size,
             max_length=limits.max_length,
@@ -415,6 +425,8 @@ def model_info(model: ModelVersion, settings: Settings, is_default: bool = False
         default_link_mode=default_link_mode(engine),  # type: ignore[arg-type]
         links_source=links_source(engine.bundle.info) if engine.link_head is not None else "",
         glossary_terms=len(engine.terms.glossary),
+        source_language=engine.source_language,
+        target_languages=engine.target_languages,
     )
 
 
@@ -456,6 +468,10 @@ class ClientHypothesis:
     origin: str = "model"  # "memory": the model's memory answered it
     plain_text: str = ""  # with markup: the translation without it (`text` has the markup)
     unknown_tokens: tuple[int, ...] = ()  # a memory's target: tokens the vocabulary cannot spell
+    # a text cut into sentences: each sentence's place in plain_text (else text), score, confidence
+    sentence_spans: tuple[tuple[int, int], ...] = ()
+    sentence_scores: tuple[float, ...] = ()
+    sentence_confidences: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -473,6 +489,7 @@ class ClientTranslation:
     glossary: tuple[
         gl.TermUse, ...
     ] = ()  # the terms that apply to the text, and what became of each
+    sentence_spans: tuple[tuple[int, int], ...] = ()  # a text cut into sentences: each one's place
 
     @property
     def best(self) -> ClientHypothesis:
@@ -560,6 +577,9 @@ def hypothesis_from_pb(message: pb.Hypothesis) -> ClientHypothesis:
         origin={v: k for k, v in ORIGINS.items()}.get(message.origin, "model"),
         plain_text=message.plain_text,
         unknown_tokens=tuple(message.unknown_tokens),
+        sentence_spans=tuple((s.start, s.end) for s in message.sentence_spans),
+        sentence_scores=tuple(message.sentence_scores),
+        sentence_confidences=tuple(message.sentence_confidences),
     )
 
 
@@ -580,6 +600,7 @@ def translation_from_pb(message: pb.Translation, source: str = "") -> ClientTran
         source_tokens=list(message.source_tokens),
         hypotheses=[hypothesis_from_pb(h) for h in message.hypotheses],
         glossary=tuple(term_use_from_pb(u) for u in message.glossary),
+        sentence_spans=tuple((s.start, s.end) for s in message.sentence_spans),
     )
 
 

@@ -36,6 +36,19 @@ def input_shape(sentence: Prepared) -> int | SegmentedShape:
     )
 
 
+def text_shape(sentences: Sequence[Prepared]) -> int | SegmentedShape:
+    """A text's shape for the bound: its one input's, or a text cut into sentences (each capped
+    by max_length on its own, as segments are, its matrix over every sentence's tokens)."""
+    if len(sentences) == 1:
+        return input_shape(sentences[0])
+    shapes = [input_shape(s) for s in sentences]
+    return SegmentedShape(
+        sum(s if isinstance(s, int) else s.cols for s in shapes) + len(shapes) - 1,
+        tuple(n for s in shapes for n in ((s,) if isinstance(s, int) else s.segment_lengths)),
+        sum(0 if isinstance(s, int) else s.separator_rows for s in shapes),
+    )
+
+
 def worst_case_response_bytes(
     source_lengths: Sequence[int | SegmentedShape],
     options: SearchOptions,

@@ -19,7 +19,9 @@ Policies:
 - "request": request-level (static) batching: waiting sentences form a batch when it is full or the
   oldest has waited `max_queue_delay_s`; the batch decodes to the end before the next one forms.
 - "iteration": iteration-level batching (Orca, TGI, vLLM): before every step, waiting sentences join
-  the running batch of their beam size while capacity allows; finished ones have already left.
+  the running batch of their beam size while capacity allows, in turns between their requests,
+  each request within its share of the batch (`fair_share`: a document's sentences neither fill
+  the batch nor hold back the requests behind it); finished ones have already left.
   While anything runs, only sentences already encoded (`ready`, see `service.decode.engine.encode_ahead`) join,
   so an admission never stalls the running batch for an encoder call.
 """
@@ -104,6 +106,9 @@ class Waiting(Generic[KeyT, RequestT]):
     )
     forced: bool = False  # Align's teacher-forced pass (the target given) rather than a search
     attention: Hashable = None  # Align's choice of cross-attention (AlignOptions.attention)
+    owner: Hashable = (
+        None  # whose it is, for fair turns (the worker: its request id); None: request
+    )
 
     @property
     def batch(self) -> BatchKey:
@@ -155,17 +160,19 @@ def decide(
     last_stepped: BatchKey | None = None,
     ready: Container[Hashable] | None = None,
     last_admitted: Hashable = None,
+    held: Mapping[Hashable, int] | None = None,
 ) -> Decision[KeyT]:
     """waiting in arrival order; running maps each running batch → sentences decoding in it; ready
     holds the waiting sentences already encoded (None: all of them); last_admitted is the model of
-    the previous admission (whose turn has passed)."""
+    the previous admission (whose turn has passed); held: the running sentences of each owner
+    (`Waiting.owner`), for the turns between requests (`fair_share`; None: arrival order)."""
     expired = tuple(w.key for w in waiting if w.deadline is not None and w.deadline <= now)
     alive = [w for w in waiting if w.deadline is None or w.deadline > now]
     groups = Groups({BatchKey(*key): n for key, n in running.items() if n > 0})
     if config.policy == "iteration":
         model = model_in_turn(alive, last_admitted)
         turn = [w for w in alive if w.model == model]
-        admit, batch = admit_fifo(config, turn, groups, ready)
+        admit, batch = admit_fifo(config, turn, groups, ready, held)
     elif config.policy == "request":
         admit, batch = admit_static_batch(config, now, alive, groups)
     else:
@@ -222,18 +229,56 @@ def admit_fifo(
     alive: Sequence[Waiting[KeyT, Any]],
     groups: Groups,
     ready: Container[Hashable] | None = None,
+    held: Mapping[Hashable, int] | None = None,
 ) -> tuple[tuple[KeyT, ...], BatchKey | None]:
     """Iteration-level (alive: the waiting sentences of the model in turn): the oldest sentence's
-    batch joins, in arrival order, while it fits. Nobody overtakes the oldest: if it does not fit,
-    nothing joins until capacity frees up. While anything runs, the joining prefix also ends at the
-    first sentence not yet encoded."""
+    batch joins, in arrival order (with `held`: in turns between requests, each within its share,
+    `fair_share`), while it fits. Nobody overtakes the oldest: if it does not fit, nothing joins
+    until capacity frees up. While anything runs, the joining prefix also ends at the first
+    sentence not yet encoded."""
     if not alive:
         return (), None
     batch = alive[0].batch
     candidates = [w for w in alive if w.batch == batch]
+    if held is not None:
+        candidates = fair_share(config, candidates, batch.beam, held)
     if ready is not None and groups.total():
         candidates = list(itertools.takewhile(lambda w: w.key in ready, candidates))
     return take_fifo(config, candidates, groups), batch
+
+
+def fair_share(
+    config: BatchingConfig,
+    candidates: Sequence[Waiting[KeyT, Any]],
+    beam: int,
+    held: Mapping[Hashable, int],
+) -> list[Waiting[KeyT, Any]]:
+    """The waiting sentences (of one batch) in turns between their requests, each request within
+    its share of the batch. A sentence's turn is the number of its request's sentences running
+    (`held`) or ahead of it in the queue; turns go in order, arrival order within a turn, so every
+    request's next sentence comes before any request's one after (the oldest sentence, its
+    request's first, still comes first). A request's share is the batch's places over the
+    requests with sentences running or waiting: a document of 40 sentences beside 24 one-sentence
+    requests holds a few places, not 40, and neither fills the batch (each step's time grows with
+    it) nor keeps the requests behind it waiting; alone, it has the whole batch."""
+    if not candidates:
+        return []
+    owners = [owner_of(w) for w in candidates]
+    everyone = {o for o, n in held.items() if n > 0} | set(owners)
+    places = min(config.max_batch_sentences, config.max_batch_hypotheses // max(beam, 1))
+    share = max(1, places // len(everyone))
+    seen = dict(held)
+    turns = []
+    for owner in owners:
+        turns.append(seen.get(owner, 0))
+        seen[owner] = turns[-1] + 1
+    order = sorted(range(len(candidates)), key=lambda i: turns[i])  # stable: arrival in a turn
+    return [candidates[i] for i in order if turns[i] < share]
+
+
+def owner_of(w: Waiting[Any, Any]) -> Hashable:
+    """Whose a waiting sentence is, for the turns: its owner, else its request."""
+    return w.request if w.owner is None else w.owner
 
 
 def admit_static_batch(

@@ -14,19 +14,21 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
 
 from proto.translation.v1 import translation_pb2 as pb
+from service.decode.align import pair_documents
 from service.decode.align.forced import AlignedPair
 from service.decode.align.pair_answers import ForcedRequest, aligned_of, check_aligner, prepare_pair
 from service.decode.engine.text_side import TextSide
 from service.decode.requests import marked, recall
-from service.decode.requests.pipeline import Pipeline
+from service.decode.requests.pipeline import Pipeline, SentenceDone
 from service.decode.shared.errors import InvalidInput, NotReady
-from service.decode.shared.options import SearchOptions
+from service.decode.shared.options import SPLIT_MODES, SearchOptions
 from service.decode.text.preparation import DecodeRequest, Prepared
 from service.decode.text.sides import PreparedPair
 from service.decode.text.translation import AlignmentMode, Translation
@@ -36,6 +38,7 @@ from service.serve.jobs import Job
 from service.serve.metrics import Metrics
 from service.serve.protocol import (
     MalformedRequest,
+    ParsedRequest,
     aligned_pair_to_pb,
     model_info,
     parse_align_request,
@@ -44,7 +47,7 @@ from service.serve.protocol import (
 )
 from service.serve.repository import ModelVersion, Repository
 from service.serve.request_trace import RequestTrace, current_trace
-from service.serve.response_bound import align_response_bytes, check_response_bound, input_shape
+from service.serve.response_bound import align_response_bytes, check_response_bound, text_shape
 from service.serve.status import reject_reason
 from service.serve.tracing import Tracing
 
@@ -108,6 +111,44 @@ class TranslatorCore:
     ) -> pb.TranslateResponse:
         """Validate, queue on the worker, wait, convert; `remaining` is the client's deadline in
         seconds from now (None: no deadline). Cancelling the awaiting task cancels the job."""
+        run = self.begin(request, request_id, remaining, model)
+        results = await run.pipeline.translate(
+            run.parsed.texts, run.parsed.options, run.parsed.alignment, run.check
+        )
+        return self.response_of(results, request_id, model)
+
+    async def translate_stream(
+        self,
+        request: pb.TranslateRequest | MalformedRequest,
+        request_id: str,
+        remaining: float | None,
+        model: ModelVersion,
+    ) -> AsyncIterator[pb.TranslateStreamResponse]:
+        """TranslateStream: each sentence the moment it is final, then Translate's answer. The
+        request is checked before the first message (an invalid one raises there); closing the
+        stream cancels the sentences not yet decoded."""
+        started = time.perf_counter()
+        run = self.begin(request, request_id, remaining, model)
+        parsed, first = run.parsed, True
+        stream = run.pipeline.stream(parsed.texts, parsed.options, parsed.alignment, run.check)
+        async for event in stream:
+            if first:
+                self.metrics.observe_first_chunk(time.perf_counter() - started, model.name)
+                first = False
+            if isinstance(event, SentenceDone):
+                yield pb.TranslateStreamResponse(sentence=chunk_of(event), request_id=request_id)
+            else:
+                response = self.response_of(event, request_id, model)
+                yield pb.TranslateStreamResponse(response=response, request_id=request_id)
+
+    def begin(
+        self,
+        request: pb.TranslateRequest | MalformedRequest,
+        request_id: str,
+        remaining: float | None,
+        model: ModelVersion,
+    ) -> TranslateRun:
+        """A Translate request parsed and checked, on its model's pipeline."""
         if isinstance(request, MalformedRequest):
             raise InvalidInput(
                 f"the request is not a valid {pb.TranslateRequest.DESCRIPTOR.full_name}: {request.error}"
@@ -121,24 +162,29 @@ class TranslatorCore:
         self.check_options(engine, parsed.options, parsed.alignment, len(parsed.texts))
         deadline = None if remaining is None else self.worker.clock() + remaining
 
-        def check(prepared: list[Prepared]) -> None:
+        def check(prepared: list[list[Prepared]]) -> None:
             """Refused at once if the response could exceed the message limit."""
             check_response_bound(
-                [input_shape(p) for p in prepared],
+                [text_shape(sentences) for sentences in prepared],
                 parsed.options,
                 parsed.alignment,
                 engine.max_piece_bytes,
                 self.settings.server.max_message_bytes,
             )
             trace.set(
-                input_tokens=sum(len(p.ids) for p in prepared), beam_size=parsed.options.beam_size
+                input_tokens=sum(len(p.ids) for text in prepared for p in text),
+                beam_size=parsed.options.beam_size,
             )
 
         decoding = EnginesDecoding(self, model, request_id, deadline)
-        results = await Pipeline(engine, decoding).translate(
-            parsed.texts, parsed.options, parsed.alignment, check
-        )
-        self.record_output(trace, results)
+        pipeline = Pipeline(engine, decoding, self.settings.server.max_sentences)
+        return TranslateRun(pipeline, parsed, check)
+
+    def response_of(
+        self, results: list[Translation], request_id: str, model: ModelVersion
+    ) -> pb.TranslateResponse:
+        """The translations as Translate's answer, refused if over the message limit."""
+        self.record_output(current_trace(), results)
         response = pb.TranslateResponse(
             translations=[translation_to_pb(t) for t in results],
             request_id=request_id,
@@ -196,13 +242,19 @@ class TranslatorCore:
         trace.set(pairs=len(parsed.pairs))
         trace.texts("input.pairs", [f"{s} ||| {t}" for s, t in parsed.pairs])
         check_aligner(engine, parsed.options)
+        cut = pair_documents.cut_pairs(
+            parsed.pairs,
+            self.align_split(request.options, engine, parsed.options.markup),
+            (engine.source_language, engine.target_language),
+            self.settings.server.max_sentences,
+        )
         pairs: list[PreparedPair] = []
-        for i, (source, target) in enumerate(parsed.pairs):
+        for j, (source, target) in enumerate(cut.pairs):
             try:
                 pairs.append(prepare_pair(engine, source, target, parsed.options))
             except InvalidInput as err:
-                raise InvalidInput(f"pairs[{i}]: {err}") from err
-        bound_texts = parsed.pairs
+                raise InvalidInput(f"pairs[{cut.owners[j]}]: {err}") from err
+        bound_texts = cut.pairs
         if parsed.options.markup != "none":  # the tagged target: the target and the markup again
             bound_texts = [(s + s, t + t) for s, t in parsed.pairs]
         self.check_align_bound(pairs, engine.max_piece_bytes, bound_texts)
@@ -210,10 +262,11 @@ class TranslatorCore:
         raw = await self.run_job(
             lambda done: Job.align(request_id, pairs, parsed.options, done, deadline, model)
         )
-        results = [
+        answers = [
             aligned_of(engine, ForcedRequest(i, pair, parsed.options), forced, logits)
             for i, (pair, (forced, logits)) in enumerate(zip(pairs, raw, strict=True))
         ]
+        results = pair_documents.join_cut(cut, answers, len(parsed.pairs))
         response = pb.AlignResponse(
             alignments=[aligned_pair_to_pb(a) for a in results],
             request_id=request_id,
@@ -227,6 +280,21 @@ class TranslatorCore:
                 "send fewer pairs, or ask for alignment NONE (links and scores only)"
             )
         return response
+
+    @staticmethod
+    def align_split(options: pb.AlignOptions, engine: TextSide, markup: str) -> str:
+        """How Align cuts its pairs into sentences: the request's, else the model's default
+        split_sentences; off with markup."""
+        mode = (
+            options.split_sentences
+            if options.HasField("split_sentences")
+            else str(engine.decoding_defaults.get("split_sentences", "off"))
+        )
+        if mode not in SPLIT_MODES:
+            raise InvalidInput(
+                f"split_sentences must be one of {', '.join(SPLIT_MODES)}, got {mode!r}"
+            )
+        return "off" if markup != "none" else mode
 
     def check_align_bound(
         self, pairs: list[PreparedPair], piece_bytes: int, texts: list[tuple[str, str]]
@@ -326,6 +394,28 @@ class TranslatorCore:
                 **({"trace_id": trace.trace_id} if trace.trace_id else {}),
             },
         )
+
+
+@dataclass(frozen=True)
+class TranslateRun:
+    """A Translate request parsed and checked: its pipeline, and the response bound's check."""
+
+    pipeline: Pipeline
+    parsed: ParsedRequest
+    check: Callable[[list[list[Prepared]]], None]
+
+
+def chunk_of(done: SentenceDone) -> pb.SentenceChunk:
+    """A sentence final, as TranslateStream sends it: its best hypothesis."""
+    best = translation_to_pb(replace(done.translation, hypotheses=done.translation.hypotheses[:1]))
+    a, b = done.span
+    return pb.SentenceChunk(
+        text_index=done.text,
+        sentence_index=done.index,
+        source_span=pb.Span(start=a, end=b),
+        separator=done.separator,
+        hypothesis=best.hypotheses[0] if best.hypotheses else None,
+    )
 
 
 class EnginesDecoding:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple, cast
 
 from service.decode.engine.encode_ahead import EncodeAhead
@@ -153,6 +154,7 @@ class Worker:
                 self.last_stepped,
                 None if self.ahead is None else self.ahead.ready_keys(),
                 self.last_admitted,
+                self.held(),
             )
             self.apply(decision)
             if decision.idle:
@@ -177,10 +179,13 @@ class Worker:
                         model,
                         job.forced,
                         attention,
+                        job.request_id,
                     )
                 )
             if self.ahead is not None:
-                self.ahead.submit(list(zip(keys, job.sentences, strict=True)), model)
+                self.ahead.submit(
+                    list(zip(keys, job.sentences, strict=True)), model, job.request_id
+                )
             self.count_queued(model, len(keys))
         self.metrics.set_queue_depth(len(self.waiting))
 
@@ -210,6 +215,13 @@ class Worker:
                 self.cond.wait(timeout)
             finally:
                 self.idle = False
+
+    def held(self) -> Counter[Hashable]:
+        """The running sentences of each request (by its id: a stream's sentence jobs share it),
+        for the scheduler's turns between requests."""
+        return Counter(
+            k.job.request_id for batch in self.batches.values() for k in batch.sentences()
+        )
 
     def busy_for(self) -> float:
         """Seconds the loop has been in one iteration (0 while it waits for work): a decode loop

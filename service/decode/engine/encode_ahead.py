@@ -10,6 +10,14 @@ encoder call), so an idle server adds no latency.
 Memory stays bounded: at most `max_ready` encoded sentences per model wait here, and a sentence that
 leaves the queue (admitted, cancelled, expired) is forgotten, so its encoding is dropped or never stored.
 
+Turns between requests: each sentence is submitted with its owner (the worker: its request id), and
+the thread encodes in turns between owners, as the scheduler admits (service/serve/scheduler.py's
+`fair_share`): every owner's next sentence before any owner's one after, counting the encodings an
+owner already holds here; while an owner holds several, a sentence whose owner holds none is
+encoded even when the room is full.
+A document of 200 sentences queued first then neither fills the room nor keeps the one-sentence
+requests behind it from joining (a running batch admits only encoded sentences).
+
 Several models: each sentence is submitted with its model (any hashable; the worker's: a
 ModelVersion) and encoded with it; one encoder call holds one model's sentences, the models take
 turns, and each has its own room, so a flood of one model's sentences never keeps another's waiting
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Generic, TypeVar
 
@@ -47,6 +56,7 @@ class EncodeAhead(Generic[SentenceT, EncodedT]):
         self.max_ready = max_ready
         self.cond = threading.Condition()
         self.pending: dict[Hashable, tuple[Hashable, SentenceT]] = {}  # key → (model, sentence)
+        self.owner_of: dict[Hashable, Hashable] = {}  # pending, in_flight and ready keys → owner
         self.in_flight: set[Hashable] = set()  # inside the current encoder call
         self.ready: dict[Hashable, EncodedT | None] = {}  # None: failed, encode at admission
         self.model_of: dict[Hashable, Hashable] = {}  # in_flight and ready keys → model
@@ -59,12 +69,19 @@ class EncodeAhead(Generic[SentenceT, EncodedT]):
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, items: Sequence[tuple[Hashable, SentenceT]], model: Hashable = None) -> None:
-        """Queue sentences (key, sentence) of `model` for encoding, after the ones already queued."""
+    def submit(
+        self,
+        items: Sequence[tuple[Hashable, SentenceT]],
+        model: Hashable = None,
+        owner: Hashable = None,
+    ) -> None:
+        """Queue sentences (key, sentence) of `model` for encoding, after the ones already queued;
+        `owner`: whose they are, for the turns (None: each sentence its own)."""
         if not items:
             return
         with self.cond:
             self.pending.update((key, (model, ids)) for key, ids in items)
+            self.owner_of.update((key, key if owner is None else owner) for key, _ in items)
             self.cond.notify()
 
     def ready_keys(self) -> frozenset[Hashable]:
@@ -82,6 +99,7 @@ class EncodeAhead(Generic[SentenceT, EncodedT]):
                     taken[key] = encoded
                 self.pending.pop(key, None)
                 self.model_of.pop(key, None)
+                self.owner_of.pop(key, None)
                 self.in_flight.discard(key)  # its result, when it comes, is not stored
             self.cond.notify()  # room for more
         return taken
@@ -122,18 +140,15 @@ class EncodeAhead(Generic[SentenceT, EncodedT]):
                         self.ready[key] = enc
 
     def next_batch(self) -> tuple[Hashable, list[tuple[Hashable, SentenceT]]] | None:
-        """Wait for pending sentences of a model with room to keep their encodings; returns that
-        model and its oldest pending sentences; None when stopping."""
+        """Wait for pending sentences of a model to encode (`encodable`); returns that model and
+        those sentences; None when stopping."""
         with self.cond:
             while not self.stopping and not (models := self.next_models()):
                 self.cond.wait()
             if self.stopping:
                 return None
             model = models[0]
-            room = self.max_ready - self.held(model)
-            keys = [k for k, (m, _) in self.pending.items() if m == model][
-                : min(self.max_batch, room)
-            ]
+            keys = self.encodable(model)
             batch = [(key, self.pending.pop(key)[1]) for key in keys]
             self.in_flight.update(keys)
             self.model_of.update((key, model) for key in keys)
@@ -141,12 +156,35 @@ class EncodeAhead(Generic[SentenceT, EncodedT]):
             return model, batch
 
     def next_models(self) -> list[Hashable]:
-        """The models to encode, first the next: those with pending sentences and room, in order of
-        their oldest pending sentence, the one encoded last going after the others."""
-        models = [m for m in dict.fromkeys(m for m, _ in self.pending.values()) if self.has_room(m)]
+        """The models to encode, first the next: those with sentences to encode (`encodable`), in
+        order of their oldest pending sentence, the one encoded last going after the others."""
+        models = [
+            m for m in dict.fromkeys(m for m, _ in self.pending.values()) if self.encodable(m)
+        ]
         if len(models) > 1 and models[0] == self.last_model:
             models.append(models.pop(0))
         return models
+
+    def encodable(self, model: Hashable) -> list[Hashable]:
+        """The model's pending sentences to encode next (at most max_batch): in turns between
+        their owners (an owner's turn: its encodings held here, then its sentences ahead in the
+        queue; arrival order within a turn), within the model's room, and beyond it, while an
+        owner holds several, a sentence whose owner holds none."""
+        held = Counter(self.owner_of.get(k) for k, m in self.model_of.items() if m == model)
+        seen: Counter[Hashable] = Counter()
+        turns: list[tuple[int, int, Hashable]] = []
+        for key, (m, _) in self.pending.items():
+            if m == model:
+                owner = self.owner_of.get(key, key)
+                turns.append((held[owner] + seen[owner], len(turns), key))
+                seen[owner] += 1
+        turns.sort()
+        room = self.max_ready - self.held(model)
+        hoarded = any(n > 1 for n in held.values())  # one owner's several fill the room
+        chosen = [
+            key for n, (turn, _, key) in enumerate(turns) if n < room or (hoarded and turn == 0)
+        ]
+        return chosen[: self.max_batch]
 
     def held(self, model: Hashable) -> int:
         """The encodings of `model` kept or being made here."""

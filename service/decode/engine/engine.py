@@ -117,7 +117,9 @@ class Engine(TextSide):
             raise InvalidInput("no texts to translate")
         self.check_options(options, alignment, len(texts))
         prepared = [
-            self.with_terms(self.prepare(t), options.for_text(i), f"texts[{i}]")
+            self.with_terms(
+                self.prepare(t, options.target_language), options.for_text(i), f"texts[{i}]"
+            )
             for i, t in enumerate(texts)
         ]
         return self.decode_prepared(prepared, options, alignment, encode)

@@ -27,6 +27,7 @@ from service.decode.text.results import Results
 from service.decode.text.sides import PairReader, pair_ids
 from service.decode.text.terms import Terms
 from service.decode.text.translation import ALIGNMENT_MODES, AlignmentMode, Translation
+from service.model import languages
 from service.model import memory as mem
 from service.model.bundle import MANIFEST, Bundle, BundleError, load_bundle
 from service.model.embedded import resolve_bundle
@@ -142,9 +143,32 @@ class TextSide:
     def supports_alignment(self) -> bool:
         return self.cfg.attention != "none"
 
-    def prepare(self, text: str) -> Prepared:
-        """Tokenize one source text (Preparer.prepare); empty or over-long input is InvalidInput."""
-        return self.preparer.prepare(text)
+    @property
+    def source_language(self) -> str:
+        """The manifest's info.source_language (an ISO 639 code; "" unknown): it picks the
+        sentence splitter (service/model/sentences.py)."""
+        return str(self.bundle.info.get("source_language", ""))
+
+    @property
+    def target_language(self) -> str:
+        """The manifest's info.target_language ("" unknown): Align cuts a target with it."""
+        return str(self.bundle.info.get("target_language", ""))
+
+    def prepare(self, text: str, target_language: str = "") -> Prepared:
+        """Tokenize one source text (Preparer.prepare); empty or over-long input is InvalidInput.
+        target_language: a multilingual model's (SearchOptions.target_language), its >>xxx<< token
+        read first as if the text began with it; "" for the text's own token, or none."""
+        return self.preparer.prepare(text, target_language)
+
+    @property
+    def target_languages(self) -> tuple[str, ...]:
+        """A multilingual model's target languages (its >>xxx<< tokens' names); () for one."""
+        return self.bundle.target_languages
+
+    def leading_language(self, text: str) -> str:
+        """The target language whose token a text begins with ("" none): what a text cut into
+        sentences asks of all of them."""
+        return self.preparer.leading_language(text)
 
     def normalize(self, text: str) -> str:
         """The text as this model reads it (Preparer.normalize)."""
@@ -180,6 +204,10 @@ class TextSide:
         model can give; InvalidInput says what to change. texts: how many texts the options are for
         (target_prefix gives one prefix per text, or none)."""
         problems = options.problems(self.limits)
+        language = languages.language_problem(
+            options.target_language, self.bundle.target_languages, self.bundle.name
+        )
+        problems += [language] if language else []
         if problems:
             raise InvalidInput("; ".join(problems))
         if texts is not None and options.target_prefix and len(options.target_prefix) != texts:

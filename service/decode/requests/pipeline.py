@@ -11,13 +11,13 @@ recall.py (the memory), the text side (preparation, controls, answers from raw r
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from service.decode.align.forced import AlignedPair
 from service.decode.engine.text_side import TextSide
-from service.decode.requests import marked, recall
+from service.decode.requests import documents, marked, recall
 from service.decode.shared.errors import InvalidInput
 from service.decode.shared.options import SearchOptions
 from service.decode.text.preparation import Prepared
@@ -63,27 +63,44 @@ class Decoded:
     heads_next: bool  # the link head reads the texts with markup next (their rows kept)
 
 
-def no_check(prepared: list[Prepared]) -> None:
-    """`Pipeline.decode`'s default check of the prepared texts: none."""
+def no_check(prepared: list[list[Prepared]]) -> None:
+    """`Pipeline.decode`'s default check of the prepared texts (each text's sentences): none."""
+
+
+def text_at(i: int) -> str:
+    """How an error names the i-th text."""
+    return f"texts[{i}]"
 
 
 class Pipeline:
     """One request's path over a model's text side and a `Decoding` (the module docstring)."""
 
-    def __init__(self, side: TextSide, decoding: Decoding) -> None:
+    def __init__(
+        self, side: TextSide, decoding: Decoding, max_sentences: int | None = None
+    ) -> None:
+        """max_sentences: the most sentences of a request, its texts cut (None: no limit)."""
         self.side = side
         self.decoding = decoding
+        self.max_sentences = max_sentences
 
-    def prepare(self, texts: Sequence[str], options: SearchOptions) -> list[Prepared]:
+    def prepare(
+        self,
+        texts: Sequence[str],
+        options: SearchOptions,
+        where: Callable[[int], str] = text_at,
+        languages: Sequence[str] | None = None,
+    ) -> list[Prepared]:
         """Each text prepared with its glossary terms (computed once: the memory's plan and the
-        controls read them), errors naming the text."""
+        controls read them), errors naming the text (`where`); languages: each text's target
+        language (None: the options')."""
         prepared = []
         for i, text in enumerate(texts):
+            language = options.target_language if languages is None else languages[i]
             try:
-                sentence = self.side.prepare(text)
+                sentence = self.side.prepare(text, language)
             except InvalidInput as err:
-                raise InvalidInput(f"texts[{i}]: {err}") from err
-            prepared.append(self.side.with_terms(sentence, options.for_text(i), f"texts[{i}]"))
+                raise InvalidInput(f"{where(i)}: {err}") from err
+            prepared.append(self.side.with_terms(sentence, options.for_text(i), where(i)))
         return prepared
 
     async def decode(
@@ -91,20 +108,39 @@ class Pipeline:
         texts: Sequence[str],
         options: SearchOptions,
         alignment: AlignmentMode,
-        check: Callable[[list[Prepared]], None] = no_check,
+        check: Callable[[list[list[Prepared]]], None] = no_check,
     ) -> Decoded:
-        """The texts' options checked by the caller: markup out, prepared (`check` sees them
-        before any decode: a server's response bound), decoded with the memory first."""
+        """The texts' options checked by the caller: markup out, cut into sentences where options
+        ask (documents.py), prepared (`check` sees each text's before any decode: a server's
+        response bound), decoded with the memory first, each text's sentences joined."""
         marks = marked.read_texts(texts, options)  # the model reads the plain text
-        plain = [m.plain for m in marks]
-        prepared = self.prepare(plain, options)
-        check(prepared)
+        the_cut = self.cut([m.plain for m in marks], options)
+        each = documents.sentence_options(options, the_cut)
+        prepared = self.prepare(
+            the_cut.sentences, each, the_cut.where, self.languages(the_cut, options)
+        )
+        check([[prepared[j] for j in the_cut.sentences_of(i)] for i in range(len(texts))])
         # the link head reads each text with markup next: the decode keeps its encoder rows for
         # it (service/decode/engine/kept_rows.py) and it reads them instead of encoding again
         heads_next = self.side.link_head is not None and any(m.nodes for m in marks)
         mode = marked.decode_alignment(self.side, options, alignment)
-        results = await self.with_memory(plain, prepared, options, mode, heads_next)
-        return Decoded(marks, results, options, heads_next)
+        results = await self.with_memory(the_cut.sentences, prepared, each, mode, heads_next)
+        return Decoded(marks, documents.join(the_cut, results), options, heads_next)
+
+    def languages(self, the_cut: documents.Cut, options: SearchOptions) -> list[str] | None:
+        """Each sentence's target language where texts were cut: the options', else the one whose
+        token its text begins with (a multilingual model's `>>spa<<` asks it of every sentence)."""
+        if not the_cut.split or options.target_language:
+            return None
+        firsts = [self.side.leading_language(text) for text in the_cut.texts]
+        return [firsts[owner] for owner in the_cut.owners]
+
+    def cut(self, texts: Sequence[str], options: SearchOptions) -> documents.Cut:
+        """The texts cut into sentences as options say (documents.py), the model's source
+        language choosing the splitter."""
+        return documents.cut(
+            texts, options.split_sentences, self.side.source_language, self.max_sentences
+        )
 
     async def with_memory(
         self,
@@ -148,15 +184,77 @@ class Pipeline:
             marked.restore, self.side, decoded.marks, decoded.translations, alignment, weights
         )
 
+    async def stream(
+        self,
+        texts: Sequence[str],
+        options: SearchOptions,
+        alignment: AlignmentMode,
+        check: Callable[[list[list[Prepared]]], None] = no_check,
+    ) -> AsyncIterator[SentenceDone | list[Translation]]:
+        """`translate`, each sentence sent the moment it and those before it are final, then the
+        translations (`translate`'s answer). Each sentence decodes as a job of its own, all in the
+        running batch at once; closing the stream cancels those not done (their rows freed)."""
+        marks = marked.read_texts(texts, options)
+        the_cut = self.cut([m.plain for m in marks], options)
+        each = documents.sentence_options(options, the_cut)
+        prepared = self.prepare(
+            the_cut.sentences, each, the_cut.where, self.languages(the_cut, options)
+        )
+        check([[prepared[j] for j in the_cut.sentences_of(i)] for i in range(len(texts))])
+        heads_next = self.side.link_head is not None and any(m.nodes for m in marks)
+        mode = marked.decode_alignment(self.side, options, alignment)
+        sentences = the_cut.sentences
+        pending = [
+            asyncio.ensure_future(
+                self.with_memory(
+                    [sentences[j]], [prepared[j]], each.for_texts([j]), mode, heads_next
+                )
+            )
+            for j in range(len(sentences))
+        ]
+        try:
+            results = []
+            for j, task in enumerate(pending):
+                results.extend(await task)
+                yield sentence_done(the_cut, j, results[-1])
+            decoded = Decoded(marks, documents.join(the_cut, results), options, heads_next)
+            yield await self.finish(decoded, alignment)
+        finally:
+            for task in pending:
+                task.cancel()
+
     async def translate(
         self,
         texts: Sequence[str],
         options: SearchOptions,
         alignment: AlignmentMode,
-        check: Callable[[list[Prepared]], None] = no_check,
+        check: Callable[[list[list[Prepared]]], None] = no_check,
     ) -> list[Translation]:
         """`decode`, then `finish`."""
         return await self.finish(await self.decode(texts, options, alignment, check), alignment)
+
+
+@dataclass(frozen=True)
+class SentenceDone:
+    """`Pipeline.stream`'s event: a sentence of text `text` final (its markup not yet put back)."""
+
+    text: int
+    index: int  # its index among its text's sentences
+    span: tuple[int, int]  # where it lies in the text the model read (its markup taken out)
+    separator: str  # the source's whitespace before it
+    translation: Translation
+
+
+def sentence_done(the_cut: documents.Cut, j: int, translation: Translation) -> SentenceDone:
+    """Sentence j of the cut, decoded, as the stream sends it."""
+    text = the_cut.owners[j]
+    index = j - the_cut.first_sentence(text)
+    spans = the_cut.spans[text]
+    if spans is None:  # a text decoded whole
+        return SentenceDone(text, 0, (0, len(the_cut.texts[text])), "", translation)
+    start = spans[index][0]
+    before = spans[index - 1][1] if index else 0
+    return SentenceDone(text, index, spans[index], the_cut.texts[text][before:start], translation)
 
 
 async def together(*jobs: tuple[bool, Callable[[], Awaitable[list[Any]]]]) -> list[list[Any]]:

@@ -22,6 +22,7 @@ from service.decode.shared.rules import normalized_score
 from service.decode.text.preparation import Prepared
 from service.decode.text.sides import PreparedPair
 from service.decode.text.translation import AlignmentMode, Translation, TranslationHypothesis
+from service.model import languages
 
 FORCED = AlignOptions(links="argmax", matrices="both")  # the pass behind a memory's answer
 
@@ -34,6 +35,15 @@ def consulted(engine: TextSide, options: SearchOptions) -> bool:
         and not options.return_alternatives
         and not options.glossary
     )
+
+
+def keyed(text: str, language: str) -> str:
+    """A source as a multilingual model's memory holds it: its target language's >>xxx<< token
+    first (service/model/languages.py), so each language has its own entries; as is where the
+    text already begins with it, or no language is asked for."""
+    if not language or languages.leading(text) is not None:
+        return text
+    return f"{languages.token(language)} {text}"
 
 
 def remembered(engine: TextSide, text: str, keep: int) -> list[tuple[str, PreparedPair]]:
@@ -134,7 +144,7 @@ def plan(
     for i, text in enumerate(texts):
         # a text the standing glossary has terms for is the model's: it keeps them
         targets = (
-            remembered(engine, text, keep)
+            remembered(engine, keyed(text, prepared[i].language), keep)
             if use
             and not any(
                 prepared[i].constraints or engine.terms.part_constraints(prepared[i], options)
@@ -144,7 +154,11 @@ def plan(
         out.forced += [Forced(i, -1, t, p) for t, p in targets]
         if len(targets) < keep:
             parts = prepared[i].segments
-            found = [remembered(engine, seg.text, keep) for seg in parts] if use and parts else []
+            found = (
+                [remembered(engine, keyed(seg.text, seg.language), keep) for seg in parts]
+                if use and parts
+                else []
+            )
             if not targets and any(found):
                 out.segmented.add(i)
                 for k, seg_targets in enumerate(found):

@@ -222,3 +222,49 @@ class Alignment:
     # rows the target vocabulary cannot spell (read as its unknown token), by index into
     # target_tokens: a memory's target served as written (service/decode/requests/recall.py)
     unknown_target_tokens: tuple[int, ...] = ()
+
+
+def offset_indices(indices: Sequence[Sequence[int]], sizes: Sequence[int]) -> tuple[int, ...]:
+    """Each part's indices (into its own tokens) as indices into the parts' tokens one after
+    another; sizes: each part's token count."""
+    out: list[int] = []
+    offset = 0
+    for found, size in zip(indices, sizes, strict=True):
+        out.extend(i + offset for i in found)
+        offset += size
+    return tuple(out)
+
+
+def offset_pharaoh(parts: Sequence[tuple[str, int, int]]) -> str:
+    """Pharaoh strings of parts (each with its source and target token counts) as one over the
+    parts' tokens one after another."""
+    links, sources, targets = [], 0, 0
+    for text, n_source, n_target in parts:
+        for link in text.split():
+            s, t = link.split("-")
+            links.append(f"{int(s) + sources}-{int(t) + targets}")
+        sources, targets = sources + n_source, targets + n_target
+    return " ".join(links)
+
+
+def block_join(parts: Sequence[Alignment]) -> Alignment:
+    """Parts' alignments (a document's sentences') as one: each matrix on the diagonal (links only
+    within a part), the tokens one after another, the hard links recomputed."""
+    rows = sum(a.matrix.shape[0] for a in parts)
+    cols = sum(a.matrix.shape[1] for a in parts)
+    dtype = parts[0].matrix.dtype if parts else np.float32
+    matrix = np.zeros((rows, cols), dtype=dtype)  # (T, S)
+    r = c = 0
+    for a in parts:
+        t, s = a.matrix.shape
+        matrix[r : r + t, c : c + s] = a.matrix
+        r, c = r + t, c + s
+    return Alignment(
+        matrix=matrix,
+        source_tokens=[t for a in parts for t in a.source_tokens],
+        target_tokens=[t for a in parts for t in a.target_tokens],
+        pharaoh=pharaoh(matrix),
+        unknown_target_tokens=offset_indices(
+            [a.unknown_target_tokens for a in parts], [len(a.target_tokens) for a in parts]
+        ),
+    )

@@ -100,7 +100,11 @@ STOPPING_RULES: tuple[str, ...] = ("exact", "first", "patience", "narrowing", "h
 PENALTY_RULES: tuple[str, ...] = ("first", "patience")
 PENALTIES: tuple[str, ...] = ("length_penalty", "coverage_penalty")
 MAX_OPTION_TEXT_CHARS = 1000  # the longest target_prefix or suppress entry
-SPLIT_MODES: tuple[str, ...] = ("off", "on", "nonewlines")  # DeepL's split_sentences 0, 1, nonewlines
+SPLIT_MODES: tuple[str, ...] = (
+    "off",
+    "on",
+    "nonewlines",
+)  # DeepL's split_sentences 0, 1, nonewlines
 MAX_LANGUAGE_CHARS = 32  # the longest target_language name
 
 

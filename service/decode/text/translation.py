@@ -48,6 +48,12 @@ class TranslationHypothesis:
     # each token's text as `text` writes it, where the tokenizer's own would not (a memory's
     # target as written: a letter the vocabulary cannot spell is no " ⁇ "); () for the tokenizer's
     surfaces: tuple[str, ...] = ()
+    # a text cut into sentences (service/decode/requests/documents.py): each sentence's place in
+    # `plain_text` where that is set, else in `text`, its score and confidence; () for a text
+    # decoded whole
+    sentence_spans: tuple[tuple[int, int], ...] = ()
+    sentence_scores: tuple[float, ...] = ()
+    sentence_confidences: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,8 @@ class Translation:
     hypotheses: list[TranslationHypothesis]  # best first
     # the glossary terms that apply to the text and what became of each (Engine.glossary_report)
     glossary: tuple[gl.TermUse, ...] = ()
+    # a text cut into sentences: each sentence's place in `source`; () for a text decoded whole
+    sentence_spans: tuple[tuple[int, int], ...] = ()
 
 
 def make_alignment(
