@@ -157,8 +157,26 @@ def test_a_tag_across_two_sentences_is_put_back(transformer: Engine) -> None:
     assert "\n" in hyp.text  # the line break between the sentences kept
 
 
-def test_glossary_and_memory_apply_per_sentence(transformer: Engine) -> None:
-    """A glossary term in the second sentence is kept there; the memory answers a sentence it knows."""
+def test_the_memory_answers_the_sentence_it_knows(tmp_path: Path) -> None:
+    """Looked up per sentence: the memory's entry answers its sentence inside a document, the
+    model the others; the document's hypothesis is "mixed"."""
+    engine = load(TRANSFORMER, "device")
+    memory = tmp_path / "memory.tsv"
+    memory.write_text(f"{SENTENCES[1]}\tHe was with God in the beginning.\n", encoding="utf-8")
+    engine.user_memory = engine.read_memory(memory)
+    [doc] = in_process.translate(
+        engine, [f"{SENTENCES[3]} {SENTENCES[1]}"], options(engine, split_sentences="on"), "none"
+    )
+    [alone] = in_process.translate(engine, [SENTENCES[3]], options(engine), "none")
+    hyp = doc.hypotheses[0]
+    first, second = (hyp.text[a:b] for a, b in hyp.sentence_spans)
+    assert second == "He was with God in the beginning."
+    assert first == alone.hypotheses[0].text and alone.hypotheses[0].origin == "model"
+    assert hyp.origin == "mixed"
+
+
+def test_a_glossary_term_is_kept_in_its_sentence(transformer: Engine) -> None:
+    """A glossary term in the second sentence is kept there, not in the first."""
     on = options(transformer, split_sentences="on", glossary=(("θεόν", "GOD"),))
     [doc] = in_process.translate(transformer, [f"{SENTENCES[3]} {SENTENCES[1]}"], on, "none")
     hyp = doc.hypotheses[0]

@@ -69,7 +69,7 @@ def served(trained: Trained, beam: int, search: str = "host") -> list[Translatio
     """The bundle as served with its decoding defaults (marian-decoder's rules), the whole beam's
     n-best list, subword alignments, in batches of 32."""
     engine = Engine.load(trained.bundle, RuntimeConfig(intra_op_threads=1, search=search))
-    assert engine.decoding_defaults == marian.DECODING
+    assert engine.decoding_defaults == {**marian.DECODING, "split_sentences": "on"}
     options = SearchOptions(beam_size=beam, n_best=beam, **engine.decoding_defaults)
     out: list[Translation] = []
     for i in range(0, len(trained.lines), 32):
@@ -226,7 +226,12 @@ def test_opus_mt_layout_serves_raw_text_as_marian_decodes_segmented_text(opus: O
     segmenters beside it cut the raw text; each served n-best list is marian-decoder's on the
     segmented text (its pieces joined by target.spm), scores within its printed precision."""
     engine = Engine.load(opus.bundle, RuntimeConfig(intra_op_threads=1))
-    assert engine.decoding_defaults == {**marian.DECODING, "beam_size": 4, "normalize": 0.6}
+    assert engine.decoding_defaults == {
+        **marian.DECODING,
+        "beam_size": 4,
+        "normalize": 0.6,
+        "split_sentences": "on",
+    }
     manifest = json.loads((opus.bundle / "manifest.json").read_text())
     assert manifest["info"]["segmenters"] == ["source.spm", "target.spm"]
     options = SearchOptions(**{**engine.decoding_defaults, "n_best": 4})
