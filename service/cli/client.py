@@ -101,6 +101,28 @@ def channel_options(max_message_bytes: int, round_robin: bool) -> list[tuple[str
     return options
 
 
+def translate_request(
+    texts: Sequence[str],
+    alignment: str,
+    request_id: str,
+    model: str,
+    version: str,
+    options: dict[str, Any],
+) -> pb.TranslateRequest:
+    """Translate's (and TranslateStream's) request; one target_prefix (a string, or a list of
+    one) is every text's start."""
+    prefix = options.get("target_prefix")
+    if isinstance(prefix, str) or (prefix is not None and len(prefix) == 1 < len(texts)):
+        single = prefix if isinstance(prefix, str) else prefix[0]
+        options = {**options, "target_prefix": [single] * len(texts)}
+    return pb.TranslateRequest(
+        texts=list(texts),
+        options=decoding_options_to_pb(alignment, **options),
+        request_id=request_id,
+        model=pb.ModelSpec(name=model, version=version),
+    )
+
+
 class TranslatorClient:
     """A channel to one Translator service. Every call raises grpc.RpcError on failure."""
 
@@ -146,16 +168,7 @@ class TranslatorClient:
         RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, NOT_FOUND for a model not served), TypeError for
         an unknown option name. model (and version) pick a served model; empty: the default.
         """
-        prefix = options.get("target_prefix")
-        if isinstance(prefix, str) or (prefix is not None and len(prefix) == 1 < len(texts)):
-            single = prefix if isinstance(prefix, str) else prefix[0]
-            options["target_prefix"] = [single] * len(texts)  # the same start for every text
-        request = pb.TranslateRequest(
-            texts=list(texts),
-            options=decoding_options_to_pb(alignment, **options),
-            request_id=request_id,
-            model=pb.ModelSpec(name=model, version=version),
-        )
+        request = translate_request(texts, alignment, request_id, model, version, options)
         response = self._stub.Translate(
             request, timeout=self.timeout if timeout is None else timeout
         )
@@ -181,12 +194,7 @@ class TranslatorClient:
         """TranslateStream's messages as they come: each sentence final (`.sentence`, a
         SentenceChunk), then the whole answer (`.response`, Translate's). Arguments as
         `translate`'s; closing the iterator (or leaving its loop) cancels the call."""
-        request = pb.TranslateRequest(
-            texts=list(texts),
-            options=decoding_options_to_pb(alignment, **options),
-            request_id=request_id,
-            model=pb.ModelSpec(name=model, version=version),
-        )
+        request = translate_request(texts, alignment, request_id, model, version, options)
         call = self._stub.TranslateStream(
             request, timeout=self.timeout if timeout is None else timeout
         )

@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
@@ -79,6 +80,23 @@ class Handlers:
         return 0.0 if self.active else time.monotonic() - self.last_ended
 
 
+def request_id_of(request: pb.TranslateRequest | pb.AlignRequest | MalformedRequest) -> str:
+    """The request's id, one made where it has none; an over-long one cut for the log (the
+    request is refused by parse_request)."""
+    request_id = request.request_id or uuid.uuid4().hex[:16]
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
+    return request_id
+
+
+@dataclass
+class Answering:
+    """A decoding RPC in `TranslatorServicer.answering`: its id, and the model version it holds."""
+
+    request_id: str
+    model: ModelVersion | None = None
+
+
 class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
     """Registered before the server starts; answers UNAVAILABLE until `attach` gives it the model.
 
@@ -104,35 +122,12 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
     ) -> AsyncIterator[pb.TranslateStreamResponse]:
         """Translate, streamed (translator.py's translate_stream): counted, logged and its errors
         mapped as Translate's; a client that cancels cancels the sentences not yet decoded."""
-        request_id = request.request_id or uuid.uuid4().hex[:16]
-        if len(request_id) > MAX_REQUEST_ID_CHARS:
-            request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
-        method, texts = "TranslateStream", len(request.texts)
-        started = time.perf_counter()
-        code, message = grpc.StatusCode.OK, ""
-        error: Exception | None = None
-        model: ModelVersion | None = None
-        with self.handlers.track(), self.metrics.track_in_flight(method):
-            try:
-                model = self.acquire(request)
-                stream = self.translate_stream(request, request_id, context.time_remaining(), model)
-                async for message_out in stream:
-                    yield message_out
-            except asyncio.CancelledError:
-                code = cancel_code(context.time_remaining())
-                self.finish(method, request_id, code, started, texts, model=model)
-                raise
-            except Exception as err:
-                error = err
-                code, message = status_for(err)
-                if code == grpc.StatusCode.INTERNAL:
-                    log.error("request failed", exc_info=err, extra={"request_id": request_id})
-            finally:
-                if model is not None:
-                    self.repository.release(model)
-        self.finish(method, request_id, code, started, texts, message, error, model=model)
-        if code != grpc.StatusCode.OK:
-            await context.abort(code, message)
+        async with self.answering("TranslateStream", request, context, len(request.texts)) as rpc:
+            rpc.model = self.acquire(request)
+            remaining = context.time_remaining()
+            messages = self.translate_stream(request, rpc.request_id, remaining, rpc.model)
+            async for message in messages:
+                yield message
 
     @traced("Align")
     async def Align(
@@ -154,35 +149,48 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
     ) -> ResponseT:
         """A decoding RPC: its model version held until answered, `call(request_id, model)`, and
         its status code, log line and metrics (`texts`: the texts or pairs it holds)."""
-        request_id = request.request_id or uuid.uuid4().hex[:16]
-        if len(request_id) > MAX_REQUEST_ID_CHARS:  # refused by parse_request: not logged whole
-            request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
+        response = None
+        async with self.answering(method, request, context, texts) as rpc:
+            # held until answered: a reload does not unload it meanwhile
+            rpc.model = self.acquire(request)
+            response = await call(rpc.request_id, rpc.model)
+        assert response is not None
+        return response
+
+    @contextlib.asynccontextmanager
+    async def answering(
+        self,
+        method: str,
+        request: pb.TranslateRequest | pb.AlignRequest | MalformedRequest,
+        context: grpc.aio.ServicerContext,
+        texts: int,
+    ) -> AsyncIterator[Answering]:
+        """The bookkeeping of a decoding RPC around its work (the `async with` body, which sets
+        `model` once it holds one): counted in flight, the model released, the status code from
+        the error (the body's exception is answered, not raised), logged and in the metrics, and
+        the call aborted with that code unless OK. A cancellation is counted and raised on."""
+        rpc = Answering(request_id_of(request))
         started = time.perf_counter()
-        code, message, response = grpc.StatusCode.OK, "", None
+        code, message = grpc.StatusCode.OK, ""
         error: Exception | None = None
-        model: ModelVersion | None = None
         with self.handlers.track(), self.metrics.track_in_flight(method):
             try:
-                # held until answered: a reload does not unload it meanwhile
-                model = self.acquire(request)
-                response = await call(request_id, model)
+                yield rpc
             except asyncio.CancelledError:  # the client cancelled or a deadline passed
                 code = cancel_code(context.time_remaining())
-                self.finish(method, request_id, code, started, texts, model=model)
+                self.finish(method, rpc.request_id, code, started, texts, model=rpc.model)
                 raise
             except Exception as err:
                 error = err
                 code, message = status_for(err)
                 if code == grpc.StatusCode.INTERNAL:
-                    log.error("request failed", exc_info=err, extra={"request_id": request_id})
+                    log.error("request failed", exc_info=err, extra={"request_id": rpc.request_id})
             finally:
-                if model is not None:
-                    self.repository.release(model)
-        self.finish(method, request_id, code, started, texts, message, error, model=model)
+                if rpc.model is not None:
+                    self.repository.release(rpc.model)
+        self.finish(method, rpc.request_id, code, started, texts, message, error, model=rpc.model)
         if code != grpc.StatusCode.OK:
             await context.abort(code, message)
-        assert response is not None
-        return response
 
     async def translate(
         self,

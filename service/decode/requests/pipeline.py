@@ -63,6 +63,18 @@ class Decoded:
     heads_next: bool  # the link head reads the texts with markup next (their rows kept)
 
 
+@dataclass(frozen=True)
+class Read:
+    """A request's texts read for decoding (`Pipeline.read`)."""
+
+    marks: list[Marked]  # each text's markup
+    cut: documents.Cut  # the plain texts cut into sentences (or whole)
+    each: SearchOptions  # the sentences' options (documents.sentence_options)
+    prepared: list[Prepared]  # each sentence prepared, with its glossary terms
+    heads_next: bool  # the link head reads the texts with markup next (their rows kept)
+    mode: AlignmentMode  # the alignment the decode returns (markup may need one)
+
+
 def no_check(prepared: list[list[Prepared]]) -> None:
     """`Pipeline.decode`'s default check of the prepared texts (each text's sentences): none."""
 
@@ -113,6 +125,21 @@ class Pipeline:
         """The texts' options checked by the caller: markup out, cut into sentences where options
         ask (documents.py), prepared (`check` sees each text's before any decode: a server's
         response bound), decoded with the memory first, each text's sentences joined."""
+        read = self.read(texts, options, alignment, check)
+        results = await self.with_memory(
+            read.cut.sentences, read.prepared, read.each, read.mode, read.heads_next
+        )
+        return Decoded(read.marks, documents.join(read.cut, results), options, read.heads_next)
+
+    def read(
+        self,
+        texts: Sequence[str],
+        options: SearchOptions,
+        alignment: AlignmentMode,
+        check: Callable[[list[list[Prepared]]], None],
+    ) -> Read:
+        """What `decode` and `stream` decode: markup out, cut into sentences, each prepared, and
+        `check` run on each text's sentences."""
         marks = marked.read_texts(texts, options)  # the model reads the plain text
         the_cut = self.cut([m.plain for m in marks], options)
         each = documents.sentence_options(options, the_cut)
@@ -124,8 +151,7 @@ class Pipeline:
         # it (service/decode/engine/kept_rows.py) and it reads them instead of encoding again
         heads_next = self.side.link_head is not None and any(m.nodes for m in marks)
         mode = marked.decode_alignment(self.side, options, alignment)
-        results = await self.with_memory(the_cut.sentences, prepared, each, mode, heads_next)
-        return Decoded(marks, documents.join(the_cut, results), options, heads_next)
+        return Read(marks, the_cut, each, prepared, heads_next, mode)
 
     def languages(self, the_cut: documents.Cut, options: SearchOptions) -> list[str] | None:
         """Each sentence's target language where texts were cut: the options', else the one whose
@@ -194,30 +220,24 @@ class Pipeline:
         """`translate`, each sentence sent the moment it and those before it are final, then the
         translations (`translate`'s answer). Each sentence decodes as a job of its own, all in the
         running batch at once; closing the stream cancels those not done (their rows freed)."""
-        marks = marked.read_texts(texts, options)
-        the_cut = self.cut([m.plain for m in marks], options)
-        each = documents.sentence_options(options, the_cut)
-        prepared = self.prepare(
-            the_cut.sentences, each, the_cut.where, self.languages(the_cut, options)
-        )
-        check([[prepared[j] for j in the_cut.sentences_of(i)] for i in range(len(texts))])
-        heads_next = self.side.link_head is not None and any(m.nodes for m in marks)
-        mode = marked.decode_alignment(self.side, options, alignment)
-        sentences = the_cut.sentences
+        read = self.read(texts, options, alignment, check)
+        sentences, prepared = read.cut.sentences, read.prepared
         pending = [
             asyncio.ensure_future(
                 self.with_memory(
-                    [sentences[j]], [prepared[j]], each.for_texts([j]), mode, heads_next
+                    [sentences[j]], [prepared[j]], read.each.for_texts([j]), read.mode,
+                    read.heads_next,
                 )
             )
             for j in range(len(sentences))
-        ]
+        ]  # fmt: skip
         try:
             results = []
             for j, task in enumerate(pending):
                 results.extend(await task)
-                yield sentence_done(the_cut, j, results[-1])
-            decoded = Decoded(marks, documents.join(the_cut, results), options, heads_next)
+                yield sentence_done(read.cut, j, results[-1])
+            joined = documents.join(read.cut, results)
+            decoded = Decoded(read.marks, joined, options, read.heads_next)
             yield await self.finish(decoded, alignment)
         finally:
             for task in pending:
