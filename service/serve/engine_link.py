@@ -436,7 +436,8 @@ class EngineLink:
     def down(self, engine: EngineState, why: str) -> None:
         was_up = engine.up
         engine.up = False
-        failed = len(engine.peer.taken & engine.peer.open.keys())  # the others are sent again
+        failed = len(engine.peer.taken & engine.peer.open.keys())
+        sent_again = len(engine.peer.open) - failed if self.accepting else 0  # never taken
         engine.peer.fail_all(
             EngineUnavailable(
                 f"the engine process decoding this request stopped ({why}); it is being "
@@ -445,7 +446,12 @@ class EngineLink:
         )
         log.warning(
             "engine down",
-            extra={"engine": engine.index, "why": why, "requests_failed": failed},
+            extra={
+                "engine": engine.index,
+                "why": why,
+                "requests_failed": failed,
+                "requests_sent_again": sent_again,
+            },
         )
         if was_up:
             self.on_change()
