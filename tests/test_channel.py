@@ -31,12 +31,13 @@ def test_translate_work_crosses_as_token_ids_options_and_controls() -> None:
         (Controls(min_length=2), Controls()),
     ]
     message = (ch.JOB, 7, ch.TRANSLATE, "m", "1", 12.5, {"traceparent": "t"}, "rid",
-               ch.translate_work([whole, segmented], options, "word", controls, True))  # fmt: skip
+               ch.translate_work([whole, segmented], options, "word", controls, True, True))  # fmt: skip
     got = ch.unpack(ch.pack(message))
     assert got[:8] == [ch.JOB, 7, ch.TRANSLATE, "m", "1", 12.5, {"traceparent": "t"}, "rid"]
-    sentences, search, alignment, read_controls, keep_rows = ch.read_translate(got[8])
+    sentences, search, alignment, read_controls, keep_rows, progress = ch.read_translate(got[8])
     assert search == options and hash(search) == hash(options)  # tuples again: hashable
-    assert alignment == "word" and read_controls == controls and keep_rows
+    assert alignment == "word" and read_controls == controls and keep_rows and progress
+    assert not ch.read_translate(ch.translate_work([whole], options, "word", controls[:1])).progress
     assert sentences[0].ids == [5, 6, 7] and not sentences[0].segments
     assert [p.ids for p in sentences[1].parts] == [[8, 9], [10, 11]]
     assert sentences[1].ids == [8, 9, 10, 11]  # what the engine needs: ids, no text
@@ -73,8 +74,9 @@ def test_align_work_keeps_what_the_link_head_reads() -> None:
 
 
 def test_a_peer_and_an_endpoint_over_inproc() -> None:
-    """A front's Peer gets the answer of its request, the heartbeats and the versions; a request
-    the engine refuses raises its error on the front."""
+    """A front's Peer gets the answer of its request (and, before it, a streamed job's settled
+    prefix), the heartbeats and the versions; a request the engine refuses raises its error on
+    the front."""
     received: list[Any] = []
 
     def handle(peer: bytes, message: Any) -> None:
@@ -82,6 +84,9 @@ def test_a_peer_and_an_endpoint_over_inproc() -> None:
         if message[0] == ch.HELLO:
             endpoint.send(peer, (ch.VERSIONS, 1, "engine", (("m", "1", "/m", ("CPU",), 0),)))
         elif message[0] == ch.JOB:
+            if message[3] == "ok":  # a settled prefix first (a streamed job's), then the answer
+                settled = Hypothesis([5, 6], -0.5, -0.5, None, False, np.array([-0.25, -0.25]))
+                endpoint.send(peer, (ch.PROGRESS, message[1], 3, ch.hypothesis_out(settled)))
             reply = (ch.DONE, message[1], "raw") if message[3] == "ok" else (
                 ch.FAILED, message[1], "QueueFull", "the queue is full")  # fmt: skip
             endpoint.send(peer, reply)
@@ -90,6 +95,7 @@ def test_a_peer_and_an_endpoint_over_inproc() -> None:
         (ch.BEAT, "engine", 0.0, 0, 0)), 0.05)  # fmt: skip
     endpoint.start()
     beats, versions = threading.Event(), threading.Event()
+    progress: list[tuple[int, list[int]]] = []
 
     async def front() -> list[Any]:
         peer = ch.Peer("inproc://test-channel", "front", lambda m: versions.set(),
@@ -106,7 +112,7 @@ def test_a_peer_and_an_endpoint_over_inproc() -> None:
             def answer(r: Any, e: Exception | None, done: asyncio.Future[Any] = done) -> None:
                 done.set_result((r, e))
 
-            peer.request(0, build, answer)
+            peer.request(0, build, answer, lambda i, h: progress.append((i, h.tokens)))
             answers.append(await asyncio.wait_for(done, 5))
         while not beats.is_set():
             await asyncio.sleep(0.01)
@@ -118,6 +124,7 @@ def test_a_peer_and_an_endpoint_over_inproc() -> None:
     finally:
         endpoint.stop()
     assert ok == "raw" and ok_error is None
+    assert progress == [(3, [5, 6])]  # heard before its answer, on the front's loop
     assert full is None and isinstance(full_error, errors.QueueFull)
     assert versions.is_set() and received[0][0] == ch.HELLO
 

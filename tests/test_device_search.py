@@ -29,6 +29,7 @@ from service.decode.runtime.search_graph import controls_problem
 from service.decode.search.device_search import DeviceSearch
 from service.decode.shared.config import RuntimeConfig
 from service.decode.shared.options import SearchOptions, merge_options
+from service.decode.shared.search_types import Hypothesis
 from service.decode.text.preparation import DecodeRequest
 from service.decode.text.translation import AlignmentMode, Translation
 from tests.conftest import REPO
@@ -360,3 +361,67 @@ def test_a_model_capped_at_one_graph_a_beam_gives_the_host_searchs_answers(pair:
     churn(uncapped, requests, seed=13)
     made, unmade = len(capped.model.search_sessions), len(uncapped.model.search_sessions)
     assert made <= min(unmade, 2), f"capped made {made} graphs, uncapped {unmade}"
+
+
+def settled_while_churning(
+    engine: Engine, requests: Sequence[DecodeRequest[int]], seed: int
+) -> tuple[dict[int, list[Hypothesis]], dict[int, list[Hypothesis]]]:
+    """`churn` with every sentence watched: each sentence's settled prefixes as they grew
+    (RunningBatch.settled after each step), and its n-best at the end."""
+    rng = random.Random(seed)
+    batch = engine.new_batch(5)
+    pending = list(requests)
+    settled: dict[int, list[Hypothesis]] = {r.key: [] for r in requests}
+    final: dict[int, list[Hypothesis]] = {}
+    while pending or len(batch):
+        joining = [pending.pop(0) for _ in range(min(len(pending), rng.choice([0, 1, 1, 2, 3])))]
+        batch.add(joining)
+        batch.watch([r.key for r in joining])
+        if len(batch):
+            done = batch.step_raw()
+            for request, prefix in batch.settled():
+                settled[request.key].append(prefix)
+            final.update((request.key, parts[0]) for request, parts in done if len(parts) == 1)
+    return settled, final
+
+
+@pytest.mark.parametrize(
+    "beam, n_best", [(1, 1), (5, 1), (5, 3)], ids=["greedy", "beam5", "nbest3"]
+)
+def test_settled_prefixes_are_the_start_of_every_final_hypothesis(
+    pair: Pair, beam: int, n_best: int
+) -> None:
+    """In both searches, sentences joining a running batch at different steps: each settled
+    prefix (what TranslateStream sends before a sentence is final) is the start of the sentence's
+    every final hypothesis (tokens, log-probs, attention rows), each longer than the one before."""
+    assert_settled_prefixes(pair, beam, n_best)
+
+
+def test_settled_prefixes_with_the_device_graphs_row_ops(graph_ops: Pair) -> None:
+    """As above, the sentences' fields and histories gathered on the device (a GPU's path)."""
+    assert_settled_prefixes(graph_ops, 5, 2)
+
+
+def assert_settled_prefixes(pair: Pair, beam: int, n_best: int) -> None:
+    options = pair.options(beam_size=beam, n_best=n_best, return_attention=True)
+    for engine in (pair.host, pair.device):
+        requests = [
+            DecodeRequest(i, engine.prepare(t), options, "subword")
+            for i, t in enumerate(pair.texts)
+        ]
+        settled, final = settled_while_churning(engine, requests, seed=beam)
+        whole = [r.key for r in requests if not r.sentence.segments]
+        assert whole and all(key in final for key in whole)
+        for key in whole:
+            lengths = [len(p.tokens) for p in settled[key]]
+            assert lengths == sorted(set(lengths)), f"sentence {key}: {lengths}"
+            for prefix in settled[key]:
+                n = len(prefix.tokens)
+                for hyp in final[key]:
+                    assert hyp.tokens[:n] == prefix.tokens, f"sentence {key}: {prefix.tokens}"
+                best = final[key][0]
+                assert best.token_log_probs is not None and prefix.token_log_probs is not None
+                np.testing.assert_allclose(prefix.token_log_probs, best.token_log_probs[:n])
+                assert best.attention is not None and prefix.attention is not None
+                np.testing.assert_allclose(prefix.attention, best.attention[:n], atol=1e-6)
+        assert any(settled[key] for key in whole)

@@ -241,14 +241,50 @@ def stream_messages(
     return list(srv.stub.TranslateStream(req, timeout=120))
 
 
+def assert_partials_grow_into_their_sentence(
+    chunks: list[pb.SentenceChunk], rows_are_tokens: bool = False
+) -> int:
+    """Each partial chunk comes after the sentence before its own is final and before its own
+    final chunk; its tokens, text (and, `rows_are_tokens`: subword alignment, its rows) are the
+    start of that final chunk's, and each extends the one before. Returns how many came."""
+    partials = 0
+    shown: tuple[list[str], str] | None = None  # the last partial of the sentence open now
+    for k, chunk in enumerate(chunks):
+        if not chunk.partial:
+            shown = None
+            continue
+        partials += 1
+        later = chunks[k + 1 :]
+        final = next(c for c in later if not c.partial)
+        assert (final.text_index, final.sentence_index) == (chunk.text_index, chunk.sentence_index)
+        got, want = chunk.hypothesis, final.hypothesis
+        n = len(got.tokens)
+        # (a bare word-start piece shows "" while it ends the prefix: no word follows it yet)
+        assert n > 0 and list(got.tokens)[:-1] == list(want.tokens)[: n - 1]
+        assert got.tokens[-1] in (want.tokens[n - 1], "")
+        assert want.text.startswith(got.text)
+        assert list(got.token_log_probs) == pytest.approx(list(want.token_log_probs)[:n], abs=1e-5)
+        if rows_are_tokens:
+            cols = want.alignment.cols
+            assert (got.alignment.rows, got.alignment.cols) == (n, cols)
+            assert list(got.alignment.weights) == pytest.approx(
+                list(want.alignment.weights)[: n * cols], abs=1e-6
+            )
+        if shown is not None:
+            assert len(shown[0]) < n and got.text.startswith(shown[1])
+        shown = (list(got.tokens), got.text)
+    return partials
+
+
 def test_the_streams_last_message_is_translates_answer(served: ServerThread) -> None:
     req = request([DOCUMENT, SENTENCES[0]])
     messages = stream_messages(served, req)
     whole = served.stub.Translate(req, timeout=120)
     assert messages[-1].HasField("response")
     assert messages[-1].response.SerializeToString() == whole.SerializeToString()
-    chunks = [m.sentence for m in messages[:-1]]
     assert all(m.HasField("sentence") for m in messages[:-1])
+    assert assert_partials_grow_into_their_sentence([m.sentence for m in messages[:-1]]) > 0
+    chunks = [m.sentence for m in messages[:-1] if not m.sentence.partial]
     assert [(c.text_index, c.sentence_index) for c in chunks] == [(0, k) for k in range(4)] + [
         (1, 0)
     ]
@@ -261,6 +297,49 @@ def test_the_streams_last_message_is_translates_answer(served: ServerThread) -> 
     assert (
         metric(served.r, "s2s_stream_first_chunk_seconds_count", model="grc-en-nt-transformer") >= 1
     )
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_partial_chunks_are_the_settled_prefix_of_each_sentence(
+    served: ServerThread, beam: int
+) -> None:
+    """Before a sentence is final, the part of its best translation no later step can change
+    comes, growing (greedy: a token a step), its subword alignment rows with it; the final chunks
+    and the last message are what they are without them."""
+    req = request([DOCUMENT], pb.ALIGNMENT_MODE_SUBWORD, beam_size=beam, n_best=1)
+    messages = stream_messages(served, req)
+    chunks = [m.sentence for m in messages[:-1]]
+    partials = assert_partials_grow_into_their_sentence(chunks, rows_are_tokens=True)
+    finals = [c for c in chunks if not c.partial]
+    assert [c.sentence_index for c in finals] == [0, 1, 2, 3]
+    assert partials > 0
+    if beam == 1:  # every step settles its token: the first sentence, a chunk each time it grows
+        firsts = [c for c in chunks if c.partial and c.sentence_index == 0]
+        assert len(firsts) >= len(finals[0].hypothesis.text.split()) - 1
+    whole = served.stub.Translate(req, timeout=120)
+    assert messages[-1].response.SerializeToString() == whole.SerializeToString()
+
+
+def test_the_client_cli_prints_a_stream_as_it_settles_and_ends_with_the_answer(
+    served: ServerThread, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """s2s-client --stream writes each sentence's settled part, then its rest: what it printed
+    in the end is the answer's text."""
+    from service.cli.client import main as client_main
+
+    text = f"{SENTENCES[0]} {SENTENCES[1]}\n\n{SENTENCES[2]}\n"  # (capsys reads "\r\n" as "\n")
+    document = tmp_path / "doc.txt"
+    document.write_text(text, encoding="utf-8")
+    target = f"127.0.0.1:{served.r.port}"
+    flags = ["--split-sentences", "on", "--beam-size", "1"]
+    argv = ["--server", target, "--document", str(document), "--stream", *flags]
+    assert client_main(argv) == 0
+    printed = capsys.readouterr().out
+    whole = served.stub.Translate(request([text], beam_size=1, n_best=1), timeout=120)
+    assert printed == whole.translations[0].hypotheses[0].text + "\n"
+    assert client_main([*argv, "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert any(line.get("sentence", {}).get("partial") for line in lines)
 
 
 def sse_events(port: int, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -285,7 +364,8 @@ def test_server_sent_events_end_with_translates_answer(served: ServerThread) -> 
     events = sse_events(port, body)
     whole = call(port, "/v1/Translate", body)
     assert whole.status == 200
-    assert [e.get("sentence", {}).get("sentence_index", 0) for e in events[:-1]] == [0, 1, 2, 3]
+    finals = [e["sentence"] for e in events[:-1] if not e["sentence"].get("partial")]
+    assert [f.get("sentence_index", 0) for f in finals] == [0, 1, 2, 3]
     assert events[-1]["response"] == whole.body
     refused = call(
         port,
@@ -402,7 +482,10 @@ def test_a_split_process_layout_answers_as_one_process(
             stub = pb_grpc.TranslatorStub(channel)
             split = stub.Translate(req, timeout=120)
             streamed = list(stub.TranslateStream(req, timeout=120))
+            subword = request([DOCUMENT], pb.ALIGNMENT_MODE_SUBWORD, beam_size=5, n_best=1)
+            chunks = [m.sentence for m in stub.TranslateStream(subword, timeout=120)][:-1]
     finally:
         assert pod.stop() == 0
     assert split.SerializeToString() == single.SerializeToString()
     assert streamed[-1].response.SerializeToString() == single.SerializeToString()
+    assert assert_partials_grow_into_their_sentence(chunks, rows_are_tokens=True) > 0

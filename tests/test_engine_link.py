@@ -50,7 +50,7 @@ class SpyPeer:
         self.taking = True
         self.jobs: list[str] = []  # the request ids sent, in order
 
-    def request(self, kind: int, build: Any, answer: Any) -> int:
+    def request(self, kind: int, build: Any, answer: Any, progress: Any = None) -> int:
         ident = next(self.ids)
         message = build(ident)
         assert message[0] == ch.JOB

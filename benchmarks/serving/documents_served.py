@@ -214,7 +214,7 @@ class StreamUsers:
                 if first is None:
                     first = time.monotonic() - started
                 if reply.WhichOneof("chunk") == "sentence":
-                    chunks += 1
+                    chunks += not reply.sentence.partial  # a final sentence (not a settled part)
                 else:
                     spans = len(reply.response.translations[0].sentence_spans)
         except grpc.RpcError as err:

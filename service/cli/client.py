@@ -374,8 +374,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--stream",
         action="store_true",
-        help="TranslateStream: print each sentence the moment it is final (with --json: each "
-        "message as a JSON line)",
+        help="TranslateStream: print each sentence as it settles and the moment it is final "
+        "(with --json: each message as a JSON line)",
     )
     add_column_flags(p, "hypothesis line", "the server marked it low_confidence")
     p.add_argument(
@@ -625,14 +625,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_stream(client: TranslatorClient, texts: list[str], args: argparse.Namespace) -> int:
-    """--stream: each sentence printed the moment it is final, after the source's whitespace
-    before it, so that the texts take shape as they are translated; each text ends a line. With
-    --json, every message as one JSON line."""
+    """--stream: each sentence printed as it settles (the part of its translation no later step
+    can change, then the rest the moment it is final), after the source's whitespace before it,
+    so that the texts take shape as they are translated; each text ends a line. With --json,
+    every message as one JSON line."""
     messages = client.translate_stream(
         texts, alignment=alignment_mode(args), model=args.model, version=args.model_version,
         **options_from_args(args),
     )  # fmt: skip
     current, shown = 0, ""  # the text being printed, and what is printed of it
+    sentence: tuple[int, int] | None = None  # the sentence being printed (partial chunks came)
+    written = ""  # what is printed of it
     for message in messages:
         if args.json:
             line = json_format.MessageToJson(
@@ -644,9 +647,21 @@ def print_stream(client: TranslatorClient, texts: list[str], args: argparse.Name
             if chunk.text_index != current:  # the texts before it are whole
                 print("\n" * (chunk.text_index - current), end="")
                 current, shown = chunk.text_index, ""
-            part = chunk.separator + chunk.hypothesis.text
+            if (chunk.text_index, chunk.sentence_index) != sentence:
+                sentence, written = (chunk.text_index, chunk.sentence_index), ""
+                print(chunk.separator, end="")
+                shown += chunk.separator
+            text = chunk.hypothesis.text
+            if text.startswith(written):  # a settled prefix grows; the final text ends it
+                part = text[len(written) :]
+            elif chunk.partial:
+                continue
+            else:  # (a final text that does not extend what was shown: on a line of its own)
+                part = "\n" + text
             print(part, end="", flush=True)
-            shown += part
+            shown, written = shown + part, text
+            if not chunk.partial:
+                sentence = None
         else:  # the whole answer: the last text's rest (its trailing whitespace, its markup)
             answers = [t.hypotheses[0].text for t in message.response.translations]
             last = answers[current] if answers else ""

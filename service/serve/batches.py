@@ -18,6 +18,7 @@ from service.decode.align.pair_answers import ForcedRequest, aligned_of
 from service.decode.engine.engine import Engine, RunningBatch
 from service.decode.runtime.encoded import EncodedSentence
 from service.decode.shared.errors import DecodeFailed
+from service.decode.shared.search_types import Hypothesis
 from service.decode.text.preparation import DecodeRequest
 from service.serve.jobs import RawResult, Result, SentenceKey
 from service.serve.scheduler import BatchKey
@@ -60,6 +61,10 @@ class Batch(Protocol):
         """Drop these sentences mid-decode (their job was cancelled or failed)."""
         ...
 
+    def progress(self) -> list[tuple[SentenceKey, Hypothesis]]:
+        """After a step: the sentences of streamed jobs whose settled prefix grew, with it."""
+        ...
+
 
 class Shared:
     """What both kinds do alike over the decode core's batch, which holds its requests under the
@@ -92,6 +97,7 @@ class TranslateBatch(Shared):
 
     def add(self, keys: Sequence[SentenceKey], rows: Sequence[list[EncodedSentence]]) -> None:
         self.batch.add([sentence_request(k) for k in keys], rows)
+        self.batch.watch([k for k in keys if k.job.on_progress is not None])
 
     def step(self) -> list[Finished]:
         engine = self.batch.engine
@@ -99,6 +105,9 @@ class TranslateBatch(Shared):
             (r.key, parts if r.key.job.raw else alone(engine.translation_of, r, parts))
             for r, parts in self.batch.step_raw()
         ]
+
+    def progress(self) -> list[tuple[SentenceKey, Hypothesis]]:
+        return [(r.key, prefix) for r, prefix in self.batch.settled()]
 
 
 class AlignBatch(Shared):
@@ -109,6 +118,9 @@ class AlignBatch(Shared):
 
     def add(self, keys: Sequence[SentenceKey], rows: Sequence[list[EncodedSentence]]) -> None:
         self.batch.add([forced_request(k) for k in keys], rows)
+
+    def progress(self) -> list[tuple[SentenceKey, Hypothesis]]:
+        return []  # a forced pass has nothing to settle
 
     def step(self) -> list[Finished]:
         engine = self.batch.engine

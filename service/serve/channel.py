@@ -14,7 +14,10 @@ front -> engine                                  engine -> front
          trace carrier, request id, work          TAKEN     id (the engine holds it now)
   CANCEL id                                        DONE      id, results (raw: service/serve/results.py)
   HEADS  id, model, version, texts                 FAILED    id, error name, message
-  ACK    generation
+  ACK    generation                                PROGRESS  id, sentence, its settled prefix
+
+A streamed job's work asks for PROGRESS: a sentence's settled prefix (the part of its best
+translation no later step can change), sent each time it grows, before the job's DONE.
 
 An engine says TAKEN as a JOB or HEADS reaches it: a request it never took (sent in the moment
 between its death and the front's knowing: `Peer.fail_all` answers it `NotTaken`) is one its death
@@ -57,7 +60,7 @@ log = logging.getLogger("s2s.channel")
 
 # message kinds (the first item of every message)
 HELLO, JOB, CANCEL, HEADS, ACK = 1, 2, 3, 4, 5
-VERSIONS, BEAT, DONE, FAILED, TAKEN = 11, 12, 13, 14, 15
+VERSIONS, BEAT, DONE, FAILED, TAKEN, PROGRESS = 11, 12, 13, 14, 15, 16
 # job kinds
 TRANSLATE, ALIGN = 1, 2
 
@@ -148,15 +151,18 @@ def translate_work(
     alignment: str,
     controls: Sequence[tuple[Controls, ...]],
     keep_rows: bool = False,
+    progress: bool = False,
 ) -> tuple[Any, ...]:
-    """A Translate job's work: each sentence's parts' token ids and controls, the options, and
-    whether the link head reads the sources next (the engine keeps their encoder rows)."""
+    """A Translate job's work: each sentence's parts' token ids and controls, the options,
+    whether the link head reads the sources next (the engine keeps their encoder rows), and
+    whether the front streams it (PROGRESS)."""
     return (
         tuple(tuple(p.ids for p in s.parts) for s in sentences),
         tuple(tuple(controls_out(c) for c in parts) for parts in controls),
         options.values(),
         alignment,
         keep_rows,
+        progress,
     )
 
 
@@ -166,11 +172,12 @@ class TranslateWork(NamedTuple):
     alignment: AlignmentMode
     controls: list[Any]
     keep_rows: bool
+    progress: bool
 
 
 def read_translate(work: Sequence[Any]) -> TranslateWork:
     """A Translate job's work as the engine's worker takes it."""
-    parts, controls, values, alignment, keep_rows = work
+    parts, controls, values, alignment, keep_rows, progress = work
     sentences = []
     for ids in parts:
         if len(ids) == 1:
@@ -184,6 +191,7 @@ def read_translate(work: Sequence[Any]) -> TranslateWork:
         cast(AlignmentMode, alignment),
         [tuple(controls_in(c) for c in parts) for parts in controls],
         bool(keep_rows),
+        bool(progress),
     )
 
 
@@ -279,6 +287,7 @@ class Peer:
         self.ids = itertools.count(1)
         self.open: dict[int, tuple[int, Answer]] = {}  # id -> (job kind, its answer)
         self.taken: set[int] = set()  # the open requests the engine said it holds (TAKEN)
+        self.progress: dict[int, Callable[[int, Hypothesis], None]] = {}  # streamed: PROGRESS
         self.loop: asyncio.AbstractEventLoop | None = None
         self.draining = False  # a drain is scheduled
 
@@ -325,20 +334,31 @@ class Peer:
     def readable(self) -> bool:
         return bool(self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
-    def request(self, kind: int, build: Callable[[int], Sequence[Any]], answer: Answer) -> int:
-        """Send `build(id)`; returns the id (kind 0: the results are passed on unread)."""
+    def request(
+        self,
+        kind: int,
+        build: Callable[[int], Sequence[Any]],
+        answer: Answer,
+        progress: Callable[[int, Hypothesis], None] | None = None,
+    ) -> int:
+        """Send `build(id)`; returns the id (kind 0: the results are passed on unread).
+        `progress(sentence, settled prefix)` hears its PROGRESS messages until its answer."""
         ident = next(self.ids)
         self.send(build(ident))
         self.open[ident] = (kind, answer)
+        if progress is not None:
+            self.progress[ident] = progress
         return ident
 
     def forget(self, ident: int) -> None:
         self.open.pop(ident, None)
         self.taken.discard(ident)
+        self.progress.pop(ident, None)
 
     def fail_all(self, error: Exception) -> None:
         """Answer every open request: `error` those the engine took, `NotTaken` the others."""
         open_, self.open = self.open, {}
+        self.progress = {}
         taken, self.taken = self.taken, set()
         never = NotTaken(f"the engine process went before it took this request: {error}")
         for ident, (_, answer) in open_.items():
@@ -366,8 +386,13 @@ class Peer:
         elif kind == TAKEN:
             if message[1] in self.open:
                 self.taken.add(message[1])
+        elif kind == PROGRESS:
+            report = self.progress.get(message[1])
+            if report is not None:
+                report(message[2], hypothesis_in(message[3]))
         elif kind in (DONE, FAILED):
             self.taken.discard(message[1])
+            self.progress.pop(message[1], None)
             entry = self.open.pop(message[1], None)
             if entry is None:
                 return  # cancelled meanwhile

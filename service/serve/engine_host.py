@@ -33,11 +33,12 @@ from service.decode.align.aligner import head_weights_for
 from service.decode.engine.engine import Engine
 from service.decode.runtime.providers import require_provider
 from service.decode.shared.errors import ModelNotFound, QueueFull, ShuttingDown
+from service.decode.shared.search_types import Hypothesis
 from service.model.embedded import resolve_bundle, resolve_repository
 from service.serve import channel as ch
 from service.serve import glossary_files, memory_files
 from service.serve.config import Settings, VersionPolicy
-from service.serve.jobs import Job
+from service.serve.jobs import Job, Progress
 from service.serve.metrics import Metrics
 from service.serve.metrics_endpoint import ProcessMetrics
 from service.serve.repository import Events, ModelVersion, ReloadReport, Repository, single
@@ -202,6 +203,8 @@ class EngineHost:
                 request_id, read.sentences, read.options, read.alignment, done, deadline, model
             )
             job.controls, job.keep_rows = read.controls, read.keep_rows
+            if read.progress:
+                job.on_progress = self.progress_of(peer, ident)
         job.raw, job.trace = True, trace
         self.repository.hold(model)
         self.jobs[(peer, ident)] = job
@@ -227,6 +230,15 @@ class EngineHost:
                 self.endpoint.send(peer, (ch.DONE, ident, ch.results_out(kind, results or [])))
 
         return done
+
+    def progress_of(self, peer: bytes, ident: int) -> Progress:
+        """A streamed job's progress (called on the decode loop's thread): each sentence's
+        settled prefix sent as it grows."""
+
+        def report(index: int, prefix: Hypothesis) -> None:
+            self.endpoint.send(peer, (ch.PROGRESS, ident, index, ch.hypothesis_out(prefix)))
+
+        return report
 
     def link_weights(self, peer: bytes, message: Sequence[Any]) -> None:
         """Markup's link head weights (aligner.head_weights_for), off the decode loop."""

@@ -146,8 +146,9 @@ class EngineLink:
         else:
             assert job.controls is not None  # computed by the front's text side
             work = ch.translate_work(
-                job.sentences, job.options, job.alignment, job.controls, job.keep_rows
-            )
+                job.sentences, job.options, job.alignment, job.controls, job.keep_rows,
+                job.on_progress is not None,
+            )  # fmt: skip
         model, carrier = job.model, job.trace.carrier()
 
         def answer(results: Any, error: Exception | None) -> None:
@@ -164,6 +165,7 @@ class EngineLink:
             lambda i: (ch.JOB, i, kind, model.name, model.version, job.deadline, carrier,
                        job.request_id, work),
             answer,
+            job.on_progress,
         )  # fmt: skip
         self.sent[job] = (engine, ident)
         engine.in_flight += 1

@@ -176,7 +176,10 @@ class TranslatorServicer(TranslatorCore, pb_grpc.TranslatorServicer):
         with self.handlers.track(), self.metrics.track_in_flight(method):
             try:
                 yield rpc
-            except asyncio.CancelledError:  # the client cancelled or a deadline passed
+            # the client cancelled or a deadline passed: the task is cancelled where it waits,
+            # or, a stream's waiting at a `yield` for its next message to be asked for, the
+            # stream is closed there (GeneratorExit)
+            except (asyncio.CancelledError, GeneratorExit):
                 code = cancel_code(context.time_remaining())
                 self.finish(method, rpc.request_id, code, started, texts, model=rpc.model)
                 raise

@@ -26,15 +26,16 @@ from service.decode.align.forced import AlignedPair
 from service.decode.align.pair_answers import ForcedRequest, aligned_of, check_aligner, prepare_pair
 from service.decode.engine.text_side import TextSide
 from service.decode.requests import marked, recall
-from service.decode.requests.pipeline import Pipeline, SentenceDone
+from service.decode.requests.pipeline import Pipeline, SentenceDone, SettledTranslation
 from service.decode.shared.errors import InvalidInput, NotReady
 from service.decode.shared.options import SPLIT_MODES, SearchOptions
+from service.decode.shared.search_types import Hypothesis
 from service.decode.text.preparation import DecodeRequest, Prepared
 from service.decode.text.sides import PreparedPair
 from service.decode.text.translation import AlignmentMode, Translation
 from service.serve.config import Settings
 from service.serve.engine_link import EngineLink
-from service.serve.jobs import Job
+from service.serve.jobs import Job, Progress
 from service.serve.metrics import Metrics
 from service.serve.protocol import (
     MalformedRequest,
@@ -321,10 +322,13 @@ class TranslatorCore:
                 "pairs, or ask for alignment NONE (links and scores only)"
             )
 
-    async def run_job(self, make_job: Callable[[OnDone], Job]) -> list[Any]:
+    async def run_job(
+        self, make_job: Callable[[OnDone], Job], on_progress: Progress | None = None
+    ) -> list[Any]:
         """Submit the job `make_job` builds around its completion callback to the engines and wait
         for its raw results (a sentence's parts' hypotheses, a pair's forced pass); cancelling the
-        awaiting task cancels the job."""
+        awaiting task cancels the job. `on_progress` hears, on this loop, each sentence's settled
+        prefix as it grows."""
         loop = asyncio.get_running_loop()
         loop_thread = threading.get_ident()
         future: asyncio.Future[list[Any]] = loop.create_future()
@@ -336,6 +340,8 @@ class TranslatorCore:
                 loop.call_soon_threadsafe(resolve, future, results, error)
 
         job = make_job(on_done)
+        if on_progress is not None:
+            job.on_progress = on_loop(loop, loop_thread, future, on_progress)
         job.trace = current_trace()  # the request's spans (service/serve/tracing.py)
         job.trace.queued()
         self.worker.submit(job)
@@ -406,7 +412,8 @@ class TranslateRun:
 
 
 def chunk_of(done: SentenceDone) -> pb.SentenceChunk:
-    """A sentence final, as TranslateStream sends it: its best hypothesis."""
+    """A sentence final (or its settled prefix: `partial`), as TranslateStream sends it: its best
+    hypothesis."""
     best = translation_to_pb(replace(done.translation, hypotheses=done.translation.hypotheses[:1]))
     a, b = done.span
     return pb.SentenceChunk(
@@ -415,6 +422,7 @@ def chunk_of(done: SentenceDone) -> pb.SentenceChunk:
         source_span=pb.Span(start=a, end=b),
         separator=done.separator,
         hypothesis=best.hypotheses[0] if best.hypotheses else None,
+        partial=not done.final,
     )
 
 
@@ -435,6 +443,7 @@ class EnginesDecoding:
         options: SearchOptions,
         alignment: AlignmentMode,
         keep_rows: bool,
+        progress: SettledTranslation | None = None,
     ) -> list[Translation]:
         if not sentences:
             return []
@@ -443,11 +452,18 @@ class EnginesDecoding:
             DecodeRequest(i, s, options.for_text(i), alignment) for i, s in enumerate(sentences)
         ]
         controls = [tuple(engine.sentence_controls(r.sentence, r.options)) for r in requests]
+        on_progress = None
+        if progress is not None:
+
+            def on_progress(index: int, prefix: Hypothesis) -> None:
+                progress(index, engine.translation_of(requests[index], [[prefix]]))
+
         raw = await self.core.run_job(
             lambda done: Job(
                 self.request_id, sentences, options, alignment, done, self.deadline, model,
                 controls=controls, keep_rows=keep_rows,
-            )
+            ),
+            on_progress,
         )  # fmt: skip
         return [engine.translation_of(r, parts) for r, parts in zip(requests, raw, strict=True)]
 
@@ -470,6 +486,27 @@ class EnginesDecoding:
 
     def remembered(self, hits: int, misses: int) -> None:
         self.core.metrics.memory_lookups(self.model.name, hits, misses)
+
+
+def on_loop(
+    loop: asyncio.AbstractEventLoop,
+    loop_thread: int,
+    future: asyncio.Future[list[Any]],
+    report: Progress,
+) -> Progress:
+    """`report`, called on the loop (the worker's thread hops to it) while the job is open."""
+
+    def here(index: int, prefix: Hypothesis) -> None:
+        if not future.done():
+            report(index, prefix)
+
+    def hop(index: int, prefix: Hypothesis) -> None:
+        if threading.get_ident() == loop_thread:
+            here(index, prefix)
+        else:
+            loop.call_soon_threadsafe(here, index, prefix)
+
+    return hop
 
 
 def resolve(

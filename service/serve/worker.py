@@ -324,10 +324,23 @@ class Worker:
                 self.fail_jobs({sentence.job}, translation)
             else:
                 self.deliver(sentence, translation)
+        self.report_progress(batch)
         self.fail_alone(batch)
         if not len(batch):
             del self.batches[key]
         self.set_running()
+
+    def report_progress(self, batch: Batch) -> None:
+        """Each streamed sentence whose settled prefix grew at this step, told to its job (a
+        report that fails is logged: the batch decodes on)."""
+        for key, prefix in batch.progress():
+            report = key.job.on_progress
+            if report is None or key.job.finished:
+                continue
+            try:
+                report(key.index, prefix)
+            except Exception:
+                log.exception("a streamed sentence's progress could not be reported")
 
     def set_running(self) -> None:
         """The running gauges: in total and per model version (series of idle versions removed)."""

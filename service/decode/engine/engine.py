@@ -210,6 +210,8 @@ class RunningBatch(Generic[KeyT]):
         self.segments: dict[Hashable, list[list[Hypothesis] | None]] = {}
         # requests that failed on their own (their controls), for `take_failed`: the batch goes on
         self.failed: list[tuple[DecodeRequest[KeyT], Exception]] = []
+        # sentences whose settled prefix is reported as it grows (`settled`): tokens reported
+        self.watched: dict[Hashable, int] = {}
 
     @property
     def beam_size(self) -> int:
@@ -341,6 +343,30 @@ class RunningBatch(Generic[KeyT]):
                 del self.segments[key]
                 out.append((self.requests.pop(key), [p for p in parts if p is not None]))
         return out
+
+    def watch(self, keys: Collection[KeyT]) -> None:
+        """Report these sentences' settled prefixes as they grow (`settled`): a sentence cut into
+        segments is not watched (its parts decode apart and are joined at its end)."""
+        for key in keys:
+            if key in self.requests and key not in self.segments:
+                self.watched.setdefault(key, 0)
+
+    def settled(self) -> list[tuple[DecodeRequest[KeyT], Hypothesis]]:
+        """The watched sentences whose settled prefix grew since it was last reported (after a
+        step): the prefix of the best translation no later step can change (Search.settled)."""
+        for key in [k for k in self.watched if k not in self.requests]:
+            del self.watched[key]  # finished, failed or removed
+        if not self.watched:
+            return []
+        grown = []
+        for search in self.searches:
+            if not len(search):
+                continue
+            for key, prefix in search.settled(self.watched.keys()).items():
+                if len(prefix.tokens) > self.watched[key]:
+                    self.watched[key] = len(prefix.tokens)
+                    grown.append((self.requests[key], prefix))
+        return grown
 
     def fail_entries(self, failed: Sequence[tuple[Hashable, Exception]]) -> None:
         """Search entries that failed on their own: their requests fail (a segmented one's other

@@ -25,6 +25,10 @@ from service.decode.text.sides import PreparedPair
 from service.decode.text.translation import AlignmentMode, Translation
 from service.model.markup import Marked
 
+# a sentence's settled prefix grew: its index among the sentences decoded, the translation of
+# that prefix (the part of its best translation no later step can change)
+SettledTranslation = Callable[[int, Translation], None]
+
 
 class Decoding(Protocol):
     """Where a request's sentences decode: its model's engines (a server's) or an engine here."""
@@ -35,9 +39,11 @@ class Decoding(Protocol):
         options: SearchOptions,
         alignment: AlignmentMode,
         keep_rows: bool,
+        progress: SettledTranslation | None = None,
     ) -> list[Translation]:
         """The sentences decoded (options per sentence by `options.for_text`); keep_rows: their
-        encoder rows kept for the link head that reads them next."""
+        encoder rows kept for the link head that reads them next; progress: told each
+        sentence's settled prefix as it grows, where the decoding can (a running batch's)."""
         ...
 
     async def force(self, pairs: list[PreparedPair]) -> list[AlignedPair]:
@@ -175,9 +181,11 @@ class Pipeline:
         options: SearchOptions,
         alignment: AlignmentMode,
         keep_rows: bool,
+        progress: SettledTranslation | None = None,
     ) -> list[Translation]:
         """The texts the model's memory knows answered from it (their forced pass), the others,
-        and an n_best the memory cannot fill, decoded, side by side (recall.py)."""
+        and an n_best the memory cannot fill, decoded, side by side (recall.py); progress: the
+        settled prefixes of the texts decoded whole (by their index in `texts`)."""
         side, decoding = self.side, self.decoding
         todo = recall.plan(side, texts, prepared, options)
         if recall.consulted(side, options):
@@ -186,9 +194,16 @@ class Pipeline:
         sentences = [prepared[i] for i in todo.whole]
         parts, pairs = todo.segment_sentences(prepared), [f.pair for f in todo.forced]
         whole_options = options.for_texts(todo.whole)
+        settled = None
+        if progress is not None:
+            report = progress
+
+            def settled(k: int, prefix: Translation) -> None:
+                report(todo.whole[k], prefix)
+
         whole, segments, aligned = await together(
             (bool(sentences),
-             lambda: decoding.decode(sentences, whole_options, alignment, keep_rows)),
+             lambda: decoding.decode(sentences, whole_options, alignment, keep_rows, settled)),
             (bool(parts),
              lambda: decoding.decode(parts, options, recall.raw(alignment), keep_rows)),
             (bool(pairs), lambda: decoding.force(pairs)),
@@ -218,23 +233,43 @@ class Pipeline:
         check: Callable[[list[list[Prepared]]], None] = no_check,
     ) -> AsyncIterator[SentenceDone | list[Translation]]:
         """`translate`, each sentence sent the moment it and those before it are final, then the
-        translations (`translate`'s answer). Each sentence decodes as a job of its own, all in the
-        running batch at once; closing the stream cancels those not done (their rows freed)."""
+        translations (`translate`'s answer). Before a sentence is final, the part of its best
+        translation no later step can change is sent each time its text grows (`final` False).
+        Each sentence decodes as a job of its own, all in the running batch at once; closing the
+        stream cancels those not done (their rows freed)."""
         read = self.read(texts, options, alignment, check)
         sentences, prepared = read.cut.sentences, read.prepared
+        updates: asyncio.Queue[tuple[int, Translation]] = asyncio.Queue()
+
+        def reporter(j: int) -> SettledTranslation:
+            return lambda _, prefix: updates.put_nowait((j, prefix))
+
         pending = [
             asyncio.ensure_future(
                 self.with_memory(
                     [sentences[j]], [prepared[j]], read.each.for_texts([j]), read.mode,
-                    read.heads_next,
+                    read.heads_next, reporter(j),
                 )
             )
             for j in range(len(sentences))
         ]  # fmt: skip
         try:
             results = []
+            latest: dict[int, Translation] = {}  # the settled prefixes of sentences ahead
             for j, task in enumerate(pending):
-                results.extend(await task)
+                shown = ""
+                if j in latest:
+                    prefix = latest.pop(j)
+                    shown = best_text(prefix)
+                    yield sentence_done(read.cut, j, prefix, final=False)
+                async for k, prefix in settled_until(task, updates):
+                    if k > j:
+                        latest[k] = prefix
+                    elif k == j and best_text(prefix) != shown:
+                        shown = best_text(prefix)
+                        yield sentence_done(read.cut, j, prefix, final=False)
+                results.extend(task.result())
+                latest.pop(j, None)
                 yield sentence_done(read.cut, j, results[-1])
             joined = documents.join(read.cut, results)
             decoded = Decoded(read.marks, joined, options, read.heads_next)
@@ -256,25 +291,49 @@ class Pipeline:
 
 @dataclass(frozen=True)
 class SentenceDone:
-    """`Pipeline.stream`'s event: a sentence of text `text` final (its markup not yet put back)."""
+    """`Pipeline.stream`'s event: a sentence of text `text` final (its markup not yet put back),
+    or, `final` False, the settled prefix of its best translation so far."""
 
     text: int
     index: int  # its index among its text's sentences
     span: tuple[int, int]  # where it lies in the text the model read (its markup taken out)
     separator: str  # the source's whitespace before it
     translation: Translation
+    final: bool = True
 
 
-def sentence_done(the_cut: documents.Cut, j: int, translation: Translation) -> SentenceDone:
-    """Sentence j of the cut, decoded, as the stream sends it."""
+def sentence_done(
+    the_cut: documents.Cut, j: int, translation: Translation, final: bool = True
+) -> SentenceDone:
+    """Sentence j of the cut, decoded (or its settled prefix), as the stream sends it."""
     text = the_cut.owners[j]
     index = j - the_cut.first_sentence(text)
     spans = the_cut.spans[text]
     if spans is None:  # a text decoded whole
-        return SentenceDone(text, 0, (0, len(the_cut.texts[text])), "", translation)
+        return SentenceDone(text, 0, (0, len(the_cut.texts[text])), "", translation, final)
     start = spans[index][0]
     before = spans[index - 1][1] if index else 0
-    return SentenceDone(text, index, spans[index], the_cut.texts[text][before:start], translation)
+    separator = the_cut.texts[text][before:start]
+    return SentenceDone(text, index, spans[index], separator, translation, final)
+
+
+def best_text(translation: Translation) -> str:
+    return translation.hypotheses[0].text if translation.hypotheses else ""
+
+
+async def settled_until(
+    task: asyncio.Future[Any], updates: asyncio.Queue[tuple[int, Translation]]
+) -> AsyncIterator[tuple[int, Translation]]:
+    """The settled prefixes that come (sentence, its prefix's translation) until `task` ends."""
+    while not task.done():
+        getter = asyncio.ensure_future(updates.get())
+        try:
+            await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            yield getter.result()
 
 
 async def together(*jobs: tuple[bool, Callable[[], Awaitable[list[Any]]]]) -> list[list[Any]]:

@@ -38,7 +38,13 @@ from service.decode.shared.options import SearchOptions
 from service.decode.shared.rules import (
     max_length,
 )
-from service.decode.shared.search_types import Decoder, Hypothesis, RowsDecoder, StepOutput
+from service.decode.shared.search_types import (
+    Decoder,
+    Hypothesis,
+    RowsDecoder,
+    StepOutput,
+    settled_of,
+)
 
 
 @dataclass(frozen=True)
@@ -576,6 +582,23 @@ class BeamSearch:
         if removed:
             self._drop(drop)
         return removed
+
+    def settled(self, sentence_ids: Collection[Hashable]) -> dict[Hashable, Hypothesis]:
+        """Search.settled: each sentence's live slots and kept finished hypotheses back-traced,
+        their shared prefix."""
+        out: dict[Hashable, Hypothesis] = {}
+        K = self._beam_size
+        for b, sentence in enumerate(self._sentences):
+            if sentence.id not in sentence_ids or not sentence.steps or b * K >= len(self._beams):
+                continue
+            live = np.flatnonzero(np.isfinite(self._beams.scores[b * K : (b + 1) * K]))
+            paths = [sentence.history.backtrace(int(j), sentence.steps) for j in live]
+            paths += [sentence.history.backtrace(f.slot, f.prefix_steps) for f in sentence.finished]
+            if paths:
+                out[sentence.id] = settled_of(
+                    [Hypothesis(t, 0.0, 0.0, a, False, lp) for t, a, lp in paths]
+                )
+        return out
 
     def _merge_joining(self) -> None:
         """One concatenation for every sentence added since the last step (not one per sentence)."""

@@ -58,13 +58,14 @@ from service.decode.search.device_sentences import (
     device_controls,
     finished_hypotheses,
     joining_columns,
+    live_and_kept,
 )
 from service.decode.search.search import Joining
 from service.decode.search.search_memory import search_memory
 from service.decode.shared.controls import NO_CONTROLS, Controls, unusable_controls
 from service.decode.shared.options import SearchOptions
 from service.decode.shared.rules import max_length
-from service.decode.shared.search_types import Hypothesis
+from service.decode.shared.search_types import Hypothesis, settled_of
 
 
 class DeviceSearch:
@@ -227,6 +228,31 @@ class DeviceSearch:
         if not len(self):
             self._reset()
         return results
+
+    def settled(self, sentence_ids: Collection[Hashable]) -> dict[Hashable, Hypothesis]:
+        """Search.settled: the sentences' fields and histories read as a finished sentence's are
+        (one gather), their live slots and kept hypotheses back-traced, their shared prefix."""
+        if self._state is None:
+            return {}
+        rows = np.array(
+            [
+                b
+                for b, e in enumerate(self._entries)
+                if e.id in sentence_ids and self._meta[b, STEPS] > 0
+            ],
+            np.int64,
+        )
+        if not len(rows):
+            return {}
+        entries = [self._entries[b] for b in rows.tolist()]
+        # sentences that left at this step leave the state's columns at the next (`_select`)
+        columns = rows if self._keep is None else self._keep[rows]
+        fields, history, attention, where = self._finished_rows(rows, columns)
+        found = live_and_kept(
+            fields, history, attention, where, self._meta[rows, STEPS],
+            self._meta[rows, WANTED], entries, self._beam_size,
+        )  # fmt: skip
+        return {e.id: settled_of(paths) for e, paths in zip(entries, found, strict=True) if paths}
 
     def take_failed(self) -> list[tuple[Hashable, Exception]]:
         """None here: the controls the graph applies are checked when a sentence joins (`add`),
@@ -502,19 +528,21 @@ class DeviceSearch:
         return [(entry.id, found[i]) for i, entry in enumerate(entries)]
 
     def _finished_rows(
-        self, rows: np.ndarray
+        self, rows: np.ndarray, columns: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The finished sentences' fields (D, W) float64, and the histories (·, T, 2, K) and
         attention rows (·, T, K, S) float32 that hold theirs, at rows `where` (D,) (T: the most
-        steps among them): SearchMemory.finished."""
+        steps among them): SearchMemory.finished. `columns`: the sentences' columns of the
+        state where they are not `rows` (a sentence left since the state was made)."""
         history = self.history
         assert self._state is not None and history.fields is not None
         pools = self._meta[rows, POOL]
         T = int(self._meta[rows, STEPS].max())
         attention_on = self.variant.attention and history.attention is not None
         return self.memory.finished(
-            self._state, history, rows, pools, T, self.sentence_rows, attention_on
-        )
+            self._state, history, rows if columns is None else columns, pools, T,
+            self.sentence_rows, attention_on,
+        )  # fmt: skip
 
 
 class DeviceAranges:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.decode.runtime.search_variant import (
+    CODE,
     PARAMS,
     SENTENCE_FIELDS,
     sentence_params,
@@ -137,6 +138,51 @@ def finished_hypotheses(
                 log_prob=log_prob[e],
                 attention=rows_attention,
                 finished_by_eos=by_eos[e],
+                token_log_probs=paths.log_probs[e, :length],
+            )
+        )
+    return out
+
+
+def live_and_kept(
+    fields: np.ndarray,
+    history: np.ndarray,
+    attention: np.ndarray,
+    where: np.ndarray,
+    steps: np.ndarray,
+    wanted: np.ndarray,
+    entries: Sequence[SentenceEntry],
+    K: int,
+) -> list[list[Hypothesis]]:
+    """Each decoding sentence's live slots after `steps` (D,) steps and the first `wanted` (D,)
+    finished hypotheses it keeps, back-traced together from its fields (D, W), histories and attention rows at
+    `where` (D,): what DeviceSearch.settled compares (scores left at 0)."""
+    n = SENTENCE_FIELDS
+    kept = (fields[:, n : n + K] > NEG_INF) & (np.arange(K) < wanted[:, None])  # (D, K)
+    live = fields[:, n + 3 * K : n + 4 * K] > NEG_INF  # (D, K)
+    d_kept, j_kept = np.nonzero(kept)
+    d_live, j_live = np.nonzero(live)
+    d = np.concatenate([d_live, d_kept])  # (E,)
+    codes = np.concatenate(
+        [j_live + CODE * 2 * steps[d_live], fields[d_kept, n + 2 * K + j_kept].astype(np.int64)]
+    )
+    paths = backtrace(history, where[d], codes)
+    out: list[list[Hypothesis]] = [[] for _ in entries]
+    for e, dd in enumerate(d.tolist()):
+        entry, length = entries[dd], int(paths.steps[e])
+        rows_attention = None
+        if entry.options.return_attention:
+            at = np.arange(length)
+            rows_attention = attention[
+                where[dd], at, paths.parents[e, :length], : entry.src_len
+            ]  # (length, src_len)
+        out[dd].append(
+            Hypothesis(
+                tokens=paths.tokens[e, :length].tolist(),
+                score=0.0,
+                log_prob=0.0,
+                attention=rows_attention,
+                finished_by_eos=False,
                 token_log_probs=paths.log_probs[e, :length],
             )
         )

@@ -74,6 +74,12 @@ class Search(Protocol):
         left it without an answer."""
         ...
 
+    def settled(self, sentence_ids: Collection[Hashable]) -> dict[Hashable, Hypothesis]:
+        """Of these sentences (those it holds that have stepped), the prefix of the best
+        translation no later step can change: the tokens every live hypothesis and every
+        finished one it keeps share (search_types.settled_of), with their attention rows."""
+        ...
+
 
 class HostSearch:
     """The numpy beam search (beam.BeamSearch) over the model's decoder step (runtime.OnnxDecoder),
@@ -127,3 +133,6 @@ class HostSearch:
 
     def take_failed(self) -> list[tuple[Hashable, Exception]]:
         return self.search.take_failed()
+
+    def settled(self, sentence_ids: Collection[Hashable]) -> dict[Hashable, Hypothesis]:
+        return self.search.settled(sentence_ids)
