@@ -26,7 +26,7 @@ from service.decode.align.forced import AlignedPair
 from service.decode.align.pair_answers import ForcedRequest, aligned_of, check_aligner, prepare_pair
 from service.decode.engine.text_side import TextSide
 from service.decode.requests import marked, recall
-from service.decode.requests.pipeline import Pipeline, SentenceDone, SettledTranslation
+from service.decode.requests.pipeline import Pipeline, SentenceDone, Settled
 from service.decode.shared.errors import InvalidInput, NotReady
 from service.decode.shared.options import SPLIT_MODES, SearchOptions
 from service.decode.shared.search_types import Hypothesis
@@ -443,7 +443,7 @@ class EnginesDecoding:
         options: SearchOptions,
         alignment: AlignmentMode,
         keep_rows: bool,
-        progress: SettledTranslation | None = None,
+        progress: Settled | None = None,
     ) -> list[Translation]:
         if not sentences:
             return []
@@ -452,18 +452,12 @@ class EnginesDecoding:
             DecodeRequest(i, s, options.for_text(i), alignment) for i, s in enumerate(sentences)
         ]
         controls = [tuple(engine.sentence_controls(r.sentence, r.options)) for r in requests]
-        on_progress = None
-        if progress is not None:
-
-            def on_progress(index: int, prefix: Hypothesis) -> None:
-                progress(index, engine.translation_of(requests[index], [[prefix]]))
-
         raw = await self.core.run_job(
             lambda done: Job(
                 self.request_id, sentences, options, alignment, done, self.deadline, model,
                 controls=controls, keep_rows=keep_rows,
             ),
-            on_progress,
+            progress,
         )  # fmt: skip
         return [engine.translation_of(r, parts) for r, parts in zip(requests, raw, strict=True)]
 

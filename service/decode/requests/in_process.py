@@ -16,7 +16,7 @@ from service.decode.engine.engine import Engine
 from service.decode.engine.kept_rows import KeptRows
 from service.decode.requests import marked, recall
 from service.decode.requests.pipeline import Decoded as PipelineDecoded
-from service.decode.requests.pipeline import Pipeline, SettledTranslation
+from service.decode.requests.pipeline import Pipeline, Settled
 from service.decode.shared.errors import InvalidInput
 from service.decode.shared.options import SearchOptions
 from service.decode.text.preparation import Prepared
@@ -41,7 +41,7 @@ class EngineHere:
         options: SearchOptions,
         alignment: AlignmentMode,
         keep_rows: bool,
-        progress: SettledTranslation | None = None,
+        progress: Settled | None = None,
     ) -> list[Translation]:
         """A static batch here: each sentence comes when the batch is done (no `progress`)."""
         kept = self.kept if keep_rows else None

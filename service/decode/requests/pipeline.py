@@ -20,14 +20,15 @@ from service.decode.engine.text_side import TextSide
 from service.decode.requests import documents, marked, recall
 from service.decode.shared.errors import InvalidInput
 from service.decode.shared.options import SearchOptions
-from service.decode.text.preparation import Prepared
+from service.decode.shared.search_types import Hypothesis
+from service.decode.text.preparation import DecodeRequest, Prepared
 from service.decode.text.sides import PreparedPair
 from service.decode.text.translation import AlignmentMode, Translation
 from service.model.markup import Marked
 
-# a sentence's settled prefix grew: its index among the sentences decoded, the translation of
-# that prefix (the part of its best translation no later step can change)
-SettledTranslation = Callable[[int, Translation], None]
+# a sentence's settled prefix grew: its index among the sentences decoded, the prefix (the part
+# of its best translation no later step can change: its tokens, log-probs and attention rows)
+Settled = Callable[[int, Hypothesis], None]
 
 
 class Decoding(Protocol):
@@ -39,7 +40,7 @@ class Decoding(Protocol):
         options: SearchOptions,
         alignment: AlignmentMode,
         keep_rows: bool,
-        progress: SettledTranslation | None = None,
+        progress: Settled | None = None,
     ) -> list[Translation]:
         """The sentences decoded (options per sentence by `options.for_text`); keep_rows: their
         encoder rows kept for the link head that reads them next; progress: told each
@@ -181,7 +182,7 @@ class Pipeline:
         options: SearchOptions,
         alignment: AlignmentMode,
         keep_rows: bool,
-        progress: SettledTranslation | None = None,
+        progress: Settled | None = None,
     ) -> list[Translation]:
         """The texts the model's memory knows answered from it (their forced pass), the others,
         and an n_best the memory cannot fill, decoded, side by side (recall.py); progress: the
@@ -198,7 +199,7 @@ class Pipeline:
         if progress is not None:
             report = progress
 
-            def settled(k: int, prefix: Translation) -> None:
+            def settled(k: int, prefix: Hypothesis) -> None:
                 report(todo.whole[k], prefix)
 
         whole, segments, aligned = await together(
@@ -239,10 +240,15 @@ class Pipeline:
         stream cancels those not done (their rows freed)."""
         read = self.read(texts, options, alignment, check)
         sentences, prepared = read.cut.sentences, read.prepared
-        updates: asyncio.Queue[tuple[int, Translation]] = asyncio.Queue()
+        updates: asyncio.Queue[tuple[int, Hypothesis]] = asyncio.Queue()
 
-        def reporter(j: int) -> SettledTranslation:
+        def reporter(j: int) -> Settled:
             return lambda _, prefix: updates.put_nowait((j, prefix))
+
+        def translated(j: int, prefix: Hypothesis) -> Translation:
+            """A settled prefix as its sentence's answer reads (only the one sent is made)."""
+            request = DecodeRequest(j, prepared[j], read.each.for_text(j), read.mode)
+            return self.side.translation_of(request, [[prefix]])
 
         pending = [
             asyncio.ensure_future(
@@ -255,19 +261,22 @@ class Pipeline:
         ]  # fmt: skip
         try:
             results = []
-            latest: dict[int, Translation] = {}  # the settled prefixes of sentences ahead
+            latest: dict[int, Hypothesis] = {}  # the settled prefixes of sentences ahead
             for j, task in enumerate(pending):
                 shown = ""
-                if j in latest:
-                    prefix = latest.pop(j)
-                    shown = best_text(prefix)
-                    yield sentence_done(read.cut, j, prefix, final=False)
+                if j in latest and not task.done():
+                    partial = translated(j, latest.pop(j))
+                    shown = best_text(partial)
+                    yield sentence_done(read.cut, j, partial, final=False)
                 async for k, prefix in settled_until(task, updates):
                     if k > j:
                         latest[k] = prefix
-                    elif k == j and best_text(prefix) != shown:
-                        shown = best_text(prefix)
-                        yield sentence_done(read.cut, j, prefix, final=False)
+                    if k != j:
+                        continue  # (or a final one's late prefix)
+                    partial = translated(j, prefix)
+                    if best_text(partial) != shown:  # sent as its text grows
+                        shown = best_text(partial)
+                        yield sentence_done(read.cut, j, partial, final=False)
                 results.extend(task.result())
                 latest.pop(j, None)
                 yield sentence_done(read.cut, j, results[-1])
@@ -322,9 +331,9 @@ def best_text(translation: Translation) -> str:
 
 
 async def settled_until(
-    task: asyncio.Future[Any], updates: asyncio.Queue[tuple[int, Translation]]
-) -> AsyncIterator[tuple[int, Translation]]:
-    """The settled prefixes that come (sentence, its prefix's translation) until `task` ends."""
+    task: asyncio.Future[Any], updates: asyncio.Queue[tuple[int, Hypothesis]]
+) -> AsyncIterator[tuple[int, Hypothesis]]:
+    """The settled prefixes that come (sentence, its prefix) until `task` ends."""
     while not task.done():
         getter = asyncio.ensure_future(updates.get())
         try:

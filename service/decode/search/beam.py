@@ -43,7 +43,6 @@ from service.decode.shared.search_types import (
     Hypothesis,
     RowsDecoder,
     StepOutput,
-    settled_of,
 )
 
 
@@ -592,12 +591,10 @@ class BeamSearch:
             if sentence.id not in sentence_ids or not sentence.steps or b * K >= len(self._beams):
                 continue
             live = np.flatnonzero(np.isfinite(self._beams.scores[b * K : (b + 1) * K]))
-            paths = [sentence.history.backtrace(int(j), sentence.steps) for j in live]
-            paths += [sentence.history.backtrace(f.slot, f.prefix_steps) for f in sentence.finished]
-            if paths:
-                out[sentence.id] = settled_of(
-                    [Hypothesis(t, 0.0, 0.0, a, False, lp) for t, a, lp in paths]
-                )
+            ends = [(int(j), sentence.steps) for j in live]
+            ends += [(f.slot, f.prefix_steps) for f in sentence.finished]
+            if ends:
+                out[sentence.id] = sentence.history.settled(ends)
         return out
 
     def _merge_joining(self) -> None:

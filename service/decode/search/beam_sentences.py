@@ -157,6 +157,28 @@ class History:
                     attention[t] = rows[parents[t, slots[t]]]
         return tokens.tolist(), attention, log_probs
 
+    def settled(self, ends: Sequence[tuple[int, int]]) -> Hypothesis:
+        """The prefix the hypotheses (slot, steps) in `ends` share (search.Search.settled):
+        their tokens traced alone, the first one's log-probs and attention rows cut to it."""
+        slot, steps = ends[0]
+        records = self._records[: max(n for _, n in ends)]
+        parents = np.array([r.parents[row] for r, row, _ in records], np.int64)  # (T, K)
+        tokens = np.array([r.tokens[row] for r, row, _ in records], np.int64)  # (T, K)
+        n = steps
+        first = np.zeros(steps, np.int64)
+        trace_slots(parents[:steps], slot, first)
+        path = tokens[np.arange(steps), first]
+        for other_slot, other_steps in ends[1:]:
+            n = min(n, other_steps)
+            slots = np.zeros(other_steps, np.int64)
+            trace_slots(parents[:other_steps], other_slot, slots)
+            differ = path[:n] != tokens[np.arange(n), slots[:n]]
+            n = int(np.argmax(differ)) if differ.any() else n
+        shared, attention, log_probs = self.backtrace(slot, steps)
+        rows = None if attention is None else attention[:n]
+        total = float(np.sum(log_probs[:n], dtype=np.float64))
+        return Hypothesis(shared[:n], total, total, rows, False, log_probs[:n])
+
 
 @dataclass(frozen=True)
 class Finished:

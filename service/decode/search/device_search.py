@@ -58,14 +58,14 @@ from service.decode.search.device_sentences import (
     device_controls,
     finished_hypotheses,
     joining_columns,
-    live_and_kept,
+    settled_prefixes,
 )
 from service.decode.search.search import Joining
 from service.decode.search.search_memory import search_memory
 from service.decode.shared.controls import NO_CONTROLS, Controls, unusable_controls
 from service.decode.shared.options import SearchOptions
 from service.decode.shared.rules import max_length
-from service.decode.shared.search_types import Hypothesis, settled_of
+from service.decode.shared.search_types import Hypothesis
 
 
 class DeviceSearch:
@@ -248,11 +248,13 @@ class DeviceSearch:
         # sentences that left at this step leave the state's columns at the next (`_select`)
         columns = rows if self._keep is None else self._keep[rows]
         fields, history, attention, where = self._finished_rows(rows, columns)
-        found = live_and_kept(
+        found = settled_prefixes(
             fields, history, attention, where, self._meta[rows, STEPS],
             self._meta[rows, WANTED], entries, self._beam_size,
         )  # fmt: skip
-        return {e.id: settled_of(paths) for e, paths in zip(entries, found, strict=True) if paths}
+        return {
+            e.id: prefix for e, prefix in zip(entries, found, strict=True) if prefix is not None
+        }
 
     def take_failed(self) -> list[tuple[Hashable, Exception]]:
         """None here: the controls the graph applies are checked when a sentence joins (`add`),

@@ -144,7 +144,7 @@ def finished_hypotheses(
     return out
 
 
-def live_and_kept(
+def settled_prefixes(
     fields: np.ndarray,
     history: np.ndarray,
     attention: np.ndarray,
@@ -153,38 +153,43 @@ def live_and_kept(
     wanted: np.ndarray,
     entries: Sequence[SentenceEntry],
     K: int,
-) -> list[list[Hypothesis]]:
-    """Each decoding sentence's live slots after `steps` (D,) steps and the first `wanted` (D,)
-    finished hypotheses it keeps, back-traced together from its fields (D, W), histories and attention rows at
-    `where` (D,): what DeviceSearch.settled compares (scores left at 0)."""
+) -> list[Hypothesis | None]:
+    """Each decoding sentence's settled prefix (search.Search.settled): what its live slots
+    after `steps` (D,) steps and the first `wanted` (D,) finished hypotheses it keeps share,
+    back-traced together from its fields (D, W), histories and attention rows at `where` (D,);
+    the first path's log-probs and attention rows cut to it (None: a sentence with no path)."""
     n = SENTENCE_FIELDS
     kept = (fields[:, n : n + K] > NEG_INF) & (np.arange(K) < wanted[:, None])  # (D, K)
     live = fields[:, n + 3 * K : n + 4 * K] > NEG_INF  # (D, K)
-    d_kept, j_kept = np.nonzero(kept)
     d_live, j_live = np.nonzero(live)
+    d_kept, j_kept = np.nonzero(kept)
     d = np.concatenate([d_live, d_kept])  # (E,)
     codes = np.concatenate(
         [j_live + CODE * 2 * steps[d_live], fields[d_kept, n + 2 * K + j_kept].astype(np.int64)]
     )
+    order = np.argsort(d, kind="stable")  # each sentence's paths together, its live ones first
+    d, codes = d[order], codes[order]
     paths = backtrace(history, where[d], codes)
-    out: list[list[Hypothesis]] = [[] for _ in entries]
-    for e, dd in enumerate(d.tolist()):
-        entry, length = entries[dd], int(paths.steps[e])
+    out: list[Hypothesis | None] = [None] * len(entries)
+    starts = np.searchsorted(d, np.arange(len(entries) + 1))
+    for dd, entry in enumerate(entries):
+        a, b = int(starts[dd]), int(starts[dd + 1])
+        if a == b:
+            continue
+        lengths = paths.steps[a:b]
+        size = int(lengths.min())
+        tokens = paths.tokens[a:b, :size]  # (E_d, size)
+        differ = (tokens != tokens[0]).any(axis=0)
+        size = int(np.argmax(differ)) if differ.any() else size
         rows_attention = None
         if entry.options.return_attention:
-            at = np.arange(length)
             rows_attention = attention[
-                where[dd], at, paths.parents[e, :length], : entry.src_len
-            ]  # (length, src_len)
-        out[dd].append(
-            Hypothesis(
-                tokens=paths.tokens[e, :length].tolist(),
-                score=0.0,
-                log_prob=0.0,
-                attention=rows_attention,
-                finished_by_eos=False,
-                token_log_probs=paths.log_probs[e, :length],
-            )
+                where[dd], np.arange(size), paths.parents[a, :size], : entry.src_len
+            ]  # (size, src_len)
+        log_probs = paths.log_probs[a, :size]
+        total = float(np.sum(log_probs, dtype=np.float64))
+        out[dd] = Hypothesis(
+            paths.tokens[a, :size].tolist(), total, total, rows_attention, False, log_probs
         )
     return out
 

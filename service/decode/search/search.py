@@ -77,7 +77,8 @@ class Search(Protocol):
     def settled(self, sentence_ids: Collection[Hashable]) -> dict[Hashable, Hypothesis]:
         """Of these sentences (those it holds that have stepped), the prefix of the best
         translation no later step can change: the tokens every live hypothesis and every
-        finished one it keeps share (search_types.settled_of), with their attention rows."""
+        finished one it keeps share (whichever of them, or of their continuations, wins, it begins
+        so), with the first one's log-probs and attention rows cut to it."""
         ...
 
 

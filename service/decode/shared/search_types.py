@@ -73,19 +73,3 @@ class Hypothesis:
     attention: np.ndarray | None
     finished_by_eos: bool
     token_log_probs: np.ndarray | None = None
-
-
-def settled_of(paths: list[Hypothesis]) -> Hypothesis:
-    """What every hypothesis in `paths` (a sentence's live ones and the finished ones it keeps)
-    shares: the prefix of its best translation that no later step can change, whichever of them
-    (or of their continuations) wins. Its attention rows and token log-probs are the first
-    path's (a shared prefix is one path: the same rows), its score their sum."""
-    first = paths[0]
-    n = len(first.tokens)
-    for other in paths[1:]:
-        n = min(n, len(other.tokens))
-        n = next((t for t in range(n) if other.tokens[t] != first.tokens[t]), n)
-    log_probs = None if first.token_log_probs is None else first.token_log_probs[:n]
-    total = 0.0 if log_probs is None else float(np.sum(log_probs, dtype=np.float64))
-    attention = None if first.attention is None else first.attention[:n]
-    return Hypothesis(first.tokens[:n], total, total, attention, False, log_probs)
