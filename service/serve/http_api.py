@@ -21,12 +21,13 @@ without a CORS preflight that is refused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,46 @@ CONTENT_SECURITY_POLICY = (
 )
 
 StatusFor = Callable[[Exception], tuple[grpc.StatusCode, str]]
+
+
+def request_id_of(request: Any) -> str:
+    """The request's id, or one made up; a longer one than the limit (refused later) is cut
+    for the logs."""
+    request_id = str(request.request_id or uuid.uuid4().hex[:16])
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
+    return request_id
+
+
+@dataclass
+class HttpRpc:
+    """One HTTP call as `HttpFace.answering` keeps it: what the body learned, how it ended."""
+
+    request_id: str = ""
+    texts: int = 0
+    model: ModelVersion | None = None
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    message: str = ""
+    error: Exception | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"X-Request-Id": self.request_id} if self.request_id else {}
+
+    @property
+    def body(self) -> str:
+        """The error's JSON: {"code", "message"}."""
+        return json.dumps({"code": self.code.name, "message": self.message})
+
+    def error_response(self) -> web.Response:
+        """The error as a JSON answer with its HTTP status (a bad body's own: 413, 415)."""
+        error = self.error
+        status = (
+            error.http_status if isinstance(error, BadBody) else HTTP_STATUS.get(self.code, 500)
+        )
+        return web.Response(
+            text=self.body, status=status, content_type="application/json", headers=self.headers
+        )
 
 
 class BadBody(InvalidInput):
@@ -268,70 +309,51 @@ class HttpFace:
 
         return handle
 
-    async def call(self, route: Route, http_request: web.Request) -> web.Response:
-        started = time.perf_counter()
-        code, message, request_id, texts = grpc.StatusCode.OK, "", "", 0
-        error: Exception | None = None
-        response: Message | None = None
-        model: ModelVersion | None = None
-        http_status = 200
-        with self.core.metrics.track_in_flight(route.method):
+    @contextlib.asynccontextmanager
+    async def answering(self, method: str) -> AsyncIterator[HttpRpc]:
+        """The bookkeeping of an HTTP call around its work (the `async with` body, which fills
+        in its request id, texts and model): counted in flight, the model released, the status
+        from the error (the body's exception is answered, not raised; a passed deadline is
+        DEADLINE_EXCEEDED), logged and in the metrics. A client that went away is counted
+        CANCELLED and raised on."""
+        rpc, started = HttpRpc(), time.perf_counter()
+        with self.core.metrics.track_in_flight(method):
             try:
-                request = await read_message(route, http_request, self.limit)
-                if route.has_id:
-                    request_id = request.request_id or uuid.uuid4().hex[:16]  # type: ignore[attr-defined]
-                    if len(request_id) > MAX_REQUEST_ID_CHARS:  # refused later: not logged whole
-                        request_id = request_id[:MAX_REQUEST_ID_CHARS] + "..."
-                texts = route.texts(request)
-                remaining = timeout_of(http_request)
-                if route.holds_model:
-                    model = self.core.acquire(request)
-                work = route.call(self.core, request, request_id, remaining, model)
-                response = await (work if remaining is None else asyncio.wait_for(work, remaining))
+                yield rpc
             except TimeoutError:
-                code = grpc.StatusCode.DEADLINE_EXCEEDED
-                message = "the deadline passed before the request was answered"
+                rpc.code = grpc.StatusCode.DEADLINE_EXCEEDED
+                rpc.message = "the deadline passed before the request was answered"
             except asyncio.CancelledError:  # the client went away
-                self.core.finish(
-                    route.method,
-                    request_id,
-                    grpc.StatusCode.CANCELLED,
-                    started,
-                    texts,
-                    protocol="http",
-                    model=model,
-                )
+                self.core.finish(method, rpc.request_id, grpc.StatusCode.CANCELLED, started,
+                                 rpc.texts, protocol="http", model=rpc.model)  # fmt: skip
                 raise
             except Exception as err:
-                error = err
-                code, message = self.status_for(err)
-                if code == grpc.StatusCode.INTERNAL:
-                    log.error("request failed", exc_info=err, extra={"request_id": request_id})
+                rpc.error = err
+                rpc.code, rpc.message = self.status_for(err)
+                if rpc.code == grpc.StatusCode.INTERNAL:
+                    log.error("request failed", exc_info=err, extra={"request_id": rpc.request_id})
             finally:
-                if model is not None:
-                    self.core.release(model)
-            http_status = (
-                error.http_status if isinstance(error, BadBody) else HTTP_STATUS.get(code, 500)
-            )
-        self.core.finish(
-            route.method,
-            request_id,
-            code,
-            started,
-            texts,
-            message,
-            error,
-            protocol="http",
-            model=model,
-        )
-        headers = {"X-Request-Id": request_id} if request_id else {}
+                if rpc.model is not None:
+                    self.core.release(rpc.model)
+        self.core.finish(method, rpc.request_id, rpc.code, started, rpc.texts, rpc.message,
+                         rpc.error, protocol="http", model=rpc.model)  # fmt: skip
+
+    async def call(self, route: Route, http_request: web.Request) -> web.Response:
+        response: Message | None = None
+        async with self.answering(route.method) as rpc:
+            request = await read_message(route, http_request, self.limit)
+            if route.has_id:
+                rpc.request_id = request_id_of(request)
+            rpc.texts = route.texts(request)
+            remaining = timeout_of(http_request)
+            if route.holds_model:
+                rpc.model = self.core.acquire(request)
+            work = route.call(self.core, request, rpc.request_id, remaining, rpc.model)
+            response = await (work if remaining is None else asyncio.wait_for(work, remaining))
         if response is None:
-            body = json.dumps({"code": code.name, "message": message})
-            return web.Response(
-                text=body, status=http_status, content_type="application/json", headers=headers
-            )
+            return rpc.error_response()
         return web.Response(
-            text=to_json(response), content_type="application/json", headers=headers
+            text=to_json(response), content_type="application/json", headers=rpc.headers
         )
 
     async def stream(self, http_request: web.Request) -> web.StreamResponse:
@@ -340,49 +362,23 @@ class HttpFace:
         request refused before its first message gets Translate's JSON error and status; an error
         after it, an `event: error` with {"code", "message"}. A client that goes away cancels
         the sentences not yet decoded."""
-        method, started = "TranslateStream", time.perf_counter()
-        code, message, request_id, texts = grpc.StatusCode.OK, "", "", 0
-        error: Exception | None = None
-        model: ModelVersion | None = None
         response: web.StreamResponse | None = None
-        with self.core.metrics.track_in_flight(method):
-            try:
-                request = await read_message(ROUTES[0], http_request, self.limit)
-                request_id = (request.request_id or uuid.uuid4().hex[:16])[:MAX_REQUEST_ID_CHARS]  # type: ignore[attr-defined]
-                texts = len(request.texts)  # type: ignore[attr-defined]
-                remaining = timeout_of(http_request)
-                model = self.core.acquire(request)
-                async with asyncio.timeout(remaining):
-                    messages = self.core.translate_stream(request, request_id, remaining, model)
-                    async for out in messages:
-                        if response is None:
-                            response = await self.begin_events(http_request, request_id)
-                        await response.write(f"data: {to_json(out)}\n\n".encode())
-            except TimeoutError:
-                code = grpc.StatusCode.DEADLINE_EXCEEDED
-                message = "the deadline passed before the request was answered"
-            except asyncio.CancelledError:  # the client went away
-                self.core.finish(method, request_id, grpc.StatusCode.CANCELLED, started, texts,
-                                 protocol="http", model=model)  # fmt: skip
-                raise
-            except Exception as err:
-                error = err
-                code, message = self.status_for(err)
-                if code == grpc.StatusCode.INTERNAL:
-                    log.error("request failed", exc_info=err, extra={"request_id": request_id})
-            finally:
-                if model is not None:
-                    self.core.release(model)
-        self.core.finish(method, request_id, code, started, texts, message, error,
-                         protocol="http", model=model)  # fmt: skip
-        body = json.dumps({"code": code.name, "message": message})
+        async with self.answering("TranslateStream") as rpc:
+            request = await read_message(ROUTES[0], http_request, self.limit)
+            rpc.request_id = request_id_of(request)
+            rpc.texts = len(request.texts)  # type: ignore[attr-defined]
+            remaining = timeout_of(http_request)
+            rpc.model = self.core.acquire(request)
+            async with asyncio.timeout(remaining):
+                messages = self.core.translate_stream(request, rpc.request_id, remaining, rpc.model)
+                async for out in messages:
+                    if response is None:
+                        response = await self.begin_events(http_request, rpc.request_id)
+                    await response.write(f"data: {to_json(out)}\n\n".encode())
         if response is None:
-            status = error.http_status if isinstance(error, BadBody) else HTTP_STATUS.get(code, 500)
-            headers = {"X-Request-Id": request_id} if request_id else {}
-            return web.Response(text=body, status=status, content_type="application/json",
-                                headers=headers)  # fmt: skip
-        if code != grpc.StatusCode.OK:
-            await response.write(f"event: error\ndata: {body}\n\n".encode())
+            return rpc.error_response()
+        if rpc.code != grpc.StatusCode.OK:
+            await response.write(f"event: error\ndata: {rpc.body}\n\n".encode())
         await response.write_eof()
         return response
 

@@ -241,9 +241,17 @@ class Pipeline:
         read = self.read(texts, options, alignment, check)
         sentences, prepared = read.cut.sentences, read.prepared
         updates: asyncio.Queue[tuple[int, Hypothesis]] = asyncio.Queue()
+        latest: dict[int, Hypothesis] = {}  # the settled prefixes of sentences ahead
+        sending = [0]  # the sentence being sent: only its prefixes wake the stream
 
         def reporter(j: int) -> Settled:
-            return lambda _, prefix: updates.put_nowait((j, prefix))
+            def report(_: int, prefix: Hypothesis) -> None:
+                if j == sending[0]:
+                    updates.put_nowait((j, prefix))
+                elif j > sending[0]:
+                    latest[j] = prefix
+
+            return report
 
         def translated(j: int, prefix: Hypothesis) -> Translation:
             """A settled prefix as its sentence's answer reads (only the one sent is made)."""
@@ -261,18 +269,15 @@ class Pipeline:
         ]  # fmt: skip
         try:
             results = []
-            latest: dict[int, Hypothesis] = {}  # the settled prefixes of sentences ahead
             for j, task in enumerate(pending):
-                shown = ""
+                sending[0], shown = j, ""
                 if j in latest and not task.done():
                     partial = translated(j, latest.pop(j))
                     shown = best_text(partial)
                     yield sentence_done(read.cut, j, partial, final=False)
                 async for k, prefix in settled_until(task, updates):
-                    if k > j:
-                        latest[k] = prefix
                     if k != j:
-                        continue  # (or a final one's late prefix)
+                        continue  # a sentence final already: its late prefix
                     partial = translated(j, prefix)
                     if best_text(partial) != shown:  # sent as its text grows
                         shown = best_text(partial)
