@@ -30,6 +30,7 @@ from service.decode.search.beam_sentences import (
     StepRecord,
     fit_columns,
     left_pad,
+    settled_prefixes,
 )
 from service.decode.shared import controls as ctl
 from service.decode.shared.constraints import START, Constraints, SlotTable, bank_order
@@ -217,9 +218,7 @@ class BeamSearch:
         self._max_len = np.zeros(0, np.int64)  # (B,) the sentence's maximum length
         self._widths = np.zeros(0, np.int64)  # (B,) slots in use (SentenceBeam.width)
         self._kept = np.zeros(0, np.int64)  # (B,) finished hypotheses held (len(finished))
-        self._wanted = np.zeros(
-            0, np.int64
-        )  # (B,) finished hypotheses wanted (SentenceBeam.wanted)
+        self._wanted = np.zeros(0, np.int64)  # (B,) hypotheses wanted (SentenceBeam.wanted)
         self._controlled = 0  # sentences with active controls
         # sentences whose controls read their tokens so far: `Beams.seqs` is kept while any is
         # in the batch (force_eos alone reads none)
@@ -583,19 +582,8 @@ class BeamSearch:
         return removed
 
     def settled(self, sentence_ids: Collection[Hashable]) -> dict[Hashable, Hypothesis]:
-        """Search.settled: each sentence's live slots and kept finished hypotheses back-traced,
-        their shared prefix."""
-        out: dict[Hashable, Hypothesis] = {}
-        K = self._beam_size
-        for b, sentence in enumerate(self._sentences):
-            if sentence.id not in sentence_ids or not sentence.steps or b * K >= len(self._beams):
-                continue
-            live = np.flatnonzero(np.isfinite(self._beams.scores[b * K : (b + 1) * K]))
-            ends = [(int(j), sentence.steps) for j in live]
-            ends += [(f.slot, f.prefix_steps) for f in sentence.finished]
-            if ends:
-                out[sentence.id] = sentence.history.settled(ends)
-        return out
+        """Search.settled (beam_sentences.settled_prefixes)."""
+        return settled_prefixes(self._sentences, self._beams.scores, self._beam_size, sentence_ids)
 
     def _merge_joining(self) -> None:
         """One concatenation for every sentence added since the last step (not one per sentence)."""

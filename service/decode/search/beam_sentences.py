@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -318,6 +318,26 @@ class SentenceBeam:
             finished_by_eos=f.by_eos,
             token_log_probs=log_probs,
         )
+
+
+def settled_prefixes(
+    sentences: Sequence[SentenceBeam],
+    scores: np.ndarray,
+    K: int,
+    sentence_ids: Collection[Hashable],
+) -> dict[Hashable, Hypothesis]:
+    """The settled prefix (search.Search.settled) of each of these sentences that has stepped:
+    what its live slots (scores (N,) above -inf) and its kept finished hypotheses share."""
+    out: dict[Hashable, Hypothesis] = {}
+    for b, sentence in enumerate(sentences[: len(scores) // K]):  # (those joined since: no rows)
+        if sentence.id not in sentence_ids or not sentence.steps:
+            continue
+        live = np.flatnonzero(np.isfinite(scores[b * K : (b + 1) * K]))
+        ends = [(int(j), sentence.steps) for j in live]
+        ends += [(f.slot, f.prefix_steps) for f in sentence.finished]
+        if ends:
+            out[sentence.id] = sentence.history.settled(ends)
+    return out
 
 
 def trace_slots(parents: np.ndarray, slot: int, out: np.ndarray) -> None:

@@ -68,6 +68,25 @@ from service.decode.shared.rules import max_length
 from service.decode.shared.search_types import Hypothesis
 
 
+def settled_of(
+    search: DeviceSearch, sentence_ids: Collection[Hashable]
+) -> dict[Hashable, Hypothesis]:
+    """DeviceSearch.settled: its stepped sentences' fields and histories read as a finished
+    sentence's are (one gather), their live slots and kept hypotheses back-traced, their shared
+    prefix (device_sentences.settled_prefixes)."""
+    entries, meta = search._entries, search._meta
+    rows = np.array([b for b, e in enumerate(entries) if e.id in sentence_ids], np.int64)
+    rows = rows[meta[rows, STEPS] > 0]
+    if search._state is None or not len(rows):
+        return {}
+    chosen = [entries[b] for b in rows.tolist()]
+    found = settled_prefixes(
+        *search._finished_rows(rows), meta[rows, STEPS], meta[rows, WANTED], chosen,
+        search.beam_size,
+    )  # fmt: skip
+    return {e.id: prefix for e, prefix in zip(chosen, found, strict=True) if prefix is not None}
+
+
 class DeviceSearch:
     """A running batch's beam search on the model's device (the module docstring)."""
 
@@ -229,32 +248,7 @@ class DeviceSearch:
             self._reset()
         return results
 
-    def settled(self, sentence_ids: Collection[Hashable]) -> dict[Hashable, Hypothesis]:
-        """Search.settled: the sentences' fields and histories read as a finished sentence's are
-        (one gather), their live slots and kept hypotheses back-traced, their shared prefix."""
-        if self._state is None:
-            return {}
-        rows = np.array(
-            [
-                b
-                for b, e in enumerate(self._entries)
-                if e.id in sentence_ids and self._meta[b, STEPS] > 0
-            ],
-            np.int64,
-        )
-        if not len(rows):
-            return {}
-        entries = [self._entries[b] for b in rows.tolist()]
-        # sentences that left at this step leave the state's columns at the next (`_select`)
-        columns = rows if self._keep is None else self._keep[rows]
-        fields, history, attention, where = self._finished_rows(rows, columns)
-        found = settled_prefixes(
-            fields, history, attention, where, self._meta[rows, STEPS],
-            self._meta[rows, WANTED], entries, self._beam_size,
-        )  # fmt: skip
-        return {
-            e.id: prefix for e, prefix in zip(entries, found, strict=True) if prefix is not None
-        }
+    settled = settled_of  # Search.settled
 
     def take_failed(self) -> list[tuple[Hashable, Exception]]:
         """None here: the controls the graph applies are checked when a sentence joins (`add`),
@@ -530,21 +524,19 @@ class DeviceSearch:
         return [(entry.id, found[i]) for i, entry in enumerate(entries)]
 
     def _finished_rows(
-        self, rows: np.ndarray, columns: np.ndarray | None = None
+        self, rows: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The finished sentences' fields (D, W) float64, and the histories (·, T, 2, K) and
         attention rows (·, T, K, S) float32 that hold theirs, at rows `where` (D,) (T: the most
-        steps among them): SearchMemory.finished. `columns`: the sentences' columns of the
-        state where they are not `rows` (a sentence left since the state was made)."""
+        steps among them): SearchMemory.finished (state columns mapped by `_keep`)."""
         history = self.history
         assert self._state is not None and history.fields is not None
-        pools = self._meta[rows, POOL]
-        T = int(self._meta[rows, STEPS].max())
+        pools, T = self._meta[rows, POOL], int(self._meta[rows, STEPS].max())
         attention_on = self.variant.attention and history.attention is not None
+        columns = rows if self._keep is None else self._keep[rows]  # (left at a step: at the next)
         return self.memory.finished(
-            self._state, history, rows if columns is None else columns, pools, T,
-            self.sentence_rows, attention_on,
-        )  # fmt: skip
+            self._state, history, columns, pools, T, self.sentence_rows, attention_on
+        )
 
 
 class DeviceAranges:
