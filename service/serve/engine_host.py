@@ -33,12 +33,12 @@ from service.decode.align.aligner import head_weights_for
 from service.decode.engine.engine import Engine
 from service.decode.runtime.providers import require_provider
 from service.decode.shared.errors import ModelNotFound, QueueFull, ShuttingDown
-from service.decode.shared.search_types import Hypothesis
+from service.decode.shared.search_types import Hypothesis, Settled
 from service.model.embedded import resolve_bundle, resolve_repository
 from service.serve import channel as ch
 from service.serve import glossary_files, memory_files
 from service.serve.config import Settings, VersionPolicy
-from service.serve.jobs import Job, Progress
+from service.serve.jobs import Job
 from service.serve.metrics import Metrics
 from service.serve.metrics_endpoint import ProcessMetrics
 from service.serve.repository import Events, ModelVersion, ReloadReport, Repository, single
@@ -231,7 +231,7 @@ class EngineHost:
 
         return done
 
-    def progress_of(self, peer: bytes, ident: int) -> Progress:
+    def progress_of(self, peer: bytes, ident: int) -> Settled:
         """A streamed job's progress (called on the decode loop's thread): each sentence's
         settled prefix sent as it grows."""
 

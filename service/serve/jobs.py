@@ -16,7 +16,7 @@ import numpy as np
 from service.decode.align.forced import AlignedPair, AlignOptions, Forced
 from service.decode.shared.controls import Controls
 from service.decode.shared.options import SearchOptions
-from service.decode.shared.search_types import Hypothesis
+from service.decode.shared.search_types import Settled
 from service.decode.text.preparation import Prepared, RawParts
 from service.decode.text.sides import PreparedPair
 from service.decode.text.translation import AlignmentMode, Translation
@@ -27,8 +27,6 @@ if TYPE_CHECKING:  # a ModelVersion holds an Engine: keep onnxruntime out of a f
 
 
 Result = Translation | AlignedPair  # a Translate sentence's, an Align pair's
-# a sentence's settled prefix grew: its index in the job, the prefix (tokens, attention rows)
-Progress = Callable[[int, Hypothesis], None]
 RawResult = RawParts | tuple[Forced, np.ndarray | None]  # a raw job's result per sentence or pair
 
 
@@ -59,7 +57,7 @@ class Job:
     keep_rows: bool = False
     # a streamed request's: `on_progress(index, settled)` as a sentence's settled prefix grows
     # (RunningBatch.settled), from the worker thread; a segmented sentence reports none
-    on_progress: Progress | None = None
+    on_progress: Settled | None = None
 
     @classmethod
     def align(

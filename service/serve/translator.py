@@ -26,16 +26,16 @@ from service.decode.align.forced import AlignedPair
 from service.decode.align.pair_answers import ForcedRequest, aligned_of, check_aligner, prepare_pair
 from service.decode.engine.text_side import TextSide
 from service.decode.requests import marked, recall
-from service.decode.requests.pipeline import Pipeline, SentenceDone, Settled
+from service.decode.requests.pipeline import Pipeline, SentenceDone
 from service.decode.shared.errors import InvalidInput, NotReady
 from service.decode.shared.options import SPLIT_MODES, SearchOptions
-from service.decode.shared.search_types import Hypothesis
+from service.decode.shared.search_types import Hypothesis, Settled
 from service.decode.text.preparation import DecodeRequest, Prepared
 from service.decode.text.sides import PreparedPair
 from service.decode.text.translation import AlignmentMode, Translation
 from service.serve.config import Settings
 from service.serve.engine_link import EngineLink
-from service.serve.jobs import Job, Progress
+from service.serve.jobs import Job
 from service.serve.metrics import Metrics
 from service.serve.protocol import (
     MalformedRequest,
@@ -323,7 +323,7 @@ class TranslatorCore:
             )
 
     async def run_job(
-        self, make_job: Callable[[OnDone], Job], on_progress: Progress | None = None
+        self, make_job: Callable[[OnDone], Job], on_progress: Settled | None = None
     ) -> list[Any]:
         """Submit the job `make_job` builds around its completion callback to the engines and wait
         for its raw results (a sentence's parts' hypotheses, a pair's forced pass); cancelling the
@@ -486,8 +486,8 @@ def on_loop(
     loop: asyncio.AbstractEventLoop,
     loop_thread: int,
     future: asyncio.Future[list[Any]],
-    report: Progress,
-) -> Progress:
+    report: Settled,
+) -> Settled:
     """`report`, called on the loop (the worker's thread hops to it) while the job is open."""
 
     def here(index: int, prefix: Hypothesis) -> None:

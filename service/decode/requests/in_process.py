@@ -16,9 +16,10 @@ from service.decode.engine.engine import Engine
 from service.decode.engine.kept_rows import KeptRows
 from service.decode.requests import marked, recall
 from service.decode.requests.pipeline import Decoded as PipelineDecoded
-from service.decode.requests.pipeline import Pipeline, Settled
+from service.decode.requests.pipeline import Pipeline
 from service.decode.shared.errors import InvalidInput
 from service.decode.shared.options import SearchOptions
+from service.decode.shared.search_types import Settled
 from service.decode.text.preparation import Prepared
 from service.decode.text.sides import PreparedPair
 from service.decode.text.translation import AlignmentMode, Translation

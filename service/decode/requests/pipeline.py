@@ -20,15 +20,11 @@ from service.decode.engine.text_side import TextSide
 from service.decode.requests import documents, marked, recall
 from service.decode.shared.errors import InvalidInput
 from service.decode.shared.options import SearchOptions
-from service.decode.shared.search_types import Hypothesis
+from service.decode.shared.search_types import Hypothesis, Settled
 from service.decode.text.preparation import DecodeRequest, Prepared
 from service.decode.text.sides import PreparedPair
 from service.decode.text.translation import AlignmentMode, Translation
 from service.model.markup import Marked
-
-# a sentence's settled prefix grew: its index among the sentences decoded, the prefix (the part
-# of its best translation no later step can change: its tokens, log-probs and attention rows)
-Settled = Callable[[int, Hypothesis], None]
 
 
 class Decoding(Protocol):

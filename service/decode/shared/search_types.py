@@ -4,6 +4,7 @@ them; none of them holds search logic)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,3 +74,8 @@ class Hypothesis:
     attention: np.ndarray | None
     finished_by_eos: bool
     token_log_probs: np.ndarray | None = None
+
+
+# a sentence's settled prefix grew (Search.settled): its index among the sentences decoded, the
+# prefix (the part of its best translation no later step can change: tokens, log-probs, rows)
+Settled = Callable[[int, Hypothesis], None]
