@@ -51,7 +51,7 @@ from service.decode.align.forced import AlignOptions, Forced
 from service.decode.shared import errors
 from service.decode.shared.controls import Controls
 from service.decode.shared.options import SearchOptions
-from service.decode.shared.search_types import Hypothesis
+from service.decode.shared.search_types import Hypothesis, Settled
 from service.decode.text.preparation import Prepared, RawParts
 from service.decode.text.sides import PreparedPair, Side
 from service.decode.text.translation import AlignmentMode
@@ -287,7 +287,7 @@ class Peer:
         self.ids = itertools.count(1)
         self.open: dict[int, tuple[int, Answer]] = {}  # id -> (job kind, its answer)
         self.taken: set[int] = set()  # the open requests the engine said it holds (TAKEN)
-        self.progress: dict[int, Callable[[int, Hypothesis], None]] = {}  # streamed: PROGRESS
+        self.progress: dict[int, Settled] = {}  # streamed: PROGRESS
         self.loop: asyncio.AbstractEventLoop | None = None
         self.draining = False  # a drain is scheduled
 
@@ -339,7 +339,7 @@ class Peer:
         kind: int,
         build: Callable[[int], Sequence[Any]],
         answer: Answer,
-        progress: Callable[[int, Hypothesis], None] | None = None,
+        progress: Settled | None = None,
     ) -> int:
         """Send `build(id)`; returns the id (kind 0: the results are passed on unread).
         `progress(sentence, settled prefix)` hears its PROGRESS messages until its answer."""
